@@ -1,0 +1,20 @@
+//! freqcap: frequency capping and rate limiting with exact limits, stacked
+//! decisions and reservations.
+//!
+//! Where things are:
+//! - [`clock`]: time as the engine sees it (injected, never backwards).
+//! - [`limits`]: the algorithms, pure state machines: where a limit is decided.
+//! - [`model`]: definitions as users write them, validated and compiled.
+//! - [`keyed`]: a concurrent, memory-bounded map from key to limit state, and the
+//!   [`KeyedLimiter`] built on it.
+
+pub mod clock;
+pub mod keyed;
+pub mod limits;
+pub mod model;
+
+pub use clock::{Clock, ManualClock, Nanos, SystemClock};
+pub use keyed::{KeyedLimiter, LimiterOptions};
+pub use limits::stack::{Decision, Pending, Stack};
+pub use limits::{Hold, ItemFigures};
+pub use model::{DefinitionError, LimitDef, PolicyDef};

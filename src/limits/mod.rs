@@ -1,0 +1,471 @@
+//! The limit algorithms: pure state machines over (state, now, cost), no I/O.
+//!
+//! Each kind lives in its own module ([`rate`], [`window`], [`budget`],
+//! [`concurrency`]; calendar periods in [`calendar`]). This module joins them
+//! behind one [`Item`] / [`ItemState`] pair so that a stack of mixed items
+//! ([`stack::Stack`]) can be decided all-or-nothing, and a record of several item
+//! states can live under one lock.
+//!
+//! Every item supports four steps:
+//! - **probe**: would `cost` fit at `now`? Nothing changes.
+//! - **apply**: debit it (immediate, or pending under a reservation), returning a
+//!   [`PendingItem`] that remembers what a later release or commit needs.
+//! - **release** a pending debit: undo exactly what it took, never more.
+//! - **commit** a pending debit with a final cost.
+
+pub mod budget;
+pub mod calendar;
+pub mod concurrency;
+pub mod rate;
+pub mod stack;
+pub mod window;
+
+use crate::clock::Nanos;
+use budget::{Budget, BudgetState};
+use concurrency::{Concurrency, ConcurrencyState};
+use rate::{Rate, RatePending, RateProbe, RateState};
+use window::{ApproxState, CounterState, Layout, LogState, Window};
+
+/// The kind of an item, as reported in decisions (`"rate"`, `"gap"`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Rate,
+    Gap,
+    Window,
+    Budget,
+    Concurrency,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Rate => "rate",
+            Kind::Gap => "gap",
+            Kind::Window => "window",
+            Kind::Budget => "budget",
+            Kind::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// A compiled limit item: a definition validated and turned into the numbers its
+/// algorithm needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// GCRA; `gap` items compile to a rate of 1 per `min` with burst 1 and keep
+    /// their own kind for reporting.
+    Rate { rate: Rate, kind: Kind },
+    Window(Window),
+    Budget(Budget),
+    Concurrency(Concurrency),
+}
+
+/// The state of one item for one key.
+///
+/// 32 bytes: the largest inline variants are 24 bytes, and the two large or
+/// growing ones (an exact rolling log, a budget period) are boxed so a plain rate
+/// item does not pay for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ItemState {
+    /// Never touched: every kind reads it as its empty state.
+    #[default]
+    Fresh,
+    Rate(RateState),
+    Counter(CounterState),
+    Log(Box<LogState>),
+    Approx(ApproxState),
+    Budget(Box<BudgetState>),
+    Concurrency(ConcurrencyState),
+}
+
+/// What a pending debit on one item must remember to be released or committed
+/// exactly (DESIGN §2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingItem {
+    Rate(RatePending),
+    /// Fixed or calendar window: the window it was charged in.
+    Counter { window_start: Nanos },
+    /// Exact rolling window: the time of the debit.
+    Log { at: Nanos },
+    /// Approximate rolling window: the bucket it was charged in.
+    Approx { bucket: Nanos },
+    /// Budget: the period it was charged in.
+    Budget { period_start: Nanos },
+    /// Concurrency: the slot, identified by its deadline.
+    Concurrency { deadline: Nanos },
+}
+
+/// The figures of one item in a decision (DESIGN §2, §2.6). Times in ns, exact
+/// values rounded up; the API rounds them up again to milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ItemFigures {
+    pub allowed: bool,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_after: Nanos,
+    /// `None` when the item allows, and when it denies a request that can never
+    /// pass.
+    pub retry_after: Option<Nanos>,
+}
+
+/// How a debit is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Applied at once; nothing to release later.
+    Immediate,
+    /// Pending under a reservation that expires at `deadline`.
+    Reserve { deadline: Nanos },
+}
+
+/// Result of probing one item.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe {
+    pub allowed: bool,
+    /// For rate items, the computed slot (used again by apply, and by delay mode).
+    rate: Option<RateProbe>,
+}
+
+// Typed views of an item's state. A state of the wrong variant can only come from
+// an item whose definition changed without its state being reset; reading it as
+// fresh is the documented rule for a changed item (DESIGN §2.6).
+macro_rules! state_as {
+    ($fn:ident, $fn_mut:ident, $variant:ident, $ty:ty, $wrap:expr) => {
+        // The exact rolling log is read in place, never copied, so its reader
+        // goes unused.
+        #[allow(dead_code)]
+        fn $fn(st: &ItemState) -> $ty {
+            match st {
+                ItemState::$variant(s) => {
+                    let r: &$ty = std::borrow::Borrow::borrow(s);
+                    r.clone()
+                }
+                _ => <$ty>::default(),
+            }
+        }
+        fn $fn_mut(st: &mut ItemState) -> &mut $ty {
+            if !matches!(st, ItemState::$variant(_)) {
+                *st = ItemState::$variant($wrap(<$ty>::default()));
+            }
+            match st {
+                ItemState::$variant(s) => std::borrow::BorrowMut::borrow_mut(s),
+                // Just set above.
+                _ => unreachable!("state variant was set on the line before"),
+            }
+        }
+    };
+}
+
+// `Borrow` reads both the inline variants and the boxed ones (`Box<T>: Borrow<T>`).
+state_as!(rate_of, rate_mut, Rate, RateState, std::convert::identity);
+state_as!(counter_of, counter_mut, Counter, CounterState, std::convert::identity);
+state_as!(log_of, log_mut, Log, LogState, Box::new);
+state_as!(approx_of, approx_mut, Approx, ApproxState, std::convert::identity);
+state_as!(budget_of, budget_mut, Budget, BudgetState, Box::new);
+state_as!(conc_of, conc_mut, Concurrency, ConcurrencyState, std::convert::identity);
+
+impl Item {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Item::Rate { kind, .. } => *kind,
+            Item::Window(_) => Kind::Window,
+            Item::Budget(_) => Kind::Budget,
+            Item::Concurrency(_) => Kind::Concurrency,
+        }
+    }
+
+    /// The `limit` figure: burst (rate), 1 (gap), limit (window), amount
+    /// (budget), max (concurrency).
+    pub fn limit(&self) -> u64 {
+        match self {
+            Item::Rate { rate, .. } => rate.burst(),
+            Item::Window(w) => w.limit,
+            Item::Budget(b) => b.amount,
+            Item::Concurrency(c) => c.max,
+        }
+    }
+
+    /// Would `n` units fit at `now`? Changes nothing. (n > 0.)
+    pub(crate) fn probe(&self, st: &ItemState, now: Nanos, n: u64) -> Probe {
+        let plain = |allowed| Probe {
+            allowed,
+            rate: None,
+        };
+        match self {
+            Item::Rate { rate, .. } => {
+                let p = match st {
+                    ItemState::Rate(s) => rate.probe(s, now, n),
+                    _ => rate.probe(&RateState::default(), now, n),
+                };
+                Probe {
+                    allowed: p.allowed,
+                    rate: Some(p),
+                }
+            }
+            Item::Window(w) => {
+                let used = self.used(st, now);
+                plain(used.checked_add(n).is_some_and(|u| u <= w.limit))
+            }
+            Item::Budget(b) => {
+                let v = b.view(&budget_of(st), now);
+                plain(v.spent.saturating_add(v.pending).saturating_add(n) <= v.cap)
+            }
+            Item::Concurrency(c) => match st {
+                ItemState::Concurrency(s) => plain(c.allows(s, now)),
+                _ => plain(c.allows(&ConcurrencyState::default(), now)),
+            },
+        }
+    }
+
+    /// Units counted by a window item at `now` (pending and committed).
+    fn used(&self, st: &ItemState, now: Nanos) -> u64 {
+        let Item::Window(w) = self else { return 0 };
+        match &w.layout {
+            Layout::Fixed { .. } | Layout::Calendar(_) => w.counter_view(&counter_of(st), now).used,
+            Layout::Rolling { .. } => match st {
+                ItemState::Log(l) => w.log_used(l, now),
+                _ => 0,
+            },
+            Layout::Approximate { .. } => w.approx_view(&approx_of(st), now).used,
+        }
+    }
+
+    /// `retry_after` for a denied probe (DESIGN §2.1–2.4, §2.6).
+    pub(crate) fn retry(&self, st: &ItemState, probe: &Probe, now: Nanos, n: u64) -> Option<Nanos> {
+        match self {
+            Item::Rate { rate, .. } => probe.rate.and_then(|p| rate.retry_after(&p, now, n)),
+            Item::Window(w) => match &w.layout {
+                Layout::Fixed { .. } | Layout::Calendar(_) => {
+                    w.counter_retry(&counter_of(st), now, n)
+                }
+                Layout::Rolling { .. } => match st {
+                    ItemState::Log(l) => w.log_retry(l, now, n),
+                    _ => w.log_retry(&LogState::default(), now, n),
+                },
+                Layout::Approximate { .. } => w.approx_retry(&approx_of(st), now, n),
+            },
+            Item::Budget(b) => b.retry(&budget_of(st), now, n),
+            Item::Concurrency(c) => c.retry(&conc_of(st), now),
+        }
+    }
+
+    /// Debits `n` units as probed (the probe allowed it, or delay mode accepted
+    /// its future slot). Returns what a release of this debit needs.
+    pub(crate) fn apply(
+        &self,
+        st: &mut ItemState,
+        probe: &Probe,
+        now: Nanos,
+        n: u64,
+        hold: Hold,
+    ) -> PendingItem {
+        match self {
+            Item::Rate { rate, .. } => {
+                let p = probe.rate.unwrap_or_else(|| rate.probe(&rate_of(st), now, n));
+                PendingItem::Rate(rate.apply(rate_mut(st), &p, n))
+            }
+            Item::Window(w) => match &w.layout {
+                Layout::Fixed { .. } | Layout::Calendar(_) => {
+                    let s = counter_mut(st);
+                    *s = w.current_counter(s, now);
+                    s.used = s.used.saturating_add(n);
+                    PendingItem::Counter {
+                        window_start: s.start,
+                    }
+                }
+                Layout::Rolling { .. } => {
+                    w.log_push(log_mut(st), now, n);
+                    PendingItem::Log { at: now }
+                }
+                Layout::Approximate { .. } => {
+                    let s = approx_mut(st);
+                    *s = w.current_approx(s, now);
+                    s.cur = s.cur.saturating_add(n);
+                    PendingItem::Approx {
+                        bucket: s.cur_start,
+                    }
+                }
+            },
+            Item::Budget(b) => {
+                let s = budget_mut(st);
+                *s = b.current(s, now);
+                match hold {
+                    Hold::Immediate => s.spent = s.spent.saturating_add(n),
+                    Hold::Reserve { .. } => s.pending = s.pending.saturating_add(n),
+                }
+                PendingItem::Budget {
+                    period_start: s.start,
+                }
+            }
+            Item::Concurrency(c) => {
+                // An immediate check holds nothing (DESIGN §2.4).
+                let deadline = match hold {
+                    Hold::Reserve { deadline } => {
+                        c.hold(conc_mut(st), deadline, now);
+                        deadline
+                    }
+                    Hold::Immediate => 0,
+                };
+                PendingItem::Concurrency { deadline }
+            }
+        }
+    }
+
+    /// Figures of the state as it is at `now`: (remaining, reset_after).
+    pub fn figures(&self, st: &ItemState, now: Nanos) -> (u64, Nanos) {
+        match self {
+            Item::Rate { rate, .. } => match st {
+                ItemState::Rate(s) => rate.figures(s, now),
+                _ => (rate.burst(), 0),
+            },
+            Item::Window(w) => {
+                let view = match &w.layout {
+                    Layout::Fixed { .. } | Layout::Calendar(_) => {
+                        w.counter_view(&counter_of(st), now)
+                    }
+                    Layout::Rolling { .. } => match st {
+                        ItemState::Log(l) => w.log_view(l, now),
+                        _ => w.log_view(&LogState::default(), now),
+                    },
+                    Layout::Approximate { .. } => w.approx_view(&approx_of(st), now),
+                };
+                (w.limit.saturating_sub(view.used), view.reset_after)
+            }
+            Item::Budget(b) => {
+                let v = b.view(&budget_of(st), now);
+                let reset = if v.spent + v.pending > 0 {
+                    v.period.1 - now
+                } else {
+                    0
+                };
+                (v.remaining(), reset)
+            }
+            Item::Concurrency(c) => match st {
+                ItemState::Concurrency(s) => c.figures(s, now),
+                _ => (c.max, 0),
+            },
+        }
+    }
+
+    /// Undoes a pending debit of `n` units as of `now` (DESIGN §2.1–2.5): the debit
+    /// goes back to the window or period it was charged in, if that is still
+    /// current; a rate refund covers only what time has not already paid back.
+    pub fn release(&self, st: &mut ItemState, pending: &PendingItem, n: u64, now: Nanos) {
+        self.adjust(st, pending, -i128::from(n), now);
+        match (self, pending) {
+            (Item::Rate { rate, .. }, PendingItem::Rate(p)) => {
+                rate.release(rate_mut(st), p, n, now)
+            }
+            (Item::Concurrency(c), PendingItem::Concurrency { deadline }) => {
+                c.free(conc_mut(st), *deadline)
+            }
+            (Item::Budget(b), PendingItem::Budget { period_start }) => {
+                let s = budget_mut(st);
+                *s = b.current(s, now);
+                if s.start == *period_start {
+                    s.pending = s.pending.saturating_sub(n);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Makes a pending debit of `n` permanent at `final_cost` (DESIGN §2.5): a
+    /// lower cost returns the difference, a higher one is charged even past the
+    /// limit, always in the window or period the reservation was charged in.
+    pub fn commit(&self, st: &mut ItemState, pending: &PendingItem, n: u64, final_cost: u64, now: Nanos) {
+        match (self, pending) {
+            (Item::Rate { rate, .. }, PendingItem::Rate(p)) => {
+                if final_cost < n {
+                    rate.release(rate_mut(st), p, n - final_cost, now);
+                } else if final_cost > n {
+                    rate.charge_extra(rate_mut(st), final_cost - n, now);
+                }
+            }
+            (Item::Concurrency(c), PendingItem::Concurrency { deadline }) => {
+                c.free(conc_mut(st), *deadline)
+            }
+            (Item::Budget(b), PendingItem::Budget { period_start }) => {
+                let s = budget_mut(st);
+                *s = b.current(s, now);
+                if s.start == *period_start {
+                    s.pending = s.pending.saturating_sub(n);
+                    s.spent = s.spent.saturating_add(final_cost);
+                }
+            }
+            _ => self.adjust(st, pending, i128::from(final_cost) - i128::from(n), now),
+        }
+    }
+
+    /// Adds `delta` to a window debit where it was charged, if still counted.
+    fn adjust(&self, st: &mut ItemState, pending: &PendingItem, delta: i128, now: Nanos) {
+        let Item::Window(w) = self else { return };
+        match *pending {
+            PendingItem::Counter { window_start } => {
+                let s = counter_mut(st);
+                *s = w.current_counter(s, now);
+                if s.start == window_start {
+                    s.used = (i128::from(s.used) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+                }
+            }
+            PendingItem::Log { at } => w.log_adjust(log_mut(st), at, delta, now),
+            PendingItem::Approx { bucket } => w.approx_adjust(approx_mut(st), bucket, delta, now),
+            _ => {}
+        }
+    }
+
+    /// The first instant from which this state equals a fresh one if nothing else
+    /// happens; a record whose items are all idle can be dropped without changing
+    /// any future answer.
+    pub fn idle_at(&self, st: &ItemState) -> Nanos {
+        match (self, st) {
+            (_, ItemState::Fresh) => 0,
+            (Item::Rate { rate, .. }, ItemState::Rate(s)) => rate.idle_at(s),
+            (Item::Window(_), ItemState::Counter(s)) => {
+                if s.used == 0 {
+                    0
+                } else {
+                    s.end
+                }
+            }
+            (Item::Window(w), ItemState::Log(l)) => l
+                .debits
+                .back()
+                .map_or(0, |d| d.at.saturating_add(window_len(w))),
+            (Item::Window(w), ItemState::Approx(a)) => {
+                let len = window_len(w);
+                if a.cur > 0 {
+                    a.cur_start.saturating_add(2 * len)
+                } else if a.prev > 0 {
+                    a.cur_start.saturating_add(len)
+                } else {
+                    0
+                }
+            }
+            (Item::Budget(b), ItemState::Budget(s)) => b.idle_at(s),
+            (Item::Concurrency(c), ItemState::Concurrency(s)) => c.idle_at(s),
+            // A state of another kind is read as fresh.
+            _ => 0,
+        }
+    }
+}
+
+fn window_len(w: &Window) -> Nanos {
+    match &w.layout {
+        Layout::Fixed { w } | Layout::Rolling { w } | Layout::Approximate { w } => *w,
+        Layout::Calendar(c) => calendar::nominal_nanos(c.unit),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_sizes_are_as_documented() {
+        assert_eq!(std::mem::size_of::<RateState>(), 16);
+        assert_eq!(std::mem::size_of::<CounterState>(), 24);
+        assert_eq!(std::mem::size_of::<ApproxState>(), 24);
+        assert_eq!(std::mem::size_of::<BudgetState>(), 32);
+        assert_eq!(std::mem::size_of::<ItemState>(), 32);
+    }
+}

@@ -1,0 +1,248 @@
+//! The stack evaluator: a request is allowed only if every item allows it, and then
+//! every item is debited; a denied request debits nothing (DESIGN §2, §2.6).
+
+use smallvec::SmallVec;
+
+use crate::clock::Nanos;
+use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem, Probe};
+
+/// What to do when a request is denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLimit {
+    /// Deny.
+    Reject,
+    /// Shape instead of police: when every denying item is `rate` or `gap` and
+    /// the wait is at most `max_delay`, debit the future slot and allow with a
+    /// delay.
+    Delay { max_delay: Nanos },
+}
+
+/// A compiled policy: its items in definition order, with their reported names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stack {
+    items: Vec<Item>,
+    /// Reported names: the given `name`, or `<kind>-<index>`.
+    names: Vec<String>,
+    on_limit: OnLimit,
+}
+
+/// A decision and every item's figures.
+///
+/// Items live in a `SmallVec` so the common stacks (up to four items) are decided
+/// without a heap allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// How long the caller should wait before acting (delay mode), else 0.
+    pub delay: Nanos,
+    /// For a denial: the max over denying items, `None` if any says never.
+    pub retry_after: Option<Nanos>,
+    /// The least `remaining` over items.
+    pub remaining: u64,
+    /// `reset_after` of the item with the least remaining (ties: the larger).
+    pub reset_after: Nanos,
+    /// Per item, in definition order.
+    pub items: SmallVec<[ItemFigures; 4]>,
+}
+
+impl Decision {
+    /// Index of the item whose figures go into the `RateLimit` header: the one
+    /// with the least remaining, ties to the larger reset_after.
+    pub fn tightest(&self) -> usize {
+        let mut best = 0;
+        for (i, f) in self.items.iter().enumerate().skip(1) {
+            let b = &self.items[best];
+            if (f.remaining, std::cmp::Reverse(f.reset_after))
+                < (b.remaining, std::cmp::Reverse(b.reset_after))
+            {
+                best = i;
+            }
+        }
+        best
+    }
+}
+
+/// The pending debits of one reservation on one stack: enough to release or
+/// commit it exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// The cost reserved (every item was debited this much).
+    pub cost: u64,
+    /// Per item, in definition order.
+    pub items: SmallVec<[PendingItem; 4]>,
+}
+
+impl Stack {
+    /// A stack of already-validated items. `names[i]` is item i's reported name.
+    pub fn new(items: Vec<Item>, names: Vec<String>, on_limit: OnLimit) -> Self {
+        debug_assert_eq!(items.len(), names.len());
+        Stack {
+            items,
+            names,
+            on_limit,
+        }
+    }
+
+    pub fn items(&self) -> &[Item] {
+        &self.items
+    }
+
+    pub fn name(&self, i: usize) -> &str {
+        &self.names[i]
+    }
+
+    pub fn on_limit(&self) -> OnLimit {
+        self.on_limit
+    }
+
+    /// A fresh state for this stack: one [`ItemState`] per item.
+    pub fn fresh_state(&self) -> Vec<ItemState> {
+        vec![ItemState::Fresh; self.items.len()]
+    }
+
+    /// Decides a request of `cost` at `now` over `states` (one per item, as from
+    /// [`Stack::fresh_state`]) and, if allowed, debits every item. With
+    /// `Hold::Reserve`, an allowed non-zero request returns the [`Pending`]
+    /// needed to release or commit it later.
+    ///
+    /// Atomicity is the caller's: `states` is borrowed mutably for the whole
+    /// step, so whoever holds it (a lock on the record) makes the step atomic.
+    pub fn decide(
+        &self,
+        states: &mut [ItemState],
+        now: Nanos,
+        cost: u64,
+        hold: Hold,
+    ) -> (Decision, Option<Pending>) {
+        debug_assert_eq!(states.len(), self.items.len());
+        if cost == 0 {
+            // A peek: always allowed, reserves and debits nothing.
+            return (self.report(states, now, true, 0, |_| None), None);
+        }
+        let probes: SmallVec<[Probe; 4]> = self
+            .items
+            .iter()
+            .zip(states.iter())
+            .map(|(item, st)| item.probe(st, now, cost))
+            .collect();
+        let denied = probes.iter().any(|p| !p.allowed);
+
+        // Delay mode: only rate and gap items may deny, and the wait must be short
+        // enough. The wait of a denying rate item is its retry_after.
+        let mut delay = 0;
+        if denied {
+            let OnLimit::Delay { max_delay } = self.on_limit else {
+                return self.denial(states, &probes, now, cost);
+            };
+            for (i, (item, p)) in self.items.iter().zip(&probes).enumerate() {
+                if p.allowed {
+                    continue;
+                }
+                let shapeable = matches!(item.kind(), Kind::Rate | Kind::Gap);
+                match item.retry(&states[i], p, now, cost) {
+                    Some(wait) if shapeable && wait <= max_delay => delay = delay.max(wait),
+                    _ => return self.denial(states, &probes, now, cost),
+                }
+            }
+        }
+
+        let mut pending = SmallVec::new();
+        for ((item, st), p) in self.items.iter().zip(states.iter_mut()).zip(&probes) {
+            pending.push(item.apply(st, p, now, cost, hold));
+        }
+        let mut decision = self.report(states, now, true, 0, |_| None);
+        decision.delay = delay;
+        let pending = matches!(hold, Hold::Reserve { .. }).then_some(Pending {
+            cost,
+            items: pending,
+        });
+        (decision, pending)
+    }
+
+    /// The decision for a denied request: state untouched, retry per denying item.
+    fn denial(
+        &self,
+        states: &[ItemState],
+        probes: &[Probe],
+        now: Nanos,
+        cost: u64,
+    ) -> (Decision, Option<Pending>) {
+        let d = self.report(states, now, false, cost, |i| {
+            (!probes[i].allowed).then(|| self.items[i].retry(&states[i], &probes[i], now, cost))
+        });
+        (d, None)
+    }
+
+    /// Builds the decision from the states as they are. `retry(i)` is `None` for
+    /// an item that allows, `Some(retry_after)` for one that denies.
+    fn report(
+        &self,
+        states: &[ItemState],
+        now: Nanos,
+        allowed: bool,
+        _cost: u64,
+        retry: impl Fn(usize) -> Option<Option<Nanos>>,
+    ) -> Decision {
+        let mut items = SmallVec::new();
+        let mut retry_after = Some(0);
+        for (i, (item, st)) in self.items.iter().zip(states).enumerate() {
+            let (remaining, reset_after) = item.figures(st, now);
+            let r = retry(i);
+            if let Some(r) = r {
+                // The decision's retry is the max over denying items; one that
+                // never passes makes the whole request never pass.
+                retry_after = match (retry_after, r) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+            items.push(ItemFigures {
+                allowed: r.is_none(),
+                limit: item.limit(),
+                remaining,
+                reset_after,
+                retry_after: r.flatten(),
+            });
+        }
+        let mut d = Decision {
+            allowed,
+            delay: 0,
+            retry_after: if allowed { None } else { retry_after },
+            remaining: 0,
+            reset_after: 0,
+            items,
+        };
+        if !d.items.is_empty() {
+            let t = d.tightest();
+            d.remaining = d.items[t].remaining;
+            d.reset_after = d.items[t].reset_after;
+        }
+        d
+    }
+
+    /// Undoes a reservation's pending debits as of `now` (a release, or its
+    /// expiry with `now` = the deadline).
+    pub fn release(&self, states: &mut [ItemState], pending: &Pending, now: Nanos) {
+        for ((item, st), p) in self.items.iter().zip(states).zip(&pending.items) {
+            item.release(st, p, pending.cost, now);
+        }
+    }
+
+    /// Makes a reservation's pending debits permanent at `final_cost`.
+    pub fn commit(&self, states: &mut [ItemState], pending: &Pending, final_cost: u64, now: Nanos) {
+        for ((item, st), p) in self.items.iter().zip(states).zip(&pending.items) {
+            item.commit(st, p, pending.cost, final_cost, now);
+        }
+    }
+
+    /// The first instant from which every item's state equals a fresh one: a
+    /// record idle from then on can be dropped without changing any answer.
+    pub fn idle_at(&self, states: &[ItemState]) -> Nanos {
+        self.items
+            .iter()
+            .zip(states)
+            .map(|(item, st)| item.idle_at(st))
+            .max()
+            .unwrap_or(0)
+    }
+}

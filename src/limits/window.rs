@@ -1,0 +1,300 @@
+//! `window`: counters over fixed, calendar and rolling windows (DESIGN §2.2).
+
+use std::collections::VecDeque;
+
+use crate::clock::Nanos;
+use crate::limits::calendar::Calendar;
+
+/// The most debits an exact rolling window keeps, and so the largest `limit` it
+/// accepts: every kept debit is at least one unit, so a window never holds more
+/// entries than its limit (16 bytes each, at most 64 KiB per key).
+pub const MAX_EXACT_ROLLING_LIMIT: u64 = 4096;
+
+/// How a window item's windows are laid out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    /// `[k·W, (k+1)·W)`, aligned to the Unix epoch.
+    Fixed { w: Nanos },
+    /// The calendar hour/day/week/month in a time zone.
+    Calendar(Calendar),
+    /// Exact sliding window `(now − W, now]`: one entry per debit.
+    Rolling { w: Nanos },
+    /// Two epoch-aligned buckets of length W, previous one weighted by overlap.
+    Approximate { w: Nanos },
+}
+
+/// A compiled window item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub limit: u64,
+    pub layout: Layout,
+}
+
+/// State of a fixed or calendar window: the current window and its count.
+/// 24 bytes. Holding `end` saves a time-zone computation on every decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterState {
+    pub start: Nanos,
+    pub end: Nanos,
+    /// Units debited in `[start, end)`, pending and committed.
+    pub used: u64,
+}
+
+/// One debit in an exact rolling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debit {
+    pub at: Nanos,
+    pub cost: u64,
+}
+
+/// State of an exact rolling window: its debits, oldest first, and their sum.
+/// 40 bytes plus 16 per kept debit (at most [`MAX_EXACT_ROLLING_LIMIT`]); boxed in
+/// [`super::ItemState`] so other kinds do not pay for its size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogState {
+    pub debits: VecDeque<Debit>,
+    /// Sum of `debits[].cost`, so `used` is O(1) after pruning.
+    pub sum: u64,
+}
+
+/// State of an approximate rolling window. 24 bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApproxState {
+    /// Start of the current bucket (a multiple of W).
+    pub cur_start: Nanos,
+    /// Units in the previous bucket `[cur_start − W, cur_start)`.
+    pub prev: u64,
+    /// Units in the current bucket.
+    pub cur: u64,
+}
+
+/// Figures of a window item at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowView {
+    pub used: u64,
+    pub reset_after: Nanos,
+}
+
+impl Window {
+    /// The counter state as of `now`: the stored window if `now` is still in it,
+    /// else an empty counter for the window containing `now`.
+    pub fn current_counter(&self, st: &CounterState, now: Nanos) -> CounterState {
+        if st.start <= now && now < st.end {
+            return *st;
+        }
+        let (start, end) = match &self.layout {
+            Layout::Fixed { w } => {
+                let start = now / w * w;
+                (start, start.saturating_add(*w))
+            }
+            Layout::Calendar(cal) => cal.bounds(now),
+            // Counter states only belong to fixed and calendar layouts; treat any
+            // other as a window that has always just started.
+            _ => (now, now.saturating_add(1)),
+        };
+        CounterState {
+            start,
+            end,
+            used: 0,
+        }
+    }
+
+    pub fn counter_view(&self, st: &CounterState, now: Nanos) -> WindowView {
+        let cur = self.current_counter(st, now);
+        WindowView {
+            used: cur.used,
+            reset_after: if cur.used == 0 { 0 } else { cur.end - now },
+        }
+    }
+
+    /// Fixed/calendar retry: the window's end, or never if n > limit.
+    pub fn counter_retry(&self, st: &CounterState, now: Nanos, n: u64) -> Option<Nanos> {
+        (n <= self.limit).then(|| self.current_counter(st, now).end - now)
+    }
+
+    // ---- exact rolling ----
+
+    fn rolling_w(&self) -> Nanos {
+        match self.layout {
+            Layout::Rolling { w } | Layout::Approximate { w } | Layout::Fixed { w } => w,
+            Layout::Calendar(_) => 1,
+        }
+    }
+
+    /// Drops debits that have left the window `(now − W, now]`.
+    pub fn prune_log(&self, st: &mut LogState, now: Nanos) {
+        let w = self.rolling_w();
+        while let Some(d) = st.debits.front() {
+            if d.at.saturating_add(w) > now {
+                break;
+            }
+            st.sum -= d.cost;
+            st.debits.pop_front();
+        }
+    }
+
+    /// Units in the window at `now`, without changing the state.
+    pub fn log_used(&self, st: &LogState, now: Nanos) -> u64 {
+        let w = self.rolling_w();
+        let expired: u64 = st
+            .debits
+            .iter()
+            .take_while(|d| d.at.saturating_add(w) <= now)
+            .map(|d| d.cost)
+            .sum();
+        st.sum - expired
+    }
+
+    pub fn log_view(&self, st: &LogState, now: Nanos) -> WindowView {
+        let used = self.log_used(st, now);
+        let reset_after = match st.debits.back() {
+            Some(d) if used > 0 => (d.at + self.rolling_w()).saturating_sub(now),
+            _ => 0,
+        };
+        WindowView { used, reset_after }
+    }
+
+    /// The earliest δ with used(now + δ) + n ≤ limit: walk the oldest debits until
+    /// enough of them have left the window.
+    pub fn log_retry(&self, st: &LogState, now: Nanos, n: u64) -> Option<Nanos> {
+        if n > self.limit {
+            return None;
+        }
+        let w = self.rolling_w();
+        let excess = (self.log_used(st, now) + n).saturating_sub(self.limit);
+        let mut freed = 0u64;
+        for d in st.debits.iter().filter(|d| d.at.saturating_add(w) > now) {
+            freed += d.cost;
+            if freed >= excess {
+                return Some(d.at + w - now);
+            }
+        }
+        // Only reached when nothing needs to leave (the request fits now).
+        Some(0)
+    }
+
+    /// Records a debit at `now`. Debits at the same instant share one entry:
+    /// releasing n from it is the same as removing a separate entry of n.
+    pub fn log_push(&self, st: &mut LogState, now: Nanos, n: u64) {
+        self.prune_log(st, now);
+        if n == 0 {
+            return;
+        }
+        st.sum += n;
+        match st.debits.back_mut() {
+            Some(d) if d.at == now => d.cost += n,
+            _ => st.debits.push_back(Debit { at: now, cost: n }),
+        }
+    }
+
+    /// Adds `delta` (may be negative) to the debit made at `at`, if it is still in
+    /// the window; a debit that has left the window is not touched.
+    pub fn log_adjust(&self, st: &mut LogState, at: Nanos, delta: i128, now: Nanos) {
+        self.prune_log(st, now);
+        // Debits are ordered by time; binary search finds the one made at `at`.
+        let Ok(i) = st.debits.binary_search_by_key(&at, |d| d.at) else {
+            return;
+        };
+        let d = &mut st.debits[i];
+        let new = (i128::from(d.cost) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+        st.sum = st.sum - d.cost + new;
+        d.cost = new;
+        if new == 0 {
+            st.debits.remove(i);
+        }
+    }
+
+    // ---- approximate rolling ----
+
+    /// The buckets as of `now`, shifted forward if `now` has left the current one.
+    pub fn current_approx(&self, st: &ApproxState, now: Nanos) -> ApproxState {
+        let w = self.rolling_w();
+        let start = now / w * w;
+        if start == st.cur_start {
+            *st
+        } else if start == st.cur_start.saturating_add(w) {
+            ApproxState {
+                cur_start: start,
+                prev: st.cur,
+                cur: 0,
+            }
+        } else {
+            ApproxState {
+                cur_start: start,
+                prev: 0,
+                cur: 0,
+            }
+        }
+    }
+
+    /// floor(prev·(W − (now − cur_start))/W + cur) for an already-current state.
+    fn approx_estimate(&self, s: &ApproxState, now: Nanos) -> u64 {
+        let w = u128::from(self.rolling_w());
+        let left = w - u128::from(now - s.cur_start);
+        let decayed = (u128::from(s.prev) * left / w) as u64;
+        decayed.saturating_add(s.cur)
+    }
+
+    pub fn approx_view(&self, st: &ApproxState, now: Nanos) -> WindowView {
+        let s = self.current_approx(st, now);
+        let used = self.approx_estimate(&s, now);
+        let w = self.rolling_w();
+        let reset_after = if used == 0 {
+            0
+        } else if s.cur > 0 {
+            s.cur_start + 2 * w - now
+        } else {
+            s.cur_start + w - now
+        };
+        WindowView { used, reset_after }
+    }
+
+    /// The earliest instant the decaying estimate plus n fits. The estimate only
+    /// falls as time passes (within the current bucket the previous one's weight
+    /// shrinks; after it, the current becomes the previous), so solve the linear
+    /// inequality in the current bucket, then in the next.
+    pub fn approx_retry(&self, st: &ApproxState, now: Nanos, n: u64) -> Option<Nanos> {
+        if n > self.limit {
+            return None;
+        }
+        let s = self.current_approx(st, now);
+        let w = u128::from(self.rolling_w());
+        // floor(est) + n ≤ limit  ⇔  est < limit − n + 1 =: room.
+        let room = u128::from(self.limit - n) + 1;
+        let cur = u128::from(s.cur);
+        let end = u128::from(s.cur_start) + w;
+        // Current bucket: cur + prev·(end − t)/W < room ⇔ prev·(end − t) < (room − cur)·W.
+        if cur < room {
+            let t = if s.prev == 0 {
+                u128::from(now)
+            } else {
+                let x = (room - cur) * w;
+                (end + 1).saturating_sub(x.div_ceil(u128::from(s.prev)))
+            };
+            let t = t.max(u128::from(now));
+            if t < end {
+                return Some((t - u128::from(now)) as Nanos);
+            }
+        }
+        // Next bucket: cur·(end + W − t)/W < room.
+        let x = room * w;
+        let t = (end + w + 1).saturating_sub(x.div_ceil(cur.max(1)));
+        let t = t.max(end).max(u128::from(now));
+        Some((t - u128::from(now)) as Nanos)
+    }
+
+    /// Adds `delta` to the bucket that started at `bucket`, if it is still counted
+    /// (current or previous); otherwise the debit has aged out and nothing changes.
+    pub fn approx_adjust(&self, st: &mut ApproxState, bucket: Nanos, delta: i128, now: Nanos) {
+        *st = self.current_approx(st, now);
+        let w = self.rolling_w();
+        let slot = if bucket == st.cur_start {
+            &mut st.cur
+        } else if bucket.saturating_add(w) == st.cur_start {
+            &mut st.prev
+        } else {
+            return;
+        };
+        *slot = (i128::from(*slot) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+    }
+}

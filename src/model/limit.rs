@@ -1,0 +1,569 @@
+//! Limit and policy definitions as users write them (JSON or TOML), and their
+//! validation into compiled [`crate::limits`] items.
+//!
+//! Definitions keep exactly what was written (optional fields stay absent), so a
+//! stored definition is returned as it was given; defaults are applied when
+//! compiling.
+
+use jiff::tz::TimeZone;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::MS;
+use crate::limits::budget::{Budget, Pacing as CompiledPacing};
+use crate::limits::calendar::{Calendar, CalendarUnit};
+use crate::limits::concurrency::Concurrency;
+use crate::limits::rate::Rate;
+use crate::limits::stack::{OnLimit as CompiledOnLimit, Stack};
+use crate::limits::window::{Layout, MAX_EXACT_ROLLING_LIMIT, Window};
+use crate::limits::{Item, Kind};
+use crate::model::duration::Duration;
+use crate::model::error::{DefinitionError, Warning};
+
+/// Integers in definitions are below 2^53, so they survive a round trip through
+/// any JSON reader that stores numbers as doubles.
+pub const MAX_INTEGER: u64 = (1 << 53) - 1;
+
+/// The longest item name; names appear in HTTP headers.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// One limit item. `kind` selects the algorithm (DESIGN §2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum LimitDef {
+    /// GCRA: `rate` units per `per`, with bursts of up to `burst` (default `rate`).
+    Rate(RateDef),
+    /// At least `min` between two events (sugar for rate 1 per `min`, burst 1).
+    Gap(GapDef),
+    /// A counter over fixed, calendar or rolling windows.
+    Window(WindowDef),
+    /// Spend per calendar period, paced through it.
+    Budget(BudgetDef),
+    /// Open reservations at once.
+    Concurrency(ConcurrencyDef),
+}
+
+/// `{"kind": "rate", "rate": 5, "per": "1s", "burst": 10}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateDef {
+    /// Reported name (1–64 of `A-Z a-z 0-9 . _ : -`); default `<kind>-<index>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Units per period, 1 ≤ rate < 2^53.
+    #[schemars(range(min = 1, max = 9007199254740991))]
+    pub rate: u64,
+    /// The period.
+    pub per: Duration,
+    /// Units that may pass at once after idling; default `rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 9007199254740991))]
+    pub burst: Option<u64>,
+}
+
+/// `{"kind": "gap", "min": "10m"}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GapDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Minimum interval between two events.
+    pub min: Duration,
+}
+
+/// How windows are laid out in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Align {
+    /// `[k·W, (k+1)·W)` aligned to the Unix epoch.
+    Fixed,
+    /// The calendar hour/day/week/month in `tz`.
+    Calendar,
+    /// A sliding window `(now − W, now]`.
+    Rolling,
+}
+
+/// Exactness of a rolling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// One entry per debit; limit ≤ 4096.
+    Exact,
+    /// Two buckets, previous one weighted by overlap; any limit, 24 bytes.
+    Approximate,
+}
+
+/// `{"kind": "window", "limit": 3, "window": "1d", "align": "calendar", "tz": "Europe/Paris"}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WindowDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Units per window, 1 ≤ limit < 2^53.
+    #[schemars(range(min = 1, max = 9007199254740991))]
+    pub limit: u64,
+    /// Window length; for calendar windows one of 1h, 1d, 1w, 1mo.
+    pub window: Duration,
+    /// Default `rolling`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub align: Option<Align>,
+    /// IANA time zone of a calendar window; default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    /// Rolling windows only; default `exact`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
+}
+
+/// `"asap"`, `"even"` or `{"profile": [24 weights]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Pacing {
+    Mode(PacingMode),
+    Profile(ProfileDef),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PacingMode {
+    /// The whole amount is available from the period's start.
+    Asap,
+    /// Spend follows real time through the period.
+    Even,
+}
+
+/// Share of the period's traffic by local hour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileDef {
+    /// 24 non-negative weights (local hours 0–23), each at most 1000, rounded to
+    /// thousandths, with a positive sum.
+    #[schemars(length(min = 24, max = 24))]
+    pub profile: Vec<f64>,
+}
+
+/// `{"kind": "budget", "amount": 100000, "per": "1d", "pacing": "even"}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Cost units per period, 1 ≤ amount < 2^53.
+    #[schemars(range(min = 1, max = 9007199254740991))]
+    pub amount: u64,
+    /// Calendar period: 1h, 1d (default), 1w or 1mo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<Duration>,
+    /// Default `even`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing: Option<Pacing>,
+    /// Fraction of amount that spend may run ahead of the pacing line, 0–1,
+    /// rounded to basis points; default 0.01.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1))]
+    pub tolerance: Option<f64>,
+    /// IANA time zone of the period; default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+}
+
+/// `{"kind": "concurrency", "max": 10}`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencyDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Open reservations at once, 1 ≤ max < 2^53.
+    #[schemars(range(min = 1, max = 9007199254740991))]
+    pub max: u64,
+}
+
+/// What to do when a request is denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLimit {
+    /// Deny (429).
+    Reject,
+    /// Allow with a delay when only rate/gap items deny and the wait is at most
+    /// `max_delay_ms`.
+    Delay,
+}
+
+/// A named policy: a stack of limit items decided all-or-nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyDef {
+    /// At least one item.
+    #[schemars(length(min = 1))]
+    pub limits: Vec<LimitDef>,
+    /// Default `reject`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_limit: Option<OnLimit>,
+    /// Longest delay accepted in delay mode, 1 ≤ max_delay_ms ≤ 3 600 000; required
+    /// with `on_limit: "delay"`, not allowed otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600000))]
+    pub max_delay_ms: Option<u64>,
+}
+
+/// The longest delay delay mode accepts: one hour.
+pub const MAX_DELAY_MS: u64 = 3_600_000;
+
+// ---- validation ----
+
+type Result<T> = std::result::Result<T, DefinitionError>;
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> DefinitionError {
+    DefinitionError::new(field, message)
+}
+
+/// Checks an integer field: 1 ≤ x < 2^53.
+fn positive(path: &str, field: &str, x: u64) -> Result<u64> {
+    if x == 0 || x > MAX_INTEGER {
+        return Err(err(
+            format!("{path}.{field}"),
+            format!("must be an integer from 1 to 2^53 - 1, got {x}"),
+        ));
+    }
+    Ok(x)
+}
+
+fn check_name(path: &str, name: &Option<String>) -> Result<()> {
+    let Some(n) = name else { return Ok(()) };
+    let ok = !n.is_empty()
+        && n.len() <= MAX_NAME_LEN
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(
+            format!("{path}.name"),
+            format!("must be 1-{MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ : -, got {n:?}"),
+        ))
+    }
+}
+
+fn time_zone(path: &str, tz: &Option<String>) -> Result<TimeZone> {
+    match tz {
+        None => Ok(TimeZone::UTC),
+        Some(name) => TimeZone::get(name).map_err(|_| {
+            err(
+                format!("{path}.tz"),
+                format!("unknown IANA time zone {name:?} (e.g. \"Europe/Paris\", \"UTC\")"),
+            )
+        }),
+    }
+}
+
+fn calendar_unit(path: &str, d: &Duration) -> Result<CalendarUnit> {
+    d.calendar_unit().ok_or_else(|| {
+        err(
+            path,
+            format!("a calendar period must be one of 1h, 1d, 1w, 1mo, got \"{d}\""),
+        )
+    })
+}
+
+fn fixed_nanos(path: &str, d: &Duration) -> Result<u64> {
+    d.nanos().ok_or_else(|| {
+        err(
+            path,
+            "months (\"mo\") are only for calendar windows and budgets",
+        )
+    })
+}
+
+impl LimitDef {
+    /// The given name, if any.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            LimitDef::Rate(d) => d.name.as_deref(),
+            LimitDef::Gap(d) => d.name.as_deref(),
+            LimitDef::Window(d) => d.name.as_deref(),
+            LimitDef::Budget(d) => d.name.as_deref(),
+            LimitDef::Concurrency(d) => d.name.as_deref(),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            LimitDef::Rate(_) => Kind::Rate,
+            LimitDef::Gap(_) => Kind::Gap,
+            LimitDef::Window(_) => Kind::Window,
+            LimitDef::Budget(_) => Kind::Budget,
+            LimitDef::Concurrency(_) => Kind::Concurrency,
+        }
+    }
+
+    /// The reported name of this item at `index`: its `name`, or `<kind>-<index>`.
+    pub fn reported_name(&self, index: usize) -> String {
+        self.name()
+            .map_or_else(|| format!("{}-{index}", self.kind().as_str()), str::to_owned)
+    }
+
+    /// Validates this item and compiles it. `path` names it in errors, e.g.
+    /// `limits[2]`.
+    pub fn compile(&self, path: &str) -> Result<Item> {
+        check_name(path, &match self {
+            LimitDef::Rate(d) => d.name.clone(),
+            LimitDef::Gap(d) => d.name.clone(),
+            LimitDef::Window(d) => d.name.clone(),
+            LimitDef::Budget(d) => d.name.clone(),
+            LimitDef::Concurrency(d) => d.name.clone(),
+        })?;
+        match self {
+            LimitDef::Rate(d) => {
+                let rate = positive(path, "rate", d.rate)?;
+                let per = fixed_nanos(&format!("{path}.per"), &d.per)?;
+                let burst = positive(path, "burst", d.burst.unwrap_or(rate))?;
+                Ok(Item::Rate {
+                    rate: Rate::new(rate, per, burst),
+                    kind: Kind::Rate,
+                })
+            }
+            LimitDef::Gap(d) => {
+                let min = fixed_nanos(&format!("{path}.min"), &d.min)?;
+                Ok(Item::Rate {
+                    rate: Rate::new(1, min, 1),
+                    kind: Kind::Gap,
+                })
+            }
+            LimitDef::Window(d) => compile_window(path, d).map(Item::Window),
+            LimitDef::Budget(d) => compile_budget(path, d).map(Item::Budget),
+            LimitDef::Concurrency(d) => Ok(Item::Concurrency(Concurrency {
+                max: positive(path, "max", d.max)?,
+            })),
+        }
+    }
+}
+
+fn compile_window(path: &str, d: &WindowDef) -> Result<Window> {
+    let limit = positive(path, "limit", d.limit)?;
+    let align = d.align.unwrap_or(Align::Rolling);
+    if d.tz.is_some() && align != Align::Calendar {
+        return Err(err(
+            format!("{path}.tz"),
+            "only calendar windows (align \"calendar\") take a time zone",
+        ));
+    }
+    if d.precision.is_some() && align != Align::Rolling {
+        return Err(err(
+            format!("{path}.precision"),
+            "only rolling windows take a precision",
+        ));
+    }
+    let wpath = format!("{path}.window");
+    let layout = match align {
+        Align::Fixed => Layout::Fixed {
+            w: fixed_nanos(&wpath, &d.window)?,
+        },
+        Align::Calendar => Layout::Calendar(Calendar::new(
+            calendar_unit(&wpath, &d.window)?,
+            time_zone(path, &d.tz)?,
+        )),
+        Align::Rolling => {
+            let w = fixed_nanos(&wpath, &d.window)?;
+            match d.precision.unwrap_or(Precision::Exact) {
+                Precision::Approximate => Layout::Approximate { w },
+                Precision::Exact => {
+                    if limit > MAX_EXACT_ROLLING_LIMIT {
+                        return Err(err(
+                            format!("{path}.limit"),
+                            format!(
+                                "an exact rolling window keeps one entry per debit and allows a limit of at most {MAX_EXACT_ROLLING_LIMIT}; use \"precision\": \"approximate\" for {limit}"
+                            ),
+                        ));
+                    }
+                    Layout::Rolling { w }
+                }
+            }
+        }
+    };
+    Ok(Window { limit, layout })
+}
+
+/// The largest profile weight, so the exact pacing arithmetic stays within 128 bits
+/// (see [`crate::limits::budget`]).
+pub const MAX_PROFILE_WEIGHT: f64 = 1000.0;
+
+fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
+    let amount = positive(path, "amount", d.amount)?;
+    let unit = match &d.per {
+        None => CalendarUnit::Day,
+        Some(p) => calendar_unit(&format!("{path}.per"), p)?,
+    };
+    let tz = time_zone(path, &d.tz)?;
+    let pacing = match &d.pacing {
+        None | Some(Pacing::Mode(PacingMode::Even)) => CompiledPacing::Even,
+        Some(Pacing::Mode(PacingMode::Asap)) => CompiledPacing::Asap,
+        Some(Pacing::Profile(p)) => {
+            let field = format!("{path}.pacing.profile");
+            if unit == CalendarUnit::Hour {
+                return Err(err(
+                    field,
+                    "a profile shares a period by local hour, so it needs a period of 1d, 1w or 1mo",
+                ));
+            }
+            if p.profile.len() != 24 {
+                return Err(err(
+                    field,
+                    format!("needs 24 weights, one per local hour, got {}", p.profile.len()),
+                ));
+            }
+            let mut w = [0u64; 24];
+            for (i, &x) in p.profile.iter().enumerate() {
+                if !(x.is_finite() && (0.0..=MAX_PROFILE_WEIGHT).contains(&x)) {
+                    return Err(err(
+                        format!("{field}[{i}]"),
+                        format!("must be a number from 0 to {MAX_PROFILE_WEIGHT}, got {x}"),
+                    ));
+                }
+                // In range, so the cast is exact after rounding.
+                w[i] = (x * 1000.0).round() as u64;
+            }
+            if w.iter().all(|&x| x == 0) {
+                return Err(err(field, "the weights must have a positive sum"));
+            }
+            CompiledPacing::Profile(Box::new(w))
+        }
+    };
+    let tol = d.tolerance.unwrap_or(0.01);
+    if !(tol.is_finite() && (0.0..=1.0).contains(&tol)) {
+        return Err(err(
+            format!("{path}.tolerance"),
+            format!("must be a fraction from 0 to 1, got {tol}"),
+        ));
+    }
+    let bp = (tol * 10_000.0).round() as u128;
+    let allowance = (u128::from(amount) * bp / 10_000) as u64;
+    Ok(Budget::new(amount, Calendar::new(unit, tz), pacing, allowance))
+}
+
+/// Nominal window length and limit of a window item, for stack validation.
+fn window_span(d: &WindowDef) -> Option<(u64, u64)> {
+    let ns = d.window.nanos().or_else(|| {
+        d.window
+            .calendar_unit()
+            .map(crate::limits::calendar::nominal_nanos)
+    })?;
+    Some((ns, d.limit))
+}
+
+/// Checks a stack of window items for contradictions: a shorter window with a
+/// higher limit than a longer one can never bind (rejected); two windows of the
+/// same length are redundant (a warning, the lower limit wins).
+pub fn check_windows(path: &str, limits: &[LimitDef]) -> Result<Vec<Warning>> {
+    let mut warnings = Vec::new();
+    let spans: Vec<(usize, u64, u64)> = limits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match l {
+            LimitDef::Window(d) => window_span(d).map(|(w, lim)| (i, w, lim)),
+            _ => None,
+        })
+        .collect();
+    for &(i, wi, li) in &spans {
+        for &(j, wj, lj) in &spans {
+            if wi < wj && li > lj {
+                return Err(err(
+                    format!("{path}[{i}].limit"),
+                    format!(
+                        "{li} per {} can never bind beside {lj} per {} ({path}[{j}]): a shorter window must have a lower limit",
+                        window_of(&limits[i]),
+                        window_of(&limits[j])
+                    ),
+                ));
+            }
+            if i < j && wi == wj {
+                warnings.push(Warning {
+                    field: format!("{path}[{j}]"),
+                    message: format!(
+                        "redundant: {path}[{i}] has a window of the same length; the lower limit decides"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(warnings)
+}
+
+fn window_of(l: &LimitDef) -> String {
+    match l {
+        LimitDef::Window(d) => d.window.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A validated policy, compiled, with any warnings the validation raised.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    pub stack: Stack,
+    pub warnings: Vec<Warning>,
+}
+
+impl PolicyDef {
+    /// Validates the whole definition; errors name the offending field
+    /// (`limits[1].burst`, `max_delay_ms`, ...).
+    pub fn compile(&self) -> Result<CompiledPolicy> {
+        if self.limits.is_empty() {
+            return Err(err("limits", "a policy needs at least one limit"));
+        }
+        compile_stack("limits", &self.limits, self.on_limit, self.max_delay_ms)
+    }
+}
+
+/// Validates and compiles a list of items (a policy's, or inline limits of a
+/// check), rejecting duplicate names and contradictory windows.
+pub fn compile_stack(
+    path: &str,
+    limits: &[LimitDef],
+    on_limit: Option<OnLimit>,
+    max_delay_ms: Option<u64>,
+) -> Result<CompiledPolicy> {
+    let mut items = Vec::with_capacity(limits.len());
+    let mut names: Vec<String> = Vec::with_capacity(limits.len());
+    for (i, l) in limits.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        items.push(l.compile(&p)?);
+        let name = l.reported_name(i);
+        if names.contains(&name) {
+            return Err(err(
+                format!("{p}.name"),
+                format!("the name {name:?} is used by another item"),
+            ));
+        }
+        names.push(name);
+    }
+    let warnings = check_windows(path, limits)?;
+    let on_limit = match (on_limit.unwrap_or(OnLimit::Reject), max_delay_ms) {
+        (OnLimit::Reject, None) => CompiledOnLimit::Reject,
+        (OnLimit::Reject, Some(_)) => {
+            return Err(err(
+                "max_delay_ms",
+                "only meaningful with \"on_limit\": \"delay\"",
+            ));
+        }
+        (OnLimit::Delay, None) => {
+            return Err(err(
+                "max_delay_ms",
+                "required with \"on_limit\": \"delay\": the longest wait to accept",
+            ));
+        }
+        (OnLimit::Delay, Some(ms)) => {
+            if ms == 0 || ms > MAX_DELAY_MS {
+                return Err(err(
+                    "max_delay_ms",
+                    format!("must be from 1 to {MAX_DELAY_MS}, got {ms}"),
+                ));
+            }
+            CompiledOnLimit::Delay {
+                max_delay: ms * MS,
+            }
+        }
+    };
+    Ok(CompiledPolicy {
+        stack: Stack::new(items, names, on_limit),
+        warnings,
+    })
+}

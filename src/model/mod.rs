@@ -1,0 +1,48 @@
+//! Definitions: limits and policies as users write them, parsing (JSON, TOML),
+//! validation with errors that name the field, and their JSON Schemas.
+
+pub mod duration;
+pub mod error;
+pub mod limit;
+
+pub use duration::Duration;
+pub use error::{DefinitionError, Warning};
+pub use limit::{CompiledPolicy, LimitDef, PolicyDef};
+
+use serde::de::DeserializeOwned;
+
+/// Parses a definition from JSON. A syntax or type error names the field it is
+/// in (`limits[0].rate`), as validation errors do.
+pub fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let value = serde_path_to_error::deserialize(de).map_err(|e| path_error(&e))?;
+    Ok(value)
+}
+
+/// Parses a definition from TOML, naming the field on error as [`from_json`] does.
+pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> {
+    let de = toml::Deserializer::parse(text)
+        .map_err(|e| DefinitionError::new("", format!("invalid TOML: {}", e.message())))?;
+    serde_path_to_error::deserialize(de).map_err(|e| path_error(&e))
+}
+
+fn path_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> DefinitionError {
+    let path = e.path().to_string();
+    // serde_path_to_error writes "." for the root.
+    let field = if path == "." { String::new() } else { path };
+    DefinitionError::new(field, e.inner().to_string())
+}
+
+/// The JSON Schemas of the definitions, as (file name under `schemas/`, text).
+/// `tests/schemas.rs` checks that the files in `schemas/` are these.
+pub fn schemas() -> Vec<(&'static str, String)> {
+    let render = |s: schemars::Schema| {
+        let mut text = serde_json::to_string_pretty(&s).unwrap_or_default();
+        text.push('\n');
+        text
+    };
+    vec![
+        ("limit.schema.json", render(schemars::schema_for!(LimitDef))),
+        ("policy.schema.json", render(schemars::schema_for!(PolicyDef))),
+    ]
+}
