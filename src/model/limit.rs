@@ -51,13 +51,13 @@ pub struct RateDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Units per period, 1 ≤ rate < 2^53.
-    #[schemars(range(min = 1, max = 9007199254740991))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub rate: u64,
     /// The period.
     pub per: Duration,
     /// Units that may pass at once after idling; default `rate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 9007199254740991))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub burst: Option<u64>,
 }
 
@@ -100,7 +100,7 @@ pub struct WindowDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Units per window, 1 ≤ limit < 2^53.
-    #[schemars(range(min = 1, max = 9007199254740991))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub limit: u64,
     /// Window length; for calendar windows one of 1h, 1d, 1w, 1mo.
     pub window: Duration,
@@ -149,7 +149,7 @@ pub struct BudgetDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Cost units per period, 1 ≤ amount < 2^53.
-    #[schemars(range(min = 1, max = 9007199254740991))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub amount: u64,
     /// Calendar period: 1h, 1d (default), 1w or 1mo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,7 +174,7 @@ pub struct ConcurrencyDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Open reservations at once, 1 ≤ max < 2^53.
-    #[schemars(range(min = 1, max = 9007199254740991))]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub max: u64,
 }
 
