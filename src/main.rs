@@ -3,6 +3,7 @@
 //! This release carries the library and the definition tools; `serve`, `replay`
 //! and `simulate` arrive with the engine and the service.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -67,7 +68,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 eprintln!("warning: {}: {}", w.field, w.message);
             }
             let out = serde_json::to_string_pretty(&def).map_err(|e| e.to_string())?;
-            println!("{out}");
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = writeln!(std::io::stdout(), "{out}");
             Ok(())
         }
         Command::Schemas { out } => {

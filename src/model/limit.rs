@@ -28,9 +28,26 @@ pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 pub const MAX_NAME_LEN: usize = 64;
 
 /// One limit item. `kind` selects the algorithm (DESIGN §2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "kind", rename_all = "lowercase")]
+///
+/// Serialized with `kind` as a tag; deserialized through the flat
+/// [`super::raw::RawLimit`] so that an error inside an item names its field
+/// (`limits[0].rate`) — serde's tagged-enum path buffers the item and would lose it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", try_from = "super::raw::RawLimit")]
 pub enum LimitDef {
+    Rate(RateDef),
+    Gap(GapDef),
+    Window(WindowDef),
+    Budget(BudgetDef),
+    Concurrency(ConcurrencyDef),
+}
+
+/// The JSON Schema of [`LimitDef`]: the tagged form users write. (Deriving it on
+/// `LimitDef` would describe the flat reading form instead.)
+#[derive(JsonSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+#[allow(dead_code)] // only its schema is used
+enum LimitSchema {
     /// GCRA: `rate` units per `per`, with bursts of up to `burst` (default `rate`).
     Rate(RateDef),
     /// At least `min` between two events (sugar for rate 1 per `min`, burst 1).
@@ -41,6 +58,21 @@ pub enum LimitDef {
     Budget(BudgetDef),
     /// Open reservations at once.
     Concurrency(ConcurrencyDef),
+}
+
+impl JsonSchema for LimitDef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LimitDef".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut schema = LimitSchema::json_schema(generator);
+        schema.insert(
+            "description".into(),
+            "One limit item; `kind` selects the algorithm (DESIGN §2).".into(),
+        );
+        schema
+    }
 }
 
 /// `{"kind": "rate", "rate": 5, "per": "1s", "burst": 10}`
@@ -116,11 +148,31 @@ pub struct WindowDef {
 }
 
 /// `"asap"`, `"even"` or `{"profile": [24 weights]}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Pacing {
     Mode(PacingMode),
     Profile(ProfileDef),
+}
+
+impl<'de> Deserialize<'de> for Pacing {
+    // By hand, because serde's untagged error ("data did not match any variant")
+    // does not tell the user what would.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        let hint = r#"expected "asap", "even" or {"profile": [24 weights]}"#;
+        match v {
+            serde_json::Value::String(s) => match s.as_str() {
+                "asap" => Ok(Pacing::Mode(PacingMode::Asap)),
+                "even" => Ok(Pacing::Mode(PacingMode::Even)),
+                _ => Err(serde::de::Error::custom(format!("{hint}, got {s:?}"))),
+            },
+            v @ serde_json::Value::Object(_) => serde_json::from_value(v)
+                .map(Pacing::Profile)
+                .map_err(|e| serde::de::Error::custom(format!("{hint}: {e}"))),
+            other => Err(serde::de::Error::custom(format!("{hint}, got {other}"))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

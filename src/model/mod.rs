@@ -4,6 +4,7 @@
 pub mod duration;
 pub mod error;
 pub mod limit;
+mod raw;
 
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
@@ -29,8 +30,20 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> 
 fn path_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> DefinitionError {
     let path = e.path().to_string();
     // serde_path_to_error writes "." for the root.
-    let field = if path == "." { String::new() } else { path };
-    DefinitionError::new(field, e.inner().to_string())
+    let mut field = if path == "." { String::new() } else { path };
+    let mut message = e.inner().to_string();
+    // An item's own check (raw::FieldError) says which of its fields is wrong as
+    // "field: message"; move that field into the path. serde's own messages never
+    // start with a bare identifier and a colon ("invalid value: ..." has a space).
+    if let Some((sub, rest)) = message.split_once(": ")
+        && !sub.is_empty()
+        && sub.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    {
+        field = if field.is_empty() { sub.to_owned() } else { format!("{field}.{sub}") };
+        message = rest.to_owned();
+    }
+    // serde_json appends " at line L column C"; keep it, it helps find the spot.
+    DefinitionError::new(field, message)
 }
 
 /// The JSON Schemas of the definitions, as (file name under `schemas/`, text).
