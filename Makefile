@@ -1,7 +1,7 @@
 # Every command sets itself up on a fresh Debian machine (see README.md).
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/freqcap-target
 
-.PHONY: deps test bench schemas
+.PHONY: deps test bench schemas run
 
 # Native build dependencies, installed only when missing (needs root or sudo).
 deps:
@@ -22,3 +22,8 @@ bench: deps
 # Regenerate the checked-in JSON Schemas after changing a definition type.
 schemas:
 	cargo run --release -- schemas --out schemas
+
+# Runs the freqcap binary: make run ARGS="validate examples/policy.json".
+ARGS ?= --help
+run: deps
+	cargo run --release -- $(ARGS)

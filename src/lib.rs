@@ -18,3 +18,8 @@ pub use keyed::{KeyedLimiter, LimiterOptions};
 pub use limits::stack::{Decision, Pending, Stack};
 pub use limits::{Hold, ItemFigures};
 pub use model::{DefinitionError, LimitDef, PolicyDef};
+
+// README's examples are compiled and run as doctests, so they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

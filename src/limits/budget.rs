@@ -144,8 +144,10 @@ impl Budget {
     }
 
     /// The state as of `now`: the stored period, or a fresh one if it has ended.
+    /// A `now` before the stored period counts in it (per record, time never goes
+    /// back); a fresh state has `end` 0 and never matches.
     pub fn current(&self, st: &BudgetState, now: Nanos) -> BudgetState {
-        if st.start <= now && now < st.end {
+        if now < st.end {
             return *st;
         }
         let (start, end) = self.calendar.bounds(now);

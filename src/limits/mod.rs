@@ -272,10 +272,9 @@ impl Item {
                         window_start: s.start,
                     }
                 }
-                Layout::Rolling { .. } => {
-                    w.log_push(log_mut(st), now, n);
-                    PendingItem::Log { at: now }
-                }
+                Layout::Rolling { .. } => PendingItem::Log {
+                    at: w.log_push(log_mut(st), now, n),
+                },
                 Layout::Approximate { .. } => {
                     let s = approx_mut(st);
                     *s = w.current_approx(s, now);

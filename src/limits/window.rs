@@ -78,8 +78,13 @@ pub struct WindowView {
 impl Window {
     /// The counter state as of `now`: the stored window if `now` is still in it,
     /// else an empty counter for the window containing `now`.
+    ///
+    /// A `now` before the stored window (a request that read the clock just before
+    /// another one rolled the window, then took the lock after it) counts in the
+    /// stored window: per record, time never goes back. A fresh state has `end`
+    /// 0, so it never matches.
     pub fn current_counter(&self, st: &CounterState, now: Nanos) -> CounterState {
-        if st.start <= now && now < st.end {
+        if now < st.end {
             return *st;
         }
         let (start, end) = match &self.layout {
@@ -173,18 +178,23 @@ impl Window {
         Some(0)
     }
 
-    /// Records a debit at `now`. Debits at the same instant share one entry:
-    /// releasing n from it is the same as removing a separate entry of n.
-    pub fn log_push(&self, st: &mut LogState, now: Nanos, n: u64) {
+    /// Records a debit at `now` and returns the time it was recorded at. Debits at
+    /// the same instant share one entry: releasing n from it is the same as
+    /// removing a separate entry of n. A `now` before the newest debit is recorded
+    /// at the newest debit's time, so the log stays ordered (per record, time never
+    /// goes back).
+    pub fn log_push(&self, st: &mut LogState, now: Nanos, n: u64) -> Nanos {
         self.prune_log(st, now);
+        let at = st.debits.back().map_or(now, |d| d.at.max(now));
         if n == 0 {
-            return;
+            return at;
         }
         st.sum += n;
         match st.debits.back_mut() {
-            Some(d) if d.at == now => d.cost += n,
-            _ => st.debits.push_back(Debit { at: now, cost: n }),
+            Some(d) if d.at == at => d.cost += n,
+            _ => st.debits.push_back(Debit { at, cost: n }),
         }
+        at
     }
 
     /// Adds `delta` (may be negative) to the debit made at `at`, if it is still in
@@ -207,10 +217,12 @@ impl Window {
     // ---- approximate rolling ----
 
     /// The buckets as of `now`, shifted forward if `now` has left the current one.
+    /// A `now` in a bucket before the stored one counts in the stored one (per
+    /// record, time never goes back).
     pub fn current_approx(&self, st: &ApproxState, now: Nanos) -> ApproxState {
         let w = self.rolling_w();
         let start = now / w * w;
-        if start == st.cur_start {
+        if start <= st.cur_start {
             *st
         } else if start == st.cur_start.saturating_add(w) {
             ApproxState {
@@ -230,7 +242,7 @@ impl Window {
     /// floor(prev·(W − (now − cur_start))/W + cur) for an already-current state.
     fn approx_estimate(&self, s: &ApproxState, now: Nanos) -> u64 {
         let w = u128::from(self.rolling_w());
-        let left = w - u128::from(now - s.cur_start);
+        let left = w - u128::from(now.max(s.cur_start) - s.cur_start);
         let decayed = (u128::from(s.prev) * left / w) as u64;
         decayed.saturating_add(s.cur)
     }
