@@ -27,7 +27,12 @@ fn schemas_accept_a_documented_example_shape() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["properties"]["kind"]["const"].as_str().unwrap().to_owned())
+        .map(|s| {
+            s["properties"]["kind"]["const"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(kinds, ["rate", "gap", "window", "budget", "concurrency"]);
 }

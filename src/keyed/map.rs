@@ -61,9 +61,12 @@ struct Shard<K, V> {
     heap: usize,
 }
 
+/// A shard behind its lock, alone on its cache line(s).
+type ShardSlot<K, V> = CachePadded<Mutex<Shard<K, V>>>;
+
 /// See the module documentation.
 pub struct ShardedMap<K, V> {
-    shards: Box<[CachePadded<Mutex<Shard<K, V>>>]>,
+    shards: Box<[ShardSlot<K, V>]>,
     hasher: foldhash::fast::RandomState,
     /// `shards.len() - 1`; the shard count is a power of two.
     mask: usize,
@@ -169,7 +172,10 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         let shard = self.shards[self.shard_of(hash)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        shard.table.find(hash, |e| e.0.borrow() == key).map(|e| f(&e.1))
+        shard
+            .table
+            .find(hash, |e| e.0.borrow() == key)
+            .map(|e| f(&e.1))
     }
 
     fn over_budget(&self, shard: &Shard<K, V>) -> bool {

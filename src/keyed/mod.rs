@@ -165,7 +165,8 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide_at(key, self.clock.now(), cost, Hold::Immediate).0
+        self.decide_at(key, self.clock.now(), cost, Hold::Immediate)
+            .0
     }
 
     /// Like [`KeyedLimiter::check`], but holds the debit as pending until
@@ -189,7 +190,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
 
     /// The decision at an explicit time (tests, replay). `now` must not go back
     /// for a key; the system clock guarantees that.
-    pub fn decide_at<Q>(&self, key: &Q, now: Nanos, cost: u64, hold: Hold) -> (Decision, Option<Pending>)
+    pub fn decide_at<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        hold: Hold,
+    ) -> (Decision, Option<Pending>)
     where
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -212,9 +219,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.clock.now();
         let stack = &self.stack;
-        self.map.with(key, now, stack, || StackRecord::fresh(stack), |rec| {
-            stack.release(rec.states_mut(), pending, now)
-        });
+        self.map.with(
+            key,
+            now,
+            stack,
+            || StackRecord::fresh(stack),
+            |rec| stack.release(rec.states_mut(), pending, now),
+        );
     }
 
     /// Makes a reservation's pending debits permanent at `final_cost`.
@@ -225,9 +236,13 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     {
         let now = self.clock.now();
         let stack = &self.stack;
-        self.map.with(key, now, stack, || StackRecord::fresh(stack), |rec| {
-            stack.commit(rec.states_mut(), pending, final_cost, now)
-        });
+        self.map.with(
+            key,
+            now,
+            stack,
+            || StackRecord::fresh(stack),
+            |rec| stack.commit(rec.states_mut(), pending, final_cost, now),
+        );
     }
 
     /// Keys currently held.

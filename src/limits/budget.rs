@@ -124,7 +124,10 @@ impl Profile {
 
     /// F(t) for t in the period.
     fn at(&self, t: Nanos) -> u128 {
-        let i = self.segments.partition_point(|s| s.0 <= t).saturating_sub(1);
+        let i = self
+            .segments
+            .partition_point(|s| s.0 <= t)
+            .saturating_sub(1);
         match self.segments.get(i) {
             Some(&(s, f, w)) => f + u128::from(w) * u128::from(t / US - s / US),
             None => 0,
@@ -179,7 +182,10 @@ impl Budget {
             return p;
         }
         let p = Arc::new(Profile::build(&self.calendar, weights, start, end));
-        *self.profile_cache.write().unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
+        *self
+            .profile_cache
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(p.clone());
         p
     }
 
@@ -209,7 +215,9 @@ impl Budget {
         let (num, den) = pr.fraction(now);
         let paced = (u128::from(self.amount) * num).div_ceil(den);
         // paced ≤ amount because num ≤ den.
-        (paced as u64).saturating_add(self.allowance).min(self.amount)
+        (paced as u64)
+            .saturating_add(self.allowance)
+            .min(self.amount)
     }
 
     /// The first instant in `[start, end)` at which cap reaches `need`, if any.
@@ -247,7 +255,11 @@ impl Budget {
     }
 
     pub fn idle_at(&self, st: &BudgetState) -> Nanos {
-        if st.spent + st.pending == 0 { 0 } else { st.end }
+        if st.spent + st.pending == 0 {
+            0
+        } else {
+            st.end
+        }
     }
 }
 

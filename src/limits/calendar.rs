@@ -7,6 +7,7 @@
 //! DST days are therefore 23 or 25 hours long, and every period here is computed,
 //! not assumed to be 24 h.
 
+use crossbeam_utils::atomic::AtomicCell;
 use jiff::civil::Date;
 use jiff::tz::{Disambiguation, OffsetConflict, TimeZone};
 use jiff::{Timestamp, Zoned};
@@ -24,12 +25,29 @@ pub enum CalendarUnit {
 
 /// A calendar unit in a time zone: knows the bounds of the period containing any
 /// instant.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Calendar {
     /// Hour, day, week or month.
     pub unit: CalendarUnit,
     /// The zone whose local time defines the periods.
     pub tz: TimeZone,
+    /// The period most recently computed. Every key of an item lives in the same
+    /// periods, so this spares all but the first key of each period the time-zone
+    /// arithmetic. `AtomicCell` of a 16-byte value is a seqlock: readers never
+    /// write, so threads reading it do not contend.
+    last: AtomicCell<(Nanos, Nanos)>,
+}
+
+impl Clone for Calendar {
+    fn clone(&self) -> Self {
+        Calendar::new(self.unit, self.tz.clone())
+    }
+}
+
+impl PartialEq for Calendar {
+    fn eq(&self, o: &Self) -> bool {
+        self.unit == o.unit && self.tz == o.tz
+    }
 }
 
 /// Nominal length of a unit, used only where a rough length is meaningful (e.g.
@@ -50,7 +68,11 @@ fn to_ns(ts: Timestamp) -> Nanos {
 
 impl Calendar {
     pub fn new(unit: CalendarUnit, tz: TimeZone) -> Self {
-        Calendar { unit, tz }
+        Calendar {
+            unit,
+            tz,
+            last: AtomicCell::new((0, 0)),
+        }
     }
 
     /// `[start, end)` of the period containing `now`.
@@ -59,11 +81,17 @@ impl Calendar {
     /// beyond 9999), so the fallback — the UTC-aligned period of nominal length —
     /// is unreachable in practice; it exists so this path cannot panic.
     pub fn bounds(&self, now: Nanos) -> (Nanos, Nanos) {
-        self.try_bounds(now).unwrap_or_else(|| {
+        let (s, e) = self.last.load();
+        if s <= now && now < e {
+            return (s, e);
+        }
+        let b = self.try_bounds(now).unwrap_or_else(|| {
             let len = nominal_nanos(self.unit);
             let start = now / len * len;
             (start, start.saturating_add(len))
-        })
+        });
+        self.last.store(b);
+        b
     }
 
     /// `[start, end)` of the period that follows the one containing `now`.
@@ -196,9 +224,15 @@ mod tests {
         let utc = |u| Calendar::new(u, TimeZone::UTC);
         // 2026-11-22 is a Sunday: its ISO week began Monday 2026-11-16.
         let (s, e) = utc(CalendarUnit::Week).bounds(at("2026-11-22T10:00:00Z"));
-        assert_eq!((s, e), (at("2026-11-16T00:00:00Z"), at("2026-11-23T00:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (at("2026-11-16T00:00:00Z"), at("2026-11-23T00:00:00Z"))
+        );
         let (s, e) = utc(CalendarUnit::Month).bounds(at("2026-02-10T00:00:00Z"));
-        assert_eq!((s, e), (at("2026-02-01T00:00:00Z"), at("2026-03-01T00:00:00Z")));
+        assert_eq!(
+            (s, e),
+            (at("2026-02-01T00:00:00Z"), at("2026-03-01T00:00:00Z"))
+        );
         assert_eq!(
             utc(CalendarUnit::Month).next_bounds(at("2026-12-31T23:00:00Z")),
             (at("2027-01-01T00:00:00Z"), at("2027-02-01T00:00:00Z"))
@@ -209,7 +243,10 @@ mod tests {
     fn half_hour_zone_hours() {
         let cal = Calendar::new(CalendarUnit::Hour, TimeZone::get("Asia/Kolkata").unwrap());
         let (s, e) = cal.bounds(at("2026-01-01T00:10:00Z"));
-        assert_eq!((s, e), (at("2025-12-31T23:30:00Z"), at("2026-01-01T00:30:00Z")));
+        assert_eq!(
+            (s, e),
+            (at("2025-12-31T23:30:00Z"), at("2026-01-01T00:30:00Z"))
+        );
         assert_eq!(local_hour(&cal.tz, at("2026-01-01T00:10:00Z")), 5);
     }
 }

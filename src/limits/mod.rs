@@ -54,7 +54,10 @@ impl Kind {
 pub enum Item {
     /// GCRA; `gap` items compile to a rate of 1 per `min` with burst 1 and keep
     /// their own kind for reporting.
-    Rate { rate: Rate, kind: Kind },
+    Rate {
+        rate: Rate,
+        kind: Kind,
+    },
     Window(Window),
     Budget(Budget),
     Concurrency(Concurrency),
@@ -84,15 +87,25 @@ pub enum ItemState {
 pub enum PendingItem {
     Rate(RatePending),
     /// Fixed or calendar window: the window it was charged in.
-    Counter { window_start: Nanos },
+    Counter {
+        window_start: Nanos,
+    },
     /// Exact rolling window: the time of the debit.
-    Log { at: Nanos },
+    Log {
+        at: Nanos,
+    },
     /// Approximate rolling window: the bucket it was charged in.
-    Approx { bucket: Nanos },
+    Approx {
+        bucket: Nanos,
+    },
     /// Budget: the period it was charged in.
-    Budget { period_start: Nanos },
+    Budget {
+        period_start: Nanos,
+    },
     /// Concurrency: the slot, identified by its deadline.
-    Concurrency { deadline: Nanos },
+    Concurrency {
+        deadline: Nanos,
+    },
 }
 
 /// The figures of one item in a decision (DESIGN §2, §2.6). Times in ns, exact
@@ -129,7 +142,7 @@ pub(crate) struct Probe {
 // an item whose definition changed without its state being reset; reading it as
 // fresh is the documented rule for a changed item (DESIGN §2.6).
 macro_rules! state_as {
-    ($fn:ident, $fn_mut:ident, $variant:ident, $ty:ty, $wrap:expr) => {
+    ($fn:ident, $fn_mut:ident, $variant:ident, $ty:ty) => {
         // The exact rolling log is read in place, never copied, so its reader
         // goes unused.
         #[allow(dead_code)]
@@ -144,7 +157,7 @@ macro_rules! state_as {
         }
         fn $fn_mut(st: &mut ItemState) -> &mut $ty {
             if !matches!(st, ItemState::$variant(_)) {
-                *st = ItemState::$variant($wrap(<$ty>::default()));
+                *st = ItemState::$variant(Default::default());
             }
             match st {
                 ItemState::$variant(s) => std::borrow::BorrowMut::borrow_mut(s),
@@ -156,12 +169,12 @@ macro_rules! state_as {
 }
 
 // `Borrow` reads both the inline variants and the boxed ones (`Box<T>: Borrow<T>`).
-state_as!(rate_of, rate_mut, Rate, RateState, std::convert::identity);
-state_as!(counter_of, counter_mut, Counter, CounterState, std::convert::identity);
-state_as!(log_of, log_mut, Log, LogState, Box::new);
-state_as!(approx_of, approx_mut, Approx, ApproxState, std::convert::identity);
-state_as!(budget_of, budget_mut, Budget, BudgetState, Box::new);
-state_as!(conc_of, conc_mut, Concurrency, ConcurrencyState, std::convert::identity);
+state_as!(rate_of, rate_mut, Rate, RateState);
+state_as!(counter_of, counter_mut, Counter, CounterState);
+state_as!(log_of, log_mut, Log, LogState);
+state_as!(approx_of, approx_mut, Approx, ApproxState);
+state_as!(budget_of, budget_mut, Budget, BudgetState);
+state_as!(conc_of, conc_mut, Concurrency, ConcurrencyState);
 
 impl Item {
     pub fn kind(&self) -> Kind {
@@ -260,7 +273,9 @@ impl Item {
     ) -> PendingItem {
         match self {
             Item::Rate { rate, .. } => {
-                let p = probe.rate.unwrap_or_else(|| rate.probe(&rate_of(st), now, n));
+                let p = probe
+                    .rate
+                    .unwrap_or_else(|| rate.probe(&rate_of(st), now, n));
                 PendingItem::Rate(rate.apply(rate_mut(st), &p, n))
             }
             Item::Window(w) => match &w.layout {
@@ -371,7 +386,14 @@ impl Item {
     /// Makes a pending debit of `n` permanent at `final_cost` (DESIGN §2.5): a
     /// lower cost returns the difference, a higher one is charged even past the
     /// limit, always in the window or period the reservation was charged in.
-    pub fn commit(&self, st: &mut ItemState, pending: &PendingItem, n: u64, final_cost: u64, now: Nanos) {
+    pub fn commit(
+        &self,
+        st: &mut ItemState,
+        pending: &PendingItem,
+        n: u64,
+        final_cost: u64,
+        now: Nanos,
+    ) {
         match (self, pending) {
             (Item::Rate { rate, .. }, PendingItem::Rate(p)) => {
                 if final_cost < n {

@@ -117,7 +117,7 @@ impl Stack {
         debug_assert_eq!(states.len(), self.items.len());
         if cost == 0 {
             // A peek: always allowed, reserves and debits nothing.
-            return (self.report(states, now, true, 0, |_| None), None);
+            return (self.report(states, now, true, |_| None), None);
         }
         let probes: SmallVec<[Probe; 4]> = self
             .items
@@ -150,7 +150,7 @@ impl Stack {
         for ((item, st), p) in self.items.iter().zip(states.iter_mut()).zip(&probes) {
             pending.push(item.apply(st, p, now, cost, hold));
         }
-        let mut decision = self.report(states, now, true, 0, |_| None);
+        let mut decision = self.report(states, now, true, |_| None);
         decision.delay = delay;
         let pending = matches!(hold, Hold::Reserve { .. }).then_some(Pending {
             cost,
@@ -167,7 +167,7 @@ impl Stack {
         now: Nanos,
         cost: u64,
     ) -> (Decision, Option<Pending>) {
-        let d = self.report(states, now, false, cost, |i| {
+        let d = self.report(states, now, false, |i| {
             (!probes[i].allowed).then(|| self.items[i].retry(&states[i], &probes[i], now, cost))
         });
         (d, None)
@@ -180,7 +180,6 @@ impl Stack {
         states: &[ItemState],
         now: Nanos,
         allowed: bool,
-        _cost: u64,
         retry: impl Fn(usize) -> Option<Option<Nanos>>,
     ) -> Decision {
         let mut items = SmallVec::new();

@@ -196,7 +196,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for s in ["", "1", "s", "0s", "-1s", "+1s", "1.5s", "1 s", "1h30m", "1y", "1S"] {
+        for s in [
+            "", "1", "s", "0s", "-1s", "+1s", "1.5s", "1 s", "1h30m", "1y", "1S",
+        ] {
             assert!(s.parse::<Duration>().is_err(), "{s:?} should fail");
         }
         assert!(matches!(

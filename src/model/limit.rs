@@ -33,7 +33,11 @@ pub const MAX_NAME_LEN: usize = 64;
 /// [`super::raw::RawLimit`] so that an error inside an item names its field
 /// (`limits[0].rate`) — serde's tagged-enum path buffers the item and would lose it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase", try_from = "super::raw::RawLimit")]
+#[serde(
+    tag = "kind",
+    rename_all = "lowercase",
+    try_from = "super::raw::RawLimit"
+)]
 pub enum LimitDef {
     Rate(RateDef),
     Gap(GapDef),
@@ -350,20 +354,25 @@ impl LimitDef {
 
     /// The reported name of this item at `index`: its `name`, or `<kind>-<index>`.
     pub fn reported_name(&self, index: usize) -> String {
-        self.name()
-            .map_or_else(|| format!("{}-{index}", self.kind().as_str()), str::to_owned)
+        self.name().map_or_else(
+            || format!("{}-{index}", self.kind().as_str()),
+            str::to_owned,
+        )
     }
 
     /// Validates this item and compiles it. `path` names it in errors, e.g.
     /// `limits[2]`.
     pub fn compile(&self, path: &str) -> Result<Item> {
-        check_name(path, &match self {
-            LimitDef::Rate(d) => d.name.clone(),
-            LimitDef::Gap(d) => d.name.clone(),
-            LimitDef::Window(d) => d.name.clone(),
-            LimitDef::Budget(d) => d.name.clone(),
-            LimitDef::Concurrency(d) => d.name.clone(),
-        })?;
+        check_name(
+            path,
+            &match self {
+                LimitDef::Rate(d) => d.name.clone(),
+                LimitDef::Gap(d) => d.name.clone(),
+                LimitDef::Window(d) => d.name.clone(),
+                LimitDef::Budget(d) => d.name.clone(),
+                LimitDef::Concurrency(d) => d.name.clone(),
+            },
+        )?;
         match self {
             LimitDef::Rate(d) => {
                 let rate = positive(path, "rate", d.rate)?;
@@ -460,7 +469,10 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
             if p.profile.len() != 24 {
                 return Err(err(
                     field,
-                    format!("needs 24 weights, one per local hour, got {}", p.profile.len()),
+                    format!(
+                        "needs 24 weights, one per local hour, got {}",
+                        p.profile.len()
+                    ),
                 ));
             }
             let mut w = [0u64; 24];
@@ -489,7 +501,12 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
     }
     let bp = (tol * 10_000.0).round() as u128;
     let allowance = (u128::from(amount) * bp / 10_000) as u64;
-    Ok(Budget::new(amount, Calendar::new(unit, tz), pacing, allowance))
+    Ok(Budget::new(
+        amount,
+        Calendar::new(unit, tz),
+        pacing,
+        allowance,
+    ))
 }
 
 /// Nominal window length and limit of a window item, for stack validation.
@@ -609,9 +626,7 @@ pub fn compile_stack(
                     format!("must be from 1 to {MAX_DELAY_MS}, got {ms}"),
                 ));
             }
-            CompiledOnLimit::Delay {
-                max_delay: ms * MS,
-            }
+            CompiledOnLimit::Delay { max_delay: ms * MS }
         }
     };
     Ok(CompiledPolicy {

@@ -39,7 +39,11 @@ fn path_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> Defini
         && !sub.is_empty()
         && sub.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
     {
-        field = if field.is_empty() { sub.to_owned() } else { format!("{field}.{sub}") };
+        field = if field.is_empty() {
+            sub.to_owned()
+        } else {
+            format!("{field}.{sub}")
+        };
         message = rest.to_owned();
     }
     // serde_json appends " at line L column C"; keep it, it helps find the spot.
@@ -56,6 +60,9 @@ pub fn schemas() -> Vec<(&'static str, String)> {
     };
     vec![
         ("limit.schema.json", render(schemars::schema_for!(LimitDef))),
-        ("policy.schema.json", render(schemars::schema_for!(PolicyDef))),
+        (
+            "policy.schema.json",
+            render(schemars::schema_for!(PolicyDef)),
+        ),
     ]
 }
