@@ -4,11 +4,10 @@
 //! the period that has elapsed: of real time (`even`), of the traffic profile's
 //! weighted time (`profile`), or 1 (`asap`). f is kept as an exact fraction
 //! F(now)/F(end) of integers: F is Σ weight × nanoseconds over the local-hour
-//! segments of the period. With weights ≤ 1000.000 (10^6 thousandths, 2^20) and a
-//! month under 2^52 ns, F < 2^82 and amount·F < 2^135 would overflow — so the
-//! validator caps weights at 1000 *and* F is measured in microseconds, not ns
-//! (F < 2^72, amount·F < 2^125). Time is still resolved to the nanosecond for even
-//! pacing; profile pacing rounds each instant down to its microsecond.
+//! segments of the period. The validator caps weights at 1000.000 (10^6
+//! thousandths, < 2^20) and a period is at most a month and an hour (< 2^52 ns), so
+//! F < 2^72 and amount·F < 2^125 (amount < 2^53) fit in `u128`: both even and
+//! profile pacing are exact to the nanosecond.
 
 use std::sync::{Arc, RwLock};
 
@@ -99,8 +98,6 @@ struct Profile {
     total: u128,
 }
 
-const US: Nanos = 1_000;
-
 impl Profile {
     fn build(cal: &Calendar, weights: &[u64; 24], start: Nanos, end: Nanos) -> Profile {
         let hours = Calendar::new(CalendarUnit::Hour, cal.tz.clone());
@@ -111,7 +108,7 @@ impl Profile {
             let w = weights[local_hour(&cal.tz, t)];
             let next = hours.bounds(t).1.clamp(t + 1, end);
             segments.push((t, f, w));
-            f += u128::from(w) * u128::from(next / US - t / US);
+            f += u128::from(w) * u128::from(next - t);
             t = next;
         }
         Profile {
@@ -129,7 +126,7 @@ impl Profile {
             .partition_point(|s| s.0 <= t)
             .saturating_sub(1);
         match self.segments.get(i) {
-            Some(&(s, f, w)) => f + u128::from(w) * u128::from(t / US - s / US),
+            Some(&(s, f, w)) => f + u128::from(w) * u128::from(t - s),
             None => 0,
         }
     }
@@ -298,11 +295,10 @@ impl Progress {
                 };
                 let i = (0..p.segments.len()).find(|&i| amount * ends(i) > target)?;
                 let (s, f, w) = p.segments[i];
-                // amount·(f + w·Δµs) > target ⇔ Δµs ≥ floor((target − amount·f)/(amount·w)) + 1.
+                // amount·(f + w·Δ) > target ⇔ Δ ≥ floor((target − amount·f)/(amount·w)) + 1.
                 let x = target - amount * f;
-                let dus = x / (amount * u128::from(w)) + 1;
-                let t = u128::from(s / US) + dus;
-                u64::try_from(t * u128::from(US)).ok()
+                let d = x / (amount * u128::from(w)) + 1;
+                u64::try_from(u128::from(s) + d).ok()
             }
         }
     }
@@ -369,7 +365,7 @@ mod tests {
             spent: 0,
             pending: 0,
         };
-        // cap reaches 1 just after 12:00 (1000·f > 0 at the first microsecond).
-        assert_eq!(b.retry(&st, day + 2 * H, 1), Some(10 * H + US));
+        // cap reaches 1 just after 12:00 (1000·f > 0 at the first nanosecond).
+        assert_eq!(b.retry(&st, day + 2 * H, 1), Some(10 * H + 1));
     }
 }

@@ -195,7 +195,7 @@ pub struct ProfileDef {
     /// 24 non-negative weights (local hours 0–23), each at most 1000, rounded to
     /// thousandths, with a positive sum.
     #[schemars(length(min = 24, max = 24))]
-    pub profile: Vec<f64>,
+    pub profile: Vec<serde_json::Number>,
 }
 
 /// `{"kind": "budget", "amount": 100000, "per": "1d", "pacing": "even"}`
@@ -217,7 +217,7 @@ pub struct BudgetDef {
     /// rounded to basis points; default 0.01.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1))]
-    pub tolerance: Option<f64>,
+    pub tolerance: Option<serde_json::Number>,
     /// IANA time zone of the period; default UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
@@ -476,7 +476,10 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
                 ));
             }
             let mut w = [0u64; 24];
-            for (i, &x) in p.profile.iter().enumerate() {
+            for (i, x) in p.profile.iter().enumerate() {
+                // Non-finite values cannot be JSON numbers; as_f64 only fails for
+                // arbitrary-precision ones, which this build does not enable.
+                let x = x.as_f64().unwrap_or(f64::NAN);
                 if !(x.is_finite() && (0.0..=MAX_PROFILE_WEIGHT).contains(&x)) {
                     return Err(err(
                         format!("{field}[{i}]"),
@@ -492,7 +495,10 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
             CompiledPacing::Profile(Box::new(w))
         }
     };
-    let tol = d.tolerance.unwrap_or(0.01);
+    let tol = d
+        .tolerance
+        .as_ref()
+        .map_or(0.01, |t| t.as_f64().unwrap_or(f64::NAN));
     if !(tol.is_finite() && (0.0..=1.0).contains(&tol)) {
         return Err(err(
             format!("{path}.tolerance"),

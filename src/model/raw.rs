@@ -38,7 +38,7 @@ pub struct RawLimit {
     precision: Option<Precision>,
     amount: Option<u64>,
     pacing: Option<Pacing>,
-    tolerance: Option<f64>,
+    tolerance: Option<serde_json::Number>,
     max: Option<u64>,
 }
 
