@@ -27,37 +27,88 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Nanos;
 }
 
-/// Wall-clock time that never goes backwards: `max(last seen, wall clock)`.
+/// Wall-clock time that never goes backwards.
 ///
-/// The wall clock can step back (NTP corrections, a VM resumed from a snapshot);
-/// DESIGN §2 requires the engine's clock to hold still instead. The last value
-/// handed out lives in an atomic, so the clock is shared by all threads without a
-/// lock, and one `fetch_max` both records and clamps.
-#[derive(Debug, Default)]
+/// Reading the wall clock and clamping it with a shared `max(last seen, wall)`
+/// atomic would make every decision on every thread write one cache line. Instead
+/// this clock is the wall time at a sync point plus the monotonic time elapsed
+/// since (`CLOCK_MONOTONIC`, which NTP slews at the same rate as the wall clock,
+/// so the two stay together): monotone by construction, and a read writes nothing.
+/// Every [`RESYNC`] of monotonic time one reader compares with the wall clock
+/// again and moves the offset *forward* if the wall clock has stepped ahead (a VM
+/// resumed, a manual correction). If the wall clock steps back, the offset stays:
+/// time keeps running at its real pace instead of jumping back — the engine never
+/// sees time go backwards (DESIGN §2).
+#[derive(Debug)]
 pub struct SystemClock {
-    /// The largest time this clock has returned so far.
-    last: AtomicU64,
+    /// Wall time minus monotonic time, in ns, as last synced. Only grows.
+    offset: AtomicU64,
+    /// Monotonic time at the last sync with the wall clock.
+    synced: AtomicU64,
+}
+
+/// `CLOCK_MONOTONIC` in ns. Read directly rather than through
+/// `std::time::Instant`, whose `Duration` arithmetic costs as much again as the
+/// (vDSO, no system call) read itself on the decision path.
+fn monotonic_now() -> Nanos {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is supported on
+    // every Linux, so the call cannot fail (and on failure `ts` stays zero).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// How often [`SystemClock`] re-reads the wall clock to follow forward steps.
+pub const RESYNC: Nanos = 250 * MS;
+
+fn wall_now() -> Nanos {
+    // A system clock set before 1970 reads as the epoch; saturating keeps this
+    // path free of panics.
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 impl SystemClock {
     /// A clock that starts at the current wall-clock time.
     pub fn new() -> Self {
-        Self::default()
+        let mono = monotonic_now();
+        SystemClock {
+            offset: AtomicU64::new(wall_now().saturating_sub(mono)),
+            synced: AtomicU64::new(mono),
+        }
+    }
+
+    #[cold]
+    fn resync(&self, mono: Nanos) -> Nanos {
+        self.synced.store(mono, Ordering::Relaxed);
+        let wanted = wall_now().saturating_sub(mono);
+        // Relaxed: the offset is one value read on its own; fetch_max keeps it
+        // from ever decreasing even when two threads resync at once.
+        let offset = self.offset.fetch_max(wanted, Ordering::Relaxed).max(wanted);
+        offset.saturating_add(mono)
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
-        // A system clock set before 1970 is treated as the epoch; saturating keeps
-        // this path free of panics.
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        // Relaxed is enough: the value is a single counter with no other data
-        // published through it, and fetch_max is atomic on its own.
-        let prev = self.last.fetch_max(wall, Ordering::Relaxed);
-        prev.max(wall)
+        let mono = monotonic_now();
+        if mono.saturating_sub(self.synced.load(Ordering::Relaxed)) >= RESYNC {
+            return self.resync(mono);
+        }
+        self.offset.load(Ordering::Relaxed).saturating_add(mono)
     }
 }
 
@@ -108,6 +159,12 @@ impl Clock for ManualClock {
     }
 }
 
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> Nanos {
+        (**self).now()
+    }
+}
+
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> Nanos {
         (**self).now()
@@ -146,11 +203,33 @@ mod tests {
     #[test]
     fn system_clock_is_monotone_and_near_wall_time() {
         let c = SystemClock::new();
-        let a = c.now();
-        let b = c.now();
-        assert!(b >= a);
-        // Later than 2020-01-01: the clock reads real time, not zero.
-        assert!(a > 1_577_836_800 * SECOND);
+        let mut last = c.now();
+        // Across several resyncs: never back, and within a second of the wall clock.
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(600);
+        while std::time::Instant::now() < until {
+            let t = c.now();
+            assert!(t >= last);
+            last = t;
+        }
+        let wall = wall_now();
+        assert!(last.abs_diff(wall) < SECOND, "clock {last} vs wall {wall}");
+    }
+
+    #[test]
+    fn system_clock_is_monotone_across_threads() {
+        let c = SystemClock::new();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut last = 0;
+                    for _ in 0..200_000 {
+                        let t = c.now();
+                        assert!(t >= last);
+                        last = t;
+                    }
+                });
+            }
+        });
     }
 
     #[test]

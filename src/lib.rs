@@ -15,7 +15,7 @@ pub mod model;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use keyed::{KeyedLimiter, LimiterOptions};
-pub use limits::stack::{Decision, Pending, Stack};
+pub use limits::stack::{Decision, Pending, Stack, Verdict};
 pub use limits::{Hold, ItemFigures};
 pub use model::{DefinitionError, LimitDef, PolicyDef};
 

@@ -43,6 +43,11 @@ pub trait Record {
     fn idle_at(&self, ctx: &Self::Ctx) -> Nanos;
     /// Heap bytes the record owns beyond its inline size (counted in the budget).
     fn heap_bytes(&self) -> usize;
+    /// Whether records under `ctx` can own heap at all; when not, the map skips
+    /// measuring them on every access.
+    fn may_own_heap(_ctx: &Self::Ctx) -> bool {
+        true
+    }
 }
 
 /// Counters of a map's life, for metrics and tests.
@@ -80,6 +85,16 @@ pub struct ShardedMap<K, V> {
 /// Bytes a table of `buckets` buckets occupies: one entry and one control byte each.
 fn table_bytes<K, V>(buckets: usize) -> usize {
     buckets * (std::mem::size_of::<(K, V)>() + 1)
+}
+
+/// Buckets a table occupies (0 before it allocates, when hashbrown reports one).
+/// Not derived from `capacity()`: that is len plus hashbrown's free room, which
+/// the tombstones `retain` leaves shrink.
+fn buckets<T>(table: &HashTable<T>) -> usize {
+    match table.num_buckets() {
+        1 => 0,
+        n => n,
+    }
 }
 
 impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
@@ -141,6 +156,9 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             .unwrap_or_else(PoisonError::into_inner);
         let eq = |e: &(K, V)| e.0.borrow() == key;
         if let Some((_, v)) = shard.table.find_mut(hash, eq) {
+            if !V::may_own_heap(ctx) {
+                return f(v);
+            }
             let before = v.heap_bytes();
             let r = f(v);
             let after = v.heap_bytes();
@@ -153,11 +171,23 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             if shard.table.len() >= self.max_len || self.over_budget(&shard) {
                 self.evict(&mut shard, now, ctx);
             }
-            shard.heap += v.heap_bytes();
             let hasher = &self.hasher;
-            shard
-                .table
-                .insert_unique(hash, (key.to_owned(), v), |e| hasher.hash_one(&e.0));
+            let rehash = |e: &(K, V)| hasher.hash_one(&e.0);
+            if shard.table.len() == shard.table.capacity() {
+                // No free slot left, so hashbrown would grow the table; when the
+                // room was used up by tombstones that `retain` left, it grows it
+                // past its share although it is far from full. Rebuild it at the
+                // size this insert needs instead: the same size when tombstones
+                // filled it, the next one when it really is full (eviction above
+                // keeps that within `max_len`).
+                let old = std::mem::take(&mut shard.table);
+                shard.table = HashTable::with_capacity(old.len() + 1);
+                for e in old {
+                    shard.table.insert_unique(rehash(&e), e, rehash);
+                }
+            }
+            shard.heap += v.heap_bytes();
+            shard.table.insert_unique(hash, (key.to_owned(), v), rehash);
         }
         r
     }
@@ -179,8 +209,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
     }
 
     fn over_budget(&self, shard: &Shard<K, V>) -> bool {
-        let buckets = shard.table.capacity() / 7 * 8;
-        table_bytes::<K, V>(buckets) + shard.heap > self.shard_budget
+        table_bytes::<K, V>(buckets(&shard.table)) + shard.heap > self.shard_budget
     }
 
     /// Makes room in a full shard: idle records first, then the records closest
@@ -200,13 +229,13 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         self.stats
             .evicted_idle
             .fetch_add(idle as u64, Ordering::Relaxed);
-        if idle >= self.max_len / 8 && !self.over_budget(shard) {
+        if idle >= (self.max_len / 8).max(1) && !self.over_budget(shard) {
             return;
         }
         // Lossy: drop the records that would have become idle soonest.
         let target = self.max_len / 4 * 3;
         let len = shard.table.len();
-        if len <= target && !self.over_budget(shard) {
+        if len == 0 || (len <= target && !self.over_budget(shard)) {
             return;
         }
         let drop_n = len.saturating_sub(target).max(len / 4).max(1);
@@ -247,12 +276,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             .iter()
             .map(|s| {
                 let s = s.lock().unwrap_or_else(PoisonError::into_inner);
-                let buckets = if s.table.capacity() == 0 {
-                    0
-                } else {
-                    (s.table.capacity() / 7 * 8).next_power_of_two()
-                };
-                table_bytes::<K, V>(buckets) + s.heap
+                table_bytes::<K, V>(buckets(&s.table)) + s.heap
             })
             .sum()
     }

@@ -23,7 +23,7 @@ pub mod map;
 use std::hash::Hash;
 
 use crate::clock::{Clock, Nanos, SystemClock};
-use crate::limits::stack::{Decision, Pending, Stack};
+use crate::limits::stack::{Decision, Pending, Stack, Verdict};
 use crate::limits::{Hold, ItemState};
 use crate::model::{DefinitionError, PolicyDef};
 pub use map::{MapStats, Record, ShardedMap};
@@ -67,6 +67,10 @@ impl Record for StackRecord {
 
     fn idle_at(&self, stack: &Stack) -> Nanos {
         stack.idle_at(self.states())
+    }
+
+    fn may_own_heap(stack: &Stack) -> bool {
+        stack.records_own_heap()
     }
 
     fn heap_bytes(&self) -> usize {
@@ -165,8 +169,35 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide_at(key, self.clock.now(), cost, Hold::Immediate)
-            .0
+        let now = self.clock.now();
+        let stack = &self.stack;
+        // Only the decision leaves the closure: carrying the (empty) pending part
+        // out too would copy a few hundred bytes more per call.
+        self.map.with(
+            key,
+            now,
+            stack,
+            || StackRecord::fresh(stack),
+            |rec| stack.decide(rec.states_mut(), now, cost, Hold::Immediate).0,
+        )
+    }
+
+    /// Like [`KeyedLimiter::check`] (the same decision and debit) without the
+    /// per-item figures: allowed or not, the delay, and when to retry.
+    pub fn admit<Q>(&self, key: &Q, cost: u64) -> Verdict
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.clock.now();
+        let stack = &self.stack;
+        self.map.with(
+            key,
+            now,
+            stack,
+            || StackRecord::fresh(stack),
+            |rec| stack.admit(rec.states_mut(), now, cost),
+        )
     }
 
     /// Like [`KeyedLimiter::check`], but holds the debit as pending until

@@ -261,22 +261,17 @@ impl Item {
         }
     }
 
-    /// Debits `n` units as probed (the probe allowed it, or delay mode accepted
-    /// its future slot). Returns what a release of this debit needs.
-    pub(crate) fn apply(
-        &self,
-        st: &mut ItemState,
-        probe: &Probe,
-        now: Nanos,
-        n: u64,
-        hold: Hold,
-    ) -> PendingItem {
+    /// Debits `n` units (the probe allowed it, or delay mode accepted its future
+    /// slot). Returns what a release of this debit needs.
+    pub(crate) fn apply(&self, st: &mut ItemState, now: Nanos, n: u64, hold: Hold) -> PendingItem {
         match self {
             Item::Rate { rate, .. } => {
-                let p = probe
-                    .rate
-                    .unwrap_or_else(|| rate.probe(&rate_of(st), now, n));
-                PendingItem::Rate(rate.apply(rate_mut(st), &p, n))
+                // Recomputed rather than carried over from the probe: the same
+                // arithmetic on the same state gives the same slot (also the
+                // future one delay mode accepted).
+                let st = rate_mut(st);
+                let p = rate.probe(st, now, n);
+                PendingItem::Rate(rate.apply(st, &p, n))
             }
             Item::Window(w) => match &w.layout {
                 Layout::Fixed { .. } | Layout::Calendar(_) => {

@@ -54,6 +54,15 @@ pub struct RateProbe {
     new_tat: u128,
 }
 
+/// a / b, dividing in 64 bits when a fits (the usual case): a 128-bit division is
+/// a library call several times slower than the hardware's 64-bit one.
+fn div(a: u128, b: u64) -> u128 {
+    match u64::try_from(a) {
+        Ok(a) => u128::from(a / b),
+        Err(_) => a / u128::from(b),
+    }
+}
+
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -93,7 +102,12 @@ impl Rate {
 
     /// Scaled units to ns, rounded up, saturating.
     fn unscale_ceil(&self, s: u128) -> Nanos {
-        u64::try_from(s.div_ceil(u128::from(self.q))).unwrap_or(u64::MAX)
+        let ns = if self.q == 1 {
+            s
+        } else {
+            s.div_ceil(u128::from(self.q))
+        };
+        u64::try_from(ns).unwrap_or(u64::MAX)
     }
 
     fn tat(&self, st: &RateState) -> u128 {
@@ -101,6 +115,12 @@ impl Rate {
     }
 
     fn set_tat(&self, st: &mut RateState, tat: u128) {
+        if self.q == 1 {
+            // Whole nanoseconds: no division (the common case, e.g. 1000/s).
+            st.tat_ns = u64::try_from(tat).unwrap_or(u64::MAX);
+            st.tat_rem = 0;
+            return;
+        }
         let q = u128::from(self.q);
         // Saturate instead of wrapping: a TAT past the year 2554 can only come from
         // absurd commits, and saturating keeps such a key denied rather than free.
@@ -149,7 +169,7 @@ impl Rate {
             0
         } else {
             // < burst, so it fits in u64.
-            ((self.tau - ahead) / u128::from(self.p)) as u64
+            div(self.tau - ahead, self.p) as u64
         };
         (remaining, self.unscale_ceil(ahead))
     }

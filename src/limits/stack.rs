@@ -4,7 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::clock::Nanos;
-use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem, Probe};
+use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem};
 
 /// What to do when a request is denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,10 @@ pub struct Stack {
     /// Reported names: the given `name`, or `<kind>-<index>`.
     names: Vec<String>,
     on_limit: OnLimit,
+    /// Whether a record of this stack's states can own heap memory (several
+    /// items are boxed; a log, budget or concurrency state allocates). Lets the
+    /// keyed map skip measuring plain one-item records on every access.
+    records_own_heap: bool,
 }
 
 /// A decision and every item's figures.
@@ -49,6 +53,9 @@ impl Decision {
     /// Index of the item whose figures go into the `RateLimit` header: the one
     /// with the least remaining, ties to the larger reset_after.
     pub fn tightest(&self) -> usize {
+        if self.items.len() <= 1 {
+            return 0;
+        }
         let mut best = 0;
         for (i, f) in self.items.iter().enumerate().skip(1) {
             let b = &self.items[best];
@@ -60,6 +67,24 @@ impl Decision {
         }
         best
     }
+}
+
+/// The outcome of [`Stack::admit`]: a decision without per-item figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// How long to wait before acting (delay mode), else 0.
+    pub delay: Nanos,
+    /// For a denial: when the same request could pass, `None` if never.
+    pub retry_after: Option<Nanos>,
+}
+
+impl Verdict {
+    const ALLOWED: Verdict = Verdict {
+        allowed: true,
+        delay: 0,
+        retry_after: None,
+    };
 }
 
 /// The pending debits of one reservation on one stack: enough to release or
@@ -76,11 +101,25 @@ impl Stack {
     /// A stack of already-validated items. `names[i]` is item i's reported name.
     pub fn new(items: Vec<Item>, names: Vec<String>, on_limit: OnLimit) -> Self {
         debug_assert_eq!(items.len(), names.len());
+        let records_own_heap = items.len() > 1
+            || items.iter().any(|i| match i {
+                Item::Rate { .. } => false,
+                Item::Window(w) => {
+                    matches!(w.layout, crate::limits::window::Layout::Rolling { .. })
+                }
+                Item::Budget(_) | Item::Concurrency(_) => true,
+            });
         Stack {
             items,
             names,
             on_limit,
+            records_own_heap,
         }
+    }
+
+    /// Whether a record of this stack's states can own heap memory.
+    pub fn records_own_heap(&self) -> bool {
+        self.records_own_heap
     }
 
     pub fn items(&self) -> &[Item] {
@@ -115,62 +154,101 @@ impl Stack {
         hold: Hold,
     ) -> (Decision, Option<Pending>) {
         debug_assert_eq!(states.len(), self.items.len());
-        if cost == 0 {
+        let reserve = matches!(hold, Hold::Reserve { .. });
+        let mut pending = SmallVec::new();
+        let delay = if cost == 0 {
             // A peek: always allowed, reserves and debits nothing.
             return (self.report(states, now, true, |_| None), None);
-        }
-        let probes: SmallVec<[Probe; 4]> = self
-            .items
-            .iter()
-            .zip(states.iter())
-            .map(|(item, st)| item.probe(st, now, cost))
-            .collect();
-        let denied = probes.iter().any(|p| !p.allowed);
-
-        // Delay mode: only rate and gap items may deny, and the wait must be short
-        // enough. The wait of a denying rate item is its retry_after.
-        let mut delay = 0;
-        if denied {
-            let OnLimit::Delay { max_delay } = self.on_limit else {
-                return self.denial(states, &probes, now, cost);
-            };
-            for (i, (item, p)) in self.items.iter().zip(&probes).enumerate() {
-                if p.allowed {
-                    continue;
-                }
-                let shapeable = matches!(item.kind(), Kind::Rate | Kind::Gap);
-                match item.retry(&states[i], p, now, cost) {
-                    Some(wait) if shapeable && wait <= max_delay => delay = delay.max(wait),
-                    _ => return self.denial(states, &probes, now, cost),
-                }
-            }
-        }
-
-        let mut pending = SmallVec::new();
-        for ((item, st), p) in self.items.iter().zip(states.iter_mut()).zip(&probes) {
-            pending.push(item.apply(st, p, now, cost, hold));
-        }
+        } else {
+            self.try_apply(states, now, cost, hold, reserve.then_some(&mut pending))
+        };
+        let Some(delay) = delay else {
+            let d = self.report(states, now, false, |i| {
+                let (item, st) = (&self.items[i], &states[i]);
+                let p = item.probe(st, now, cost);
+                (!p.allowed).then(|| item.retry(st, &p, now, cost))
+            });
+            return (d, None);
+        };
         let mut decision = self.report(states, now, true, |_| None);
         decision.delay = delay;
-        let pending = matches!(hold, Hold::Reserve { .. }).then_some(Pending {
+        let pending = reserve.then_some(Pending {
             cost,
             items: pending,
         });
         (decision, pending)
     }
 
-    /// The decision for a denied request: state untouched, retry per denying item.
-    fn denial(
+    /// The lean form of an immediate [`Stack::decide`]: the same decision and the
+    /// same debit, without the per-item figures. This is what a caller that only
+    /// needs allow / deny / retry (as governor's `check` gives) should use.
+    pub fn admit(&self, states: &mut [ItemState], now: Nanos, cost: u64) -> Verdict {
+        if cost == 0 {
+            return Verdict::ALLOWED;
+        }
+        if let Some(delay) = self.try_apply(states, now, cost, Hold::Immediate, None) {
+            return Verdict {
+                allowed: true,
+                delay,
+                retry_after: None,
+            };
+        }
+        let mut retry_after = Some(0);
+        for (item, st) in self.items.iter().zip(states.iter()) {
+            let p = item.probe(st, now, cost);
+            if !p.allowed {
+                retry_after = match (retry_after, item.retry(st, &p, now, cost)) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+            }
+        }
+        Verdict {
+            allowed: false,
+            delay: 0,
+            retry_after,
+        }
+    }
+
+    /// Probes every item; if all allow (or delay mode accepts the wait), debits
+    /// every item and returns the delay (0 unless delayed). Returns `None`, having
+    /// changed nothing, for a denial. Pending items are pushed to `pending` when
+    /// given.
+    ///
+    /// Probes are not kept between the two passes: recomputing one is a few
+    /// multiplications, cheaper than storing them.
+    fn try_apply(
         &self,
-        states: &[ItemState],
-        probes: &[Probe],
+        states: &mut [ItemState],
         now: Nanos,
         cost: u64,
-    ) -> (Decision, Option<Pending>) {
-        let d = self.report(states, now, false, |i| {
-            (!probes[i].allowed).then(|| self.items[i].retry(&states[i], &probes[i], now, cost))
-        });
-        (d, None)
+        hold: Hold,
+        mut pending: Option<&mut SmallVec<[PendingItem; 4]>>,
+    ) -> Option<Nanos> {
+        let mut delay = 0;
+        for (item, st) in self.items.iter().zip(states.iter()) {
+            let p = item.probe(st, now, cost);
+            if p.allowed {
+                continue;
+            }
+            // Delay mode: only rate and gap items may deny, and the wait must be
+            // short enough. The wait of a denying rate item is its retry_after.
+            let OnLimit::Delay { max_delay } = self.on_limit else {
+                return None;
+            };
+            let shapeable = matches!(item.kind(), Kind::Rate | Kind::Gap);
+            match item.retry(st, &p, now, cost) {
+                Some(wait) if shapeable && wait <= max_delay => delay = delay.max(wait),
+                _ => return None,
+            }
+        }
+        for (item, st) in self.items.iter().zip(states.iter_mut()) {
+            let p = item.apply(st, now, cost, hold);
+            if let Some(pending) = pending.as_deref_mut() {
+                pending.push(p);
+            }
+        }
+        Some(delay)
     }
 
     /// Builds the decision from the states as they are. `retry(i)` is `None` for
