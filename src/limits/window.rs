@@ -192,7 +192,14 @@ impl Window {
         st.sum += n;
         match st.debits.back_mut() {
             Some(d) if d.at == at => d.cost += n,
-            _ => st.debits.push_back(Debit { at, cost: n }),
+            _ => {
+                // Most keys of a large keyspace see one debit per window: start
+                // with room for one entry, not the four VecDeque would take.
+                if st.debits.capacity() == 0 {
+                    st.debits.reserve_exact(1);
+                }
+                st.debits.push_back(Debit { at, cost: n })
+            }
         }
         at
     }
