@@ -10,12 +10,14 @@
 //! - **One hash per operation.** The key is hashed once with foldhash (fast and
 //!   seeded per map, so keys chosen by clients cannot force collisions); the high
 //!   bits pick the shard and the same hash indexes the shard's table.
-//! - **A memory budget, enforced on insert.** Each shard may use `budget / shards`
-//!   bytes: its table (a fixed number of buckets is never exceeded) plus the heap
-//!   its records own. When an insert would exceed it, the shard first drops every
-//!   *idle* record — one whose state equals a fresh one, so dropping it changes no
-//!   future answer. Only if that frees less than an eighth does it evict *active*
-//!   records, those closest to idle first, and count them in
+//! - **A memory budget, enforced on insert and on growth.** Each shard may use
+//!   `budget / shards` bytes: its table (a fixed number of buckets is never
+//!   exceeded) plus the heap its records own. Heap is counted against the table
+//!   at that full size, since the table grows to it as records arrive. When an
+//!   insert would exceed it (or a record's heap grew past it), the shard first
+//!   drops every *idle* record — one whose state equals a fresh one, so dropping
+//!   it changes no future answer. Only if that frees less than an eighth does it
+//!   evict *active* records, those closest to idle first, and count them in
 //!   [`MapStats::evicted_active`]: the budget is then too small for the traffic
 //!   and an operator needs to know. Both sweeps are O(shard) and happen at most
 //!   once per eighth of a shard's capacity in inserts, so O(1) amortized.
@@ -163,13 +165,19 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             let r = f(v);
             let after = v.heap_bytes();
             shard.heap = shard.heap + after - before;
+            if after > before && self.over_budget(&shard, 0) {
+                // A record that grew in place (a longer log) can overrun the
+                // share as an insert can.
+                self.evict(&mut shard, now, ctx, 0);
+            }
             return r;
         }
         let mut v = fresh();
         let r = f(&mut v);
         if v.idle_at(ctx) > now {
-            if shard.table.len() >= self.max_len || self.over_budget(&shard) {
-                self.evict(&mut shard, now, ctx);
+            let add = v.heap_bytes();
+            if shard.table.len() >= self.max_len || self.over_budget(&shard, add) {
+                self.evict(&mut shard, now, ctx, add);
             }
             let hasher = &self.hasher;
             let rehash = |e: &(K, V)| hasher.hash_one(&e.0);
@@ -208,13 +216,18 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             .map(|e| f(&e.1))
     }
 
-    fn over_budget(&self, shard: &Shard<K, V>) -> bool {
-        table_bytes::<K, V>(buckets(&shard.table)) + shard.heap > self.shard_budget
+    /// Whether the shard, plus `extra` heap bytes about to be added, exceeds its
+    /// share of the budget. The table counts at its largest size (`max_len` is
+    /// 7/8 of its buckets): an insert may grow it there, and heap that fit beside
+    /// the smaller table would then push the shard past its share.
+    fn over_budget(&self, shard: &Shard<K, V>, extra: usize) -> bool {
+        table_bytes::<K, V>(self.max_len / 7 * 8) + shard.heap + extra > self.shard_budget
     }
 
-    /// Makes room in a full shard: idle records first, then the records closest
-    /// to idle until a quarter of the shard is free.
-    fn evict(&self, shard: &mut Shard<K, V>, now: Nanos, ctx: &V::Ctx) {
+    /// Makes room in a full shard, and for the `extra` heap bytes of the record
+    /// about to be inserted: idle records first, then the records closest to
+    /// idle until a quarter of the shard is free.
+    fn evict(&self, shard: &mut Shard<K, V>, now: Nanos, ctx: &V::Ctx, extra: usize) {
         let before = shard.table.len();
         let mut freed_heap = 0;
         shard.table.retain(|(_, v)| {
@@ -229,33 +242,37 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         self.stats
             .evicted_idle
             .fetch_add(idle as u64, Ordering::Relaxed);
-        if idle >= (self.max_len / 8).max(1) && !self.over_budget(shard) {
+        if idle >= (self.max_len / 8).max(1) && !self.over_budget(shard, extra) {
             return;
         }
-        // Lossy: drop the records that would have become idle soonest.
+        // Lossy: drop the records that would have become idle soonest, a
+        // quarter of the shard at a time, until it is back under `target`
+        // records and within its share. More than one round happens only when
+        // the heap sits in records that were not closest to idle.
         let target = self.max_len / 4 * 3;
-        let len = shard.table.len();
-        if len == 0 || (len <= target && !self.over_budget(shard)) {
-            return;
-        }
-        let drop_n = len.saturating_sub(target).max(len / 4).max(1);
-        let mut idles: Vec<Nanos> = shard.table.iter().map(|(_, v)| v.idle_at(ctx)).collect();
-        let k = drop_n.min(idles.len()) - 1;
-        let (_, &mut threshold, _) = idles.select_nth_unstable(k);
-        let mut dropped = 0usize;
-        let mut freed_heap = 0;
-        shard.table.retain(|(_, v)| {
-            let keep = dropped >= drop_n || v.idle_at(ctx) > threshold;
-            if !keep {
-                dropped += 1;
-                freed_heap += v.heap_bytes();
+        loop {
+            let len = shard.table.len();
+            if len == 0 || (len <= target && !self.over_budget(shard, extra)) {
+                return;
             }
-            keep
-        });
-        shard.heap -= freed_heap;
-        self.stats
-            .evicted_active
-            .fetch_add(dropped as u64, Ordering::Relaxed);
+            let drop_n = len.saturating_sub(target).max(len / 4).max(1);
+            let mut idles: Vec<Nanos> = shard.table.iter().map(|(_, v)| v.idle_at(ctx)).collect();
+            let (_, &mut threshold, _) = idles.select_nth_unstable(drop_n.min(len) - 1);
+            let mut dropped = 0usize;
+            let mut freed_heap = 0;
+            shard.table.retain(|(_, v)| {
+                let keep = dropped >= drop_n || v.idle_at(ctx) > threshold;
+                if !keep {
+                    dropped += 1;
+                    freed_heap += v.heap_bytes();
+                }
+                keep
+            });
+            shard.heap -= freed_heap;
+            self.stats
+                .evicted_active
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+        }
     }
 
     /// Number of records held.
