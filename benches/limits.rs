@@ -11,6 +11,10 @@
 //! - `keyed_1m`: 1 000 000 random `u64` keys, pre-generated into a `Vec` (both
 //!   sides pay the same for key generation) and all inserted before measuring, so
 //!   the map is at full size; each call takes the next key of the `Vec`.
+//!   `freqcap` (1000/s, an interval of whole ns) keeps 8-byte records;
+//!   `freqcap_rate_record` (3/s: the TAT needs a remainder) 16-byte ones and
+//!   `freqcap_stack_record` (a fixed window: the general record) 32-byte ones,
+//!   to show what the entry size costs.
 //! - `keyed_1m_2t`: the same with two threads, each doing half the iterations on
 //!   its own half of the keys; the reported time is total wall time, so ns/op is
 //!   the per-operation throughput time of the pair.
@@ -79,12 +83,12 @@ fn random_keys() -> Vec<u64> {
 /// A freqcap limiter sized so a million keys fit with room to spare: 256 MiB
 /// (a million one-item records take about 64 MiB of table) and the default
 /// shard count.
-fn freqcap_1m(keys: &[u64]) -> KeyedLimiter<u64> {
+fn freqcap_1m(keys: &[u64], json: &str) -> KeyedLimiter<u64> {
     let opts = LimiterOptions {
         memory_budget: 256 << 20,
         ..LimiterOptions::default()
     };
-    let lim = KeyedLimiter::new(&policy(PER_SECOND), opts).expect("valid policy");
+    let lim = KeyedLimiter::new(&policy(json), opts).expect("valid policy");
     for k in keys {
         assert!(lim.check(k, 1).allowed);
     }
@@ -150,7 +154,7 @@ fn hot_key(c: &mut Criterion) {
 fn keyed_1m(c: &mut Criterion, keys: &[u64]) {
     let mut g = c.benchmark_group("keyed_1m");
 
-    let lim = freqcap_1m(keys);
+    let lim = freqcap_1m(keys, PER_SECOND);
     let mut i = 0usize;
     g.bench_function("freqcap", |b| {
         b.iter(|| {
@@ -174,6 +178,32 @@ fn keyed_1m(c: &mut Criterion, keys: &[u64]) {
     });
     assert_eq!(lim.stats().evicted_active.load(Ordering::Relaxed), 0);
     drop(lim);
+
+    // The larger record layouts, on the same keys.
+    for (name, json) in [
+        (
+            "freqcap_rate_record",
+            r#"{"limits": [{"kind": "rate", "rate": 3, "per": "1s", "burst": 1000}]}"#,
+        ),
+        (
+            "freqcap_stack_record",
+            r#"{"limits": [{"kind": "window", "limit": 1000, "window": "1h", "align": "fixed"}]}"#,
+        ),
+    ] {
+        let lim = freqcap_1m(keys, json);
+        let mut i = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let k = &keys[i];
+                i += 1;
+                if i == keys.len() {
+                    i = 0;
+                }
+                black_box(lim.admit(black_box(k), 1))
+            })
+        });
+        drop(lim);
+    }
 
     let gov = governor_1m(keys);
     let mut i = 0usize;
@@ -231,7 +261,7 @@ fn two_threads<R>(
 fn keyed_1m_2t(c: &mut Criterion, keys: &[u64]) {
     let mut g = c.benchmark_group("keyed_1m_2t");
 
-    let lim = freqcap_1m(keys);
+    let lim = freqcap_1m(keys, PER_SECOND);
     let cursors = [AtomicUsize::new(0), AtomicUsize::new(0)];
     g.bench_function("freqcap", |b| {
         b.iter_custom(|iters| two_threads(iters, keys, &cursors, |k| lim.admit(k, 1)))

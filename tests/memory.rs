@@ -14,7 +14,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use freqcap::keyed::{Record, StackRecord};
+use freqcap::keyed::{RateRecord, Record, RecordLayout, StackRecord, TatRecord};
 use freqcap::limits::ItemState;
 use freqcap::limits::budget::BudgetState;
 use freqcap::limits::concurrency::ConcurrencyState;
@@ -139,10 +139,22 @@ fn state_sizes() {
         ("ConcurrencyState", size_of::<ConcurrencyState>(), 24),
         ("ItemState", size_of::<ItemState>(), 32),
         ("StackRecord", size_of::<StackRecord>(), 32),
+        ("TatRecord (one whole-ns rate item)", size_of::<TatRecord>(), 8),
+        ("RateRecord (one rate item)", size_of::<RateRecord>(), 16),
         (
             "(u64, StackRecord) map entry",
             size_of::<(u64, StackRecord)>(),
             40,
+        ),
+        (
+            "(u64, TatRecord) map entry",
+            size_of::<(u64, TatRecord)>(),
+            16,
+        ),
+        (
+            "(u64, RateRecord) map entry",
+            size_of::<(u64, RateRecord)>(),
+            24,
         ),
     ];
     println!("inline state sizes:");
@@ -203,7 +215,7 @@ fn exact_rolling_log_heap() {
 /// Inserts N keys into a limiter for `json` and reports bytes per key three ways:
 /// the limiter's own `memory_bytes()`, the counting allocator, and VmRSS.
 /// Returns (memory_bytes()/N, allocated/N).
-fn keyed_bytes_per_key(label: &str, json: &str) -> (f64, f64) {
+fn keyed_bytes_per_key(label: &str, json: &str, layout: RecordLayout) -> (f64, f64) {
     let _g = serial();
     let policy: PolicyDef = freqcap::model::from_json(json).expect("valid policy");
     let opts = LimiterOptions {
@@ -215,6 +227,7 @@ fn keyed_bytes_per_key(label: &str, json: &str) -> (f64, f64) {
     let lim: KeyedLimiter<u64, ManualClock> =
         KeyedLimiter::with_clock(&policy, opts, ManualClock::new(T0)).expect("valid policy");
     let empty = live() - live0;
+    assert_eq!(lim.record_layout(), layout, "{label}");
     for i in 0..N as u64 {
         assert!(lim.check(&key(i), 1).allowed);
     }
@@ -263,13 +276,40 @@ fn assert_accounting(label: &str, reported: f64, allocated: f64) {
 
 #[test]
 fn keyed_one_rate_item() {
-    let label = "rate (1 item)";
+    let label = "rate 10/h (1 item, whole-ns interval)";
     let (reported, allocated) = keyed_bytes_per_key(
         label,
         r#"{"limits": [{"kind": "rate", "rate": 10, "per": "1h"}]}"#,
+        RecordLayout::Tat,
+    );
+    // A 16-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
+    assert!(allocated <= 17.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
+    assert_accounting(label, reported, allocated);
+}
+
+#[test]
+fn keyed_one_fractional_rate_item() {
+    let label = "rate 3/s (1 item, interval 1/3 s)";
+    let (reported, allocated) = keyed_bytes_per_key(
+        label,
+        r#"{"limits": [{"kind": "rate", "rate": 3, "per": "1s"}]}"#,
+        RecordLayout::Rate,
+    );
+    // A 24-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
+    assert!(allocated <= 25.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
+    assert_accounting(label, reported, allocated);
+}
+
+#[test]
+fn keyed_one_window_item() {
+    let label = "fixed window (1 item)";
+    let (reported, allocated) = keyed_bytes_per_key(
+        label,
+        r#"{"limits": [{"kind": "window", "limit": 100, "window": "1h", "align": "fixed"}]}"#,
+        RecordLayout::Stack,
     );
     // A 40-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
-    assert!(allocated <= 96.0, "{label}: {allocated:.1} B/key");
+    assert!(allocated <= 41.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
     assert_accounting(label, reported, allocated);
 }
 
@@ -283,6 +323,7 @@ fn keyed_stack_of_three() {
             {"kind": "window", "limit": 100, "window": "1h", "align": "fixed"},
             {"kind": "window", "limit": 1000, "window": "1d", "align": "rolling", "precision": "approximate"}
         ]}"#,
+        RecordLayout::Stack,
     );
     // The table entry as above plus a boxed slice of three 32-byte states.
     assert!(
@@ -298,6 +339,7 @@ fn keyed_exact_rolling_one_debit() {
     let (reported, allocated) = keyed_bytes_per_key(
         label,
         r#"{"limits": [{"kind": "window", "limit": 100, "window": "1h", "align": "rolling", "precision": "exact"}]}"#,
+        RecordLayout::Stack,
     );
     // The table entry, the 40-byte log box and a deque buffer of a few entries.
     assert!(

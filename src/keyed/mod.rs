@@ -23,8 +23,9 @@ pub mod map;
 use std::hash::Hash;
 
 use crate::clock::{Clock, Nanos, SystemClock};
+use crate::limits::rate::RateState;
 use crate::limits::stack::{Decision, Pending, Stack, Verdict};
-use crate::limits::{Hold, ItemState};
+use crate::limits::{Hold, Item, ItemState};
 use crate::model::{DefinitionError, PolicyDef};
 pub use map::{MapStats, Record, ShardedMap};
 
@@ -82,6 +83,161 @@ impl Record for StackRecord {
     }
 }
 
+/// The record of a one-item `rate` or `gap` policy whose emission interval is a
+/// whole number of ns (`1000/s`, `100/h`, `gap 1ms`; see
+/// [`crate::limits::rate::Rate::whole_ns`]): the TAT in ns, 0 when fresh.
+///
+/// 8 bytes, so a `u64` key's map entry is 16 bytes where a [`StackRecord`]'s is
+/// 40. Among many keys a lookup costs a cache miss per cache line its entry
+/// touches, and a smaller table keeps more of it in cache, so the entry size is
+/// the speed of a large keyed limiter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TatRecord(pub Nanos);
+
+/// The record of any other one-item `rate` or `gap` policy (`3/s`: the TAT
+/// needs its remainder in 1/q ns): its [`RateState`], 16 bytes, so a `u64`
+/// key's entry is 24.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateRecord(pub RateState);
+
+/// A record whose item states a [`Stack`] decides on.
+trait Slots: Record<Ctx = Stack> {
+    /// A fresh record for `stack`.
+    fn fresh(stack: &Stack) -> Self;
+    /// Runs `f` on the record's item states, one per item of the stack.
+    fn with_states<R>(&mut self, f: impl FnOnce(&mut [ItemState]) -> R) -> R;
+}
+
+impl Slots for StackRecord {
+    fn fresh(stack: &Stack) -> Self {
+        StackRecord::fresh(stack)
+    }
+
+    fn with_states<R>(&mut self, f: impl FnOnce(&mut [ItemState]) -> R) -> R {
+        f(self.states_mut())
+    }
+}
+
+// The compact records are decided as the one `ItemState` they stand for, built
+// on the stack and written back: the limit arithmetic stays in one place, and
+// the copy is a few register moves. A rate item only ever leaves a `Rate` state
+// (an all-zero `RateState` reads exactly as `Fresh`), so the write-back sees
+// nothing else.
+
+impl Slots for TatRecord {
+    fn fresh(_: &Stack) -> Self {
+        TatRecord(0)
+    }
+
+    fn with_states<R>(&mut self, f: impl FnOnce(&mut [ItemState]) -> R) -> R {
+        let mut st = [ItemState::Rate(RateState {
+            tat_ns: self.0,
+            tat_rem: 0,
+        })];
+        let r = f(&mut st);
+        if let [ItemState::Rate(s)] = &st {
+            // A whole-ns rate keeps no remainder (`Rate::set_tat`).
+            debug_assert_eq!(s.tat_rem, 0);
+            self.0 = s.tat_ns;
+        }
+        r
+    }
+}
+
+impl Record for TatRecord {
+    type Ctx = Stack;
+
+    fn idle_at(&self, stack: &Stack) -> Nanos {
+        let st = RateState {
+            tat_ns: self.0,
+            tat_rem: 0,
+        };
+        stack.idle_at(&[ItemState::Rate(st)])
+    }
+
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+
+    fn may_own_heap(_: &Stack) -> bool {
+        false
+    }
+}
+
+impl Slots for RateRecord {
+    fn fresh(_: &Stack) -> Self {
+        RateRecord(RateState::default())
+    }
+
+    fn with_states<R>(&mut self, f: impl FnOnce(&mut [ItemState]) -> R) -> R {
+        let mut st = [ItemState::Rate(self.0)];
+        let r = f(&mut st);
+        if let [ItemState::Rate(s)] = &st {
+            self.0 = *s;
+        }
+        r
+    }
+}
+
+impl Record for RateRecord {
+    type Ctx = Stack;
+
+    fn idle_at(&self, stack: &Stack) -> Nanos {
+        stack.idle_at(&[ItemState::Rate(self.0)])
+    }
+
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+
+    fn may_own_heap(_: &Stack) -> bool {
+        false
+    }
+}
+
+/// The records of a [`KeyedLimiter`], in the smallest layout its policy allows.
+enum Records<K> {
+    /// One whole-ns `rate` or `gap` item.
+    Tat(ShardedMap<K, TatRecord>),
+    /// One other `rate` or `gap` item.
+    Rate(ShardedMap<K, RateRecord>),
+    /// Anything else.
+    Stack(ShardedMap<K, StackRecord>),
+}
+
+/// Which record layout a [`KeyedLimiter`] uses for a stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordLayout {
+    /// [`TatRecord`], 8 bytes per key.
+    Tat,
+    /// [`RateRecord`], 16 bytes per key.
+    Rate,
+    /// [`StackRecord`], 32 bytes per key plus boxed states for several items.
+    Stack,
+}
+
+impl RecordLayout {
+    /// The smallest layout that holds `stack`'s states exactly.
+    pub fn for_stack(stack: &Stack) -> Self {
+        match stack.items() {
+            [Item::Rate { rate, .. }] if rate.whole_ns() => RecordLayout::Tat,
+            [Item::Rate { .. }] => RecordLayout::Rate,
+            _ => RecordLayout::Stack,
+        }
+    }
+}
+
+/// Runs `$body` with `$m` bound to whichever map `$records` holds.
+macro_rules! on_map {
+    ($records:expr, $m:ident => $body:expr) => {
+        match $records {
+            Records::Tat($m) => $body,
+            Records::Rate($m) => $body,
+            Records::Stack($m) => $body,
+        }
+    };
+}
+
 /// Heap bytes owned by one item state.
 fn item_heap_bytes(s: &ItemState) -> usize {
     use crate::limits::window::{Debit, LogState};
@@ -128,8 +284,31 @@ impl Default for LimiterOptions {
 /// expiry on top of this).
 pub struct KeyedLimiter<K, C = SystemClock> {
     stack: Stack,
-    map: ShardedMap<K, StackRecord>,
+    map: Records<K>,
     clock: C,
+}
+
+/// One step on `key`'s item states under its shard's lock; the time is read by
+/// `now` once the record's memory is being fetched (see [`ShardedMap::with_now`]).
+fn step<K, V, Q, R>(
+    map: &ShardedMap<K, V>,
+    stack: &Stack,
+    key: &Q,
+    now: impl FnOnce() -> Nanos,
+    f: impl FnOnce(&mut [ItemState], Nanos) -> R,
+) -> R
+where
+    K: Hash + Eq + std::borrow::Borrow<Q>,
+    V: Slots,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    map.with_now(
+        key,
+        now,
+        stack,
+        || V::fresh(stack),
+        |rec, now| rec.with_states(|states| f(states, now)),
+    )
 }
 
 impl<K: Hash + Eq + Clone> KeyedLimiter<K, SystemClock> {
@@ -151,16 +330,42 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
 
     /// A limiter for an already compiled stack.
     pub fn from_stack(stack: Stack, options: LimiterOptions, clock: C) -> Self {
-        KeyedLimiter {
-            stack,
-            map: ShardedMap::new(options.memory_budget, options.shards),
-            clock,
-        }
+        let (budget, shards) = (options.memory_budget, options.shards);
+        let map = match RecordLayout::for_stack(&stack) {
+            RecordLayout::Tat => Records::Tat(ShardedMap::new(budget, shards)),
+            RecordLayout::Rate => Records::Rate(ShardedMap::new(budget, shards)),
+            RecordLayout::Stack => Records::Stack(ShardedMap::new(budget, shards)),
+        };
+        KeyedLimiter { stack, map, clock }
     }
 
     /// The compiled policy (for item names and kinds when reporting).
     pub fn stack(&self) -> &Stack {
         &self.stack
+    }
+
+    /// The record layout this limiter's policy gets.
+    pub fn record_layout(&self) -> RecordLayout {
+        match &self.map {
+            Records::Tat(_) => RecordLayout::Tat,
+            Records::Rate(_) => RecordLayout::Rate,
+            Records::Stack(_) => RecordLayout::Stack,
+        }
+    }
+
+    /// One step on `key`'s item states at the time `now` gives.
+    fn on_states<Q, R>(
+        &self,
+        key: &Q,
+        now: impl FnOnce() -> Nanos,
+        f: impl FnOnce(&Stack, &mut [ItemState], Nanos) -> R,
+    ) -> R
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let stack = &self.stack;
+        on_map!(&self.map, m => step(m, stack, key, now, |st, now| f(stack, st, now)))
     }
 
     /// Decides `cost` units for `key` now and debits them if allowed.
@@ -169,16 +374,12 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
-        let stack = &self.stack;
         // Only the decision leaves the closure: carrying the (empty) pending part
         // out too would copy a few hundred bytes more per call.
-        self.map.with(
+        self.on_states(
             key,
-            now,
-            stack,
-            || StackRecord::fresh(stack),
-            |rec| stack.decide(rec.states_mut(), now, cost, Hold::Immediate).0,
+            || self.clock.now(),
+            |stack, st, now| stack.decide(st, now, cost, Hold::Immediate).0,
         )
     }
 
@@ -189,32 +390,27 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
-        let stack = &self.stack;
-        self.map.with(
+        self.on_states(
             key,
-            now,
-            stack,
-            || StackRecord::fresh(stack),
-            |rec| stack.admit(rec.states_mut(), now, cost),
+            || self.clock.now(),
+            |stack, st, now| stack.admit(st, now, cost),
         )
     }
 
     /// Like [`KeyedLimiter::check`], but holds the debit as pending until
-    /// `deadline`; the returned [`Pending`] (present when allowed and cost > 0)
-    /// releases or commits it.
+    /// `ttl` from now; the returned [`Pending`] (present when allowed and
+    /// cost > 0) releases or commits it.
     pub fn reserve<Q>(&self, key: &Q, cost: u64, ttl: Nanos) -> (Decision, Option<Pending>)
     where
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
-        self.decide_at(
+        self.on_states(
             key,
-            now,
-            cost,
-            Hold::Reserve {
-                deadline: now.saturating_add(ttl),
+            || self.clock.now(),
+            |stack, st, now| {
+                let deadline = now.saturating_add(ttl);
+                stack.decide(st, now, cost, Hold::Reserve { deadline })
             },
         )
     }
@@ -232,13 +428,10 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let stack = &self.stack;
-        self.map.with(
+        self.on_states(
             key,
-            now,
-            stack,
-            || StackRecord::fresh(stack),
-            |rec| stack.decide(rec.states_mut(), now, cost, hold),
+            || now,
+            |stack, st, now| stack.decide(st, now, cost, hold),
         )
     }
 
@@ -248,15 +441,11 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
-        let stack = &self.stack;
-        self.map.with(
+        self.on_states(
             key,
-            now,
-            stack,
-            || StackRecord::fresh(stack),
-            |rec| stack.release(rec.states_mut(), pending, now),
-        );
+            || self.clock.now(),
+            |stack, st, now| stack.release(st, pending, now),
+        )
     }
 
     /// Makes a reservation's pending debits permanent at `final_cost`.
@@ -265,38 +454,40 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = self.clock.now();
-        let stack = &self.stack;
-        self.map.with(
+        self.on_states(
             key,
-            now,
-            stack,
-            || StackRecord::fresh(stack),
-            |rec| stack.commit(rec.states_mut(), pending, final_cost, now),
-        );
+            || self.clock.now(),
+            |stack, st, now| stack.commit(st, pending, final_cost, now),
+        )
     }
 
     /// Keys currently held.
     pub fn len(&self) -> usize {
-        self.map.len()
+        on_map!(&self.map, m => m.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     /// Bytes held by the limiter's records (tables and record heap).
     pub fn memory_bytes(&self) -> usize {
-        self.map.memory_bytes()
+        on_map!(&self.map, m => m.memory_bytes())
     }
 
     /// Eviction counters.
     pub fn stats(&self) -> &MapStats {
-        self.map.stats()
+        on_map!(&self.map, m => m.stats())
     }
 
     /// Drops every key whose state is back to fresh; returns how many.
     pub fn sweep(&self) -> usize {
-        self.map.sweep(self.clock.now(), &self.stack)
+        let now = self.clock.now();
+        on_map!(&self.map, m => m.sweep(now, &self.stack))
+    }
+
+    /// Records one shard may hold (for tests and sizing).
+    pub fn shard_capacity(&self) -> usize {
+        on_map!(&self.map, m => m.shard_capacity())
     }
 }

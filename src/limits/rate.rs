@@ -85,6 +85,13 @@ impl Rate {
         }
     }
 
+    /// Whether T is a whole number of ns (q = 1, as for `1000/s` or `100/h`):
+    /// every TAT is then whole ns and [`RateState::tat_rem`] stays 0, so a
+    /// record may keep `tat_ns` alone (8 bytes instead of 16).
+    pub fn whole_ns(&self) -> bool {
+        self.q == 1
+    }
+
     /// The item's `limit` figure: its burst.
     pub fn burst(&self) -> u64 {
         self.burst
