@@ -5,13 +5,18 @@
 //! - [`clock`]: time as the engine sees it (injected, never backwards).
 //! - [`limits`]: the algorithms, pure state machines: where a limit is decided.
 //! - [`model`]: definitions as users write them, validated and compiled.
+//! - [`engine`]: the decision core: campaigns, screening, reservations,
+//!   commits, the hot tier.
+//! - [`store`]: where state is kept: memory or RocksDB.
 //! - [`keyed`]: a concurrent, memory-bounded map from key to limit state, and the
 //!   [`KeyedLimiter`] built on it.
 
 pub mod clock;
+pub mod engine;
 pub mod keyed;
 pub mod limits;
 pub mod model;
+pub mod store;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use keyed::{KeyedLimiter, LimiterOptions};

@@ -529,11 +529,18 @@ fn window_span(d: &WindowDef) -> Option<(u64, u64)> {
 /// higher limit than a longer one can never bind (rejected); two windows of the
 /// same length are redundant (a warning, the lower limit wins).
 pub fn check_windows(path: &str, limits: &[LimitDef]) -> Result<Vec<Warning>> {
+    let all: Vec<(usize, &LimitDef)> = limits.iter().enumerate().collect();
+    check_windows_among(path, &all)
+}
+
+/// [`check_windows`] over some items of a list, given with their indexes in it
+/// (a campaign judges its user caps and its campaign caps apart).
+pub fn check_windows_among(path: &str, limits: &[(usize, &LimitDef)]) -> Result<Vec<Warning>> {
     let mut warnings = Vec::new();
+    let def = |i: usize| limits.iter().find(|(j, _)| *j == i).map(|(_, l)| *l);
     let spans: Vec<(usize, u64, u64)> = limits
         .iter()
-        .enumerate()
-        .filter_map(|(i, l)| match l {
+        .filter_map(|&(i, l)| match l {
             LimitDef::Window(d) => window_span(d).map(|(w, lim)| (i, w, lim)),
             _ => None,
         })
@@ -545,8 +552,8 @@ pub fn check_windows(path: &str, limits: &[LimitDef]) -> Result<Vec<Warning>> {
                     format!("{path}[{i}].limit"),
                     format!(
                         "{li} per {} can never bind beside {lj} per {} ({path}[{j}]): a shorter window must have a lower limit",
-                        window_of(&limits[i]),
-                        window_of(&limits[j])
+                        window_of(def(i)),
+                        window_of(def(j))
                     ),
                 ));
             }
@@ -563,9 +570,9 @@ pub fn check_windows(path: &str, limits: &[LimitDef]) -> Result<Vec<Warning>> {
     Ok(warnings)
 }
 
-fn window_of(l: &LimitDef) -> String {
+fn window_of(l: Option<&LimitDef>) -> String {
     match l {
-        LimitDef::Window(d) => d.window.to_string(),
+        Some(LimitDef::Window(d)) => d.window.to_string(),
         _ => String::new(),
     }
 }

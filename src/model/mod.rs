@@ -1,11 +1,13 @@
 //! Definitions: limits and policies as users write them, parsing (JSON, TOML),
 //! validation with errors that name the field, and their JSON Schemas.
 
+pub mod campaign;
 pub mod duration;
 pub mod error;
 pub mod limit;
 mod raw;
 
+pub use campaign::{CampaignDef, CompiledCampaign, Scope, UnknownUser};
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
 pub use limit::{CompiledPolicy, LimitDef, PolicyDef};
@@ -63,6 +65,10 @@ pub fn schemas() -> Vec<(&'static str, String)> {
         (
             "policy.schema.json",
             render(schemars::schema_for!(PolicyDef)),
+        ),
+        (
+            "campaign.schema.json",
+            render(schemars::schema_for!(CampaignDef)),
         ),
     ]
 }

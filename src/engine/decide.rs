@@ -1,0 +1,1060 @@
+//! Check, screen, commit, release, events, expiry: the engine's decisions.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::stack::{Decision, Pending, Stack};
+use crate::limits::{Hold, Item, ItemState, Kind};
+use crate::model::Scope;
+use crate::model::limit::{LimitDef, compile_stack};
+use crate::store::{Batch, Op, Receipt, Space, codec};
+
+use super::record::{PendingEntry, SubjectRecord};
+use super::registry::{CampaignEntry, Registry, stack_tags};
+use super::reservations::{Begin, Settle};
+use super::{Engine, EngineError, campaign_disk_key, invalid, ms, policy_disk_key, user_disk_key};
+
+/// The state every absent counter reads as.
+pub(crate) static FRESH: ItemState = ItemState::Fresh;
+
+/// Default and largest reservation lifetimes (DESIGN §2.5).
+pub const DEFAULT_TTL_MS: u64 = 60_000;
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
+/// Largest cost: below 2^53 (DESIGN §2.6).
+const MAX_COST: u64 = (1 << 53) - 1;
+
+/// What a check is decided against.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckTarget {
+    Policy(String),
+    Inline(Vec<LimitDef>),
+}
+
+/// `POST /v1/check`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckRequest {
+    pub target: CheckTarget,
+    pub key: String,
+    pub cost: u64,
+    pub reserve: bool,
+    pub ttl_ms: Option<u64>,
+    pub reservation_id: Option<String>,
+}
+
+/// A check's answer: the decision, its stack (for names and kinds), and the
+/// reservation made, if any.
+#[derive(Debug, Clone)]
+pub struct CheckOutcome {
+    pub decision: Decision,
+    pub stack: Arc<Stack>,
+    pub reservation: Option<String>,
+}
+
+/// One candidate of a screen.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScreenCandidate {
+    pub campaign: String,
+    /// Cost charged to budgets (caps count 1). Default 1.
+    pub cost: Option<u64>,
+}
+
+/// `POST /v1/screen`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScreenRequest {
+    pub user: Option<String>,
+    pub candidates: Vec<ScreenCandidate>,
+    pub reserve: bool,
+    pub ttl_ms: Option<u64>,
+    pub reservation_id: Option<String>,
+}
+
+/// Why a candidate is not eligible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedBy {
+    /// The campaign of the chain whose cap denied.
+    pub campaign: String,
+    /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`,
+    /// `unknown_campaign`.
+    pub cap: String,
+    pub retry_after: Option<Nanos>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateResult {
+    pub campaign: String,
+    pub eligible: bool,
+    pub denied_by: Option<DeniedBy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScreenOutcome {
+    pub reservation: Option<String>,
+    pub results: Vec<CandidateResult>,
+}
+
+/// The first answer of a reservation, returned again to a repeat.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Boxed: a decision with its figures is several times a screen's size.
+    Check(Box<CheckOutcome>),
+    Screen(ScreenOutcome),
+}
+
+/// `POST /v1/reservations/{id}/commit`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitRequest {
+    /// Winning campaign(s) of a screen; the rest are released. May be empty
+    /// when the screen had exactly one eligible candidate.
+    pub campaigns: Vec<String>,
+    /// Final cost (the clearing price), charged to budgets instead of the
+    /// reserved cost.
+    pub cost: Option<u64>,
+    pub event_id: Option<String>,
+    /// With `campaigns` (one) and `cost`, makes a commit of an unknown or
+    /// expired id a late commit.
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Released,
+    LateCommit,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Committed => "committed",
+            Outcome::Released => "released",
+            Outcome::LateCommit => "late_commit",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitOutcome {
+    pub reservation: String,
+    pub outcome: Outcome,
+    /// Campaigns committed (for a release: those released).
+    pub campaigns: Vec<String>,
+}
+
+/// An impression that happened without a reservation (`POST /v1/events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub user: Option<String>,
+    pub campaign: String,
+    pub cost: u64,
+    pub event_id: Option<String>,
+}
+
+/// What a reservation holds, to settle it.
+#[derive(Debug)]
+pub enum Holds {
+    Check {
+        key: u128,
+        owner: u32,
+        stack: Arc<Stack>,
+        tags: Vec<u32>,
+    },
+    Screen {
+        user: Option<u128>,
+        /// Eligible candidates: (index in the request, campaign, its chain).
+        cands: Vec<(u32, String, Vec<Arc<CampaignEntry>>)>,
+    },
+}
+
+fn body_hash<T: std::fmt::Debug>(x: &T) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{x:?}").hash(&mut h);
+    h.finish()
+}
+
+fn check_cost(field: &str, cost: u64) -> Result<(), EngineError> {
+    if cost > MAX_COST {
+        return Err(invalid(
+            field,
+            format!("must be from 0 to 2^53 - 1, got {cost}"),
+        ));
+    }
+    Ok(())
+}
+
+fn ttl(ttl_ms: Option<u64>) -> Result<Nanos, EngineError> {
+    let t = ttl_ms.unwrap_or(DEFAULT_TTL_MS);
+    if t == 0 || t > MAX_TTL_MS {
+        return Err(invalid(
+            "ttl_ms",
+            format!("must be from 1 to {MAX_TTL_MS}, got {t}"),
+        ));
+    }
+    Ok(ms(t))
+}
+
+/// Checks a reservation id: 1-128 characters of `A-Z a-z 0-9 . _ : -`.
+pub fn check_reservation_id(id: &str) -> Result<(), EngineError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "reservation_id",
+            "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+        ))
+    }
+}
+
+/// Units an item of a campaign is charged for an impression of `cost`: caps
+/// and max_in_flight count the impression, budgets its cost.
+fn units(item: &Item, cost: u64) -> u64 {
+    match item {
+        Item::Budget(_) => cost,
+        _ => 1,
+    }
+}
+
+/// Locks the campaign records of `chain` in ascending id (the lock order).
+fn lock_chain(chain: &[Arc<CampaignEntry>]) -> Vec<(u32, MutexGuard<'_, SubjectRecord>)> {
+    let mut order: SmallVec<[&Arc<CampaignEntry>; 8]> = chain.iter().collect();
+    order.sort_by_key(|e| e.id);
+    order.dedup_by_key(|e| e.id);
+    order
+        .into_iter()
+        .map(|e| {
+            (
+                e.id,
+                e.record.lock().unwrap_or_else(PoisonError::into_inner),
+            )
+        })
+        .collect()
+}
+
+fn guard_of<'a, 'g>(
+    guards: &'a mut [(u32, MutexGuard<'g, SubjectRecord>)],
+    id: u32,
+) -> Option<&'a mut SubjectRecord> {
+    guards
+        .iter_mut()
+        .find(|(g, _)| *g == id)
+        .map(|(_, r)| &mut **r)
+}
+
+/// The item a slot (`owner`, `tag`) of a campaign belongs to in `chain`.
+fn chain_item(chain: &[Arc<CampaignEntry>], owner: u32, tag: u32) -> Option<&Item> {
+    let e = chain.iter().find(|e| e.id == owner)?;
+    let i = e.tags.iter().position(|&t| t == tag)?;
+    Some(&e.compiled.items[i].item)
+}
+
+/// The current definition of slot (`owner`, `tag`) in the registry.
+fn registry_item(reg: &Registry, owner: u32, tag: u32) -> Option<&Item> {
+    if let Some(e) = reg.campaign_by_id(owner) {
+        let i = e.tags.iter().position(|&t| t == tag)?;
+        return Some(&e.compiled.items[i].item);
+    }
+    let p = reg.policies.values().find(|p| p.id == owner)?;
+    let i = p.tags.iter().position(|&t| t == tag)?;
+    Some(&p.stack.items()[i])
+}
+
+/// Applies a settled reservation's pending entries to `rec`: committed at
+/// `final_cost` (budgets only) when `commit`, else released as of `at`.
+fn settle_entries<'a>(
+    rec: &mut SubjectRecord,
+    entries: Vec<PendingEntry>,
+    def: impl Fn(u32, u32) -> Option<&'a Item>,
+    commit: bool,
+    final_cost: Option<u64>,
+    at: Nanos,
+) {
+    for p in entries {
+        let Some(item) = def(p.owner, p.tag) else {
+            continue;
+        };
+        // A slot redefined since the reservation was made started empty: there
+        // is nothing of this debit left in it to settle.
+        let Some(slot) = rec
+            .slots
+            .iter_mut()
+            .find(|s| s.owner == p.owner && s.tag == p.tag)
+        else {
+            continue;
+        };
+        if commit {
+            let fin = match item {
+                Item::Budget(_) => final_cost.unwrap_or(p.n),
+                _ => p.n,
+            };
+            item.commit(&mut slot.state, &p.item, p.n, fin, at);
+        } else {
+            item.release(&mut slot.state, &p.item, p.n, at);
+        }
+        rec.idle_at = rec.idle_at.max(item.idle_at(&slot.state));
+    }
+}
+
+impl<C: Clock> Engine<C> {
+    /// Releases every reservation whose deadline has passed, as of its deadline.
+    pub fn expire(&self, now: Nanos) {
+        for (holds, seq, deadline) in self.reservations.take_due(now) {
+            self.stats.expired.fetch_add(1, Ordering::Relaxed);
+            // A failed write of a release is not fatal: the disk copy never
+            // holds pending debits.
+            let _ = self.apply_holds(&holds, seq, &[], false, None, deadline);
+        }
+    }
+
+    // ---- check ----
+
+    /// Decides a request against a named policy or inline limits (DESIGN §2).
+    pub fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, EngineError> {
+        self.check_id("key", &req.key)?;
+        check_cost("cost", req.cost)?;
+        let deadline_in = ttl(req.ttl_ms)?;
+        if let Some(id) = &req.reservation_id {
+            check_reservation_id(id)?;
+        }
+        let now = self.now();
+        self.expire(now);
+        let (stack, owner, tags, ns) = match &req.target {
+            CheckTarget::Policy(name) => {
+                let reg = self.registry();
+                let Some(p) = reg.policies.get(name) else {
+                    return Err(EngineError::NotFound(format!("no policy named {name:?}")));
+                };
+                (p.stack.clone(), p.id, p.tags.clone(), b'p')
+            }
+            CheckTarget::Inline(limits) => {
+                if limits.is_empty() {
+                    return Err(invalid("limits", "at least one limit is needed"));
+                }
+                let c = compile_stack("limits", limits, None, None)?;
+                (Arc::new(c.stack), 0, stack_tags(limits), b'i')
+            }
+        };
+        let key = self.hash(ns, owner, &req.key);
+        // A zero-cost reserve is a peek: no reservation (DESIGN §2.6).
+        let reserve = req.reserve && req.cost > 0;
+        let mut claimed = None;
+        if reserve {
+            let id = match &req.reservation_id {
+                Some(id) => id.clone(),
+                None => self.new_reservation_id(),
+            };
+            match self
+                .reservations
+                .begin(&id, body_hash(req), now + deadline_in)
+            {
+                Begin::New { seq } => claimed = Some((id, seq)),
+                Begin::Repeat(Answer::Check(a)) => return Ok(*a),
+                Begin::Repeat(Answer::Screen(_)) => {
+                    return Err(EngineError::Conflict(format!(
+                        "reservation {id:?} belongs to a screen"
+                    )));
+                }
+                Begin::Conflict(m) => return Err(EngineError::Conflict(m)),
+            }
+        }
+        let disk = policy_disk_key(key);
+        let hold = match claimed {
+            Some(_) => Hold::Reserve {
+                deadline: now + deadline_in,
+            },
+            None => Hold::Immediate,
+        };
+        let result = self.with_record(key, &disk, now, |rec| {
+            let mut states: SmallVec<[ItemState; 4]> = tags
+                .iter()
+                .map(|&t| std::mem::take(rec.state_mut(owner, t)))
+                .collect();
+            let (decision, pending) = stack.decide(&mut states, now, req.cost, hold);
+            for (&t, s) in tags.iter().zip(states) {
+                *rec.state_mut(owner, t) = s;
+            }
+            for (item, &t) in stack.items().iter().zip(&tags) {
+                rec.touch(owner, t, item);
+            }
+            let mut receipt = None;
+            if let (Some(Pending { cost, items }), Some((_, seq))) = (pending, &claimed) {
+                for (p, &t) in items.into_iter().zip(&tags) {
+                    rec.pending.push(PendingEntry {
+                        res: *seq,
+                        cand: 0,
+                        owner,
+                        tag: t,
+                        item: p,
+                        n: cost,
+                    });
+                }
+                rec.idle_at = rec.idle_at.max(now + deadline_in);
+            } else if decision.allowed && req.cost > 0 {
+                // An immediate debit is written behind: no one waits for it.
+                let (st, tg): (&Stack, &[u32]) = (&stack, &tags);
+                let value = rec.to_stored(now, move |o, t| {
+                    (o == owner)
+                        .then(|| tg.iter().position(|&x| x == t))
+                        .flatten()
+                        .map(|i| &st.items()[i])
+                });
+                let r = self
+                    .store
+                    .submit(vec![Op::Put(Space::State, disk.clone(), value)], false);
+                rec.write_seq = r.seq;
+                receipt = Some(r);
+            }
+            Ok((decision, receipt))
+        });
+        let (decision, _receipt) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some((id, _)) = &claimed {
+                    self.reservations.abandon(id);
+                }
+                return Err(e);
+            }
+        };
+        let out = CheckOutcome {
+            reservation: claimed
+                .as_ref()
+                .filter(|_| decision.allowed)
+                .map(|(id, _)| id.clone()),
+            decision,
+            stack: stack.clone(),
+        };
+        match claimed {
+            Some((id, _)) if out.decision.allowed => self.reservations.finish(
+                &id,
+                Answer::Check(Box::new(out.clone())),
+                Holds::Check {
+                    key,
+                    owner,
+                    stack,
+                    tags,
+                },
+            ),
+            // A denied reserve creates nothing.
+            Some((id, _)) => self.reservations.abandon(&id),
+            None => {}
+        }
+        Ok(out)
+    }
+
+    // ---- screen ----
+
+    /// Screens candidates for a user (DESIGN §3): each candidate is decided in
+    /// order, all-or-nothing over its whole chain; eligible ones hold pending
+    /// debits under one reservation when `reserve`.
+    pub fn screen(&self, req: &ScreenRequest) -> Result<ScreenOutcome, EngineError> {
+        if let Some(u) = &req.user {
+            self.check_id("user", u)?;
+        }
+        if req.candidates.is_empty() {
+            return Err(invalid("candidates", "at least one candidate is needed"));
+        }
+        if req.candidates.len() > self.options.max_candidates {
+            return Err(invalid(
+                "candidates",
+                format!(
+                    "at most {} candidates, got {}",
+                    self.options.max_candidates,
+                    req.candidates.len()
+                ),
+            ));
+        }
+        for (i, c) in req.candidates.iter().enumerate() {
+            self.check_id(&format!("candidates[{i}].campaign"), &c.campaign)?;
+            check_cost(&format!("candidates[{i}].cost"), c.cost.unwrap_or(1))?;
+        }
+        let deadline_in = ttl(req.ttl_ms)?;
+        if let Some(id) = &req.reservation_id {
+            check_reservation_id(id)?;
+        }
+        let now = self.now();
+        self.expire(now);
+        let reg = self.registry();
+        let deadline = now + deadline_in;
+        let mut claimed = None;
+        if req.reserve {
+            let id = match &req.reservation_id {
+                Some(id) => id.clone(),
+                None => self.new_reservation_id(),
+            };
+            match self.reservations.begin(&id, body_hash(req), deadline) {
+                Begin::New { seq } => claimed = Some((id, seq)),
+                Begin::Repeat(Answer::Screen(a)) => return Ok(a),
+                Begin::Repeat(Answer::Check(_)) => {
+                    return Err(EngineError::Conflict(format!(
+                        "reservation {id:?} belongs to a check"
+                    )));
+                }
+                Begin::Conflict(m) => return Err(EngineError::Conflict(m)),
+            }
+        }
+        let seq = claimed.as_ref().map(|(_, s)| *s);
+        let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
+        let run = |user_rec: Option<&mut SubjectRecord>| {
+            self.screen_locked(&reg, req, user_rec, now, seq.map(|s| (s, deadline)))
+        };
+        let result = match user {
+            Some(k) => self.with_record(k, &user_disk_key(k), now, |rec| Ok(run(Some(rec)))),
+            None => Ok(run(None)),
+        };
+        let (results, cands) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some((id, _)) = &claimed {
+                    self.reservations.abandon(id);
+                }
+                return Err(e);
+            }
+        };
+        let reservation = match claimed {
+            Some((id, _)) if !cands.is_empty() => {
+                let out = ScreenOutcome {
+                    reservation: Some(id.clone()),
+                    results,
+                };
+                self.reservations.finish(
+                    &id,
+                    Answer::Screen(out.clone()),
+                    Holds::Screen { user, cands },
+                );
+                return Ok(out);
+            }
+            Some((id, _)) => {
+                self.reservations.abandon(&id);
+                None
+            }
+            None => None,
+        };
+        Ok(ScreenOutcome {
+            reservation,
+            results,
+        })
+    }
+
+    /// The body of a screen, under the user's record lock.
+    #[allow(clippy::type_complexity)]
+    fn screen_locked(
+        &self,
+        reg: &Registry,
+        req: &ScreenRequest,
+        mut user_rec: Option<&mut SubjectRecord>,
+        now: Nanos,
+        hold: Option<(u64, Nanos)>,
+    ) -> (
+        Vec<CandidateResult>,
+        Vec<(u32, String, Vec<Arc<CampaignEntry>>)>,
+    ) {
+        let mut results = Vec::with_capacity(req.candidates.len());
+        let mut held = Vec::new();
+        for (ci, cand) in req.candidates.iter().enumerate() {
+            let Some(c) = reg.campaigns.get(&cand.campaign) else {
+                results.push(CandidateResult {
+                    campaign: cand.campaign.clone(),
+                    eligible: false,
+                    denied_by: Some(DeniedBy {
+                        campaign: cand.campaign.clone(),
+                        cap: "unknown_campaign".into(),
+                        retry_after: None,
+                    }),
+                });
+                continue;
+            };
+            let chain: Vec<Arc<CampaignEntry>> = c
+                .chain
+                .iter()
+                .filter_map(|id| reg.campaign_by_id(*id).cloned())
+                .collect();
+            let cost = cand.cost.unwrap_or(1);
+            let denied = self.decide_chain(
+                &chain,
+                user_rec.as_deref_mut(),
+                now,
+                cost,
+                hold.map(|(s, d)| (s, ci as u32, d)),
+            );
+            if denied.is_none() && hold.is_some() {
+                held.push((ci as u32, cand.campaign.clone(), chain));
+            }
+            results.push(CandidateResult {
+                campaign: cand.campaign.clone(),
+                eligible: denied.is_none(),
+                denied_by: denied,
+            });
+        }
+        (results, held)
+    }
+
+    /// Decides one candidate over its chain, all-or-nothing; with `hold`
+    /// (reservation seq, candidate index, deadline) debits it as pending.
+    /// Returns the first denying cap in chain order.
+    fn decide_chain(
+        &self,
+        chain: &[Arc<CampaignEntry>],
+        mut user: Option<&mut SubjectRecord>,
+        now: Nanos,
+        cost: u64,
+        hold: Option<(u64, u32, Nanos)>,
+    ) -> Option<DeniedBy> {
+        if user.is_none()
+            && let Some(e) = chain
+                .iter()
+                .find(|e| e.compiled.unknown_user == crate::model::UnknownUser::Deny)
+        {
+            return Some(DeniedBy {
+                campaign: e.name.clone(),
+                cap: "unknown_user".into(),
+                retry_after: None,
+            });
+        }
+        let mut guards = lock_chain(chain);
+        // Probe every item first; nothing changes unless all allow.
+        for e in chain {
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                let t = e.tags[i];
+                let rec: &SubjectRecord = match cap.scope {
+                    Scope::User => match user.as_deref() {
+                        Some(u) => u,
+                        None => continue,
+                    },
+                    Scope::Campaign => match guard_of(&mut guards, e.id) {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                let st = rec.state(e.id, t).unwrap_or(&FRESH);
+                let n = units(&cap.item, cost);
+                let p = cap.item.probe(st, now, n);
+                if !p.allowed {
+                    return Some(DeniedBy {
+                        campaign: e.name.clone(),
+                        cap: cap.name.clone(),
+                        retry_after: cap.item.retry(st, &p, now, n),
+                    });
+                }
+            }
+        }
+        let (seq, cand, deadline) = hold?;
+        for e in chain {
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                let t = e.tags[i];
+                let rec: &mut SubjectRecord = match cap.scope {
+                    Scope::User => match user.as_deref_mut() {
+                        Some(u) => u,
+                        None => continue,
+                    },
+                    Scope::Campaign => match guard_of(&mut guards, e.id) {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                let n = units(&cap.item, cost);
+                let st = rec.state_mut(e.id, t);
+                let p = cap.item.apply(st, now, n, Hold::Reserve { deadline });
+                rec.pending.push(PendingEntry {
+                    res: seq,
+                    cand,
+                    owner: e.id,
+                    tag: t,
+                    item: p,
+                    n,
+                });
+                rec.touch(e.id, t, &cap.item);
+                rec.idle_at = rec.idle_at.max(deadline);
+            }
+        }
+        None
+    }
+
+    // ---- commit / release ----
+
+    /// Commits a reservation (DESIGN §2.5): the named winners' debits become
+    /// permanent, at the final cost if given; the rest are released. Durable
+    /// before it returns.
+    pub fn commit(&self, id: &str, req: &CommitRequest) -> Result<CommitOutcome, EngineError> {
+        check_reservation_id(id)?;
+        if let Some(c) = req.cost {
+            check_cost("cost", c)?;
+        }
+        if let Some(e) = &req.event_id {
+            self.check_id("event_id", e)?;
+        }
+        let now = self.now();
+        self.expire(now);
+        if let Some(Holds::Screen { cands, .. }) = self.reservations.peek(id).as_deref() {
+            for (i, name) in req.campaigns.iter().enumerate() {
+                if !cands.iter().any(|c| &c.1 == name) {
+                    return Err(invalid(
+                        format!("campaign[{i}]"),
+                        format!("{name:?} is not an eligible candidate of reservation {id:?}"),
+                    ));
+                }
+            }
+        }
+        let first = CommitOutcome {
+            reservation: id.to_owned(),
+            outcome: Outcome::Committed,
+            campaigns: req.campaigns.clone(),
+        };
+        match self.reservations.settle(id, true, first) {
+            Settle::Apply(holds, seq) => {
+                let winners = match &*holds {
+                    Holds::Check { .. } => Vec::new(),
+                    Holds::Screen { cands, .. } => {
+                        let names: Vec<String> = if req.campaigns.is_empty() {
+                            cands.iter().map(|c| c.1.clone()).collect()
+                        } else {
+                            req.campaigns.clone()
+                        };
+                        names
+                    }
+                };
+                let receipts = self.apply_holds(&holds, seq, &winners, true, req.cost, now)?;
+                let outcome = CommitOutcome {
+                    reservation: id.to_owned(),
+                    outcome: Outcome::Committed,
+                    campaigns: winners,
+                };
+                self.reservations.set_outcome(id, outcome.clone());
+                for r in receipts {
+                    r.wait()?;
+                }
+                self.stats.commits.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            Settle::Repeat(o) => Ok(o),
+            Settle::Conflict(m) => Err(EngineError::Conflict(m)),
+            Settle::Unknown => {
+                // A late commit: the impression happened although its
+                // reservation is gone.
+                match (&req.user, req.campaigns.as_slice(), req.cost) {
+                    (Some(user), [campaign], Some(cost)) => {
+                        self.events(&[Event {
+                            user: Some(user.clone()),
+                            campaign: campaign.clone(),
+                            cost,
+                            event_id: req.event_id.clone(),
+                        }])?;
+                        self.stats.late_commits.fetch_add(1, Ordering::Relaxed);
+                        Ok(CommitOutcome {
+                            reservation: id.to_owned(),
+                            outcome: Outcome::LateCommit,
+                            campaigns: vec![campaign.clone()],
+                        })
+                    }
+                    _ => Err(EngineError::NotFound(format!(
+                        "no open reservation {id:?} (unknown or expired); a commit with \
+                         user, one campaign and cost is counted as a late commit"
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// Releases a reservation: its pending debits are undone.
+    pub fn release(&self, id: &str) -> Result<CommitOutcome, EngineError> {
+        check_reservation_id(id)?;
+        let now = self.now();
+        self.expire(now);
+        let outcome = CommitOutcome {
+            reservation: id.to_owned(),
+            outcome: Outcome::Released,
+            campaigns: Vec::new(),
+        };
+        match self.reservations.settle(id, false, outcome.clone()) {
+            Settle::Apply(holds, seq) => {
+                let names = match &*holds {
+                    Holds::Check { .. } => Vec::new(),
+                    Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.clone()).collect(),
+                };
+                self.apply_holds(&holds, seq, &[], false, None, now)?;
+                let outcome = CommitOutcome {
+                    campaigns: names,
+                    ..outcome
+                };
+                self.reservations.set_outcome(id, outcome.clone());
+                self.stats.releases.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            Settle::Repeat(o) => Ok(o),
+            Settle::Conflict(m) => Err(EngineError::Conflict(m)),
+            Settle::Unknown => Err(EngineError::NotFound(format!(
+                "no open reservation {id:?} (unknown or expired)"
+            ))),
+        }
+    }
+
+    /// Settles a reservation's debits: candidates named in `winners` (all of a
+    /// check when `commit`) are committed, the rest released, as of `at`.
+    /// Returns receipts to wait on (commits are written durably).
+    fn apply_holds(
+        &self,
+        holds: &Holds,
+        seq: u64,
+        winners: &[String],
+        commit: bool,
+        final_cost: Option<u64>,
+        at: Nanos,
+    ) -> Result<Vec<Receipt>, EngineError> {
+        let now = self.now();
+        match holds {
+            Holds::Check {
+                key,
+                owner,
+                stack,
+                tags,
+            } => {
+                let disk = policy_disk_key(*key);
+                let owner = *owner;
+                let (stack, tags): (&Stack, &[u32]) = (stack, tags);
+                let def = move |o: u32, t: u32| {
+                    (o == owner)
+                        .then(|| tags.iter().position(|&x| x == t))
+                        .flatten()
+                        .map(|i| &stack.items()[i])
+                };
+                self.with_record(*key, &disk, now, |rec| {
+                    let entries = rec.take_pending(seq, None);
+                    for p in entries {
+                        let Some(item) = def(p.owner, p.tag) else {
+                            continue;
+                        };
+                        let Some(slot) = rec
+                            .slots
+                            .iter_mut()
+                            .find(|s| s.owner == p.owner && s.tag == p.tag)
+                        else {
+                            continue;
+                        };
+                        if commit {
+                            let fin = final_cost.unwrap_or(p.n);
+                            item.commit(&mut slot.state, &p.item, p.n, fin, at);
+                        } else {
+                            item.release(&mut slot.state, &p.item, p.n, at);
+                        }
+                        rec.idle_at = rec.idle_at.max(item.idle_at(&slot.state));
+                    }
+                    if !commit {
+                        return Ok(Vec::new());
+                    }
+                    let value = rec.to_stored(now, def);
+                    let r = self
+                        .store
+                        .submit(vec![Op::Put(Space::State, disk.clone(), value)], true);
+                    rec.write_seq = r.seq;
+                    Ok(vec![r])
+                })
+            }
+            Holds::Screen { user, cands } => {
+                let reg = self.registry();
+                let reg: &Registry = &reg;
+                let work = |mut user_rec: Option<&mut SubjectRecord>| {
+                    let mut receipts = Vec::new();
+                    for (ci, name, chain) in cands {
+                        let win = commit && winners.contains(name);
+                        let mut guards = lock_chain(chain);
+                        let chain_ref: &[Arc<CampaignEntry>] = chain;
+                        let def = move |o: u32, t: u32| chain_item(chain_ref, o, t);
+                        if let Some(u) = user_rec.as_deref_mut() {
+                            let entries = u.take_pending(seq, Some(*ci));
+                            settle_entries(u, entries, def, win, final_cost, at);
+                        }
+                        let mut batch: Batch = Vec::new();
+                        for (id, g) in guards.iter_mut() {
+                            let entries = g.take_pending(seq, Some(*ci));
+                            settle_entries(g, entries, def, win, final_cost, at);
+                            if win {
+                                let value = g.to_stored(now, move |o, t| registry_item(reg, o, t));
+                                batch.push(Op::Put(Space::State, campaign_disk_key(*id), value));
+                            }
+                        }
+                        if win {
+                            if let (Some(u), Some(k)) = (user_rec.as_deref_mut(), user) {
+                                let value = u.to_stored(now, move |o, t| registry_item(reg, o, t));
+                                batch.push(Op::Put(Space::State, user_disk_key(*k), value));
+                            }
+                            let r = self.store.submit(batch, true);
+                            if let Some(u) = user_rec.as_deref_mut() {
+                                u.write_seq = r.seq;
+                            }
+                            for (_, g) in guards.iter_mut() {
+                                g.write_seq = r.seq;
+                            }
+                            receipts.push(r);
+                        }
+                    }
+                    receipts
+                };
+                match user {
+                    Some(k) => {
+                        self.with_record(*k, &user_disk_key(*k), now, |rec| Ok(work(Some(rec))))
+                    }
+                    None => Ok(work(None)),
+                }
+            }
+        }
+    }
+
+    // ---- events ----
+
+    /// Counts impressions that happened without a reservation (DESIGN §3): no
+    /// check, idempotent by `event_id` within the dedupe horizon. A batch with
+    /// any invalid event applies nothing. Durable before it returns. Returns
+    /// how many events were counted (duplicates are not).
+    pub fn events(&self, events: &[Event]) -> Result<usize, EngineError> {
+        let reg = self.registry();
+        for (i, e) in events.iter().enumerate() {
+            let f = |x: &str| {
+                if events.len() == 1 {
+                    x.to_owned()
+                } else {
+                    format!("[{i}].{x}")
+                }
+            };
+            if let Some(u) = &e.user {
+                self.check_id(&f("user"), u)?;
+            }
+            self.check_id(&f("campaign"), &e.campaign)?;
+            check_cost(&f("cost"), e.cost)?;
+            if let Some(id) = &e.event_id {
+                self.check_id(&f("event_id"), id)?;
+            }
+            if !reg.campaigns.contains_key(&e.campaign) {
+                return Err(EngineError::NotFound(format!(
+                    "{}: no campaign named {:?}",
+                    f("campaign"),
+                    e.campaign
+                )));
+            }
+        }
+        let now = self.now();
+        self.expire(now);
+        // Claim the ids first: of two concurrent batches with the same id, one
+        // counts it.
+        let expiry = now.saturating_add(self.options.dedupe_horizon);
+        let mut fresh = Vec::with_capacity(events.len());
+        {
+            let mut d = self.dedupe.lock().unwrap_or_else(PoisonError::into_inner);
+            d.prune(now);
+            for e in events {
+                let Some(id) = &e.event_id else {
+                    fresh.push((e, None));
+                    continue;
+                };
+                let h = self.hash(b'e', 0, id);
+                if d.seen.contains_key(&h) {
+                    self.stats.duplicate_events.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                d.seen.insert(h, expiry);
+                d.order.push_back((expiry, h));
+                fresh.push((e, Some(h)));
+            }
+        }
+        let mut receipts = Vec::with_capacity(fresh.len());
+        for (e, h) in &fresh {
+            let Some(c) = reg.campaigns.get(&e.campaign) else {
+                continue;
+            };
+            let chain: Vec<Arc<CampaignEntry>> = c
+                .chain
+                .iter()
+                .filter_map(|id| reg.campaign_by_id(*id).cloned())
+                .collect();
+            let mut extra: Batch = Vec::new();
+            if let Some(h) = h {
+                extra.push(Op::Put(
+                    Space::Dedupe,
+                    h.to_be_bytes().to_vec(),
+                    codec::frame(expiry, &[]),
+                ));
+            }
+            let user = e.user.as_ref().map(|u| self.hash(b'u', 0, u));
+            let r = match user {
+                Some(k) => self.with_record(k, &user_disk_key(k), now, |rec| {
+                    Ok(self.count_event(&reg, &chain, Some((rec, k)), e.cost, now, extra))
+                }),
+                None => Ok(self.count_event(&reg, &chain, None, e.cost, now, extra)),
+            }?;
+            receipts.push(r);
+        }
+        for r in receipts {
+            r.wait()?;
+        }
+        self.stats
+            .events
+            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
+        Ok(fresh.len())
+    }
+
+    /// Debits one impression on every item of a chain, unchecked, and submits
+    /// the records it changed.
+    fn count_event(
+        &self,
+        reg: &Registry,
+        chain: &[Arc<CampaignEntry>],
+        mut user: Option<(&mut SubjectRecord, u128)>,
+        cost: u64,
+        now: Nanos,
+        mut batch: Batch,
+    ) -> Receipt {
+        let mut guards = lock_chain(chain);
+        for e in chain {
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                // An impression holds no slot of max_in_flight.
+                if cap.item.kind() == Kind::Concurrency {
+                    continue;
+                }
+                let t = e.tags[i];
+                let rec: &mut SubjectRecord = match cap.scope {
+                    Scope::User => match user.as_mut() {
+                        Some((u, _)) => u,
+                        None => continue,
+                    },
+                    Scope::Campaign => match guard_of(&mut guards, e.id) {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                let st = rec.state_mut(e.id, t);
+                cap.item
+                    .apply(st, now, units(&cap.item, cost), Hold::Immediate);
+                rec.touch(e.id, t, &cap.item);
+            }
+        }
+        let def = move |o: u32, t: u32| registry_item(reg, o, t);
+        for (id, g) in guards.iter() {
+            batch.push(Op::Put(
+                Space::State,
+                campaign_disk_key(*id),
+                g.to_stored(now, def),
+            ));
+        }
+        if let Some((u, k)) = user.as_mut() {
+            batch.push(Op::Put(
+                Space::State,
+                user_disk_key(*k),
+                u.to_stored(now, def),
+            ));
+        }
+        let r = self.store.submit(batch, true);
+        if let Some((u, _)) = user.as_mut() {
+            u.write_seq = r.seq;
+        }
+        for (_, g) in guards.iter_mut() {
+            g.write_seq = r.seq;
+        }
+        r
+    }
+}

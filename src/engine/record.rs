@@ -1,0 +1,223 @@
+//! A subject's record: every counter one subject (a user, a campaign, a policy
+//! key) has, and the pending debits of open reservations on them, under one
+//! lock (DESIGN §6 "records, not loose counters").
+
+use crate::clock::Nanos;
+use crate::keyed::Record;
+use crate::limits::{Item, ItemState, PendingItem};
+use crate::store::codec::{self, StoredSlot, StoredState};
+
+/// Low bits of a slot tag: the item's index in its owner's definition.
+const INDEX_BITS: u32 = 8;
+
+/// A slot's tag: the item index in the low byte, its definition's fingerprint
+/// above. A slot whose tag differs from the current definition's belongs to an
+/// older definition and reads as empty (DESIGN §2.6: a changed item starts
+/// empty; an unchanged one at the same index keeps its state).
+pub fn tag(index: usize, fingerprint: u32) -> u32 {
+    (fingerprint << INDEX_BITS) | (index as u32 & ((1 << INDEX_BITS) - 1))
+}
+
+/// One counter: the state of item `tag` of `owner` (a campaign's or policy's
+/// id; 0 for inline limits). 40 bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slot {
+    pub owner: u32,
+    pub tag: u32,
+    pub state: ItemState,
+}
+
+/// A pending debit of an open reservation on one slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingEntry {
+    /// The reservation's sequence number.
+    pub res: u64,
+    /// Which candidate of a screen (0 for a check).
+    pub cand: u32,
+    pub owner: u32,
+    pub tag: u32,
+    pub item: PendingItem,
+    /// Units debited.
+    pub n: u64,
+}
+
+/// See the module documentation.
+#[derive(Debug, Default, Clone)]
+pub struct SubjectRecord {
+    pub slots: Vec<Slot>,
+    /// Debits of open reservations, so a release or commit finds them and a
+    /// snapshot for disk can leave them out (reservations are memory-only).
+    pub pending: Vec<PendingEntry>,
+    /// An upper bound of the instant from which every slot equals a fresh one
+    /// and nothing is pending: raised on every debit, never lowered except by a
+    /// recomputation. An upper bound only keeps a record a little longer.
+    pub idle_at: Nanos,
+    /// Sequence number of the last store batch holding this record: until the
+    /// store has written it, the copy on disk is older and the record must not
+    /// be evicted.
+    pub write_seq: u64,
+}
+
+impl SubjectRecord {
+    /// The state of `owner`'s item `tag`, if it has one of that definition.
+    pub fn state(&self, owner: u32, tag: u32) -> Option<&ItemState> {
+        self.slots
+            .iter()
+            .find(|s| s.owner == owner && s.tag == tag)
+            .map(|s| &s.state)
+    }
+
+    /// The state of `owner`'s item `tag`, made (empty) if absent; a slot of an
+    /// older definition of the same item index is reset.
+    pub fn state_mut(&mut self, owner: u32, tag: u32) -> &mut ItemState {
+        let index = tag & ((1 << INDEX_BITS) - 1);
+        let pos = self
+            .slots
+            .iter()
+            .position(|s| s.owner == owner && s.tag & ((1 << INDEX_BITS) - 1) == index);
+        let pos = match pos {
+            Some(p) => {
+                if self.slots[p].tag != tag {
+                    self.slots[p] = Slot {
+                        owner,
+                        tag,
+                        state: ItemState::Fresh,
+                    };
+                }
+                p
+            }
+            None => {
+                self.slots.push(Slot {
+                    owner,
+                    tag,
+                    state: ItemState::Fresh,
+                });
+                self.slots.len() - 1
+            }
+        };
+        &mut self.slots[pos].state
+    }
+
+    /// Raises `idle_at` to cover `item`'s state in slot (`owner`, `tag`).
+    pub fn touch(&mut self, owner: u32, tag: u32, item: &Item) {
+        if let Some(st) = self.state(owner, tag) {
+            self.idle_at = self.idle_at.max(item.idle_at(st));
+        }
+    }
+
+    /// Takes out the pending entries of reservation `res` (of candidate `cand`,
+    /// or of all candidates when `None`).
+    pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> Vec<PendingEntry> {
+        let mut out = Vec::new();
+        self.pending.retain(|p| {
+            let mine = p.res == res && cand.is_none_or(|c| c == p.cand);
+            if mine {
+                out.push(p.clone());
+            }
+            !mine
+        });
+        out
+    }
+
+    /// Pending units on slot (`owner`, `tag`).
+    pub fn pending_on(&self, owner: u32, tag: u32) -> u64 {
+        self.pending
+            .iter()
+            .filter(|p| p.owner == owner && p.tag == tag)
+            .map(|p| p.n)
+            .sum()
+    }
+
+    /// The value to store: committed state only (every pending debit released
+    /// as of `now`, as a crash would), framed with the record's idle instant so
+    /// compaction drops it once it is dead. `def(owner, tag)` gives the item a
+    /// pending entry's slot belongs to; without it the debit stays counted (the
+    /// conservative side).
+    pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
+        let mut slots: Vec<Slot> = self.slots.clone();
+        for p in &self.pending {
+            let Some(item) = def(p.owner, p.tag) else {
+                continue;
+            };
+            if let Some(s) = slots
+                .iter_mut()
+                .find(|s| s.owner == p.owner && s.tag == p.tag)
+            {
+                item.release(&mut s.state, &p.item, p.n, now);
+            }
+        }
+        let mut idle = 0;
+        let stored: Vec<StoredSlot> = slots
+            .iter()
+            .filter_map(|s| {
+                if let Some(item) = def(s.owner, s.tag) {
+                    let at = item.idle_at(&s.state);
+                    if at <= now {
+                        return None;
+                    }
+                    idle = idle.max(at);
+                } else {
+                    idle = idle.max(self.idle_at);
+                }
+                let state = StoredState::from(&s.state);
+                (state != StoredState::Fresh).then_some(StoredSlot {
+                    owner: s.owner,
+                    tag: s.tag,
+                    state,
+                })
+            })
+            .collect();
+        codec::frame(idle, &codec::encode(&stored))
+    }
+
+    /// A record read back from the store.
+    pub fn from_stored(value: &[u8]) -> Result<Self, String> {
+        let (idle_at, payload) = codec::unframe(value)?;
+        let slots: Vec<StoredSlot> = codec::decode(payload)?;
+        Ok(SubjectRecord {
+            slots: slots
+                .into_iter()
+                .map(|s| Slot {
+                    owner: s.owner,
+                    tag: s.tag,
+                    state: s.state.into(),
+                })
+                .collect(),
+            pending: Vec::new(),
+            idle_at,
+            write_seq: 0,
+        })
+    }
+}
+
+/// Heap bytes owned by one item state.
+fn state_heap_bytes(s: &ItemState) -> usize {
+    use crate::limits::window::{Debit, LogState};
+    match s {
+        ItemState::Log(l) => {
+            std::mem::size_of::<LogState>() + l.debits.capacity() * std::mem::size_of::<Debit>()
+        }
+        ItemState::Budget(_) => std::mem::size_of::<crate::limits::budget::BudgetState>(),
+        ItemState::Concurrency(c) => c.deadlines.capacity() * std::mem::size_of::<Nanos>(),
+        _ => 0,
+    }
+}
+
+impl Record for SubjectRecord {
+    /// The idle instant is kept in the record, so no definitions are needed.
+    type Ctx = ();
+
+    fn idle_at(&self, _: &()) -> Nanos {
+        self.idle_at
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.pending.capacity() * std::mem::size_of::<PendingEntry>()
+            + self
+                .slots
+                .iter()
+                .map(|s| state_heap_bytes(&s.state))
+                .sum::<usize>()
+    }
+}

@@ -1,0 +1,157 @@
+//! Definitions the engine decides by: named policies and campaigns with their
+//! parent chains. Readers take an immutable snapshot (`Arc<Registry>`); a change
+//! builds a new one, so a decision sees one consistent set of definitions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::limits::stack::Stack;
+use crate::model::campaign::{CampaignDef, CompiledCampaign, fingerprint};
+use crate::model::limit::PolicyDef;
+
+use super::record::{SubjectRecord, tag};
+
+/// The deepest parent chain accepted. Chains are walked on every decision.
+pub const MAX_DEPTH: usize = 16;
+
+/// A named policy.
+#[derive(Debug)]
+pub struct PolicyEntry {
+    /// Stable id: counters are keyed by it, so a deleted and re-created policy
+    /// starts fresh.
+    pub id: u32,
+    pub name: String,
+    pub def: PolicyDef,
+    pub stack: Arc<Stack>,
+    /// Slot tag of each item (index and definition fingerprint).
+    pub tags: Vec<u32>,
+}
+
+/// A campaign.
+#[derive(Debug)]
+pub struct CampaignEntry {
+    pub id: u32,
+    pub name: String,
+    pub def: CampaignDef,
+    pub compiled: CompiledCampaign,
+    /// Slot tag of each compiled item.
+    pub tags: Vec<u32>,
+    /// Its campaign-scope counters. Shared by every child (through the chain)
+    /// and kept across redefinitions (the `Arc` moves to the new entry). A std
+    /// mutex, held for one decision; campaigns are few and always in memory, and
+    /// each having its own lock (rather than a shard lock of the hot tier)
+    /// lets a decision hold a whole chain in a fixed order without deadlock.
+    pub record: Arc<Mutex<SubjectRecord>>,
+    /// Ids from this campaign up to its root, itself first.
+    pub chain: Vec<u32>,
+}
+
+/// A snapshot of every definition.
+#[derive(Debug, Default, Clone)]
+pub struct Registry {
+    pub policies: HashMap<String, Arc<PolicyEntry>>,
+    pub campaigns: HashMap<String, Arc<CampaignEntry>>,
+    pub campaigns_by_id: HashMap<u32, Arc<CampaignEntry>>,
+    /// Ids given so far: new definitions take the next one.
+    pub max_id: u32,
+}
+
+/// Slot tags of a stack's items.
+pub fn stack_tags(stack_defs: &[crate::model::LimitDef]) -> Vec<u32> {
+    stack_defs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| tag(i, fingerprint(d)))
+        .collect()
+}
+
+impl Registry {
+    pub fn campaign_by_id(&self, id: u32) -> Option<&Arc<CampaignEntry>> {
+        self.campaigns_by_id.get(&id)
+    }
+
+    /// The chain of `parent` followed upwards, or why it cannot be used as the
+    /// parent of `name`.
+    pub fn chain_from(&self, name: &str, parent: Option<&str>) -> Result<Vec<u32>, String> {
+        let mut chain = Vec::new();
+        let mut cur = parent;
+        while let Some(p) = cur {
+            if p == name {
+                return Err(format!(
+                    "{name:?} would be its own ancestor (a parent cycle)"
+                ));
+            }
+            let Some(e) = self.campaigns.get(p) else {
+                return Err(format!("campaign {p:?} does not exist"));
+            };
+            chain.push(e.id);
+            if chain.len() >= MAX_DEPTH {
+                return Err(format!("a parent chain may be at most {MAX_DEPTH} deep"));
+            }
+            cur = e.def.parent.as_deref();
+        }
+        Ok(chain)
+    }
+
+    /// Adds or replaces a campaign (already compiled and checked), recomputing
+    /// the chains of its descendants.
+    pub fn insert_campaign(&mut self, mut entry: CampaignEntry) {
+        if let Some(old) = self.campaigns.get(&entry.name) {
+            entry.record = old.record.clone();
+            entry.id = old.id;
+        }
+        self.max_id = self.max_id.max(entry.id);
+        let e = Arc::new(entry);
+        self.campaigns_by_id.insert(e.id, e.clone());
+        self.campaigns.insert(e.name.clone(), e);
+        self.rechain();
+    }
+
+    pub fn remove_campaign(&mut self, name: &str) -> Option<Arc<CampaignEntry>> {
+        let e = self.campaigns.remove(name)?;
+        self.campaigns_by_id.remove(&e.id);
+        Some(e)
+    }
+
+    /// Recomputes every campaign's chain (definitions change rarely; campaigns
+    /// number in the thousands).
+    pub fn rechain(&mut self) {
+        let names: Vec<String> = self.campaigns.keys().cloned().collect();
+        for name in names {
+            let Some(e) = self.campaigns.get(&name) else {
+                continue;
+            };
+            let mut chain = vec![e.id];
+            let mut cur = e.def.parent.clone();
+            while let Some(p) = cur {
+                match self.campaigns.get(&p) {
+                    Some(pe) if !chain.contains(&pe.id) && chain.len() < MAX_DEPTH => {
+                        chain.push(pe.id);
+                        cur = pe.def.parent.clone();
+                    }
+                    _ => break,
+                }
+            }
+            if chain != e.chain {
+                let new = Arc::new(CampaignEntry {
+                    id: e.id,
+                    name: e.name.clone(),
+                    def: e.def.clone(),
+                    compiled: e.compiled.clone(),
+                    tags: e.tags.clone(),
+                    record: e.record.clone(),
+                    chain,
+                });
+                self.campaigns_by_id.insert(new.id, new.clone());
+                self.campaigns.insert(name, new);
+            }
+        }
+    }
+
+    /// Whether any campaign names `name` as its parent.
+    pub fn has_children(&self, name: &str) -> bool {
+        self.campaigns
+            .values()
+            .any(|c| c.def.parent.as_deref() == Some(name))
+    }
+}

@@ -1,0 +1,225 @@
+//! Open reservations: by id, with their deadlines in an ordered set keyed by
+//! (deadline, id), so expiry takes the due ones from the front and never scans
+//! the rest (as mini-redis keeps its expirations).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::clock::Nanos;
+
+use super::decide::{Answer, CommitOutcome, Holds};
+
+/// Where a reservation is in its life.
+#[derive(Debug, Clone)]
+pub enum State {
+    /// Its first request is being decided; a second with the same id waits for
+    /// nothing and gets 409.
+    Deciding,
+    /// Holding pending debits; the stored first answer.
+    Open(Answer),
+    /// Settled: remembered until the original deadline so a repeat gets the
+    /// first outcome (DESIGN §2.6).
+    Committed(CommitOutcome),
+    Released(CommitOutcome),
+}
+
+/// One reservation.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    /// Internal number, tagging its pending debits in records.
+    pub seq: u64,
+    pub deadline: Nanos,
+    /// Hash of the request body, to tell a repeat from a different request.
+    pub body: u64,
+    pub state: State,
+    /// What it holds; shared with whoever settles it.
+    pub holds: Option<Arc<Holds>>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, Reservation>,
+    deadlines: BTreeSet<(Nanos, String)>,
+}
+
+/// See the module documentation.
+pub struct Reservations {
+    /// One std mutex: every operation is a map lookup or an ordered-set step,
+    /// and it is never held while records are locked.
+    table: Mutex<Table>,
+    /// The earliest deadline in the table (`u64::MAX` when empty), read without
+    /// the lock so requests with nothing due skip it.
+    next_deadline: AtomicU64,
+    next_seq: AtomicU64,
+    open: AtomicU64,
+}
+
+impl Default for Reservations {
+    fn default() -> Self {
+        Reservations {
+            table: Mutex::new(Table::default()),
+            next_deadline: AtomicU64::new(u64::MAX),
+            next_seq: AtomicU64::new(1),
+            open: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What [`Reservations::begin`] found.
+pub enum Begin {
+    /// The id is new: decide, then [`Reservations::finish`] or
+    /// [`Reservations::abandon`].
+    New { seq: u64 },
+    /// The same request again: its first answer.
+    Repeat(Answer),
+    /// The id is taken by another request, or settled.
+    Conflict(String),
+}
+
+/// What [`Reservations::settle`] found.
+pub enum Settle {
+    /// Was open: now settled by this call, which must apply it.
+    Apply(Arc<Holds>, u64),
+    /// Settled before by the same operation: its outcome.
+    Repeat(CommitOutcome),
+    /// Settled before by the other operation.
+    Conflict(String),
+    /// Unknown or forgotten id.
+    Unknown,
+}
+
+impl Reservations {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed) as usize
+    }
+
+    /// A fresh internal number (also for generated ids).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Claims `id` for a new reservation with `deadline`.
+    pub fn begin(&self, id: &str, body: u64, deadline: Nanos) -> Begin {
+        let mut t = self.lock();
+        if let Some(r) = t.by_id.get(id) {
+            return match &r.state {
+                State::Open(a) if r.body == body => Begin::Repeat(a.clone()),
+                State::Open(_) => Begin::Conflict(format!(
+                    "reservation {id:?} exists with a different request"
+                )),
+                State::Deciding => Begin::Conflict(format!("reservation {id:?} is being decided")),
+                State::Committed(_) | State::Released(_) => {
+                    Begin::Conflict(format!("reservation {id:?} is already settled"))
+                }
+            };
+        }
+        let seq = self.next_seq();
+        t.by_id.insert(
+            id.to_owned(),
+            Reservation {
+                seq,
+                deadline,
+                body,
+                state: State::Deciding,
+                holds: None,
+            },
+        );
+        Begin::New { seq }
+    }
+
+    /// What an open reservation holds (for checks before settling it).
+    pub fn peek(&self, id: &str) -> Option<Arc<Holds>> {
+        let t = self.lock();
+        let r = t.by_id.get(id)?;
+        match r.state {
+            State::Open(_) => r.holds.clone(),
+            _ => None,
+        }
+    }
+
+    /// Records the answer of a reservation that now holds debits.
+    pub fn finish(&self, id: &str, answer: Answer, holds: Holds) {
+        let mut t = self.lock();
+        let Some(r) = t.by_id.get_mut(id) else { return };
+        r.state = State::Open(answer);
+        r.holds = Some(Arc::new(holds));
+        let deadline = r.deadline;
+        t.deadlines.insert((deadline, id.to_owned()));
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.next_deadline.fetch_min(deadline, Ordering::AcqRel);
+    }
+
+    /// Forgets a claim whose request reserved nothing (denied, or failed).
+    pub fn abandon(&self, id: &str) {
+        self.lock().by_id.remove(id);
+    }
+
+    /// Settles `id` as committed (`commit`) or released, if open.
+    pub fn settle(&self, id: &str, commit: bool, outcome: CommitOutcome) -> Settle {
+        let mut t = self.lock();
+        let Some(r) = t.by_id.get_mut(id) else {
+            return Settle::Unknown;
+        };
+        match &r.state {
+            State::Open(_) => {
+                let Some(holds) = r.holds.clone() else {
+                    return Settle::Unknown;
+                };
+                r.state = if commit {
+                    State::Committed(outcome)
+                } else {
+                    State::Released(outcome)
+                };
+                self.open.fetch_sub(1, Ordering::Relaxed);
+                Settle::Apply(holds, r.seq)
+            }
+            State::Committed(o) if commit => Settle::Repeat(o.clone()),
+            State::Released(o) if !commit => Settle::Repeat(o.clone()),
+            State::Committed(_) => Settle::Conflict(format!("reservation {id:?} was committed")),
+            State::Released(_) => Settle::Conflict(format!("reservation {id:?} was released")),
+            State::Deciding => Settle::Conflict(format!("reservation {id:?} is being decided")),
+        }
+    }
+
+    /// Replaces the stored outcome of a settled reservation (once the settling
+    /// call knows the full outcome).
+    pub fn set_outcome(&self, id: &str, outcome: CommitOutcome) {
+        let mut t = self.lock();
+        if let Some(r) = t.by_id.get_mut(id) {
+            match &mut r.state {
+                State::Committed(o) | State::Released(o) => *o = outcome,
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes every reservation whose deadline is ≤ `now` out of the table and
+    /// returns those still open, with their deadlines, for release.
+    pub fn take_due(&self, now: Nanos) -> Vec<(Arc<Holds>, u64, Nanos)> {
+        if self.next_deadline.load(Ordering::Acquire) > now {
+            return Vec::new();
+        }
+        let mut t = self.lock();
+        let mut due = Vec::new();
+        while let Some((deadline, id)) = t.deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            t.deadlines.pop_first();
+            if let Some(r) = t.by_id.remove(&id)
+                && let (State::Open(_), Some(h)) = (&r.state, r.holds)
+            {
+                self.open.fetch_sub(1, Ordering::Relaxed);
+                due.push((h, r.seq, deadline));
+            }
+        }
+        let next = t.deadlines.first().map_or(u64::MAX, |d| d.0);
+        self.next_deadline.store(next, Ordering::Release);
+        due
+    }
+}

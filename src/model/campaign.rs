@@ -1,0 +1,279 @@
+//! Campaign definitions (DESIGN §3): caps per user or per campaign, a paced
+//! budget, a bound on reservations in flight, and a parent whose caps apply too.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::limits::Item;
+use crate::limits::concurrency::Concurrency;
+use crate::model::error::{DefinitionError, Warning};
+use crate::model::limit::{LimitDef, MAX_INTEGER, check_windows_among};
+
+/// The most caps one campaign may have. A cap's index is kept in one byte of a
+/// stored counter's tag, and no real campaign needs more.
+pub const MAX_CAPS: usize = 64;
+
+/// Who a cap counts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// One counter per (user, campaign).
+    User,
+    /// One counter shared by every user (and by every child campaign).
+    Campaign,
+}
+
+/// What to do with a screen that names no user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownUser {
+    /// Deny every candidate (fail closed).
+    #[default]
+    Deny,
+    /// Decide without the per-user caps.
+    Allow,
+}
+
+/// A cap: a `rate`, `gap` or `window` item with a `scope` (default `user`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    #[serde(flatten)]
+    pub limit: LimitDef,
+}
+
+impl CapDef {
+    pub fn scope(&self) -> Scope {
+        self.scope.unwrap_or(Scope::User)
+    }
+}
+
+/// Removes `field` from a map-shaped value, returning it.
+fn take(value: &mut serde_json::Value, field: &str) -> Option<serde_json::Value> {
+    value.as_object_mut().and_then(|m| m.remove(field))
+}
+
+impl<'de> Deserialize<'de> for CapDef {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        // `scope` sits beside the item's own fields; take it out, then read the
+        // rest as a limit item, whose own reader names the field it rejects.
+        let mut value = serde_json::Value::deserialize(d)?;
+        let scope = match take(&mut value, "scope") {
+            None => None,
+            Some(s) => Some(
+                Scope::deserialize(s)
+                    .map_err(|_| D::Error::custom("scope: must be \"user\" or \"campaign\""))?,
+            ),
+        };
+        let limit = LimitDef::deserialize(value).map_err(D::Error::custom)?;
+        Ok(CapDef { scope, limit })
+    }
+}
+
+impl JsonSchema for CapDef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Cap".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let limit = generator.subschema_for::<LimitDef>();
+        let scope = generator.subschema_for::<Scope>();
+        schemars::json_schema!({
+            "description": "A rate, gap or window item with an optional `scope` (default \"user\").",
+            "allOf": [limit],
+            "properties": {"scope": scope}
+        })
+    }
+}
+
+/// A budget in a campaign: a budget item whose `kind` may be omitted.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(transparent)]
+pub struct CampaignBudget(pub LimitDef);
+
+impl<'de> Deserialize<'de> for CampaignBudget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut value = serde_json::Value::deserialize(d)?;
+        if let Some(m) = value.as_object_mut() {
+            match m.get("kind") {
+                None => {
+                    m.insert("kind".into(), "budget".into());
+                }
+                Some(k) if k == "budget" => {}
+                Some(_) => return Err(D::Error::custom("kind: must be \"budget\" or absent")),
+            }
+        }
+        LimitDef::deserialize(value)
+            .map(CampaignBudget)
+            .map_err(D::Error::custom)
+    }
+}
+
+/// A campaign: any capped entity (advertiser, campaign, line item, creative).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignDef {
+    /// The parent campaign's id: its caps (and its ancestors') apply too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// IANA time zone for this campaign's calendar caps and budget period when
+    /// they name none; default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    /// Caps: rate, gap or window items, each with a scope.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caps: Vec<CapDef>,
+    /// Paced spend per period (campaign scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<CampaignBudget>,
+    /// Reservations open at once, 1 ≤ n < 2^53.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
+    pub max_in_flight: Option<u64>,
+    /// Screens without a user: `deny` (default) or `allow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_user: Option<UnknownUser>,
+}
+
+/// One compiled cap, budget or max_in_flight item of a campaign.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledCap {
+    pub scope: Scope,
+    /// The reported name (`denied_by.cap`).
+    pub name: String,
+    pub item: Item,
+    /// A hash of the item's definition: a counter whose stored fingerprint
+    /// differs belongs to an older definition and starts empty (DESIGN §2.6).
+    pub fingerprint: u32,
+}
+
+/// A campaign validated and compiled.
+#[derive(Debug, Clone)]
+pub struct CompiledCampaign {
+    /// Caps in definition order, then the budget (named `budget`), then
+    /// max_in_flight (named `max_in_flight`): the order of `denied_by`.
+    pub items: Vec<CompiledCap>,
+    pub unknown_user: UnknownUser,
+    pub warnings: Vec<Warning>,
+}
+
+/// A 32-bit FNV-1a hash of an item's canonical JSON. Not for security: it only
+/// tells a changed definition from an unchanged one.
+pub fn fingerprint(def: &LimitDef) -> u32 {
+    let text = serde_json::to_string(def).unwrap_or_default();
+    text.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Gives a calendar window or budget without its own `tz` the campaign's.
+fn with_tz(def: &LimitDef, tz: &Option<String>) -> LimitDef {
+    let mut def = def.clone();
+    if tz.is_some() {
+        match &mut def {
+            LimitDef::Window(w)
+                if w.tz.is_none() && w.align == Some(crate::model::limit::Align::Calendar) =>
+            {
+                w.tz = tz.clone()
+            }
+            LimitDef::Budget(b) if b.tz.is_none() => b.tz = tz.clone(),
+            _ => {}
+        }
+    }
+    def
+}
+
+impl CampaignDef {
+    /// Validates the definition on its own (the parent's existence and cycles
+    /// are the registry's to check). Errors name the field (`caps[1].limit`).
+    pub fn compile(&self) -> Result<CompiledCampaign, DefinitionError> {
+        if let Some(tz) = &self.tz
+            && jiff::tz::TimeZone::get(tz).is_err()
+        {
+            return Err(DefinitionError::new(
+                "tz",
+                format!("unknown IANA time zone {tz:?} (e.g. \"Europe/Paris\", \"UTC\")"),
+            ));
+        }
+        if self.caps.len() > MAX_CAPS {
+            return Err(DefinitionError::new(
+                "caps",
+                format!("at most {MAX_CAPS} caps, got {}", self.caps.len()),
+            ));
+        }
+        let mut items = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for (i, cap) in self.caps.iter().enumerate() {
+            let path = format!("caps[{i}]");
+            if !matches!(
+                cap.limit,
+                LimitDef::Rate(_) | LimitDef::Gap(_) | LimitDef::Window(_)
+            ) {
+                return Err(DefinitionError::new(
+                    format!("{path}.kind"),
+                    "a cap is a rate, gap or window item; use `budget` and `max_in_flight` \
+                     for the others",
+                ));
+            }
+            let def = with_tz(&cap.limit, &self.tz);
+            let name = cap.limit.reported_name(i);
+            if names.contains(&name) {
+                return Err(DefinitionError::new(
+                    format!("{path}.name"),
+                    format!("the name {name:?} is used by another cap"),
+                ));
+            }
+            names.push(name.clone());
+            items.push(CompiledCap {
+                scope: cap.scope(),
+                name,
+                item: def.compile(&path)?,
+                fingerprint: fingerprint(&def),
+            });
+        }
+        // Redundant or contradictory windows are judged per scope: a user cap and
+        // a campaign cap of the same length count different things.
+        let mut warnings = Vec::new();
+        for scope in [Scope::User, Scope::Campaign] {
+            let same: Vec<(usize, &LimitDef)> = self
+                .caps
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.scope() == scope)
+                .map(|(i, c)| (i, &c.limit))
+                .collect();
+            warnings.extend(check_windows_among("caps", &same)?);
+        }
+        if let Some(CampaignBudget(b)) = &self.budget {
+            let def = with_tz(b, &self.tz);
+            items.push(CompiledCap {
+                scope: Scope::Campaign,
+                name: "budget".into(),
+                item: def.compile("budget")?,
+                fingerprint: fingerprint(&def),
+            });
+        }
+        if let Some(max) = self.max_in_flight {
+            if max == 0 || max > MAX_INTEGER {
+                return Err(DefinitionError::new(
+                    "max_in_flight",
+                    format!("must be an integer from 1 to 2^53 - 1, got {max}"),
+                ));
+            }
+            items.push(CompiledCap {
+                scope: Scope::Campaign,
+                name: "max_in_flight".into(),
+                item: Item::Concurrency(Concurrency { max }),
+                // The definition is the number itself.
+                fingerprint: (max as u32) ^ ((max >> 32) as u32) ^ 0x6d69_6621,
+            });
+        }
+        Ok(CompiledCampaign {
+            items,
+            unknown_user: self.unknown_user.unwrap_or_default(),
+            warnings,
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! Persistence behind a small trait (DESIGN §6): an in-memory store for tests,
+//! replay and `--memory`, and RocksDB for the service.
+//!
+//! The engine never waits on disk while it decides. It hands the store batches
+//! of puts and deletes in the order it made them ([`Store::submit`], called while
+//! it still holds the records the batch snapshots, so two snapshots of one record
+//! reach the store in the order they were taken) and, for commits and events,
+//! waits on the returned [`Receipt`] after letting go of its locks.
+
+pub mod codec;
+pub mod memory;
+pub mod rocks;
+
+use std::path::PathBuf;
+
+pub use memory::MemoryStore;
+pub use rocks::RocksStore;
+
+/// The key spaces (RocksDB column families).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Space {
+    /// Limit state per subject (user, campaign, policy key).
+    State,
+    /// Policy and campaign definitions.
+    Definitions,
+    /// Event ids seen within the dedupe horizon.
+    Dedupe,
+    /// Format version, the key-hashing secret.
+    Meta,
+}
+
+impl Space {
+    pub const ALL: [Space; 4] = [Space::State, Space::Definitions, Space::Dedupe, Space::Meta];
+
+    /// The column family's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::State => "state",
+            Space::Definitions => "definitions",
+            Space::Dedupe => "dedupe",
+            Space::Meta => "meta",
+        }
+    }
+}
+
+/// One change in a [`Batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put(Space, Vec<u8>, Vec<u8>),
+    Delete(Space, Vec<u8>),
+}
+
+/// (key, value) pairs read from a space.
+pub type KeyValues = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Changes written together, atomically.
+pub type Batch = Vec<Op>;
+
+/// How far a write must get before it is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// The group is fsynced before it is acknowledged: survives power loss.
+    Fsync,
+    /// The group is in the write-ahead log (the OS page cache) before it is
+    /// acknowledged: survives a process crash (`kill -9`), not a power loss.
+    #[default]
+    Wal,
+    /// Written without a log: acknowledged once in memory, lost on a crash
+    /// unless flushed first (clean shutdown flushes).
+    Async,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fsync" => Ok(Durability::Fsync),
+            "wal" => Ok(Durability::Wal),
+            "async" => Ok(Durability::Async),
+            _ => Err(format!("durability must be fsync, wal or async, got {s:?}")),
+        }
+    }
+}
+
+/// Why the store failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "data directory {dir} is in use by another process (RocksDB holds a lock on it); \
+         stop that process or pick another --data-dir"
+    )]
+    Locked { dir: PathBuf },
+    #[error(
+        "data directory {dir} has format version {found}; this build reads versions up to \
+         {supported}: run a newer freqcap"
+    )]
+    UnknownFormat {
+        dir: PathBuf,
+        found: u8,
+        supported: u8,
+    },
+    #[error("stored value under {key} is unreadable: {message}")]
+    Corrupt { key: String, message: String },
+    #[error("the store's writer has stopped")]
+    Closed,
+    #[error("storage error: {0}")]
+    Io(String),
+}
+
+/// Waits for a submitted batch to be durable (per the store's [`Durability`]).
+#[derive(Debug)]
+pub struct Receipt {
+    /// The batch's place in the write order.
+    pub seq: u64,
+    /// `None` when the batch was already durable at submit.
+    pending: Option<crossbeam_channel::Receiver<Result<(), StoreError>>>,
+}
+
+impl Receipt {
+    /// A receipt for a batch that is durable already.
+    pub fn done(seq: u64) -> Self {
+        Receipt { seq, pending: None }
+    }
+
+    /// Blocks until the batch is durable. Call it without holding record locks.
+    pub fn wait(self) -> Result<(), StoreError> {
+        match self.pending {
+            None => Ok(()),
+            Some(rx) => rx.recv().unwrap_or(Err(StoreError::Closed)),
+        }
+    }
+}
+
+/// Figures for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Batches submitted and not yet written.
+    pub queue_depth: u64,
+    /// Groups written since start.
+    pub groups: u64,
+    /// Batches written since start (batches / groups = mean group size).
+    pub batches: u64,
+    /// Estimated live bytes of state on disk (RocksDB's estimate; 0 in memory).
+    pub disk_bytes: u64,
+}
+
+/// What the engine needs from persistence.
+pub trait Store: Send + Sync + 'static {
+    /// The value under `key`, as of every batch submitted before this call.
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Every (key, value) of a space (definitions and dedupe ids at start).
+    fn scan(&self, space: Space) -> Result<KeyValues, StoreError>;
+
+    /// Queues `batch` behind every batch submitted before it. With
+    /// `acknowledge`, the receipt waits until the batch is durable; without
+    /// (write-behind), it is done at once and the batch is written with the
+    /// next group.
+    fn submit(&self, batch: Batch, acknowledge: bool) -> Receipt;
+
+    /// The highest sequence number whose batch (and all before it) is written.
+    fn written_seq(&self) -> u64;
+
+    /// Writes everything queued, durably, and returns when done.
+    fn flush(&self) -> Result<(), StoreError>;
+
+    /// Tells the store the engine's clock, so expired state can be dropped on
+    /// disk by the engine's own notion of time (a replay's clock, say).
+    fn set_now(&self, now: u64);
+
+    fn stats(&self) -> StoreStats;
+
+    /// Compacts now, dropping state and dedupe ids that expired by the
+    /// engine's clock (compaction does this on its own as data accumulates).
+    fn compact(&self) -> Result<(), StoreError>;
+
+    /// Writes a consistent copy of the store to `dir` (backups).
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError>;
+}

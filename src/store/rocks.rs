@@ -1,0 +1,359 @@
+//! RocksDB on local disk, written by one group-commit writer thread.
+//!
+//! Why one writer: RocksDB's own group commit merges concurrent writers too, but
+//! each of them would block a request thread on the WAL; here request threads
+//! only enqueue (a crossbeam channel send), and the writer drains everything
+//! queued into one `WriteBatch`, so under load one WAL append (and one fsync with
+//! `durability = "fsync"`) covers many commits. Batches are written in the
+//! order they were submitted, which the engine relies on (see [`super`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+use rocksdb::compaction_filter::Decision;
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
+
+use super::codec::{FORMAT_VERSION, expiry_of};
+use super::{Batch, Durability, KeyValues, Op, Receipt, Space, Store, StoreError, StoreStats};
+
+/// Most batches merged into one group: bounds the time one group holds the
+/// acknowledgements of the first batches in it.
+const MAX_GROUP: usize = 4096;
+
+/// Meta key of the format version byte.
+const FORMAT_KEY: &[u8] = b"format";
+
+/// Work for the writer thread.
+enum Job {
+    Write {
+        seq: u64,
+        batch: Batch,
+        ack: Option<Sender<Result<(), StoreError>>>,
+    },
+    /// Answered once everything queued before it is written.
+    Flush(Sender<Result<(), StoreError>>),
+}
+
+/// Counters shared by the writer and readers of [`Store::stats`].
+#[derive(Default)]
+struct Shared {
+    /// Highest sequence written.
+    written: AtomicU64,
+    submitted: AtomicU64,
+    groups: AtomicU64,
+    batches: AtomicU64,
+    /// The engine's clock, for the compaction filter.
+    now: AtomicU64,
+}
+
+/// The sending side, behind one lock so that sequence numbers are handed out in
+/// the order the batches enter the channel.
+struct Submitter {
+    next_seq: u64,
+    tx: Option<Sender<Job>>,
+}
+
+/// See the module documentation.
+pub struct RocksStore {
+    db: Arc<DB>,
+    dir: PathBuf,
+    submitter: Mutex<Submitter>,
+    shared: Arc<Shared>,
+    /// Joined on drop, after the channel closes, so every queued batch is
+    /// written before the store is gone (the drop guard of the writer).
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn io(e: rocksdb::Error) -> StoreError {
+    StoreError::Io(e.into_string())
+}
+
+impl RocksStore {
+    /// Opens (or creates) the store in `dir`. Fails with [`StoreError::Locked`]
+    /// when another process has it open, and [`StoreError::UnknownFormat`] when it
+    /// was written by a newer build.
+    pub fn open(dir: &Path, durability: Durability) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        let shared = Arc::new(Shared::default());
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.increase_parallelism(2);
+        let cfs = Space::ALL.iter().map(|&s| {
+            let mut o = Options::default();
+            if matches!(s, Space::State | Space::Dedupe) {
+                // Values carry their expiry up front (codec); dead ones are dropped
+                // when compaction passes them, judged by the engine's clock.
+                let shared = shared.clone();
+                o.set_compaction_filter("freqcap-expired", move |_lvl, _k, v: &[u8]| {
+                    let now = shared.now.load(Ordering::Relaxed);
+                    match expiry_of(v) {
+                        Some(e) if now > 0 && e <= now => Decision::Remove,
+                        _ => Decision::Keep,
+                    }
+                });
+                o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            }
+            ColumnFamilyDescriptor::new(s.name(), o)
+        });
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
+            let msg = e.into_string();
+            if msg.contains("lock") || msg.contains("Resource temporarily unavailable") {
+                StoreError::Locked {
+                    dir: dir.to_path_buf(),
+                }
+            } else {
+                StoreError::Io(format!("cannot open {}: {msg}", dir.display()))
+            }
+        })?;
+        let db = Arc::new(db);
+        Self::check_format(&db, dir)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let writer = {
+            let (db, shared) = (db.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name("freqcap-writer".into())
+                .spawn(move || writer_loop(&db, &rx, &shared, durability))
+                .map_err(|e| StoreError::Io(format!("cannot start the writer thread: {e}")))?
+        };
+        Ok(RocksStore {
+            db,
+            dir: dir.to_path_buf(),
+            submitter: Mutex::new(Submitter {
+                next_seq: 1,
+                tx: Some(tx),
+            }),
+            shared,
+            writer: Mutex::new(Some(writer)),
+        })
+    }
+
+    fn check_format(db: &DB, dir: &Path) -> Result<(), StoreError> {
+        let meta = cf(db, Space::Meta)?;
+        match db.get_cf(meta, FORMAT_KEY).map_err(io)? {
+            Some(v) if v.len() == 1 && v[0] <= FORMAT_VERSION => Ok(()),
+            Some(v) => Err(StoreError::UnknownFormat {
+                dir: dir.to_path_buf(),
+                found: v.first().copied().unwrap_or(0),
+                supported: FORMAT_VERSION,
+            }),
+            None => db
+                .put_cf_opt(meta, FORMAT_KEY, [FORMAT_VERSION], &sync_opts())
+                .map_err(io),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn sync_opts() -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(true);
+    o
+}
+
+fn cf(db: &DB, space: Space) -> Result<&rocksdb::ColumnFamily, StoreError> {
+    db.cf_handle(space.name())
+        .ok_or_else(|| StoreError::Io(format!("column family {} is missing", space.name())))
+}
+
+/// The writer thread: takes what is queued, writes it as one group, then
+/// acknowledges every batch in it. Ends when every sender is gone.
+fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durability) {
+    let mut opts = WriteOptions::default();
+    opts.set_sync(durability == Durability::Fsync);
+    opts.disable_wal(durability == Durability::Async);
+    let mut acks = Vec::new();
+    let mut flushes = Vec::new();
+    while let Ok(first) = rx.recv() {
+        let mut wb = WriteBatch::default();
+        let mut last_seq = None;
+        let mut n = 0u64;
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Write { seq, batch, ack } => {
+                    add_ops(db, &mut wb, batch);
+                    last_seq = Some(seq);
+                    n += 1;
+                    acks.extend(ack);
+                }
+                Job::Flush(ack) => flushes.push(ack),
+            }
+            if (n as usize) < MAX_GROUP {
+                next = rx.try_recv().ok();
+            }
+        }
+        let result = if wb.is_empty() {
+            Ok(())
+        } else {
+            db.write_opt(wb, &opts).map_err(io)
+        };
+        if let Some(seq) = last_seq {
+            shared.written.store(seq, Ordering::Release);
+        }
+        shared.groups.fetch_add(1, Ordering::Relaxed);
+        shared.batches.fetch_add(n, Ordering::Relaxed);
+        for ack in acks.drain(..) {
+            // A waiter that gave up is no error of ours.
+            let _ = ack.send(result.clone());
+        }
+        for ack in flushes.drain(..) {
+            let flushed = result.clone().and_then(|()| flush_db(db, durability));
+            let _ = ack.send(flushed);
+        }
+    }
+}
+
+/// Adds a batch's changes to the group's `WriteBatch`. Column families all
+/// exist from `open`, so a missing one cannot happen; it would drop the op.
+fn add_ops(db: &DB, wb: &mut WriteBatch, batch: Batch) {
+    for op in batch {
+        match op {
+            Op::Put(s, k, v) => {
+                if let Ok(c) = cf(db, s) {
+                    wb.put_cf(c, k, v)
+                }
+            }
+            Op::Delete(s, k) => {
+                if let Ok(c) = cf(db, s) {
+                    wb.delete_cf(c, k)
+                }
+            }
+        }
+    }
+}
+
+/// Makes everything written so far durable even under `async`.
+fn flush_db(db: &DB, durability: Durability) -> Result<(), StoreError> {
+    match durability {
+        Durability::Async => db.flush().map_err(io),
+        _ => db.flush_wal(true).map_err(io),
+    }
+}
+
+impl Store for RocksStore {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db.get_cf(cf(&self.db, space)?, key).map_err(io)
+    }
+
+    fn scan(&self, space: Space) -> Result<KeyValues, StoreError> {
+        let c = cf(&self.db, space)?;
+        self.db
+            .iterator_cf(c, IteratorMode::Start)
+            .map(|kv| kv.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(io))
+            .collect()
+    }
+
+    fn submit(&self, batch: Batch, acknowledge: bool) -> Receipt {
+        let (ack, rx) = if acknowledge {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let mut s = self
+            .submitter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        let sent =
+            s.tx.as_ref()
+                .is_some_and(|tx| tx.send(Job::Write { seq, batch, ack }).is_ok());
+        drop(s);
+        self.shared.submitted.store(seq, Ordering::Relaxed);
+        if !sent {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let _ = tx.send(Err(StoreError::Closed));
+            return Receipt {
+                seq,
+                pending: Some(rx),
+            };
+        }
+        Receipt { seq, pending: rx }
+    }
+
+    fn written_seq(&self) -> u64 {
+        self.shared.written.load(Ordering::Acquire)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        {
+            let s = self
+                .submitter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let Some(q) = s.tx.as_ref() else {
+                return Err(StoreError::Closed);
+            };
+            q.send(Job::Flush(tx)).map_err(|_| StoreError::Closed)?;
+        }
+        rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+
+    fn set_now(&self, now: u64) {
+        self.shared.now.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> StoreStats {
+        let submitted = self.shared.submitted.load(Ordering::Relaxed);
+        let written = self.written_seq();
+        let disk_bytes = cf(&self.db, Space::State)
+            .ok()
+            .and_then(|c| {
+                self.db
+                    .property_int_value_cf(c, "rocksdb.estimate-live-data-size")
+                    .ok()
+                    .flatten()
+            })
+            .unwrap_or(0);
+        StoreStats {
+            queue_depth: submitted.saturating_sub(written),
+            groups: self.shared.groups.load(Ordering::Relaxed),
+            batches: self.shared.batches.load(Ordering::Relaxed),
+            disk_bytes,
+        }
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        self.flush()?;
+        for s in [Space::State, Space::Dedupe] {
+            let c = cf(&self.db, s)?;
+            self.db.compact_range_cf(c, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
+        self.flush()?;
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(io)?;
+        cp.create_checkpoint(dir).map_err(io)
+    }
+}
+
+impl Drop for RocksStore {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer once it has written what is queued.
+        self.submitter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tx
+            .take();
+        if let Some(h) = self
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! The engine: screening with reservations, commits, releases, expiry, events,
+//! restart and concurrency (issue 3).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use freqcap::ManualClock;
+use freqcap::engine::{
+    CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
+    ScreenCandidate, ScreenRequest,
+};
+use freqcap::model::{CampaignDef, PolicyDef, from_json};
+use freqcap::store::{Durability, MemoryStore, RocksStore, Store, StoreError};
+
+/// 2023-11-14T22:13:20Z.
+const T0: u64 = 1_700_000_000_000_000_000;
+const SEC: u64 = 1_000_000_000;
+
+fn campaign(json: &str) -> CampaignDef {
+    from_json(json).expect("test campaign is valid")
+}
+
+fn memory_engine(clock: Arc<ManualClock>) -> Engine<Arc<ManualClock>> {
+    Engine::open(
+        Arc::new(MemoryStore::new()),
+        clock,
+        EngineOptions::default(),
+    )
+    .unwrap()
+}
+
+fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
+    ScreenRequest {
+        user: user.map(str::to_owned),
+        candidates: camps
+            .iter()
+            .map(|c| ScreenCandidate {
+                campaign: (*c).to_owned(),
+                cost: None,
+            })
+            .collect(),
+        reserve,
+        ttl_ms: Some(1000),
+        reservation_id: None,
+    }
+}
+
+fn commit_one(campaign: &str) -> CommitRequest {
+    CommitRequest {
+        campaigns: vec![campaign.to_owned()],
+        ..CommitRequest::default()
+    }
+}
+
+/// Advertiser `adv` (campaign cap 4 per day) with two campaigns, each capped at
+/// 2 per user per day.
+fn ad_setup<C: freqcap::Clock>(e: &Engine<C>) {
+    e.put_campaign(
+        "adv",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 4, "window": "1d", "align": "calendar", "scope": "campaign"}]}"#),
+    )
+    .unwrap();
+    for c in ["c1", "c2"] {
+        e.put_campaign(
+            c,
+            campaign(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn screen_commit_release_and_caps() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    ad_setup(&e);
+    let s = e
+        .screen(&screen(Some("u1"), &["c1", "c2", "nope"], true))
+        .unwrap();
+    let id = s.reservation.clone().expect("eligible candidates reserve");
+    assert!(s.results[0].eligible && s.results[1].eligible);
+    let nope = s.results[2].denied_by.as_ref().unwrap();
+    assert_eq!(nope.cap, "unknown_campaign");
+    // Pending debits count: the user's c1 cap shows one pending.
+    let u = e.user_usage("u1", "c1").unwrap();
+    assert_eq!((u[0].used, u[0].pending, u[0].remaining), (0, 1, 1));
+    // Commit c1: c2 is released.
+    let o = e.commit(&id, &commit_one("c1")).unwrap();
+    assert_eq!(o.outcome, Outcome::Committed);
+    assert_eq!(o.campaigns, vec!["c1".to_owned()]);
+    let u = e.user_usage("u1", "c1").unwrap();
+    assert_eq!((u[0].used, u[0].pending, u[0].remaining), (1, 0, 1));
+    assert_eq!(u[1].campaign, "adv");
+    assert_eq!((u[1].used, u[1].remaining), (1, 3));
+    let u2 = e.user_usage("u1", "c2").unwrap();
+    assert_eq!((u2[0].used, u2[0].pending), (0, 0));
+    // Committing again repeats the first outcome; releasing is a conflict.
+    assert_eq!(e.commit(&id, &commit_one("c1")).unwrap(), o);
+    assert!(matches!(e.release(&id), Err(EngineError::Conflict(_))));
+    // The user cap binds after two impressions of c1.
+    let s = e.screen(&screen(Some("u1"), &["c1"], true)).unwrap();
+    e.commit(s.reservation.as_deref().unwrap(), &commit_one("c1"))
+        .unwrap();
+    let s = e.screen(&screen(Some("u1"), &["c1", "c2"], false)).unwrap();
+    assert!(!s.results[0].eligible);
+    let d = s.results[0].denied_by.as_ref().unwrap();
+    assert_eq!((d.campaign.as_str(), d.cap.as_str()), ("c1", "window-0"));
+    assert!(s.results[1].eligible);
+    assert_eq!(s.reservation, None, "a dry run reserves nothing");
+    // The advertiser's shared cap binds across users: 2 used, 2 more.
+    for u in ["u2", "u3"] {
+        let s = e.screen(&screen(Some(u), &["c2"], true)).unwrap();
+        e.commit(s.reservation.as_deref().unwrap(), &commit_one("c2"))
+            .unwrap();
+    }
+    let s = e.screen(&screen(Some("u4"), &["c1", "c2"], true)).unwrap();
+    assert_eq!(s.reservation, None);
+    for r in &s.results {
+        let d = r.denied_by.as_ref().unwrap();
+        assert_eq!((d.campaign.as_str(), d.cap.as_str()), ("adv", "window-0"));
+        assert!(d.retry_after.is_some());
+    }
+}
+
+#[test]
+fn release_and_expiry_return_capacity() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    e.put_campaign("solo", campaign(r#"{"caps": [{"kind": "window", "limit": 1, "window": "1h", "align": "fixed", "scope": "campaign"}], "max_in_flight": 1}"#)).unwrap();
+    let a = e.screen(&screen(Some("u"), &["solo"], true)).unwrap();
+    let denied = e.screen(&screen(Some("v"), &["solo"], true)).unwrap();
+    assert_eq!(denied.reservation, None);
+    assert_eq!(
+        denied.results[0].denied_by.as_ref().unwrap().cap,
+        "window-0"
+    );
+    // Released: capacity is back.
+    e.release(a.reservation.as_deref().unwrap()).unwrap();
+    let b = e.screen(&screen(Some("v"), &["solo"], true)).unwrap();
+    assert!(b.results[0].eligible);
+    // Expired (ttl 1 s): capacity is back, and the id is forgotten.
+    clock.advance(SEC);
+    let c = e.screen(&screen(Some("w"), &["solo"], true)).unwrap();
+    assert!(c.results[0].eligible);
+    assert_eq!(e.stats.expired.load(Ordering::Relaxed), 1);
+    assert!(matches!(
+        e.commit(b.reservation.as_deref().unwrap(), &commit_one("solo")),
+        Err(EngineError::NotFound(_))
+    ));
+}
+
+#[test]
+fn late_commits_and_duplicate_events_count_once() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    ad_setup(&e);
+    let late = CommitRequest {
+        campaigns: vec!["c1".into()],
+        cost: Some(1),
+        user: Some("u".into()),
+        event_id: Some("imp-1".into()),
+    };
+    let o = e.commit("gone-123", &late).unwrap();
+    assert_eq!(o.outcome, Outcome::LateCommit);
+    // Without user/campaign/cost it is a 404.
+    assert!(matches!(
+        e.commit("gone-123", &CommitRequest::default()),
+        Err(EngineError::NotFound(_))
+    ));
+    let ev = |id: &str| Event {
+        user: Some("u".into()),
+        campaign: "c1".into(),
+        cost: 1,
+        event_id: Some(id.into()),
+    };
+    assert_eq!(
+        e.events(&[ev("imp-1"), ev("imp-2"), ev("imp-2")]).unwrap(),
+        1
+    );
+    let u = e.user_usage("u", "c1").unwrap();
+    assert_eq!(u[0].used, 2, "late commit + one new event");
+    // Events past the cap are still counted (they happened).
+    assert_eq!(e.events(&[ev("imp-3")]).unwrap(), 1);
+    assert_eq!(e.user_usage("u", "c1").unwrap()[0].remaining, 0);
+    // An unknown campaign fails the whole batch.
+    let bad = Event {
+        campaign: "nope".into(),
+        ..ev("imp-4")
+    };
+    assert!(matches!(
+        e.events(&[ev("imp-5"), bad]),
+        Err(EngineError::NotFound(_))
+    ));
+    assert_eq!(
+        e.events(&[ev("imp-5")]).unwrap(),
+        1,
+        "imp-5 was not applied"
+    );
+    // After the dedupe horizon an id counts again.
+    clock.advance(24 * 3600 * SEC);
+    assert_eq!(e.events(&[ev("imp-1")]).unwrap(), 1);
+}
+
+#[test]
+fn budget_commit_at_final_cost() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    e.put_campaign(
+        "b",
+        campaign(r#"{"budget": {"amount": 1000, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    let mut req = screen(Some("u"), &["b"], true);
+    req.candidates[0].cost = Some(300);
+    let s = e.screen(&req).unwrap();
+    let d = e.delivery("b").unwrap();
+    assert_eq!((d.spent, d.pending, d.amount), (0, 300, 1000));
+    let c = CommitRequest {
+        cost: Some(120),
+        ..commit_one("b")
+    };
+    e.commit(s.reservation.as_deref().unwrap(), &c).unwrap();
+    let d = e.delivery("b").unwrap();
+    assert_eq!((d.spent, d.pending), (120, 0));
+    assert!(d.period_start <= T0 && T0 < d.period_end);
+}
+
+#[test]
+fn check_with_policies_reserve_and_idempotent_ids() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    let p: PolicyDef =
+        from_json(r#"{"limits": [{"kind": "rate", "rate": 2, "per": "1s"}]}"#).unwrap();
+    e.put_policy("api", p).unwrap();
+    let req = |reserve: bool, id: Option<&str>| CheckRequest {
+        target: CheckTarget::Policy("api".into()),
+        key: "client".into(),
+        cost: 1,
+        reserve,
+        ttl_ms: None,
+        reservation_id: id.map(str::to_owned),
+    };
+    let a = e.check(&req(true, Some("auction-1"))).unwrap();
+    assert!(a.decision.allowed);
+    assert_eq!(a.reservation.as_deref(), Some("auction-1"));
+    // The same request again returns the first answer without deciding.
+    let again = e.check(&req(true, Some("auction-1"))).unwrap();
+    assert_eq!(again.decision, a.decision);
+    assert!(e.check(&req(false, None)).unwrap().decision.allowed);
+    let denied = e.check(&req(false, None)).unwrap();
+    assert!(!denied.decision.allowed);
+    e.release("auction-1").unwrap();
+    assert!(e.check(&req(false, None)).unwrap().decision.allowed);
+    // A released id cannot be reserved again while remembered.
+    assert!(matches!(
+        e.check(&req(true, Some("auction-1"))),
+        Err(EngineError::Conflict(_))
+    ));
+    // Unknown policy: 404; inline limits work without a definition.
+    let mut r = req(false, None);
+    r.target = CheckTarget::Policy("none".into());
+    assert!(matches!(e.check(&r), Err(EngineError::NotFound(_))));
+    r.target = CheckTarget::Inline(vec![
+        from_json(r#"{"kind": "window", "limit": 1, "window": "1m"}"#).unwrap(),
+    ]);
+    assert!(e.check(&r).unwrap().decision.allowed);
+    assert!(!e.check(&r).unwrap().decision.allowed);
+}
+
+#[test]
+fn definitions_are_validated() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock);
+    ad_setup(&e);
+    let err = e
+        .put_campaign("x", campaign(r#"{"parent": "missing"}"#))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::InvalidArgument { ref field, .. } if field == "parent"));
+    // adv -> c1 -> adv would be a cycle.
+    let err = e
+        .put_campaign("adv", campaign(r#"{"parent": "c1"}"#))
+        .unwrap_err();
+    assert!(matches!(err, EngineError::InvalidArgument { ref field, .. } if field == "parent"));
+    assert_eq!(
+        e.get_campaign("adv").unwrap().parent,
+        None,
+        "a rejected put leaves the old one"
+    );
+    assert!(matches!(
+        e.delete_campaign("adv"),
+        Err(EngineError::Conflict(_))
+    ));
+    assert!(matches!(
+        e.delete_campaign("zzz"),
+        Err(EngineError::NotFound(_))
+    ));
+    let err = from_json::<CampaignDef>(r#"{"caps": [{"kind": "rate", "rate": 0, "per": "1s"}]}"#)
+        .unwrap()
+        .compile()
+        .unwrap_err();
+    assert_eq!(err.field, "caps[0].rate");
+    let err = from_json::<CampaignDef>(
+        r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d", "scope": "everyone"}]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.field, "caps[0].scope");
+    let err = from_json::<CampaignDef>(r#"{"tz": "Mars/Olympus"}"#)
+        .unwrap()
+        .compile()
+        .unwrap_err();
+    assert_eq!(err.field, "tz");
+    let err = from_json::<CampaignDef>(r#"{"caps": [{"kind": "concurrency", "max": 1}]}"#)
+        .unwrap()
+        .compile()
+        .unwrap_err();
+    assert_eq!(err.field, "caps[0].kind");
+}
+
+#[test]
+fn unknown_user_deny_and_allow() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock);
+    e.put_campaign(
+        "closed",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d"}]}"#),
+    )
+    .unwrap();
+    e.put_campaign("open", campaign(r#"{"unknown_user": "allow", "caps": [{"kind": "window", "limit": 1, "window": "1d"}]}"#)).unwrap();
+    let s = e.screen(&screen(None, &["closed", "open"], false)).unwrap();
+    assert_eq!(s.results[0].denied_by.as_ref().unwrap().cap, "unknown_user");
+    assert!(s.results[1].eligible);
+}
+
+#[test]
+fn daily_caps_reset_at_local_midnight() {
+    // 2024-03-09T23:30:00-05:00 (New York), the evening before DST starts.
+    let t = 1_710_045_000 * SEC;
+    let clock = Arc::new(ManualClock::new(t));
+    let e = memory_engine(clock.clone());
+    e.put_campaign("ny", campaign(r#"{"tz": "America/New_York", "caps": [{"kind": "window", "limit": 1, "window": "1d", "align": "calendar"}]}"#)).unwrap();
+    let s = e.screen(&screen(Some("u"), &["ny"], true)).unwrap();
+    e.commit(s.reservation.as_deref().unwrap(), &commit_one("ny"))
+        .unwrap();
+    let u = e.user_usage("u", "ny").unwrap();
+    assert_eq!(
+        u[0].reset_after,
+        30 * 60 * SEC,
+        "local midnight is 30 minutes away"
+    );
+    clock.advance(30 * 60 * SEC - 1);
+    assert!(
+        !e.screen(&screen(Some("u"), &["ny"], false))
+            .unwrap()
+            .results[0]
+            .eligible
+    );
+    clock.advance(1);
+    assert!(
+        e.screen(&screen(Some("u"), &["ny"], false))
+            .unwrap()
+            .results[0]
+            .eligible
+    );
+    // That local day has 23 hours.
+    let s = e.screen(&screen(Some("u"), &["ny"], true)).unwrap();
+    e.commit(s.reservation.as_deref().unwrap(), &commit_one("ny"))
+        .unwrap();
+    assert_eq!(
+        e.user_usage("u", "ny").unwrap()[0].reset_after,
+        23 * 3600 * SEC
+    );
+}
+
+/// Several threads screen and commit the same campaigns for overlapping users,
+/// with a shared parent: no cap or budget is ever exceeded, and the engine's
+/// counts equal the acknowledged commits.
+#[test]
+fn zero_over_delivery_under_threads() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    e.put_campaign("adv", campaign(r#"{"caps": [{"kind": "window", "limit": 150, "window": "1d", "align": "calendar", "scope": "campaign"}]}"#)).unwrap();
+    let camps = ["k1", "k2", "k3"];
+    for c in camps {
+        e.put_campaign(c, campaign(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "calendar"}, {"kind": "rate", "rate": 100, "per": "1d", "scope": "campaign"}], "budget": {"amount": 2000, "pacing": "asap"}, "max_in_flight": 8}"#)).unwrap();
+    }
+    let committed: Mutex<HashMap<(String, String), u64>> = Mutex::new(HashMap::new());
+    let spent: Vec<AtomicU64> = camps.iter().map(|_| AtomicU64::new(0)).collect();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (e, committed, spent) = (&e, &committed, &spent);
+            s.spawn(move || {
+                let mut x = t * 7919 + 1;
+                for _ in 0..400 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let user = format!("u{}", (x >> 33) % 30);
+                    let mut req = screen(Some(&user), &camps, true);
+                    for c in &mut req.candidates {
+                        c.cost = Some(1 + (x >> 40) % 40);
+                    }
+                    let s = e.screen(&req).unwrap();
+                    let Some(id) = s.reservation else { continue };
+                    let eligible: Vec<usize> = (0..3).filter(|&i| s.results[i].eligible).collect();
+                    let w = eligible[(x >> 20) as usize % eligible.len()];
+                    if (x >> 10) % 5 == 0 {
+                        e.release(&id).unwrap();
+                        continue;
+                    }
+                    let cost = req.candidates[w].cost.unwrap();
+                    e.commit(&id, &commit_one(camps[w])).unwrap();
+                    *committed
+                        .lock()
+                        .unwrap()
+                        .entry((user, camps[w].to_owned()))
+                        .or_default() += 1;
+                    spent[w].fetch_add(cost, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let committed = committed.into_inner().unwrap();
+    let mut per_campaign = [0u64; 3];
+    for ((user, c), n) in &committed {
+        assert!(*n <= 3, "{user} saw {c} {n} times");
+        let u = e.user_usage(user, c).unwrap();
+        assert_eq!(u[0].used, *n, "{user}/{c}");
+        per_campaign[camps.iter().position(|x| x == c).unwrap()] += n;
+    }
+    let total: u64 = per_campaign.iter().sum();
+    assert!(total <= 150, "advertiser cap: {total}");
+    assert!(total > 0);
+    for (i, c) in camps.iter().enumerate() {
+        assert!(per_campaign[i] <= 100, "{c} rate cap");
+        let d = e.delivery(c).unwrap();
+        assert!(d.spent <= 2000, "{c} budget {}", d.spent);
+        assert_eq!(d.spent, spent[i].load(Ordering::Relaxed));
+        assert_eq!(d.pending, 0);
+    }
+    assert_eq!(e.open_reservations(), 0);
+}
+
+#[test]
+fn restart_keeps_counters_and_definitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
+        let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+        ad_setup(&e);
+        e.put_campaign(
+            "bud",
+            campaign(r#"{"budget": {"amount": 50, "pacing": "asap"}}"#),
+        )
+        .unwrap();
+        let s = e.screen(&screen(Some("u1"), &["c1"], true)).unwrap();
+        e.commit(s.reservation.as_deref().unwrap(), &commit_one("c1"))
+            .unwrap();
+        e.events(&[Event {
+            user: Some("u1".into()),
+            campaign: "c1".into(),
+            cost: 1,
+            event_id: Some("ev-1".into()),
+        }])
+        .unwrap();
+        // An open reservation is lost with the process: it counts as released.
+        let open = e.screen(&screen(Some("u2"), &["c2"], true)).unwrap();
+        assert!(open.reservation.is_some());
+    }
+    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
+    let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+    assert!(e.get_campaign("c1").is_some());
+    let u = e.user_usage("u1", "c1").unwrap();
+    assert_eq!((u[0].used, u[0].remaining), (2, 0));
+    assert_eq!(u[1].used, 2, "the advertiser's shared counter");
+    assert_eq!(e.user_usage("u2", "c2").unwrap()[0].used, 0);
+    // The dedupe id survived too.
+    let again = Event {
+        user: Some("u1".into()),
+        campaign: "c1".into(),
+        cost: 1,
+        event_id: Some("ev-1".into()),
+    };
+    assert_eq!(e.events(&[again]).unwrap(), 0);
+}
+
+#[test]
+fn store_refuses_a_held_directory_and_newer_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+    match RocksStore::open(dir.path(), Durability::Wal) {
+        Err(StoreError::Locked { .. }) => {}
+        other => panic!("expected Locked, got {:?}", other.map(|_| ())),
+    }
+    first
+        .submit(
+            vec![freqcap::store::Op::Put(
+                freqcap::store::Space::Meta,
+                b"format".to_vec(),
+                vec![99],
+            )],
+            true,
+        )
+        .wait()
+        .unwrap();
+    drop(first);
+    match RocksStore::open(dir.path(), Durability::Wal) {
+        Err(StoreError::UnknownFormat { found: 99, .. }) => {}
+        other => panic!("expected UnknownFormat, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn expired_state_leaves_memory_and_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
+    let e = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap();
+    e.put_campaign(
+        "h",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 5, "window": "1h", "align": "fixed"}]}"#),
+    )
+    .unwrap();
+    for u in 0..100 {
+        e.events(&[Event {
+            user: Some(format!("once-{u}")),
+            campaign: "h".into(),
+            cost: 1,
+            event_id: None,
+        }])
+        .unwrap();
+    }
+    let states = |s: &RocksStore| s.scan(freqcap::store::Space::State).unwrap().len();
+    assert_eq!(states(&store), 101, "100 users and the campaign");
+    assert_eq!(e.hot_len(), 100);
+    clock.advance(3600 * SEC);
+    assert_eq!(e.sweep(), 100, "idle records leave memory");
+    store.compact().unwrap();
+    assert_eq!(states(&store), 0, "and disk, once their window has passed");
+}
