@@ -539,3 +539,100 @@ fn expired_state_leaves_memory_and_disk() {
     store.compact().unwrap();
     assert_eq!(states(&store), 0, "and disk, once their window has passed");
 }
+
+/// Threads screen, commit, release and count events over overlapping users and
+/// a two-level hierarchy while another thread keeps redefining a campaign:
+/// everything finishes (no deadlock) and no cap is exceeded.
+#[test]
+fn stress_with_shared_ancestors_and_redefinitions() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    e.put_campaign("root", campaign(r#"{"caps": [{"kind": "window", "limit": 400, "window": "1d", "align": "calendar", "scope": "campaign"}]}"#)).unwrap();
+    for m in ["mid-a", "mid-b"] {
+        e.put_campaign(m, campaign(r#"{"parent": "root", "caps": [{"kind": "window", "limit": 5, "window": "1d", "align": "calendar"}]}"#)).unwrap();
+    }
+    let leaves: Vec<String> = (0..6).map(|i| format!("leaf-{i}")).collect();
+    for (i, l) in leaves.iter().enumerate() {
+        let parent = if i % 2 == 0 { "mid-a" } else { "mid-b" };
+        e.put_campaign(l, campaign(&format!(r#"{{"parent": "{parent}", "caps": [{{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}}], "max_in_flight": 4}}"#))).unwrap();
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let won: Mutex<HashMap<(String, String), u64>> = Mutex::new(HashMap::new());
+    std::thread::scope(|s| {
+        let (e, leaves, done, won) = (&e, &leaves, &done, &won);
+        s.spawn(move || {
+            // Redefine a leaf back and forth (same caps, other max_in_flight).
+            let mut n = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                let m = 3 + n % 2;
+                e.put_campaign("leaf-0", campaign(&format!(r#"{{"parent": "mid-a", "caps": [{{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}}], "max_in_flight": {m}}}"#))).unwrap();
+                n += 1;
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..4u64)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut x = t + 11;
+                    for _ in 0..500 {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let user = format!("u{}", (x >> 33) % 40);
+                        let names: Vec<&str> = (0..4)
+                            .map(|k| leaves[((x >> (8 * k)) % 6) as usize].as_str())
+                            .collect();
+                        match (x >> 50) % 4 {
+                            0 => {
+                                // Events go to users of their own: they are
+                                // counted unchecked and could pass caps.
+                                e.events(&[Event {
+                                    user: Some(format!("e-{user}")),
+                                    campaign: names[0].to_owned(),
+                                    cost: 1,
+                                    event_id: Some(format!("ev-{t}-{x}")),
+                                }])
+                                .unwrap();
+                            }
+                            _ => {
+                                let s = e.screen(&screen(Some(&user), &names, true)).unwrap();
+                                let Some(id) = s.reservation else { continue };
+                                if (x >> 45) % 3 == 0 {
+                                    e.release(&id).unwrap();
+                                } else {
+                                    let w = s.results.iter().find(|r| r.eligible).unwrap();
+                                    e.commit(&id, &commit_one(&w.campaign)).unwrap();
+                                    *won.lock()
+                                        .unwrap()
+                                        .entry((user, w.campaign.clone()))
+                                        .or_default() += 1;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let won = won.into_inner().unwrap();
+    let mut per_mid: HashMap<(String, &str), u64> = HashMap::new();
+    let mut total = 0;
+    for ((user, leaf), n) in &won {
+        assert!(*n <= 2, "{user} won {leaf} {n} times");
+        let i: usize = leaf[5..].parse().unwrap();
+        let mid = if i % 2 == 0 { "mid-a" } else { "mid-b" };
+        *per_mid.entry((user.clone(), mid)).or_default() += n;
+        total += n;
+        let u = e.user_usage(user, leaf).unwrap();
+        assert_eq!(u[0].used, *n, "{user}/{leaf}");
+    }
+    for ((user, mid), n) in &per_mid {
+        assert!(*n <= 5, "{user} got {n} of {mid}");
+    }
+    assert!(total > 0 && total <= 400);
+    assert_eq!(e.open_reservations(), 0);
+}

@@ -303,6 +303,41 @@ fn settle_entries<'a>(
     }
 }
 
+/// The candidates a commit naming `campaigns` commits: for each name, the first
+/// eligible candidate of that campaign not already chosen (a campaign listed
+/// twice in a screen can win twice); every eligible one when none is named.
+/// Returns their indexes and names, or which name fits none.
+fn winners(
+    holds: &Holds,
+    campaigns: &[String],
+    id: &str,
+) -> Result<(Vec<u32>, Vec<String>), EngineError> {
+    let Holds::Screen { cands, .. } = holds else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    if campaigns.is_empty() {
+        return Ok(cands.iter().map(|c| (c.0, c.1.clone())).unzip());
+    }
+    let mut chosen = Vec::with_capacity(campaigns.len());
+    for (i, name) in campaigns.iter().enumerate() {
+        match cands
+            .iter()
+            .find(|c| &c.1 == name && !chosen.contains(&c.0))
+        {
+            Some(c) => chosen.push(c.0),
+            None => {
+                return Err(invalid(
+                    format!("campaign[{i}]"),
+                    format!(
+                        "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((chosen, campaigns.to_vec()))
+}
+
 impl<C: Clock> Engine<C> {
     /// Releases every reservation whose deadline has passed, as of its deadline.
     pub fn expire(&self, now: Nanos) {
@@ -692,15 +727,8 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire(now);
-        if let Some(Holds::Screen { cands, .. }) = self.reservations.peek(id).as_deref() {
-            for (i, name) in req.campaigns.iter().enumerate() {
-                if !cands.iter().any(|c| &c.1 == name) {
-                    return Err(invalid(
-                        format!("campaign[{i}]"),
-                        format!("{name:?} is not an eligible candidate of reservation {id:?}"),
-                    ));
-                }
-            }
+        if let Some(h) = self.reservations.peek(id) {
+            winners(&h, &req.campaigns, id)?;
         }
         let first = CommitOutcome {
             reservation: id.to_owned(),
@@ -709,22 +737,13 @@ impl<C: Clock> Engine<C> {
         };
         match self.reservations.settle(id, true, first) {
             Settle::Apply(holds, seq) => {
-                let winners = match &*holds {
-                    Holds::Check { .. } => Vec::new(),
-                    Holds::Screen { cands, .. } => {
-                        let names: Vec<String> = if req.campaigns.is_empty() {
-                            cands.iter().map(|c| c.1.clone()).collect()
-                        } else {
-                            req.campaigns.clone()
-                        };
-                        names
-                    }
-                };
-                let receipts = self.apply_holds(&holds, seq, &winners, true, req.cost, now)?;
+                // Checked against the same holds before settling.
+                let (chosen, names) = winners(&holds, &req.campaigns, id)?;
+                let receipts = self.apply_holds(&holds, seq, &chosen, true, req.cost, now)?;
                 let outcome = CommitOutcome {
                     reservation: id.to_owned(),
                     outcome: Outcome::Committed,
-                    campaigns: winners,
+                    campaigns: names,
                 };
                 self.reservations.set_outcome(id, outcome.clone());
                 for r in receipts {
@@ -795,14 +814,14 @@ impl<C: Clock> Engine<C> {
         }
     }
 
-    /// Settles a reservation's debits: candidates named in `winners` (all of a
+    /// Settles a reservation's debits: candidates in `winners` (all of a
     /// check when `commit`) are committed, the rest released, as of `at`.
     /// Returns receipts to wait on (commits are written durably).
     fn apply_holds(
         &self,
         holds: &Holds,
         seq: u64,
-        winners: &[String],
+        winners: &[u32],
         commit: bool,
         final_cost: Option<u64>,
         at: Nanos,
@@ -862,7 +881,7 @@ impl<C: Clock> Engine<C> {
                 let work = |mut user_rec: Option<&mut SubjectRecord>| {
                     let mut receipts = Vec::new();
                     for (ci, name, chain) in cands {
-                        let win = commit && winners.contains(name);
+                        let win = commit && winners.contains(ci);
                         let mut guards = lock_chain(chain);
                         let chain_ref: &[Arc<CampaignEntry>] = chain;
                         let def = move |o: u32, t: u32| chain_item(chain_ref, o, t);
