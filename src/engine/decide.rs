@@ -880,7 +880,7 @@ impl<C: Clock> Engine<C> {
                 let reg: &Registry = &reg;
                 let work = |mut user_rec: Option<&mut SubjectRecord>| {
                     let mut receipts = Vec::new();
-                    for (ci, name, chain) in cands {
+                    for (ci, _, chain) in cands {
                         let win = commit && winners.contains(ci);
                         let mut guards = lock_chain(chain);
                         let chain_ref: &[Arc<CampaignEntry>] = chain;
