@@ -14,7 +14,7 @@ use crate::model::limit::{LimitDef, compile_stack};
 use crate::store::{Batch, Op, Receipt, Space, codec};
 
 use super::record::{PendingEntry, SubjectRecord};
-use super::registry::{CampaignEntry, Registry, stack_tags};
+use super::registry::{CampaignEntry, Chain, Registry, stack_tags};
 use super::reservations::{Begin, Settle};
 use super::{Engine, EngineError, campaign_disk_key, invalid, ms, policy_disk_key, user_disk_key};
 
@@ -166,11 +166,17 @@ pub enum Holds {
     Screen {
         user: Option<u128>,
         /// Eligible candidates: (index in the request, campaign, its chain).
-        cands: Vec<(u32, String, Vec<Arc<CampaignEntry>>)>,
+        cands: Vec<(u32, String, Chain)>,
     },
 }
 
-fn body_hash<T: std::fmt::Debug>(x: &T) -> u64 {
+/// A hash of a request body, to tell a repeat of a reservation from another
+/// request under the same id. Only caller-supplied ids need it (a made id is
+/// never sent twice), so the slow Debug rendering is paid only then.
+fn body_hash<T: std::fmt::Debug>(x: &T, caller_id: bool) -> u64 {
+    if !caller_id {
+        return 0;
+    }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     format!("{x:?}").hash(&mut h);
     h.finish()
@@ -271,7 +277,7 @@ fn registry_item(reg: &Registry, owner: u32, tag: u32) -> Option<&Item> {
 /// `final_cost` (budgets only) when `commit`, else released as of `at`.
 fn settle_entries<'a>(
     rec: &mut SubjectRecord,
-    entries: Vec<PendingEntry>,
+    entries: impl IntoIterator<Item = PendingEntry>,
     def: impl Fn(u32, u32) -> Option<&'a Item>,
     commit: bool,
     final_cost: Option<u64>,
@@ -386,10 +392,11 @@ impl<C: Clock> Engine<C> {
                 Some(id) => id.clone(),
                 None => self.new_reservation_id(),
             };
-            match self
-                .reservations
-                .begin(&id, body_hash(req), now + deadline_in)
-            {
+            match self.reservations.begin(
+                &id,
+                body_hash(req, req.reservation_id.is_some()),
+                now + deadline_in,
+            ) {
                 Begin::New { seq } => claimed = Some((id, seq)),
                 Begin::Repeat(Answer::Check(a)) => return Ok(*a),
                 Begin::Repeat(Answer::Screen(_)) => {
@@ -506,9 +513,16 @@ impl<C: Clock> Engine<C> {
                 ),
             ));
         }
+        // Field names are formatted only for an error: this loop runs for every
+        // candidate of every screen.
+        let max = self.options.max_id_len;
         for (i, c) in req.candidates.iter().enumerate() {
-            self.check_id(&format!("candidates[{i}].campaign"), &c.campaign)?;
-            check_cost(&format!("candidates[{i}].cost"), c.cost.unwrap_or(1))?;
+            if c.campaign.is_empty() || c.campaign.len() > max {
+                self.check_id(&format!("candidates[{i}].campaign"), &c.campaign)?;
+            }
+            if c.cost.is_some_and(|n| n > MAX_COST) {
+                check_cost(&format!("candidates[{i}].cost"), c.cost.unwrap_or(0))?;
+            }
         }
         let deadline_in = ttl(req.ttl_ms)?;
         if let Some(id) = &req.reservation_id {
@@ -524,7 +538,11 @@ impl<C: Clock> Engine<C> {
                 Some(id) => id.clone(),
                 None => self.new_reservation_id(),
             };
-            match self.reservations.begin(&id, body_hash(req), deadline) {
+            match self.reservations.begin(
+                &id,
+                body_hash(req, req.reservation_id.is_some()),
+                deadline,
+            ) {
                 Begin::New { seq } => claimed = Some((id, seq)),
                 Begin::Repeat(Answer::Screen(a)) => return Ok(a),
                 Begin::Repeat(Answer::Check(_)) => {
@@ -587,14 +605,11 @@ impl<C: Clock> Engine<C> {
         mut user_rec: Option<&mut SubjectRecord>,
         now: Nanos,
         hold: Option<(u64, Nanos)>,
-    ) -> (
-        Vec<CandidateResult>,
-        Vec<(u32, String, Vec<Arc<CampaignEntry>>)>,
-    ) {
+    ) -> (Vec<CandidateResult>, Vec<(u32, String, Chain)>) {
         let mut results = Vec::with_capacity(req.candidates.len());
         let mut held = Vec::new();
         for (ci, cand) in req.candidates.iter().enumerate() {
-            let Some(c) = reg.campaigns.get(&cand.campaign) else {
+            let Some(chain) = reg.chain(&cand.campaign) else {
                 results.push(CandidateResult {
                     campaign: cand.campaign.clone(),
                     eligible: false,
@@ -606,11 +621,6 @@ impl<C: Clock> Engine<C> {
                 });
                 continue;
             };
-            let chain: Vec<Arc<CampaignEntry>> = c
-                .chain
-                .iter()
-                .filter_map(|id| reg.campaign_by_id(*id).cloned())
-                .collect();
             let cost = cand.cost.unwrap_or(1);
             let denied = self.decide_chain(
                 &chain,
@@ -620,7 +630,7 @@ impl<C: Clock> Engine<C> {
                 hold.map(|(s, d)| (s, ci as u32, d)),
             );
             if denied.is_none() && hold.is_some() {
-                held.push((ci as u32, cand.campaign.clone(), chain));
+                held.push((ci as u32, cand.campaign.clone(), chain.clone()));
             }
             results.push(CandidateResult {
                 campaign: cand.campaign.clone(),
@@ -880,15 +890,25 @@ impl<C: Clock> Engine<C> {
                 let reg: &Registry = &reg;
                 let work = |mut user_rec: Option<&mut SubjectRecord>| {
                     let mut receipts = Vec::new();
+                    // The user's entries of this reservation, taken in one pass;
+                    // a screen pushed them in candidate order.
+                    let mut mine = match user_rec.as_deref_mut() {
+                        Some(u) => u.take_pending(seq, None),
+                        None => SmallVec::new(),
+                    };
+                    mine.sort_by_key(|p| p.cand);
+                    let mut next = 0;
                     for (ci, _, chain) in cands {
                         let win = commit && winners.contains(ci);
                         let mut guards = lock_chain(chain);
                         let chain_ref: &[Arc<CampaignEntry>] = chain;
                         let def = move |o: u32, t: u32| chain_item(chain_ref, o, t);
+                        let end = next + mine[next..].partition_point(|p| p.cand <= *ci);
                         if let Some(u) = user_rec.as_deref_mut() {
-                            let entries = u.take_pending(seq, Some(*ci));
+                            let entries = mine[next..end].iter().cloned();
                             settle_entries(u, entries, def, win, final_cost, at);
                         }
+                        next = end;
                         let mut batch: Batch = Vec::new();
                         for (id, g) in guards.iter_mut() {
                             let entries = g.take_pending(seq, Some(*ci));
@@ -983,14 +1003,9 @@ impl<C: Clock> Engine<C> {
         }
         let mut receipts = Vec::with_capacity(fresh.len());
         for (e, h) in &fresh {
-            let Some(c) = reg.campaigns.get(&e.campaign) else {
+            let Some(chain) = reg.chain(&e.campaign) else {
                 continue;
             };
-            let chain: Vec<Arc<CampaignEntry>> = c
-                .chain
-                .iter()
-                .filter_map(|id| reg.campaign_by_id(*id).cloned())
-                .collect();
             let mut extra: Batch = Vec::new();
             if let Some(h) = h {
                 extra.push(Op::Put(
@@ -1002,9 +1017,9 @@ impl<C: Clock> Engine<C> {
             let user = e.user.as_ref().map(|u| self.hash(b'u', 0, u));
             let r = match user {
                 Some(k) => self.with_record(k, &user_disk_key(k), now, |rec| {
-                    Ok(self.count_event(&reg, &chain, Some((rec, k)), e.cost, now, extra))
+                    Ok(self.count_event(&reg, chain, Some((rec, k)), e.cost, now, extra))
                 }),
-                None => Ok(self.count_event(&reg, &chain, None, e.cost, now, extra)),
+                None => Ok(self.count_event(&reg, chain, None, e.cost, now, extra)),
             }?;
             receipts.push(r);
         }

@@ -2,6 +2,8 @@
 //! key) has, and the pending debits of open reservations on them, under one
 //! lock (DESIGN §6 "records, not loose counters").
 
+use smallvec::SmallVec;
+
 use crate::clock::Nanos;
 use crate::keyed::Record;
 use crate::limits::{Item, ItemState, PendingItem};
@@ -107,8 +109,8 @@ impl SubjectRecord {
 
     /// Takes out the pending entries of reservation `res` (of candidate `cand`,
     /// or of all candidates when `None`).
-    pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> Vec<PendingEntry> {
-        let mut out = Vec::new();
+    pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> SmallVec<[PendingEntry; 4]> {
+        let mut out = SmallVec::new();
         self.pending.retain(|p| {
             let mine = p.res == res && cand.is_none_or(|c| c == p.cand);
             if mine {

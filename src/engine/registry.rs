@@ -46,12 +46,23 @@ pub struct CampaignEntry {
     pub chain: Vec<u32>,
 }
 
+/// A campaign and its ancestors, itself first: what one candidate is decided
+/// over. Shared, so a reservation keeps the definitions it was made under for
+/// one reference-count increment.
+pub type Chain = Arc<[Arc<CampaignEntry>]>;
+
+/// Maps keyed by names admins choose; foldhash is several times faster than
+/// std's SipHash here and still seeded per process.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// A snapshot of every definition.
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
-    pub policies: HashMap<String, Arc<PolicyEntry>>,
-    pub campaigns: HashMap<String, Arc<CampaignEntry>>,
-    pub campaigns_by_id: HashMap<u32, Arc<CampaignEntry>>,
+    pub policies: Map<String, Arc<PolicyEntry>>,
+    pub campaigns: Map<String, Arc<CampaignEntry>>,
+    pub campaigns_by_id: Map<u32, Arc<CampaignEntry>>,
+    /// Every campaign's chain, resolved once per snapshot.
+    pub chains: Map<String, Chain>,
     /// Ids given so far: new definitions take the next one.
     pub max_id: u32,
 }
@@ -110,7 +121,13 @@ impl Registry {
     pub fn remove_campaign(&mut self, name: &str) -> Option<Arc<CampaignEntry>> {
         let e = self.campaigns.remove(name)?;
         self.campaigns_by_id.remove(&e.id);
+        self.chains.remove(name);
         Some(e)
+    }
+
+    /// The chain a candidate naming `name` is decided over.
+    pub fn chain(&self, name: &str) -> Option<&Chain> {
+        self.chains.get(name)
     }
 
     /// Recomputes every campaign's chain (definitions change rarely; campaigns
@@ -146,6 +163,18 @@ impl Registry {
                 self.campaigns.insert(name, new);
             }
         }
+        self.chains = self
+            .campaigns
+            .iter()
+            .map(|(name, e)| {
+                let chain: Chain = e
+                    .chain
+                    .iter()
+                    .filter_map(|id| self.campaigns_by_id.get(id).cloned())
+                    .collect();
+                (name.clone(), chain)
+            })
+            .collect();
     }
 
     /// Whether any campaign names `name` as its parent.
