@@ -139,7 +139,11 @@ fn state_sizes() {
         ("ConcurrencyState", size_of::<ConcurrencyState>(), 24),
         ("ItemState", size_of::<ItemState>(), 32),
         ("StackRecord", size_of::<StackRecord>(), 32),
-        ("TatRecord (one whole-ns rate item)", size_of::<TatRecord>(), 8),
+        (
+            "TatRecord (one whole-ns rate item)",
+            size_of::<TatRecord>(),
+            8,
+        ),
         ("RateRecord (one rate item)", size_of::<RateRecord>(), 16),
         (
             "(u64, StackRecord) map entry",
@@ -283,7 +287,10 @@ fn keyed_one_rate_item() {
         RecordLayout::Tat,
     );
     // A 16-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
-    assert!(allocated <= 17.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
+    assert!(
+        allocated <= 17.0 * 16.0 / 7.0,
+        "{label}: {allocated:.1} B/key"
+    );
     assert_accounting(label, reported, allocated);
 }
 
@@ -296,7 +303,10 @@ fn keyed_one_fractional_rate_item() {
         RecordLayout::Rate,
     );
     // A 24-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
-    assert!(allocated <= 25.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
+    assert!(
+        allocated <= 25.0 * 16.0 / 7.0,
+        "{label}: {allocated:.1} B/key"
+    );
     assert_accounting(label, reported, allocated);
 }
 
@@ -309,7 +319,10 @@ fn keyed_one_window_item() {
         RecordLayout::Stack,
     );
     // A 40-byte entry plus a control byte, in a table kept 7/16 to 7/8 full.
-    assert!(allocated <= 41.0 * 16.0 / 7.0, "{label}: {allocated:.1} B/key");
+    assert!(
+        allocated <= 41.0 * 16.0 / 7.0,
+        "{label}: {allocated:.1} B/key"
+    );
     assert_accounting(label, reported, allocated);
 }
 

@@ -57,6 +57,12 @@ pub trait Record {
     fn may_own_heap(_ctx: &Self::Ctx) -> bool {
         true
     }
+    /// Whether a record's heap, once it is in the map, keeps its size whatever
+    /// is done to it (e.g. several fixed-size states boxed together); when so,
+    /// the map skips measuring it on every access.
+    fn heap_fixed(ctx: &Self::Ctx) -> bool {
+        !Self::may_own_heap(ctx)
+    }
 }
 
 /// Counters of a map's life, for metrics and tests.
@@ -250,7 +256,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         let mut shard = slot.lock();
         let eq = |e: &(K, V)| e.0.borrow() == key;
         if let Some((_, v)) = shard.table.find_mut(hash, eq) {
-            if !V::may_own_heap(ctx) {
+            if V::heap_fixed(ctx) {
                 return f(v, now);
             }
             let before = v.heap_bytes();
@@ -371,10 +377,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
 
     /// Number of records held.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().table.len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().table.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -477,7 +480,10 @@ mod tests {
             }
         }
         assert_eq!(total, 20_000);
-        assert!(home * 2 > total, "{home} of {total} keys in their home bucket");
+        assert!(
+            home * 2 > total,
+            "{home} of {total} keys in their home bucket"
+        );
     }
 
     #[test]
