@@ -623,7 +623,7 @@ impl<C: Clock> Engine<C> {
             };
             let cost = cand.cost.unwrap_or(1);
             let denied = self.decide_chain(
-                &chain,
+                chain,
                 user_rec.as_deref_mut(),
                 now,
                 cost,
@@ -737,31 +737,30 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire(now);
-        if let Some(h) = self.reservations.peek(id) {
-            winners(&h, &req.campaigns, id)?;
-        }
-        let first = CommitOutcome {
-            reservation: id.to_owned(),
-            outcome: Outcome::Committed,
-            campaigns: req.campaigns.clone(),
-        };
-        match self.reservations.settle(id, true, first) {
-            Settle::Apply(holds, seq) => {
-                // Checked against the same holds before settling.
-                let (chosen, names) = winners(&holds, &req.campaigns, id)?;
+        let settled = self.reservations.settle(id, true, |holds| {
+            let (chosen, campaigns) = winners(holds, &req.campaigns, id)?;
+            let outcome = CommitOutcome {
+                reservation: id.to_owned(),
+                outcome: Outcome::Committed,
+                campaigns,
+            };
+            Ok((outcome, chosen))
+        });
+        match settled {
+            Settle::Apply {
+                holds,
+                seq,
+                outcome,
+                chosen,
+            } => {
                 let receipts = self.apply_holds(&holds, seq, &chosen, true, req.cost, now)?;
-                let outcome = CommitOutcome {
-                    reservation: id.to_owned(),
-                    outcome: Outcome::Committed,
-                    campaigns: names,
-                };
-                self.reservations.set_outcome(id, outcome.clone());
                 for r in receipts {
                     r.wait()?;
                 }
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
+            Settle::Rejected(e) => Err(e),
             Settle::Repeat(o) => Ok(o),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
             Settle::Unknown => {
@@ -796,26 +795,30 @@ impl<C: Clock> Engine<C> {
         check_reservation_id(id)?;
         let now = self.now();
         self.expire(now);
-        let outcome = CommitOutcome {
-            reservation: id.to_owned(),
-            outcome: Outcome::Released,
-            campaigns: Vec::new(),
-        };
-        match self.reservations.settle(id, false, outcome.clone()) {
-            Settle::Apply(holds, seq) => {
-                let names = match &*holds {
-                    Holds::Check { .. } => Vec::new(),
-                    Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.clone()).collect(),
-                };
+        let settled = self.reservations.settle(id, false, |holds| {
+            let campaigns = match holds {
+                Holds::Check { .. } => Vec::new(),
+                Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.clone()).collect(),
+            };
+            let outcome = CommitOutcome {
+                reservation: id.to_owned(),
+                outcome: Outcome::Released,
+                campaigns,
+            };
+            Ok((outcome, Vec::new()))
+        });
+        match settled {
+            Settle::Apply {
+                holds,
+                seq,
+                outcome,
+                ..
+            } => {
                 self.apply_holds(&holds, seq, &[], false, None, now)?;
-                let outcome = CommitOutcome {
-                    campaigns: names,
-                    ..outcome
-                };
-                self.reservations.set_outcome(id, outcome.clone());
                 self.stats.releases.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
+            Settle::Rejected(e) => Err(e),
             Settle::Repeat(o) => Ok(o),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
             Settle::Unknown => Err(EngineError::NotFound(format!(

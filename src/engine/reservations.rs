@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::Nanos;
 
+use super::EngineError;
 use super::decide::{Answer, CommitOutcome, Holds};
 
 /// Where a reservation is in its life.
@@ -80,11 +81,19 @@ pub enum Begin {
 /// What [`Reservations::settle`] found.
 pub enum Settle {
     /// Was open: now settled by this call, which must apply it.
-    Apply(Arc<Holds>, u64),
+    Apply {
+        holds: Arc<Holds>,
+        seq: u64,
+        outcome: CommitOutcome,
+        /// Candidates to commit (a screen's winners).
+        chosen: Vec<u32>,
+    },
     /// Settled before by the same operation: its outcome.
     Repeat(CommitOutcome),
     /// Settled before by the other operation.
     Conflict(String),
+    /// The request does not fit the reservation (left open).
+    Rejected(EngineError),
     /// Unknown or forgotten id.
     Unknown,
 }
@@ -132,16 +141,6 @@ impl Reservations {
         Begin::New { seq }
     }
 
-    /// What an open reservation holds (for checks before settling it).
-    pub fn peek(&self, id: &str) -> Option<Arc<Holds>> {
-        let t = self.lock();
-        let r = t.by_id.get(id)?;
-        match r.state {
-            State::Open(_) => r.holds.clone(),
-            _ => None,
-        }
-    }
-
     /// Records the answer of a reservation that now holds debits.
     pub fn finish(&self, id: &str, answer: Answer, holds: Holds) {
         let mut t = self.lock();
@@ -159,8 +158,15 @@ impl Reservations {
         self.lock().by_id.remove(id);
     }
 
-    /// Settles `id` as committed (`commit`) or released, if open.
-    pub fn settle(&self, id: &str, commit: bool, outcome: CommitOutcome) -> Settle {
+    /// Settles `id` as committed (`commit`) or released, if open. `outcome`
+    /// computes, from what the reservation holds, the outcome to remember and
+    /// the candidates to commit; an error from it leaves the reservation open.
+    pub fn settle(
+        &self,
+        id: &str,
+        commit: bool,
+        outcome: impl FnOnce(&Holds) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
+    ) -> Settle {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else {
             return Settle::Unknown;
@@ -170,31 +176,28 @@ impl Reservations {
                 let Some(holds) = r.holds.clone() else {
                     return Settle::Unknown;
                 };
+                let (o, chosen) = match outcome(&holds) {
+                    Ok(x) => x,
+                    Err(e) => return Settle::Rejected(e),
+                };
                 r.state = if commit {
-                    State::Committed(outcome)
+                    State::Committed(o.clone())
                 } else {
-                    State::Released(outcome)
+                    State::Released(o.clone())
                 };
                 self.open.fetch_sub(1, Ordering::Relaxed);
-                Settle::Apply(holds, r.seq)
+                Settle::Apply {
+                    holds,
+                    seq: r.seq,
+                    outcome: o,
+                    chosen,
+                }
             }
             State::Committed(o) if commit => Settle::Repeat(o.clone()),
             State::Released(o) if !commit => Settle::Repeat(o.clone()),
             State::Committed(_) => Settle::Conflict(format!("reservation {id:?} was committed")),
             State::Released(_) => Settle::Conflict(format!("reservation {id:?} was released")),
             State::Deciding => Settle::Conflict(format!("reservation {id:?} is being decided")),
-        }
-    }
-
-    /// Replaces the stored outcome of a settled reservation (once the settling
-    /// call knows the full outcome).
-    pub fn set_outcome(&self, id: &str, outcome: CommitOutcome) {
-        let mut t = self.lock();
-        if let Some(r) = t.by_id.get_mut(id) {
-            match &mut r.state {
-                State::Committed(o) | State::Released(o) => *o = outcome,
-                _ => {}
-            }
         }
     }
 

@@ -113,21 +113,113 @@ pub enum StoreError {
 pub struct Receipt {
     /// The batch's place in the write order.
     pub seq: u64,
-    /// `None` when the batch was already durable at submit.
-    pending: Option<crossbeam_channel::Receiver<Result<(), StoreError>>>,
+    wait: Wait,
+}
+
+#[derive(Debug)]
+enum Wait {
+    /// Durable at submit.
+    Done,
+    /// Failed at submit.
+    Failed(StoreError),
+    /// Durable once the writer's watermark reaches `seq`.
+    Watermark(std::sync::Arc<Watermark>),
+}
+
+/// The highest sequence the writer has made durable, with a condition variable
+/// the writer broadcasts once per group: one wake-up call for every waiter of
+/// the group instead of one message per batch.
+#[derive(Debug, Default)]
+pub struct Watermark {
+    state: std::sync::Mutex<WatermarkState>,
+    advanced: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct WatermarkState {
+    written: u64,
+    /// Groups whose write failed: (first seq, last seq, error). Rare, so a
+    /// list; kept short by dropping the oldest.
+    failures: std::collections::VecDeque<(u64, u64, StoreError)>,
+    closed: bool,
+}
+
+impl Watermark {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatermarkState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Marks sequences up to `last` written (or failed, from `first`).
+    pub fn advance(&self, first: u64, last: u64, result: Result<(), StoreError>) {
+        let mut s = self.lock();
+        s.written = s.written.max(last);
+        if let Err(e) = result {
+            if s.failures.len() >= 1024 {
+                s.failures.pop_front();
+            }
+            s.failures.push_back((first, last, e));
+        }
+        drop(s);
+        self.advanced.notify_all();
+    }
+
+    /// No more writes will happen: wakes every waiter.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.advanced.notify_all();
+    }
+
+    fn wait(&self, seq: u64) -> Result<(), StoreError> {
+        let mut s = self.lock();
+        while s.written < seq && !s.closed {
+            s = self
+                .advanced
+                .wait(s)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        if s.written < seq {
+            return Err(StoreError::Closed);
+        }
+        match s.failures.iter().find(|(a, b, _)| (*a..=*b).contains(&seq)) {
+            Some((_, _, e)) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Receipt {
     /// A receipt for a batch that is durable already.
     pub fn done(seq: u64) -> Self {
-        Receipt { seq, pending: None }
+        Receipt {
+            seq,
+            wait: Wait::Done,
+        }
+    }
+
+    /// A receipt for a batch that could not be queued.
+    pub fn failed(seq: u64, e: StoreError) -> Self {
+        Receipt {
+            seq,
+            wait: Wait::Failed(e),
+        }
+    }
+
+    /// A receipt durable when `mark` reaches `seq`.
+    pub fn watermark(seq: u64, mark: std::sync::Arc<Watermark>) -> Self {
+        Receipt {
+            seq,
+            wait: Wait::Watermark(mark),
+        }
     }
 
     /// Blocks until the batch is durable. Call it without holding record locks.
     pub fn wait(self) -> Result<(), StoreError> {
-        match self.pending {
-            None => Ok(()),
-            Some(rx) => rx.recv().unwrap_or(Err(StoreError::Closed)),
+        match self.wait {
+            Wait::Done => Ok(()),
+            Wait::Failed(e) => Err(e),
+            Wait::Watermark(m) => m.wait(self.seq),
         }
     }
 }

@@ -17,7 +17,9 @@ use rocksdb::compaction_filter::Decision;
 use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
 
 use super::codec::{FORMAT_VERSION, expiry_of};
-use super::{Batch, Durability, KeyValues, Op, Receipt, Space, Store, StoreError, StoreStats};
+use super::{
+    Batch, Durability, KeyValues, Op, Receipt, Space, Store, StoreError, StoreStats, Watermark,
+};
 
 /// Most batches merged into one group: bounds the time one group holds the
 /// acknowledgements of the first batches in it.
@@ -31,7 +33,6 @@ enum Job {
     Write {
         seq: u64,
         batch: Batch,
-        ack: Option<Sender<Result<(), StoreError>>>,
     },
     /// Answered once everything queued before it is written.
     Flush(Sender<Result<(), StoreError>>),
@@ -40,6 +41,8 @@ enum Job {
 /// Counters shared by the writer and readers of [`Store::stats`].
 #[derive(Default)]
 struct Shared {
+    /// What acknowledged submitters wait on.
+    mark: Arc<Watermark>,
     /// Highest sequence written.
     written: AtomicU64,
     submitted: AtomicU64,
@@ -169,20 +172,20 @@ fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durabil
     let mut opts = WriteOptions::default();
     opts.set_sync(durability == Durability::Fsync);
     opts.disable_wal(durability == Durability::Async);
-    let mut acks = Vec::new();
     let mut flushes = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut wb = WriteBatch::default();
+        let mut first_seq = None;
         let mut last_seq = None;
         let mut n = 0u64;
         let mut next = Some(first);
         while let Some(job) = next.take() {
             match job {
-                Job::Write { seq, batch, ack } => {
+                Job::Write { seq, batch } => {
                     add_ops(db, &mut wb, batch);
+                    first_seq.get_or_insert(seq);
                     last_seq = Some(seq);
                     n += 1;
-                    acks.extend(ack);
                 }
                 Job::Flush(ack) => flushes.push(ack),
             }
@@ -195,15 +198,12 @@ fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durabil
         } else {
             db.write_opt(wb, &opts).map_err(io)
         };
-        if let Some(seq) = last_seq {
-            shared.written.store(seq, Ordering::Release);
+        if let (Some(first), Some(last)) = (first_seq, last_seq) {
+            shared.written.store(last, Ordering::Release);
+            shared.mark.advance(first, last, result.clone());
         }
         shared.groups.fetch_add(1, Ordering::Relaxed);
         shared.batches.fetch_add(n, Ordering::Relaxed);
-        for ack in acks.drain(..) {
-            // A waiter that gave up is no error of ours.
-            let _ = ack.send(result.clone());
-        }
         for ack in flushes.drain(..) {
             let flushed = result.clone().and_then(|()| flush_db(db, durability));
             let _ = ack.send(flushed);
@@ -252,12 +252,6 @@ impl Store for RocksStore {
     }
 
     fn submit(&self, batch: Batch, acknowledge: bool) -> Receipt {
-        let (ack, rx) = if acknowledge {
-            let (tx, rx) = crossbeam_channel::bounded(1);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
         let mut s = self
             .submitter
             .lock()
@@ -266,18 +260,14 @@ impl Store for RocksStore {
         s.next_seq += 1;
         let sent =
             s.tx.as_ref()
-                .is_some_and(|tx| tx.send(Job::Write { seq, batch, ack }).is_ok());
+                .is_some_and(|tx| tx.send(Job::Write { seq, batch }).is_ok());
         drop(s);
-        self.shared.submitted.store(seq, Ordering::Relaxed);
-        if !sent {
-            let (tx, rx) = crossbeam_channel::bounded(1);
-            let _ = tx.send(Err(StoreError::Closed));
-            return Receipt {
-                seq,
-                pending: Some(rx),
-            };
+        self.shared.submitted.fetch_max(seq, Ordering::Relaxed);
+        match (sent, acknowledge) {
+            (false, _) => Receipt::failed(seq, StoreError::Closed),
+            (true, false) => Receipt::done(seq),
+            (true, true) => Receipt::watermark(seq, self.shared.mark.clone()),
         }
-        Receipt { seq, pending: rx }
     }
 
     fn written_seq(&self) -> u64 {
@@ -355,5 +345,7 @@ impl Drop for RocksStore {
         {
             let _ = h.join();
         }
+        // Anyone still waiting (the writer died) is told, not left hanging.
+        self.shared.mark.close();
     }
 }
