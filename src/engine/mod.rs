@@ -534,7 +534,7 @@ impl<C: Clock> Engine<C> {
             }
         };
         let written = self.store.written_seq();
-        self.hot.with(&key, now, &(), fresh, |rec| {
+        self.hot.with(&key, now, &written, fresh, |rec| {
             if let Some(e) = failed.take() {
                 // An unreadable record is not decided on; it stays idle, so
                 // the map does not keep it.
@@ -567,7 +567,7 @@ impl<C: Clock> Engine<C> {
     pub fn sweep(&self) -> usize {
         let now = self.now();
         self.expire(now);
-        self.hot.sweep(now, &())
+        self.hot.sweep(now, &self.store.written_seq())
     }
 
     /// Open reservations.

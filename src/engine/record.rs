@@ -206,11 +206,18 @@ fn state_heap_bytes(s: &ItemState) -> usize {
 }
 
 impl Record for SubjectRecord {
+    /// The store's written watermark ([`crate::store::Store::written_seq`]).
     /// The idle instant is kept in the record, so no definitions are needed.
-    type Ctx = ();
+    type Ctx = u64;
 
-    fn idle_at(&self, _: &()) -> Nanos {
+    fn idle_at(&self, _: &u64) -> Nanos {
         self.idle_at
+    }
+
+    /// Open reservations' debits exist only here, and a record whose last
+    /// batch is not yet written would be read back older than it is.
+    fn pinned(&self, written: &u64) -> bool {
+        !self.pending.is_empty() || self.write_seq > *written
     }
 
     fn heap_bytes(&self) -> usize {

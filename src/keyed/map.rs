@@ -63,6 +63,13 @@ pub trait Record {
     fn heap_fixed(ctx: &Self::Ctx) -> bool {
         !Self::may_own_heap(ctx)
     }
+    /// Whether the record must not be dropped while active, whatever the
+    /// budget says: e.g. it holds debits of open reservations, or changes not
+    /// yet on disk, which a copy read back later would miss. Idle records are
+    /// dropped regardless (they equal fresh ones).
+    fn pinned(&self, _ctx: &Self::Ctx) -> bool {
+        false
+    }
 }
 
 /// Counters of a map's life, for metrics and tests.
@@ -355,13 +362,26 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             if len == 0 || (len <= target && !self.over_budget(shard, extra)) {
                 return;
             }
-            let drop_n = len.saturating_sub(target).max(len / 4).max(1);
-            let mut idles: Vec<Nanos> = shard.table.iter().map(|(_, v)| v.idle_at(ctx)).collect();
-            let (_, &mut threshold, _) = idles.select_nth_unstable(drop_n.min(len) - 1);
+            let mut idles: Vec<Nanos> = shard
+                .table
+                .iter()
+                .filter(|(_, v)| !v.pinned(ctx))
+                .map(|(_, v)| v.idle_at(ctx))
+                .collect();
+            if idles.is_empty() {
+                // Only pinned records are left: the shard stays over its share
+                // until they settle.
+                return;
+            }
+            let drop_n = len
+                .saturating_sub(target)
+                .max(len / 4)
+                .clamp(1, idles.len());
+            let (_, &mut threshold, _) = idles.select_nth_unstable(drop_n - 1);
             let mut dropped = 0usize;
             let mut freed_heap = 0;
             shard.table.retain(|(_, v)| {
-                let keep = dropped >= drop_n || v.idle_at(ctx) > threshold;
+                let keep = dropped >= drop_n || v.pinned(ctx) || v.idle_at(ctx) > threshold;
                 if !keep {
                     dropped += 1;
                     freed_heap += v.heap_bytes();
