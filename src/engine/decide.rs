@@ -429,7 +429,7 @@ impl<C: Clock> Engine<C> {
             let mut receipt = None;
             if let (Some(Pending { cost, items }), Some((_, seq))) = (pending, &claimed) {
                 for (p, &t) in items.into_iter().zip(&tags) {
-                    rec.pending.push(PendingEntry {
+                    rec.add_pending(PendingEntry {
                         res: *seq,
                         cand: 0,
                         owner,
@@ -707,7 +707,7 @@ impl<C: Clock> Engine<C> {
                 let n = units(&cap.item, cost);
                 let st = rec.state_mut(e.id, t);
                 let p = cap.item.apply(st, now, n, Hold::Reserve { deadline });
-                rec.pending.push(PendingEntry {
+                rec.add_pending(PendingEntry {
                     res: seq,
                     cand,
                     owner: e.id,

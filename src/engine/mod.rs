@@ -158,8 +158,9 @@ pub struct Engine<C: Clock> {
     registry: RwLock<Arc<Registry>>,
     /// Serializes definition changes (validate, persist, publish).
     defs_write: Mutex<()>,
-    /// User and policy-key records.
-    hot: ShardedMap<u128, SubjectRecord>,
+    /// User and policy-key records, by their 128-bit key split in two words
+    /// (a `u128` would make every entry 16-byte aligned: 64 bytes, not 56).
+    hot: ShardedMap<[u64; 2], SubjectRecord>,
     reservations: Reservations,
     dedupe: Mutex<Dedupe>,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
@@ -534,7 +535,7 @@ impl<C: Clock> Engine<C> {
             }
         };
         let written = self.store.written_seq();
-        self.hot.with(&key, now, &written, fresh, |rec| {
+        self.hot.with(&split(key), now, &written, fresh, |rec| {
             if let Some(e) = failed.take() {
                 // An unreadable record is not decided on; it stays idle, so
                 // the map does not keep it.
@@ -594,7 +595,7 @@ impl<C: Clock> Engine<C> {
             )));
         };
         let ukey = self.hash(b'u', 0, user);
-        let user_rec = match self.hot.get(&ukey, |r| r.clone()) {
+        let user_rec = match self.hot.get(&split(ukey), |r| r.clone()) {
             Some(r) => r,
             None => match self.store.get(Space::State, &user_disk_key(ukey))? {
                 Some(v) => SubjectRecord::from_stored(&v).map_err(|m| corrupt(b"user", m))?,
@@ -724,6 +725,11 @@ fn check_def_name(field: &str, name: &str) -> Result<(), EngineError> {
             format!("must be 1-256 characters of A-Z a-z 0-9 . _ : -, got {name:?}"),
         ))
     }
+}
+
+/// A 128-bit key as the hot tier holds it.
+fn split(k: u128) -> [u64; 2] {
+    [k as u64, (k >> 64) as u64]
 }
 
 fn def_key(prefix: &[u8], name: &str) -> Vec<u8> {

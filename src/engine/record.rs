@@ -44,12 +44,17 @@ pub struct PendingEntry {
 }
 
 /// See the module documentation.
+///
+/// 40 bytes, so a hot-tier entry with its 16-byte key is 56: the slots are an
+/// exact-size boxed slice (a new counter is rare next to decisions on existing
+/// ones, so re-allocating then costs less than a `Vec`'s spare capacity on
+/// every record), and pending debits, absent most of the time, are boxed.
 #[derive(Debug, Default, Clone)]
 pub struct SubjectRecord {
-    pub slots: Vec<Slot>,
+    pub slots: Box<[Slot]>,
     /// Debits of open reservations, so a release or commit finds them and a
     /// snapshot for disk can leave them out (reservations are memory-only).
-    pub pending: Vec<PendingEntry>,
+    pub pending: Option<Box<Vec<PendingEntry>>>,
     /// An upper bound of the instant from which every slot equals a fresh one
     /// and nothing is pending: raised on every debit, never lowered except by a
     /// recomputation. An upper bound only keeps a record a little longer.
@@ -89,11 +94,14 @@ impl SubjectRecord {
                 p
             }
             None => {
-                self.slots.push(Slot {
+                let mut v = std::mem::take(&mut self.slots).into_vec();
+                v.reserve_exact(1);
+                v.push(Slot {
                     owner,
                     tag,
                     state: ItemState::Fresh,
                 });
+                self.slots = v.into_boxed_slice();
                 self.slots.len() - 1
             }
         };
@@ -111,20 +119,37 @@ impl SubjectRecord {
     /// or of all candidates when `None`).
     pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> SmallVec<[PendingEntry; 4]> {
         let mut out = SmallVec::new();
-        self.pending.retain(|p| {
+        let Some(pending) = self.pending.as_mut() else {
+            return out;
+        };
+        pending.retain(|p| {
             let mine = p.res == res && cand.is_none_or(|c| c == p.cand);
             if mine {
                 out.push(p.clone());
             }
             !mine
         });
+        if pending.is_empty() {
+            self.pending = None;
+        }
         out
+    }
+
+    /// Adds a pending debit.
+    pub fn add_pending(&mut self, entry: PendingEntry) {
+        self.pending
+            .get_or_insert_with(Default::default)
+            .push(entry);
+    }
+
+    /// Every pending debit.
+    pub fn pending(&self) -> impl Iterator<Item = &PendingEntry> {
+        self.pending.iter().flat_map(|p| p.iter())
     }
 
     /// Pending units on slot (`owner`, `tag`).
     pub fn pending_on(&self, owner: u32, tag: u32) -> u64 {
-        self.pending
-            .iter()
+        self.pending()
             .filter(|p| p.owner == owner && p.tag == tag)
             .map(|p| p.n)
             .sum()
@@ -136,8 +161,8 @@ impl SubjectRecord {
     /// pending entry's slot belongs to; without it the debit stays counted (the
     /// conservative side).
     pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
-        let mut slots: Vec<Slot> = self.slots.clone();
-        for p in &self.pending {
+        let mut slots = self.slots.clone();
+        for p in self.pending() {
             let Some(item) = def(p.owner, p.tag) else {
                 continue;
             };
@@ -185,7 +210,7 @@ impl SubjectRecord {
                     state: s.state.into(),
                 })
                 .collect(),
-            pending: Vec::new(),
+            pending: None,
             idle_at,
             write_seq: 0,
         })
@@ -217,16 +242,31 @@ impl Record for SubjectRecord {
     /// Open reservations' debits exist only here, and a record whose last
     /// batch is not yet written would be read back older than it is.
     fn pinned(&self, written: &u64) -> bool {
-        !self.pending.is_empty() || self.write_seq > *written
+        self.pending.is_some() || self.write_seq > *written
     }
 
     fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.pending.capacity() * std::mem::size_of::<PendingEntry>()
+        std::mem::size_of_val::<[Slot]>(&self.slots)
+            + self.pending.as_ref().map_or(0, |p| {
+                std::mem::size_of::<Vec<PendingEntry>>()
+                    + p.capacity() * std::mem::size_of::<PendingEntry>()
+            })
             + self
                 .slots
                 .iter()
                 .map(|s| state_heap_bytes(&s.state))
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_as_documented() {
+        assert_eq!(std::mem::size_of::<Slot>(), 40);
+        assert_eq!(std::mem::size_of::<SubjectRecord>(), 40);
+        assert_eq!(std::mem::size_of::<([u64; 2], SubjectRecord)>(), 56);
     }
 }
