@@ -12,8 +12,8 @@
 //!   bits pick the shard and the same hash indexes the shard's table.
 //! - **A memory budget, enforced on insert and on growth.** Each shard may use
 //!   `budget / shards` bytes: its table (a fixed number of buckets is never
-//!   exceeded) plus the heap its records own. Heap is counted against the table
-//!   at that full size, since the table grows to it as records arrive. When an
+//!   exceeded) plus the heap its records own, with the table counted at the
+//!   size the next insert gives it. When an
 //!   insert would exceed it (or a record's heap grew past it), the shard first
 //!   drops every *idle* record — one whose state equals a fresh one, so dropping
 //!   it changes no future answer. Only if that frees less than an eighth does it
@@ -170,6 +170,16 @@ fn table_bytes<K, V>(buckets: usize) -> usize {
     buckets * (std::mem::size_of::<(K, V)>() + 1)
 }
 
+/// Buckets hashbrown allocates for a table of capacity `n`: at least 4, else
+/// the power of two that keeps `n` within 7/8 of them.
+fn buckets_for(n: usize) -> usize {
+    match n {
+        0..4 => 4,
+        4..8 => 8,
+        _ => (n * 8 / 7).next_power_of_two(),
+    }
+}
+
 /// Buckets a table occupies (0 before it allocates, when hashbrown reports one).
 /// Not derived from `capacity()`: that is len plus hashbrown's free room, which
 /// the tombstones `retain` leaves shrink.
@@ -324,11 +334,19 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
     }
 
     /// Whether the shard, plus `extra` heap bytes about to be added, exceeds its
-    /// share of the budget. The table counts at its largest size (`max_len` is
-    /// 7/8 of its buckets): an insert may grow it there, and heap that fit beside
-    /// the smaller table would then push the shard past its share.
+    /// share of the budget. The table counts at the size it has after one more
+    /// insert: when it has no free slot, an insert grows it, and heap that fit
+    /// beside the smaller table could then push the shard past its share.
+    /// (Counting it at its largest size instead would leave records that own
+    /// heap — the engine's — only what the largest table leaves over.)
     fn over_budget(&self, shard: &Shard<K, V>, extra: usize) -> bool {
-        table_bytes::<K, V>(self.max_len / 7 * 8) + shard.heap + extra > self.shard_budget
+        let t = &shard.table;
+        let buckets = if t.len() < t.capacity() {
+            buckets(t)
+        } else {
+            buckets_for(t.len() + 1)
+        };
+        table_bytes::<K, V>(buckets) + shard.heap + extra > self.shard_budget
     }
 
     /// Makes room in a full shard, and for the `extra` heap bytes of the record
