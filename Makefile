@@ -18,12 +18,16 @@ test: deps
 
 bench: deps
 	cargo bench --bench limits
+	cargo bench --bench engine
 
-# Regenerate the checked-in JSON Schemas after changing a definition type.
+# Regenerate the checked-in JSON Schemas and OpenAPI document after changing
+# a definition or API type.
 schemas:
 	cargo run --release -- schemas --out schemas
 
-# Runs the freqcap binary: make run ARGS="validate examples/policy.json".
-ARGS ?= --help
+# Runs the freqcap binary; by default the service on its embedded default
+# (127.0.0.1:8080, RocksDB in ./freqcap-data, durability wal).
+# Other commands: make run ARGS="replay < ops.jsonl", ARGS="validate examples/policy.json".
+ARGS ?= serve
 run: deps
 	cargo run --release -- $(ARGS)

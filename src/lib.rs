@@ -5,17 +5,23 @@
 //! - [`clock`]: time as the engine sees it (injected, never backwards).
 //! - [`limits`]: the algorithms, pure state machines: where a limit is decided.
 //! - [`model`]: definitions as users write them, validated and compiled.
+//! - [`api`]: where HTTP enters: the axum router and its bodies.
 //! - [`engine`]: the decision core: campaigns, screening, reservations,
 //!   commits, the hot tier.
 //! - [`store`]: where state is kept: memory or RocksDB.
+//! - [`service`]: `freqcap serve`: configuration and the server's life.
+//! - [`replay`]: the API on a virtual clock, line by line.
 //! - [`keyed`]: a concurrent, memory-bounded map from key to limit state, and the
 //!   [`KeyedLimiter`] built on it.
 
+pub mod api;
 pub mod clock;
 pub mod engine;
 pub mod keyed;
 pub mod limits;
 pub mod model;
+pub mod replay;
+pub mod service;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};

@@ -1,14 +1,15 @@
-//! The `freqcap` command line.
-//!
-//! This release carries the library and the definition tools; `serve`, `replay`
-//! and `simulate` arrive with the engine and the service.
+//! The `freqcap` command line: `serve` runs the service; `replay` runs the
+//! same API on a virtual clock; `validate` and `schemas` are definition tools.
+//! (`simulate` comes with its issue.)
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use freqcap::model::{self, PolicyDef};
+use freqcap::service::{self, ServeConfig};
+use freqcap::store::Durability;
 
 /// Frequency capping and rate limiting: exact limits, stacked decisions, reservations.
 #[derive(Parser)]
@@ -16,7 +17,7 @@ use freqcap::model::{self, PolicyDef};
     name = "freqcap",
     version,
     about,
-    after_help = "Examples:\n  freqcap validate policy.json\n  freqcap validate policy.toml\n  freqcap schemas --out schemas/"
+    after_help = "Examples:\n  freqcap serve\n  freqcap serve --listen 127.0.0.1:0 --memory\n  freqcap serve --config ops/freqcap.toml\n  freqcap replay < ops.jsonl > answers.jsonl\n  freqcap validate policy.json\n  freqcap schemas --out schemas/"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -25,6 +26,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the HTTP service (defaults: 127.0.0.1:8080, RocksDB in
+    /// ./freqcap-data, durability wal). Flags override FREQCAP_* variables,
+    /// which override the --config file.
+    Serve(Box<ServeArgs>),
+    /// Answer a JSONL file of timed requests on a virtual clock: each line
+    /// `{"at_ms", "method", "path", "body"}` from stdin gives one line
+    /// `{"at_ms", "status", "body"}` on stdout, as the live service would have
+    /// answered at that time. State is in memory unless --data-dir is given.
+    Replay {
+        /// Replay against (and into) this RocksDB data directory.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Validate a policy definition (JSON, or TOML by the .toml extension) and
     /// print it as stored, with any warnings, or the error naming the field.
     Validate {
@@ -39,6 +53,97 @@ enum Command {
     },
 }
 
+/// `freqcap serve` flags; each unset one falls back to its environment variable,
+/// then to the config file, then to the default.
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML file with any of the options below (same names, `_` for `-`).
+    #[arg(long, env = "FREQCAP_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (port 0: any free port; the log says which).
+    #[arg(long, env = "FREQCAP_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// RocksDB data directory.
+    #[arg(long, env = "FREQCAP_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Keep state in memory only (`--memory=false` overrides a file's `true`).
+    #[arg(long, env = "FREQCAP_MEMORY", num_args = 0..=1, default_missing_value = "true")]
+    memory: Option<bool>,
+    /// fsync, wal or async.
+    #[arg(long, env = "FREQCAP_DURABILITY")]
+    durability: Option<Durability>,
+    /// Bytes the hot tier may use.
+    #[arg(long, env = "FREQCAP_MEMORY_BUDGET")]
+    memory_budget: Option<usize>,
+    /// Largest request body in bytes.
+    #[arg(long, env = "FREQCAP_MAX_BODY")]
+    max_body: Option<usize>,
+    /// Most candidates per screen.
+    #[arg(long, env = "FREQCAP_MAX_CANDIDATES")]
+    max_candidates: Option<usize>,
+    /// Longest key, user, campaign, policy or event id, in bytes.
+    #[arg(long, env = "FREQCAP_MAX_ID_LEN")]
+    max_id_len: Option<usize>,
+    /// How long event ids are remembered for deduplication, in seconds.
+    #[arg(long, env = "FREQCAP_DEDUPE_HORIZON_SECS")]
+    dedupe_horizon_secs: Option<u64>,
+    /// Requests handled at once before 503 overloaded.
+    #[arg(long, env = "FREQCAP_MAX_IN_FLIGHT")]
+    max_in_flight: Option<usize>,
+    /// Bearer token for decision endpoints.
+    #[arg(long, env = "FREQCAP_DECISION_TOKEN", hide_env_values = true)]
+    decision_token: Option<String>,
+    /// Bearer token for definition (admin) endpoints.
+    #[arg(long, env = "FREQCAP_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+}
+
+impl ServeArgs {
+    fn config(self) -> Result<ServeConfig, String> {
+        let mut c = match &self.config {
+            Some(p) => ServeConfig::from_file(p)?,
+            None => ServeConfig::default(),
+        };
+        if let Some(v) = self.listen {
+            c.listen = v;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.memory {
+            c.memory = v;
+        }
+        if let Some(v) = self.max_id_len {
+            c.max_id_len = v;
+        }
+        if let Some(v) = self.dedupe_horizon_secs {
+            c.dedupe_horizon_secs = v;
+        }
+        if let Some(v) = self.durability {
+            c.durability = v;
+        }
+        if let Some(v) = self.memory_budget {
+            c.memory_budget = v;
+        }
+        if let Some(v) = self.max_body {
+            c.max_body = v;
+        }
+        if let Some(v) = self.max_candidates {
+            c.max_candidates = v;
+        }
+        if let Some(v) = self.max_in_flight {
+            c.max_in_flight = v;
+        }
+        if self.decision_token.is_some() {
+            c.decision_token = self.decision_token;
+        }
+        if self.admin_token.is_some() {
+            c.admin_token = self.admin_token;
+        }
+        Ok(c)
+    }
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +156,46 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
+        Command::Serve(args) => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("FREQCAP_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            let config = args.config()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the runtime: {e}"))?;
+            rt.block_on(service::serve(config))
+        }
+        Command::Replay { data_dir } => {
+            let store: std::sync::Arc<dyn freqcap::store::Store> = match data_dir {
+                Some(dir) => std::sync::Arc::new(
+                    freqcap::store::RocksStore::open(&dir, Durability::Wal)
+                        .map_err(|e| format!("{}: {e}", dir.display()))?,
+                ),
+                None => std::sync::Arc::new(freqcap::store::MemoryStore::new()),
+            };
+            let mut replayer = freqcap::replay::Replayer::new(
+                store,
+                freqcap::engine::EngineOptions::default(),
+                freqcap::api::ApiOptions::default(),
+            )?;
+            let summary = replayer
+                .run(
+                    std::io::stdin().lock(),
+                    std::io::BufWriter::new(std::io::stdout().lock()),
+                )
+                .map_err(|e| format!("replay: {e}"))?;
+            eprintln!(
+                "replayed {} lines, {} answered with an error status",
+                summary.lines, summary.errors
+            );
+            Ok(())
+        }
         Command::Validate { file } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
@@ -75,7 +220,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Schemas { out } => {
             std::fs::create_dir_all(&out)
                 .map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-            for (name, text) in model::schemas() {
+            let openapi = ("openapi.json", freqcap::api::openapi::document_text());
+            for (name, text) in model::schemas().into_iter().chain([openapi]) {
                 let path = out.join(name);
                 std::fs::write(&path, text)
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

@@ -151,6 +151,61 @@ fn release_and_expiry_return_capacity() {
 }
 
 #[test]
+fn a_retried_late_commit_without_event_id_counts_once() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    ad_setup(&e);
+    let late = CommitRequest {
+        campaigns: vec!["c1".into()],
+        cost: Some(1),
+        user: Some("u".into()),
+        event_id: None,
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            e.commit("gone-1", &late).unwrap().outcome,
+            Outcome::LateCommit
+        );
+    }
+    assert_eq!(e.user_usage("u", "c1").unwrap()[0].used, 1);
+    // Another reservation's late commit is another impression.
+    e.commit("gone-2", &late).unwrap();
+    assert_eq!(e.user_usage("u", "c1").unwrap()[0].used, 2);
+}
+
+#[test]
+fn a_commit_naming_an_unknown_campaign_is_404_and_settles_nothing() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    ad_setup(&e);
+    let s = e.screen(&screen(Some("u1"), &["c1", "c2"], true)).unwrap();
+    let id = s.reservation.unwrap();
+    let named = |c: &str| CommitRequest {
+        campaigns: vec![c.into()],
+        ..Default::default()
+    };
+    assert!(matches!(
+        e.commit(&id, &named("nope")),
+        Err(EngineError::NotFound(_))
+    ));
+    // A campaign that exists but was not a candidate is a 400 naming the field.
+    e.put_campaign(
+        "c3",
+        campaign(r#"{"caps": [{"kind": "gap", "min": "1s"}]}"#),
+    )
+    .unwrap();
+    match e.commit(&id, &named("c3")) {
+        Err(EngineError::InvalidArgument { field, .. }) => assert_eq!(field, "campaign"),
+        other => panic!("{other:?}"),
+    }
+    // The reservation is still open: the real winner commits.
+    assert_eq!(
+        e.commit(&id, &named("c1")).unwrap().outcome,
+        Outcome::Committed
+    );
+}
+
+#[test]
 fn late_commits_and_duplicate_events_count_once() {
     let clock = Arc::new(ManualClock::new(T0));
     let e = memory_engine(clock.clone());

@@ -6,7 +6,8 @@ use std::path::Path;
 #[test]
 fn checked_in_schemas_are_current() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
-    for (name, text) in freqcap::model::schemas() {
+    let openapi = ("openapi.json", freqcap::api::openapi::document_text());
+    for (name, text) in freqcap::model::schemas().into_iter().chain([openapi]) {
         let path = dir.join(name);
         let on_disk = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e}; run `make schemas`", path.display()));
@@ -35,4 +36,47 @@ fn schemas_accept_a_documented_example_shape() {
         })
         .collect();
     assert_eq!(kinds, ["rate", "gap", "window", "budget", "concurrency"]);
+}
+
+#[test]
+fn openapi_lists_every_route_with_its_bodies() {
+    let doc = freqcap::api::openapi::document();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for route in freqcap::api::ROUTES {
+        let item = &doc["paths"][route];
+        assert!(
+            item.as_object().is_some_and(|o| !o.is_empty()),
+            "{route} has no operations"
+        );
+    }
+    // Request and answer bodies resolve to schemas made from the handlers' types.
+    let check = &doc["paths"]["/v1/check"]["post"];
+    let req = check["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        .as_str()
+        .unwrap();
+    let name = req.rsplit('/').next().unwrap();
+    let props = &doc["components"]["schemas"][name]["properties"];
+    for field in [
+        "policy",
+        "limits",
+        "key",
+        "cost",
+        "reserve",
+        "ttl_ms",
+        "reservation_id",
+        "wait",
+    ] {
+        assert!(props.get(field).is_some(), "CheckBody lacks {field}");
+    }
+    assert!(check["responses"]["429"]["headers"]["Retry-After"].is_object());
+    // Every $ref points at a schema that exists.
+    let text = doc.to_string();
+    for piece in text.split("\"$ref\":\"").skip(1) {
+        let target = piece.split('"').next().unwrap();
+        let name = target.strip_prefix("#/components/schemas/").unwrap();
+        assert!(
+            doc["components"]["schemas"].get(name).is_some(),
+            "dangling $ref {target}"
+        );
+    }
 }

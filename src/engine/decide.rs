@@ -332,8 +332,13 @@ fn winners(
         {
             Some(c) => chosen.push(c.0),
             None => {
+                let field = if campaigns.len() == 1 {
+                    "campaign".to_owned()
+                } else {
+                    format!("campaign[{i}]")
+                };
                 return Err(invalid(
-                    format!("campaign[{i}]"),
+                    field,
                     format!(
                         "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
                     ),
@@ -735,6 +740,18 @@ impl<C: Clock> Engine<C> {
         if let Some(e) = &req.event_id {
             self.check_id("event_id", e)?;
         }
+        // A winner that names no campaign at all is 404 (DESIGN §3), before
+        // anything is settled; one that exists but was not eligible is 400.
+        {
+            let reg = self.registry();
+            if let Some(name) = req
+                .campaigns
+                .iter()
+                .find(|c| !reg.campaigns.contains_key(*c))
+            {
+                return Err(EngineError::NotFound(format!("no campaign named {name:?}")));
+            }
+        }
         let now = self.now();
         self.expire(now);
         let settled = self.reservations.settle(id, true, |holds| {
@@ -768,11 +785,18 @@ impl<C: Clock> Engine<C> {
                 // reservation is gone.
                 match (&req.user, req.campaigns.as_slice(), req.cost) {
                     (Some(user), [campaign], Some(cost)) => {
+                        // Without an event id, the reservation id dedupes it:
+                        // a retried late commit is counted once (DESIGN §2.5,
+                        // committing twice is a no-op).
+                        let event_id = req
+                            .event_id
+                            .clone()
+                            .unwrap_or_else(|| format!("late-commit:{id}"));
                         self.events(&[Event {
                             user: Some(user.clone()),
                             campaign: campaign.clone(),
                             cost,
-                            event_id: req.event_id.clone(),
+                            event_id: Some(event_id),
                         }])?;
                         self.stats.late_commits.fetch_add(1, Ordering::Relaxed);
                         Ok(CommitOutcome {

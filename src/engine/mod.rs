@@ -56,6 +56,11 @@ pub struct EngineOptions {
     pub max_candidates: usize,
     /// Longest key, user, campaign, policy or event id, in bytes.
     pub max_id_len: usize,
+    /// The nonce in made reservation ids (`r-<nonce>-<seq>`). `None` (the
+    /// default) draws one per process, so an id from before a restart never
+    /// names a new reservation; replay fixes it so the same input gives the
+    /// same output.
+    pub id_nonce: Option<u32>,
 }
 
 impl Default for EngineOptions {
@@ -66,6 +71,7 @@ impl Default for EngineOptions {
             dedupe_horizon: 24 * 3600 * 1_000_000_000,
             max_candidates: 10_000,
             max_id_len: 256,
+            id_nonce: None,
         }
     }
 }
@@ -294,10 +300,10 @@ impl<C: Clock> Engine<C> {
             reservations: Reservations::default(),
             dedupe: Mutex::new(dedupe),
             hash_key,
-            id_nonce: {
+            id_nonce: options.id_nonce.unwrap_or_else(|| {
                 let k = random_key();
                 u32::from_le_bytes([k[0], k[1], k[2], k[3]])
-            },
+            }),
             options,
             stats: EngineStats::default(),
         })

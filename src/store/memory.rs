@@ -91,8 +91,8 @@ impl Store for MemoryStore {
     }
 
     fn checkpoint(&self, _dir: &std::path::Path) -> Result<(), StoreError> {
-        Err(StoreError::Io(
-            "an in-memory store has nothing to checkpoint".into(),
+        Err(StoreError::Unsupported(
+            "the service runs in memory (--memory): there is no data directory to checkpoint",
         ))
     }
 }

@@ -106,6 +106,10 @@ pub enum StoreError {
     Closed,
     #[error("storage error: {0}")]
     Io(String),
+    /// The store cannot do this at all (a checkpoint of memory, say): the
+    /// request is wrong for this deployment, not the store broken.
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 /// Waits for a submitted batch to be durable (per the store's [`Durability`]).

@@ -1,0 +1,86 @@
+//! `RateLimit-Policy`, `RateLimit` (IETF httpapi ratelimit-headers draft-10,
+//! structured fields) and `Retry-After` (DESIGN §2.6 "Headers").
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::clock::{Nanos, ceil_secs};
+use crate::limits::stack::{Decision, Stack};
+use crate::limits::window::Layout;
+use crate::limits::{Item, calendar};
+
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The window (`w`) of an item in ns: the time a rate item takes to refill its
+/// whole burst, a window's or budget's length; `None` for concurrency.
+fn window_ns(item: &Item) -> Option<Nanos> {
+    match item {
+        Item::Rate { rate, .. } => Some(rate.refill_ns()),
+        Item::Window(w) => Some(match &w.layout {
+            Layout::Fixed { w } | Layout::Rolling { w } | Layout::Approximate { w } => *w,
+            Layout::Calendar(c) => calendar::nominal_nanos(c.unit),
+        }),
+        Item::Budget(b) => Some(calendar::nominal_nanos(b.calendar.unit)),
+        Item::Concurrency(_) => None,
+    }
+}
+
+/// Structured-field integers have at most 15 digits (RFC 8941 §3.3.1);
+/// figures that saturate at 2^53 − 1 are clamped to the largest one.
+fn sf_int(v: u64) -> u64 {
+    v.min(999_999_999_999_999)
+}
+
+/// A structured-field string: names are `A-Z a-z 0-9 . _ : -`, so nothing
+/// needs escaping, but quotes and backslashes are escaped regardless.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// Adds the rate-limit header fields of a decision on `stack`.
+pub fn add(headers: &mut HeaderMap, stack: &Stack, d: &Decision) {
+    let policy: Vec<String> = stack
+        .items()
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let mut f = format!("{};q={}", sf_string(stack.name(i)), sf_int(item.limit()));
+            match window_ns(item) {
+                Some(w) => f.push_str(&format!(";w={}", sf_int(ceil_secs(w)))),
+                None => f.push_str(";qu=\"concurrent-requests\""),
+            }
+            f
+        })
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+        headers.insert(RATELIMIT_POLICY, v);
+    }
+    if !d.items.is_empty() {
+        let t = d.tightest();
+        let f = &d.items[t];
+        let v = format!(
+            "{};r={};t={}",
+            sf_string(stack.name(t)),
+            sf_int(f.remaining),
+            sf_int(ceil_secs(f.reset_after))
+        );
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(RATELIMIT, v);
+        }
+    }
+    if !d.allowed
+        && let Some(r) = d.retry_after
+        && let Ok(v) = HeaderValue::from_str(&ceil_secs(r).to_string())
+    {
+        headers.insert(axum::http::header::RETRY_AFTER, v);
+    }
+}

@@ -1,0 +1,274 @@
+//! `/metrics`: Prometheus / OpenMetrics text (prometheus-client).
+//!
+//! Two kinds of figures:
+//! - what the HTTP layer sees (requests by endpoint and status, latency,
+//!   decisions, load shedding), kept in this module's counters as requests
+//!   happen;
+//! - what the engine and store already count (reservations, commits, events,
+//!   writer queue, hot tier, disk), read at scrape time by [`EngineFigures`],
+//!   so the request path pays nothing extra for them.
+//!
+//! `ops/alerts.yml` and `ops/RUNBOOK.md` name these metrics: renaming one is a
+//! breaking change for operators.
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Upper bounds of the latency histogram's buckets, seconds.
+const LATENCY_BUCKETS: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// The content type of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    /// The route template (`/v1/campaigns/{id}`), never the raw path, so the
+    /// number of series stays bounded whatever ids clients send.
+    endpoint: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    endpoint: &'static str,
+    outcome: &'static str,
+}
+
+/// Counters the HTTP layer updates as requests happen.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<EndpointLabel, Histogram>,
+    decisions: Family<DecisionLabels, Counter>,
+    overloaded: Counter,
+    /// Requests being handled now. It is also the load-shedding counter: one
+    /// atomic serves both, so the gauge is exactly what the guard compares.
+    pub in_flight: Gauge,
+}
+
+/// The engine's and store's own figures at scrape time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Figures {
+    pub reservations_open: u64,
+    pub reservations_expired: u64,
+    pub commits: u64,
+    pub late_commits: u64,
+    pub releases: u64,
+    pub events: u64,
+    pub duplicate_events: u64,
+    pub writer_queue_depth: u64,
+    pub writer_groups: u64,
+    pub writer_batches: u64,
+    pub hot_records: u64,
+    pub hot_bytes: u64,
+    pub hot_hits: u64,
+    pub hot_misses: u64,
+    pub disk_live_bytes: u64,
+}
+
+/// Reads [`Figures`] on each scrape. A closure keeps this module free of the
+/// engine's clock type parameter.
+pub struct EngineFigures(pub Box<dyn Fn() -> Figures + Send + Sync>);
+
+impl fmt::Debug for EngineFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EngineFigures")
+    }
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+impl Collector for EngineFigures {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let f = (self.0)();
+        gauge(
+            &mut e,
+            "freqcap_reservations_open",
+            "Reservations pending now.",
+            f.reservations_open,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_reservations_expired",
+            "Reservations released by their deadline.",
+            f.reservations_expired,
+        )?;
+        // Commits by outcome: one family, two series.
+        let committed = ConstCounter::new(f.commits);
+        let mut m = e.encode_descriptor(
+            "freqcap_commits",
+            "Commits by outcome (committed: of a live reservation; late_commit: of an unknown or expired one).",
+            None,
+            committed.metric_type(),
+        )?;
+        committed.encode(m.encode_family(&[("outcome", "committed")])?)?;
+        ConstCounter::new(f.late_commits)
+            .encode(m.encode_family(&[("outcome", "late_commit")])?)?;
+        counter(
+            &mut e,
+            "freqcap_releases",
+            "Reservations released by a client.",
+            f.releases,
+        )?;
+        counter(&mut e, "freqcap_events", "Events counted.", f.events)?;
+        counter(
+            &mut e,
+            "freqcap_events_duplicate",
+            "Events ignored as already counted within the dedupe horizon.",
+            f.duplicate_events,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_writer_queue_depth",
+            "Batches submitted to the writer and not yet written.",
+            f.writer_queue_depth,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_writer_groups",
+            "Groups written (one WAL append each).",
+            f.writer_groups,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_writer_batches",
+            "Batches written; batches / groups is the mean group size.",
+            f.writer_batches,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_hot_records",
+            "Records in the hot tier.",
+            f.hot_records,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_hot_bytes",
+            "Bytes the hot tier counts against its budget.",
+            f.hot_bytes,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_hot_hits",
+            "Record lookups served from memory.",
+            f.hot_hits,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_hot_misses",
+            "Record lookups that asked the store.",
+            f.hot_misses,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_disk_live_bytes",
+            "RocksDB's estimate of live state bytes (0 in memory).",
+            f.disk_live_bytes,
+        )?;
+        Ok(())
+    }
+}
+
+impl Metrics {
+    /// A registry with the HTTP layer's metrics and `figures` read per scrape.
+    pub fn new(figures: EngineFigures) -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        // 50 µs to 5 s in 1-2.5-5 steps: decisions take microseconds, commits
+        // with fsync milliseconds; 1 ms and 5 ms are bucket bounds, so
+        // latency objectives read exactly.
+        let latency = Family::<EndpointLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(LATENCY_BUCKETS.iter().copied())
+        });
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let overloaded = Counter::default();
+        let in_flight = Gauge::default();
+        registry.register(
+            "freqcap_http_requests",
+            "HTTP requests by route and status.",
+            requests.clone(),
+        );
+        registry.register(
+            "freqcap_http_request_duration_seconds",
+            "Time from the request entering the router to its answer.",
+            latency.clone(),
+        );
+        registry.register(
+            "freqcap_decisions",
+            "Decisions: check by outcome (allowed, denied, delayed); screen per candidate (eligible, ineligible).",
+            decisions.clone(),
+        );
+        registry.register(
+            "freqcap_overloaded",
+            "Requests answered 503 overloaded by load shedding.",
+            overloaded.clone(),
+        );
+        registry.register(
+            "freqcap_in_flight_requests",
+            "Requests being handled now.",
+            in_flight.clone(),
+        );
+        registry.register_collector(Box::new(figures));
+        Metrics {
+            registry,
+            requests,
+            latency,
+            decisions,
+            overloaded,
+            in_flight,
+        }
+    }
+
+    /// Counts one answered request.
+    pub fn request(&self, endpoint: &'static str, status: u16, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels { endpoint, status })
+            .inc();
+        self.latency
+            .get_or_create(&EndpointLabel { endpoint })
+            .observe(seconds);
+    }
+
+    /// Counts `n` decisions of `outcome` at `endpoint`.
+    pub fn decisions(&self, endpoint: &'static str, outcome: &'static str, n: u64) {
+        if n > 0 {
+            self.decisions
+                .get_or_create(&DecisionLabels { endpoint, outcome })
+                .inc_by(n);
+        }
+    }
+
+    pub fn overloaded(&self) {
+        self.overloaded.inc();
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
