@@ -749,3 +749,79 @@ fn tiny_hot_tier_loses_nothing() {
         );
     }
 }
+
+/// A memory store whose acknowledged writes fail while `failing` is set: a
+/// disk that stopped taking writes.
+struct FailingStore {
+    inner: MemoryStore,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl Store for FailingStore {
+    fn get(&self, space: freqcap::store::Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(space, key)
+    }
+    fn scan(&self, space: freqcap::store::Space) -> Result<freqcap::store::KeyValues, StoreError> {
+        self.inner.scan(space)
+    }
+    fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
+        if acknowledge && self.failing.load(Ordering::SeqCst) {
+            return freqcap::store::Receipt::failed(0, StoreError::Io("disk gone".into()));
+        }
+        self.inner.submit(batch, acknowledge)
+    }
+    fn written_seq(&self) -> u64 {
+        self.inner.written_seq()
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn set_now(&self, now: u64) {
+        self.inner.set_now(now)
+    }
+    fn stats(&self) -> freqcap::store::StoreStats {
+        self.inner.stats()
+    }
+    fn compact(&self) -> Result<(), StoreError> {
+        self.inner.compact()
+    }
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
+        self.inner.checkpoint(dir)
+    }
+}
+
+#[test]
+fn a_repeated_commit_is_never_acknowledged_when_the_first_was_not_written() {
+    let store = Arc::new(FailingStore {
+        inner: MemoryStore::new(),
+        failing: false.into(),
+    });
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = Engine::open(store.clone(), clock, EngineOptions::default()).unwrap();
+    ad_setup(&e);
+    let s = e.screen(&screen(Some("u1"), &["c1"], true)).unwrap();
+    let id = s.reservation.unwrap();
+    store.failing.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        e.commit(&id, &commit_one("c1")),
+        Err(EngineError::Store(_))
+    ));
+    // The retry must not say "committed": nothing was written.
+    assert!(matches!(
+        e.commit(&id, &commit_one("c1")),
+        Err(EngineError::Store(_))
+    ));
+    // With the disk back, a settled reservation's repeat still reports the
+    // first failure; a new reservation commits.
+    store.failing.store(false, Ordering::SeqCst);
+    let s = e.screen(&screen(Some("u2"), &["c1"], true)).unwrap();
+    let id2 = s.reservation.unwrap();
+    assert_eq!(
+        e.commit(&id2, &commit_one("c1")).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(
+        e.commit(&id2, &commit_one("c1")).unwrap().outcome,
+        Outcome::Committed
+    );
+}

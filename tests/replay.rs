@@ -362,3 +362,86 @@ fn replay_answers_as_the_live_server_does() {
         assert_eq!(l, r, "line {i}: {:?}", scenario[i]);
     }
 }
+
+#[test]
+fn the_replay_command_answers_every_line_on_stdout() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let local_midnight = T0 + 5 * 3_600_000;
+    let lines = [
+        line(
+            T0,
+            "PUT",
+            "/v1/campaigns/ny",
+            json!({"tz": "America/New_York", "caps": [{"name": "daily", "kind": "window", "limit": 1, "window": "1d", "align": "calendar"}]}),
+        ),
+        line(
+            local_midnight - 60_000,
+            "POST",
+            "/v1/events",
+            json!({"user": "u", "campaign": "ny", "event_id": "e1"}),
+        ),
+        line(
+            local_midnight - 1,
+            "POST",
+            "/v1/screen",
+            json!({"user": "u", "candidates": [{"campaign": "ny"}], "reserve": false}),
+        ),
+        "{not json".to_owned(),
+        line(
+            local_midnight,
+            "POST",
+            "/v1/screen",
+            json!({"user": "u", "candidates": [{"campaign": "ny"}], "reserve": false}),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .args(["replay", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.join("\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let status: Vec<u64> = answers
+        .iter()
+        .map(|a| a["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(status, [200, 200, 200, 400, 200]);
+    assert_eq!(answers[2]["body"]["results"][0]["eligible"], false);
+    assert_eq!(answers[4]["body"]["results"][0]["eligible"], true);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("replayed 5 lines, 1 answered with an error status")
+    );
+    // --data-dir keeps what the replay counted.
+    let store = Arc::new(
+        freqcap::store::RocksStore::open(&dir.path().join("data"), freqcap::store::Durability::Wal)
+            .unwrap(),
+    );
+    let e = freqcap::engine::Engine::open(
+        store,
+        freqcap::ManualClock::new((local_midnight - 1) * 1_000_000),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(e.user_usage("u", "ny").unwrap()[0].used, 1);
+}

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -291,6 +291,24 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The path parameters, with a rejection (say, `%FF` where a string is
+/// expected) answered in the error shape rather than axum's plain text.
+struct ApiPath<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::invalid("path", e.body_text())),
+        }
+    }
+}
+
 /// A path parameter over the id length limit is a 400 naming it, not a 404.
 fn id_param<C: Clock>(s: &AppState<C>, field: &str, value: &str) -> Result<(), ApiError> {
     let max = s.engine.options().max_id_len;
@@ -320,7 +338,7 @@ fn log_warnings(warnings: &[crate::model::Warning]) {
 
 async fn put_policy<C: Clock + 'static>(
     State(s): St<C>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PolicyDef>, ApiError> {
     id_param(&s, "name", &name)?;
@@ -334,7 +352,7 @@ async fn put_policy<C: Clock + 'static>(
 
 async fn get_policy<C: Clock + 'static>(
     State(s): St<C>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<PolicyDef>, ApiError> {
     id_param(&s, "name", &name)?;
     s.engine
@@ -345,7 +363,7 @@ async fn get_policy<C: Clock + 'static>(
 
 async fn delete_policy<C: Clock + 'static>(
     State(s): St<C>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     id_param(&s, "name", &name)?;
     let e = s.engine.clone();
@@ -357,7 +375,7 @@ async fn delete_policy<C: Clock + 'static>(
 
 async fn put_campaign<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CampaignDef>, ApiError> {
     id_param(&s, "id", &id)?;
@@ -371,7 +389,7 @@ async fn put_campaign<C: Clock + 'static>(
 
 async fn get_campaign<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<CampaignDef>, ApiError> {
     id_param(&s, "id", &id)?;
     s.engine
@@ -382,7 +400,7 @@ async fn get_campaign<C: Clock + 'static>(
 
 async fn delete_campaign<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     id_param(&s, "id", &id)?;
     let e = s.engine.clone();
@@ -418,7 +436,7 @@ fn rfc3339(ns: Nanos) -> String {
 
 async fn delivery<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<DeliveryBody>, ApiError> {
     id_param(&s, "id", &id)?;
     let e = s.engine.clone();
@@ -773,7 +791,7 @@ fn optional_body<T: DeserializeOwned + Default>(
 
 async fn commit<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<SettledBody>, ApiError> {
     let b: CommitBody = optional_body(b)?;
@@ -799,7 +817,7 @@ struct ReleaseBody {}
 
 async fn release<C: Clock + 'static>(
     State(s): St<C>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<SettledBody>, ApiError> {
     let _: ReleaseBody = optional_body(b)?;
@@ -849,10 +867,14 @@ async fn events<C: Clock + 'static>(
     let mut evs = Vec::with_capacity(n);
     for (i, v) in list.into_iter().enumerate() {
         let e: EventBody = serde_path_to_error::deserialize(v).map_err(|e| {
-            let field = if n == 1 {
-                e.path().to_string()
-            } else {
-                format!("[{i}].{}", e.path())
+            // serde_path_to_error writes the root as "."; name it as the
+            // body ("") or the element ("[i]").
+            let path = e.path().to_string();
+            let path = if path == "." { "" } else { path.as_str() };
+            let field = match (n, path) {
+                (1, p) => p.to_owned(),
+                (_, "") => format!("[{i}]"),
+                (_, p) => format!("[{i}].{p}"),
             };
             ApiError::invalid(&field, e.inner())
         })?;
@@ -901,7 +923,7 @@ struct UsageBody {
 
 async fn usage<C: Clock + 'static>(
     State(s): St<C>,
-    Path((user, id)): Path<(String, String)>,
+    ApiPath((user, id)): ApiPath<(String, String)>,
 ) -> Result<Json<UsageBody>, ApiError> {
     id_param(&s, "user", &user)?;
     id_param(&s, "id", &id)?;

@@ -769,16 +769,24 @@ impl<C: Clock> Engine<C> {
                 seq,
                 outcome,
                 chosen,
+                settled,
             } => {
-                let receipts = self.apply_holds(&holds, seq, &chosen, true, req.cost, now)?;
-                for r in receipts {
-                    r.wait()?;
-                }
+                let written = self
+                    .apply_holds(&holds, seq, &chosen, true, req.cost, now)
+                    .and_then(|receipts| {
+                        receipts
+                            .into_iter()
+                            .try_for_each(|r| r.wait().map_err(EngineError::from))
+                    });
+                // A repeat of this commit answers only now, with this result.
+                settled.set(written.clone());
+                written?;
                 self.stats.commits.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
             Settle::Rejected(e) => Err(e),
-            Settle::Repeat(o) => Ok(o),
+            // Not acknowledged before the first commit is durable.
+            Settle::Repeat(o, settled) => settled.wait().map(|()| o),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
             Settle::Unknown => {
                 // A late commit: the impression happened although its
@@ -836,14 +844,19 @@ impl<C: Clock> Engine<C> {
                 holds,
                 seq,
                 outcome,
+                settled,
                 ..
             } => {
-                self.apply_holds(&holds, seq, &[], false, None, now)?;
+                let applied = self
+                    .apply_holds(&holds, seq, &[], false, None, now)
+                    .map(drop);
+                settled.set(applied.clone());
+                applied?;
                 self.stats.releases.fetch_add(1, Ordering::Relaxed);
                 Ok(outcome)
             }
             Settle::Rejected(e) => Err(e),
-            Settle::Repeat(o) => Ok(o),
+            Settle::Repeat(o, settled) => settled.wait().map(|()| o),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
             Settle::Unknown => Err(EngineError::NotFound(format!(
                 "no open reservation {id:?} (unknown or expired)"

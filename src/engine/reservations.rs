@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::clock::Nanos;
 
@@ -20,9 +20,47 @@ pub enum State {
     /// Holding pending debits; the stored first answer.
     Open(Answer),
     /// Settled: remembered until the original deadline so a repeat gets the
-    /// first outcome (DESIGN §2.6).
-    Committed(CommitOutcome),
-    Released(CommitOutcome),
+    /// first outcome (DESIGN §2.6). A repeat waits on the [`Settled`] latch,
+    /// so it is not acknowledged before the first one's write is durable.
+    Committed(CommitOutcome, Arc<Settled>),
+    Released(CommitOutcome, Arc<Settled>),
+}
+
+/// The longest a repeat waits for the first settle of the same id.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Set once the settling call has applied (and, for a commit, durably
+/// written) what it settled. A std mutex and condvar: waiters are repeats of
+/// one id, rare and short, and they wait on a writer thread, not a task.
+#[derive(Debug, Default)]
+pub struct Settled {
+    result: Mutex<Option<Result<(), EngineError>>>,
+    done: Condvar,
+}
+
+impl Settled {
+    /// Publishes the first call's result to every repeat.
+    pub fn set(&self, result: Result<(), EngineError>) {
+        *self.result.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+        self.done.notify_all();
+    }
+
+    /// Waits until the first call has its result, and returns it. The wait is
+    /// bounded: should the first call never finish (a bug), a repeat gets a
+    /// conflict to retry rather than a thread blocked for good.
+    pub fn wait(&self) -> Result<(), EngineError> {
+        let r = self.result.lock().unwrap_or_else(PoisonError::into_inner);
+        let (r, _) = self
+            .done
+            .wait_timeout_while(r, SETTLE_WAIT, |r| r.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        match r.as_ref() {
+            Some(r) => r.clone(),
+            None => Err(EngineError::Conflict(
+                "the reservation is still being settled; retry".into(),
+            )),
+        }
+    }
 }
 
 /// One reservation.
@@ -80,16 +118,19 @@ pub enum Begin {
 
 /// What [`Reservations::settle`] found.
 pub enum Settle {
-    /// Was open: now settled by this call, which must apply it.
+    /// Was open: now settled by this call, which must apply it and then set
+    /// `settled`.
     Apply {
         holds: Arc<Holds>,
         seq: u64,
         outcome: CommitOutcome,
         /// Candidates to commit (a screen's winners).
         chosen: Vec<u32>,
+        settled: Arc<Settled>,
     },
-    /// Settled before by the same operation: its outcome.
-    Repeat(CommitOutcome),
+    /// Settled before by the same operation: its outcome, to give once the
+    /// latch says the first call succeeded.
+    Repeat(CommitOutcome, Arc<Settled>),
     /// Settled before by the other operation.
     Conflict(String),
     /// The request does not fit the reservation (left open).
@@ -122,7 +163,7 @@ impl Reservations {
                     "reservation {id:?} exists with a different request"
                 )),
                 State::Deciding => Begin::Conflict(format!("reservation {id:?} is being decided")),
-                State::Committed(_) | State::Released(_) => {
+                State::Committed(..) | State::Released(..) => {
                     Begin::Conflict(format!("reservation {id:?} is already settled"))
                 }
             };
@@ -180,10 +221,11 @@ impl Reservations {
                     Ok(x) => x,
                     Err(e) => return Settle::Rejected(e),
                 };
+                let settled = Arc::new(Settled::default());
                 r.state = if commit {
-                    State::Committed(o.clone())
+                    State::Committed(o.clone(), settled.clone())
                 } else {
-                    State::Released(o.clone())
+                    State::Released(o.clone(), settled.clone())
                 };
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 Settle::Apply {
@@ -191,12 +233,13 @@ impl Reservations {
                     seq: r.seq,
                     outcome: o,
                     chosen,
+                    settled,
                 }
             }
-            State::Committed(o) if commit => Settle::Repeat(o.clone()),
-            State::Released(o) if !commit => Settle::Repeat(o.clone()),
-            State::Committed(_) => Settle::Conflict(format!("reservation {id:?} was committed")),
-            State::Released(_) => Settle::Conflict(format!("reservation {id:?} was released")),
+            State::Committed(o, s) if commit => Settle::Repeat(o.clone(), s.clone()),
+            State::Released(o, s) if !commit => Settle::Repeat(o.clone(), s.clone()),
+            State::Committed(..) => Settle::Conflict(format!("reservation {id:?} was committed")),
+            State::Released(..) => Settle::Conflict(format!("reservation {id:?} was released")),
             State::Deciding => Settle::Conflict(format!("reservation {id:?} is being decided")),
         }
     }
