@@ -159,6 +159,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Command::Serve(args) => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)
+                // Colour codes only for a person at a terminal, not in journals.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_env_filter(
                     tracing_subscriber::EnvFilter::try_from_env("FREQCAP_LOG")
                         .unwrap_or_else(|_| "info".into()),

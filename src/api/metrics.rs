@@ -27,6 +27,9 @@ const LATENCY_BUCKETS: [f64; 17] = [
     1.0, 2.5, 5.0, 10.0,
 ];
 
+// Help texts are written without a final period: the registry adds one to
+// what is registered, and `counter`/`gauge` add it to the collected ones.
+
 /// The content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -93,12 +96,12 @@ impl fmt::Debug for EngineFigures {
 
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
     let c = ConstCounter::new(v);
-    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+    c.encode(e.encode_descriptor(name, &format!("{help}."), None, c.metric_type())?)
 }
 
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
     let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
-    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+    g.encode(e.encode_descriptor(name, &format!("{help}."), None, g.metric_type())?)
 }
 
 impl Collector for EngineFigures {
@@ -107,13 +110,13 @@ impl Collector for EngineFigures {
         gauge(
             &mut e,
             "freqcap_reservations_open",
-            "Reservations pending now.",
+            "Reservations pending now",
             f.reservations_open,
         )?;
         counter(
             &mut e,
             "freqcap_reservations_expired",
-            "Reservations released by their deadline.",
+            "Reservations released by their deadline",
             f.reservations_expired,
         )?;
         // Commits by outcome: one family, two series.
@@ -130,62 +133,62 @@ impl Collector for EngineFigures {
         counter(
             &mut e,
             "freqcap_releases",
-            "Reservations released by a client.",
+            "Reservations released by a client",
             f.releases,
         )?;
-        counter(&mut e, "freqcap_events", "Events counted.", f.events)?;
+        counter(&mut e, "freqcap_events", "Events counted", f.events)?;
         counter(
             &mut e,
             "freqcap_events_duplicate",
-            "Events ignored as already counted within the dedupe horizon.",
+            "Events ignored as already counted within the dedupe horizon",
             f.duplicate_events,
         )?;
         gauge(
             &mut e,
             "freqcap_writer_queue_depth",
-            "Batches submitted to the writer and not yet written.",
+            "Batches submitted to the writer and not yet written",
             f.writer_queue_depth,
         )?;
         counter(
             &mut e,
             "freqcap_writer_groups",
-            "Groups written (one WAL append each).",
+            "Groups written (one WAL append each)",
             f.writer_groups,
         )?;
         counter(
             &mut e,
             "freqcap_writer_batches",
-            "Batches written; batches / groups is the mean group size.",
+            "Batches written; batches / groups is the mean group size",
             f.writer_batches,
         )?;
         gauge(
             &mut e,
             "freqcap_hot_records",
-            "Records in the hot tier.",
+            "Records in the hot tier",
             f.hot_records,
         )?;
         gauge(
             &mut e,
             "freqcap_hot_bytes",
-            "Bytes the hot tier counts against its budget.",
+            "Bytes the hot tier counts against its budget",
             f.hot_bytes,
         )?;
         counter(
             &mut e,
             "freqcap_hot_hits",
-            "Record lookups served from memory.",
+            "Record lookups served from memory",
             f.hot_hits,
         )?;
         counter(
             &mut e,
             "freqcap_hot_misses",
-            "Record lookups that asked the store.",
+            "Record lookups that asked the store",
             f.hot_misses,
         )?;
         gauge(
             &mut e,
             "freqcap_disk_live_bytes",
-            "RocksDB's estimate of live state bytes (0 in memory).",
+            "RocksDB's estimate of live state bytes (0 in memory)",
             f.disk_live_bytes,
         )?;
         Ok(())
@@ -208,27 +211,27 @@ impl Metrics {
         let in_flight = Gauge::default();
         registry.register(
             "freqcap_http_requests",
-            "HTTP requests by route and status.",
+            "HTTP requests by route and status",
             requests.clone(),
         );
         registry.register(
             "freqcap_http_request_duration_seconds",
-            "Time from the request entering the router to its answer.",
+            "Time from the request entering the router to its answer",
             latency.clone(),
         );
         registry.register(
             "freqcap_decisions",
-            "Decisions: check by outcome (allowed, denied, delayed); screen per candidate (eligible, ineligible).",
+            "Decisions: check by outcome (allowed, denied, delayed); screen per candidate (eligible, ineligible)",
             decisions.clone(),
         );
         registry.register(
             "freqcap_overloaded",
-            "Requests answered 503 overloaded by load shedding.",
+            "Requests answered 503 overloaded by load shedding",
             overloaded.clone(),
         );
         registry.register(
             "freqcap_in_flight_requests",
-            "Requests being handled now.",
+            "Requests being handled now",
             in_flight.clone(),
         );
         registry.register_collector(Box::new(figures));
