@@ -82,6 +82,9 @@ pub struct Figures {
     pub hot_hits: u64,
     pub hot_misses: u64,
     pub disk_live_bytes: u64,
+    pub rocksdb_memtable_bytes: u64,
+    pub rocksdb_pending_compaction_bytes: u64,
+    pub rocksdb_estimated_keys: u64,
 }
 
 /// Reads [`Figures`] on each scrape. A closure keeps this module free of the
@@ -190,6 +193,24 @@ impl Collector for EngineFigures {
             "freqcap_disk_live_bytes",
             "RocksDB's estimate of live state bytes (0 in memory)",
             f.disk_live_bytes,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_rocksdb_memtable_bytes",
+            "Bytes in RocksDB's memtables (0 in memory)",
+            f.rocksdb_memtable_bytes,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_rocksdb_pending_compaction_bytes",
+            "Bytes RocksDB estimates compaction has yet to rewrite (0 in memory)",
+            f.rocksdb_pending_compaction_bytes,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_rocksdb_estimated_keys",
+            "RocksDB's estimate of keys of state (0 in memory)",
+            f.rocksdb_estimated_keys,
         )?;
         Ok(())
     }

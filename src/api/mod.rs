@@ -122,6 +122,9 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
         hot_hits: get(&st.hot_hits),
         hot_misses: get(&st.hot_misses),
         disk_live_bytes: store.disk_bytes,
+        rocksdb_memtable_bytes: store.memtable_bytes,
+        rocksdb_pending_compaction_bytes: store.pending_compaction_bytes,
+        rocksdb_estimated_keys: store.estimated_keys,
     }
 }
 

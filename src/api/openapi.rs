@@ -90,8 +90,8 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "get",
             path: "/v1/policies/{name}",
-            summary: "Read a policy definition.",
-            admin: true,
+            summary: "Read a policy definition (either token).",
+            admin: false,
             request: None,
             responses: vec![(200, "the definition", policy), e(404, "no such policy")],
         },

@@ -87,6 +87,9 @@ impl Store for MemoryStore {
             groups: b,
             batches: b,
             disk_bytes: 0,
+            memtable_bytes: 0,
+            pending_compaction_bytes: 0,
+            estimated_keys: 0,
         }
     }
 

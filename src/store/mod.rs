@@ -239,6 +239,13 @@ pub struct StoreStats {
     pub batches: u64,
     /// Estimated live bytes of state on disk (RocksDB's estimate; 0 in memory).
     pub disk_bytes: u64,
+    /// Bytes in RocksDB's memtables, all column families (0 in memory).
+    pub memtable_bytes: u64,
+    /// Bytes RocksDB estimates compaction still has to rewrite; a growing
+    /// figure means writes outpace compaction (0 in memory).
+    pub pending_compaction_bytes: u64,
+    /// RocksDB's estimate of keys in the state column family (0 in memory).
+    pub estimated_keys: u64,
 }
 
 /// What the engine needs from persistence.

@@ -296,20 +296,28 @@ impl Store for RocksStore {
     fn stats(&self) -> StoreStats {
         let submitted = self.shared.submitted.load(Ordering::Relaxed);
         let written = self.written_seq();
-        let disk_bytes = cf(&self.db, Space::State)
-            .ok()
-            .and_then(|c| {
-                self.db
-                    .property_int_value_cf(c, "rocksdb.estimate-live-data-size")
-                    .ok()
-                    .flatten()
-            })
-            .unwrap_or(0);
+        // Property reads are in-memory lookups in RocksDB: cheap per scrape.
+        let state = |name: &str| {
+            cf(&self.db, Space::State)
+                .ok()
+                .and_then(|c| self.db.property_int_value_cf(c, name).ok().flatten())
+                .unwrap_or(0)
+        };
+        let all = |name: &str| {
+            [Space::State, Space::Definitions, Space::Dedupe, Space::Meta]
+                .into_iter()
+                .filter_map(|s| cf(&self.db, s).ok())
+                .filter_map(|c| self.db.property_int_value_cf(c, name).ok().flatten())
+                .sum::<u64>()
+        };
         StoreStats {
             queue_depth: submitted.saturating_sub(written),
             groups: self.shared.groups.load(Ordering::Relaxed),
             batches: self.shared.batches.load(Ordering::Relaxed),
-            disk_bytes,
+            disk_bytes: state("rocksdb.estimate-live-data-size"),
+            memtable_bytes: all("rocksdb.cur-size-all-mem-tables"),
+            pending_compaction_bytes: all("rocksdb.estimate-pending-compaction-bytes"),
+            estimated_keys: state("rocksdb.estimate-num-keys"),
         }
     }
 
