@@ -1,0 +1,1164 @@
+//! The load generator of BENCHMARKS.md: freqcap's HTTP API and the Redis+Lua
+//! baseline driven by the same load shapes, from one process.
+//!
+//! A bench target (`harness = false`) rather than a `src/bin`: its client-only
+//! dependency (hdrhistogram) stays a dev-dependency, out of the service's tree,
+//! and `cargo test --all-targets` only builds it (run without a command it
+//! prints its usage and exits 0).
+//!
+//! ```sh
+//! cargo bench --bench loadgen --no-run          # then run the printed binary:
+//! loadgen run --target freqcap --addr 127.0.0.1:8080 --workload screen --conns 32 --secs 5
+//! loadgen run --target redis --addr 127.0.0.1:6390 --workload check-hot --rate 20000
+//! loadgen fill --data-dir /tmp/fc10m --counters 10000000
+//! loadgen restart --bin target/release/freqcap --data-dir /tmp/fc10m --repeat 3
+//! ```
+//!
+//! The client is raw tokio TCP on a current-thread runtime (one core) with a
+//! minimal HTTP/1.1 writer/parser and a minimal RESP writer/parser: every
+//! connection keeps one request in flight (keep-alive, no pipelining).
+//! Open loop (`--rate R`): connection `i` of `N` sends at `t0 + (i + jN)/R`;
+//! latency counts from that intended time, so a server that falls behind is
+//! charged for the queue it causes (no coordinated omission). Closed loop
+//! (`--rate 0`): each connection sends its next request when the answer
+//! arrives.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use hdrhistogram::Histogram;
+use tokio::net::TcpStream;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn err(msg: impl Into<String>) -> Box<dyn std::error::Error + Send + Sync> {
+    msg.into().into()
+}
+
+#[derive(Parser)]
+#[command(name = "loadgen")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+enum Target {
+    Freqcap,
+    Redis,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+enum Workload {
+    /// `check` on one key (a GCRA rate limit; mostly denials once warm).
+    CheckHot,
+    /// `check` on keys drawn uniformly from 1 000 000.
+    #[value(name = "check-1m")]
+    Check1m,
+    /// `screen` of K candidates for a Zipf user, then a commit of one winner.
+    Screen,
+    /// One impression event for a Zipf user and a random campaign.
+    Events,
+}
+
+#[derive(clap::Args, Clone, Debug)]
+struct RunArgs {
+    #[arg(long, value_enum)]
+    target: Target,
+    #[arg(long)]
+    addr: String,
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Connections (each one request in flight).
+    #[arg(long, default_value_t = 32)]
+    conns: usize,
+    /// Operations per second, open loop; 0 is closed loop.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Measured seconds (after the warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    secs: f64,
+    /// Warm-up seconds, not measured.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Candidates per screen.
+    #[arg(long, default_value_t = 50)]
+    k: usize,
+    /// Users (Zipf ranks) for screen and events.
+    #[arg(long, default_value_t = 1_000_000)]
+    users: usize,
+    /// Zipf exponent.
+    #[arg(long, default_value_t = 0.99)]
+    zipf: f64,
+    /// Keys for check-1m.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    /// A tag written into the JSON line (e.g. the sweep step).
+    #[arg(long, default_value = "")]
+    tag: String,
+    /// Print one JSON line instead of text.
+    #[arg(long)]
+    json: bool,
+    /// After a screen run, read every committed (user, campaign)'s usage back
+    /// and check no commit went over a cap.
+    #[arg(long)]
+    verify: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One load run.
+    Run(RunArgs),
+    /// Fill a data dir with user counters through the Engine API.
+    Fill {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = 10_000_000)]
+        counters: u64,
+    },
+    /// Time `freqcap serve` from spawn until /readyz answers 200.
+    Restart {
+        #[arg(long)]
+        bin: PathBuf,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> Res<()> {
+    // `cargo bench` adds `--bench`; `cargo test --all-targets` runs us bare.
+    let args: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
+    if args.len() < 2 {
+        println!("loadgen: no command given (run, fill, restart); see BENCHMARKS.md");
+        return Ok(());
+    }
+    let cli = Cli::parse_from(args);
+    match cli.command {
+        Cmd::Run(a) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(run(a))
+        }
+        Cmd::Fill { data_dir, counters } => fill(&data_dir, counters),
+        Cmd::Restart {
+            bin,
+            data_dir,
+            repeat,
+            json,
+        } => restart(&bin, &data_dir, repeat, json),
+    }
+}
+
+// ---- shared definitions: the same caps for both targets ----
+
+/// The rate limit of `check`: CL.THROTTLE key 100 100 1 (burst 100 after
+/// idling, 100 per second) on both sides.
+const RATE: u64 = 100;
+const BURST: u64 = 100;
+/// Per-user caps of every screened campaign: 5 per fixed day, 3 per rolling hour.
+const DAILY: u64 = 5;
+const ROLLING: u64 = 3;
+const ROLLING_MS: u64 = 3_600_000;
+/// A budget no run exhausts (units per day).
+const BUDGET: u64 = 1_000_000_000_000;
+
+fn campaign_name(i: usize) -> String {
+    format!("lg-c{i}")
+}
+
+// ---- a small PRNG and Zipf sampler ----
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next() >> 11) as u128 * n as u128 >> 53) as u64
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Ranks 0..n with P(k) ∝ 1/(k+1)^s, by binary search in the CDF.
+struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    fn new(n: usize, s: f64) -> Zipf {
+        let mut cdf = Vec::with_capacity(n);
+        let mut acc = 0.0;
+        for k in 0..n {
+            acc += 1.0 / ((k + 1) as f64).powf(s);
+            cdf.push(acc);
+        }
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+    fn sample(&self, r: &mut Rng) -> usize {
+        let u = r.unit();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+// ---- connections: HTTP/1.1 and RESP over raw tokio TCP ----
+
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+    /// Bytes of `buf` read from the socket.
+    end: usize,
+    /// Bytes at the front of `buf` belonging to the last answer.
+    used: usize,
+}
+
+impl Conn {
+    async fn connect(addr: &str) -> Res<Conn> {
+        let s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            s,
+            buf: vec![0; 64 * 1024],
+            end: 0,
+            used: 0,
+        })
+    }
+
+    async fn send(&mut self, mut data: &[u8]) -> Res<()> {
+        // Drop the previous answer.
+        self.buf.copy_within(self.used..self.end, 0);
+        self.end -= self.used;
+        self.used = 0;
+        while !data.is_empty() {
+            match self.s.try_write(data) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.s.writable().await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn fill(&mut self) -> Res<()> {
+        if self.end == self.buf.len() {
+            let n = self.buf.len() * 2;
+            self.buf.resize(n, 0);
+        }
+        loop {
+            match self.s.try_read(&mut self.buf[self.end..]) {
+                Ok(0) => return Err(err("connection closed")),
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.s.readable().await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Reads one HTTP/1.1 answer: its status and the body's range in `buf`.
+    async fn http_answer(&mut self) -> Res<(u16, std::ops::Range<usize>)> {
+        loop {
+            if let Some(h) = find(&self.buf[..self.end], b"\r\n\r\n") {
+                let head = &self.buf[..h];
+                let status: u16 = std::str::from_utf8(head.get(9..12).unwrap_or(b"000"))?
+                    .parse()
+                    .map_err(|_| err("bad status line"))?;
+                let mut len = 0usize;
+                for line in head.split(|&b| b == b'\n') {
+                    if line.len() > 15 && line[..15].eq_ignore_ascii_case(b"content-length:") {
+                        len = std::str::from_utf8(&line[15..])?
+                            .trim()
+                            .parse()
+                            .map_err(|_| err("bad content-length"))?;
+                    }
+                }
+                let body = h + 4..h + 4 + len;
+                while self.end < body.end {
+                    self.fill().await?;
+                }
+                self.used = body.end;
+                return Ok((status, body));
+            }
+            self.fill().await?;
+        }
+    }
+
+    async fn http(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Res<(u16, std::ops::Range<usize>)> {
+        out.clear();
+        let _ = write!(
+            Wrap(out),
+            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        out.extend_from_slice(body);
+        let req = std::mem::take(out);
+        let r = self.send(&req).await;
+        *out = req;
+        r?;
+        self.http_answer().await
+    }
+
+    /// Sends one RESP command and reads its reply.
+    async fn resp(&mut self, args: &[&[u8]], out: &mut Vec<u8>) -> Res<Resp> {
+        out.clear();
+        let _ = write!(Wrap(out), "*{}\r\n", args.len());
+        for a in args {
+            let _ = write!(Wrap(out), "${}\r\n", a.len());
+            out.extend_from_slice(a);
+            out.extend_from_slice(b"\r\n");
+        }
+        let req = std::mem::take(out);
+        let r = self.send(&req).await;
+        *out = req;
+        r?;
+        loop {
+            if let Some((v, n)) = parse_resp(&self.buf[..self.end])? {
+                self.used = n;
+                return Ok(v);
+            }
+            self.fill().await?;
+        }
+    }
+}
+
+/// `fmt::Write` into a byte vector.
+struct Wrap<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Wrap<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn find(h: &[u8], n: &[u8]) -> Option<usize> {
+    h.windows(n.len()).position(|w| w == n)
+}
+
+/// A reply; the strings are read through `Debug` in error reports.
+#[derive(Debug)]
+#[allow(dead_code)]
+enum Resp {
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Simple(String),
+    Error(String),
+    Array(Vec<Resp>),
+}
+
+/// One complete reply at the front of `b` and its length, or None if more
+/// bytes are needed.
+fn parse_resp(b: &[u8]) -> Res<Option<(Resp, usize)>> {
+    let Some(nl) = find(b, b"\r\n") else {
+        return Ok(None);
+    };
+    if b.is_empty() {
+        return Ok(None);
+    }
+    let line = std::str::from_utf8(&b[1..nl])?;
+    let after = nl + 2;
+    let int = |s: &str| -> Res<i64> { s.parse::<i64>().map_err(|_| err("bad RESP integer")) };
+    Ok(match b[0] {
+        b':' => Some((Resp::Int(int(line)?), after)),
+        b'+' => Some((Resp::Simple(line.to_owned()), after)),
+        b'-' => Some((Resp::Error(line.to_owned()), after)),
+        b'$' => {
+            let n = int(line)?;
+            if n < 0 {
+                Some((Resp::Bulk(None), after))
+            } else {
+                let n = n as usize;
+                if b.len() < after + n + 2 {
+                    None
+                } else {
+                    Some((
+                        Resp::Bulk(Some(b[after..after + n].to_vec())),
+                        after + n + 2,
+                    ))
+                }
+            }
+        }
+        b'*' => {
+            let n = int(line)?;
+            let mut items = Vec::new();
+            let mut at = after;
+            for _ in 0..n.max(0) {
+                match parse_resp(&b[at..])? {
+                    Some((v, m)) => {
+                        items.push(v);
+                        at += m;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Some((Resp::Array(items), at))
+        }
+        other => return Err(err(format!("bad RESP type byte {other}"))),
+    })
+}
+
+// ---- the Lua baseline ----
+
+const LUA_GCRA: &str = include_str!("lua/gcra.lua");
+const LUA_SCREEN: &str = include_str!("lua/screen.lua");
+const LUA_COMMIT: &str = include_str!("lua/commit.lua");
+const LUA_EVENT: &str = include_str!("lua/event.lua");
+
+struct Shas {
+    gcra: String,
+    screen: String,
+    commit: String,
+    event: String,
+}
+
+async fn load_scripts(c: &mut Conn) -> Res<Shas> {
+    let mut out = Vec::new();
+    let mut load = async |src: &str| -> Res<String> {
+        match c
+            .resp(&[b"SCRIPT", b"LOAD", src.as_bytes()], &mut out)
+            .await?
+        {
+            Resp::Bulk(Some(s)) => Ok(String::from_utf8(s)?),
+            other => Err(err(format!("SCRIPT LOAD: {other:?}"))),
+        }
+    };
+    Ok(Shas {
+        gcra: load(LUA_GCRA).await?,
+        screen: load(LUA_SCREEN).await?,
+        commit: load(LUA_COMMIT).await?,
+        event: load(LUA_EVENT).await?,
+    })
+}
+
+// ---- setup: definitions through the API ----
+
+async fn setup_freqcap(addr: &str, k: usize) -> Res<()> {
+    let mut c = Conn::connect(addr).await?;
+    let mut out = Vec::new();
+    let policy = format!(
+        r#"{{"limits":[{{"name":"rate","kind":"rate","rate":{RATE},"per":"1s","burst":{BURST}}}]}}"#
+    );
+    let (st, _) = c
+        .http("PUT", "/v1/policies/lg-rate", policy.as_bytes(), &mut out)
+        .await?;
+    if st != 200 && st != 201 {
+        return Err(err(format!("PUT policy: {st}")));
+    }
+    let camp = format!(
+        r#"{{"caps":[{{"name":"daily","kind":"window","limit":{DAILY},"window":"1d","align":"fixed"}},{{"name":"hourly","kind":"window","limit":{ROLLING},"window":"{}ms","align":"rolling"}}],"budget":{{"amount":{BUDGET},"pacing":"asap"}}}}"#,
+        ROLLING_MS
+    );
+    for i in 0..k {
+        let path = format!("/v1/campaigns/{}", campaign_name(i));
+        let (st, r) = c.http("PUT", &path, camp.as_bytes(), &mut out).await?;
+        if st != 200 && st != 201 {
+            let b = String::from_utf8_lossy(&c.buf[r]).into_owned();
+            return Err(err(format!("PUT campaign: {st} {b}")));
+        }
+    }
+    Ok(())
+}
+
+// ---- one run ----
+
+struct Shared {
+    a: RunArgs,
+    zipf: Option<Zipf>,
+    shas: Option<Shas>,
+    /// Each run's users are new (`u<run>-<rank>`), so repeated runs start fresh.
+    run_id: String,
+    t0: Instant,
+    measure_from: Instant,
+    end: Instant,
+    candidates_json: String,
+}
+
+#[derive(Default)]
+struct Tally {
+    ops: u64,
+    requests: u64,
+    errors: u64,
+    /// Screens with no eligible candidate (no commit follows).
+    none_eligible: u64,
+    commits: u64,
+    denied: u64,
+    first_error: Option<String>,
+    /// (user rank, campaign index) -> commits, for the accuracy check.
+    committed: HashMap<(usize, usize), u64>,
+}
+
+async fn run(a: RunArgs) -> Res<()> {
+    let zipf = matches!(a.workload, Workload::Screen | Workload::Events)
+        .then(|| Zipf::new(a.users, a.zipf));
+    let shas = if a.target == Target::Redis {
+        let mut c = Conn::connect(&a.addr).await?;
+        Some(load_scripts(&mut c).await?)
+    } else {
+        setup_freqcap(&a.addr, a.k).await?;
+        None
+    };
+    let mut candidates_json = String::from("[");
+    for i in 0..a.k {
+        if i > 0 {
+            candidates_json.push(',');
+        }
+        let _ = write!(candidates_json, r#"{{"campaign":"{}"}}"#, campaign_name(i));
+    }
+    candidates_json.push(']');
+    let run_id = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+            % 0xFFFF_FFFF
+    );
+    let t0 = Instant::now() + Duration::from_millis(50);
+    let measure_from = t0 + Duration::from_secs_f64(a.warmup);
+    let end = measure_from + Duration::from_secs_f64(a.secs);
+    let sh = Rc::new(Shared {
+        a: a.clone(),
+        zipf,
+        shas,
+        run_id,
+        t0,
+        measure_from,
+        end,
+        candidates_json,
+    });
+    let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
+        1_000,
+        120_000_000_000,
+        3,
+    )?));
+    let tally = Rc::new(RefCell::new(Tally::default()));
+    let local = tokio::task::LocalSet::new();
+    for i in 0..a.conns {
+        let (sh, hist, tally) = (sh.clone(), hist.clone(), tally.clone());
+        local.spawn_local(async move {
+            if let Err(e) = conn_loop(i, &sh, &hist, &tally).await {
+                let mut t = tally.borrow_mut();
+                t.errors += 1;
+                t.first_error.get_or_insert(e.to_string());
+            }
+        });
+    }
+    // Every connection loop ends by `end` (plus one answer's wait); bound it.
+    let limit = end + Duration::from_secs(30);
+    tokio::time::timeout_at(limit.into(), local).await.ok();
+    let wall = a.secs;
+    let h = hist.borrow();
+    let t = tally.borrow();
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    let mut verify = None;
+    if a.verify && a.workload == Workload::Screen {
+        verify = Some(verify_caps(&sh, &t.committed).await?);
+    }
+    let ops_s = t.ops as f64 / wall;
+    if a.json {
+        let v = serde_json::json!({
+            "target": format!("{:?}", a.target).to_lowercase(),
+            "workload": a.workload.to_possible_value().map(|v| v.get_name().to_owned()),
+            "tag": a.tag,
+            "conns": a.conns, "rate": a.rate, "secs": a.secs, "k": a.k,
+            "ops": t.ops, "ops_per_s": ops_s, "requests_per_s": t.requests as f64 / wall,
+            "errors": t.errors, "first_error": t.first_error,
+            "commits": t.commits, "none_eligible": t.none_eligible, "denied": t.denied,
+            "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "p999_us": q(0.999),
+            "max_us": h.max() as f64 / 1000.0,
+            "verify": verify,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{:?} {:?} conns={} rate={} : {:.0} ops/s ({:.0} req/s), errors {}, p50 {:.0} µs p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; commits {} none-eligible {} denied {}",
+            a.target,
+            a.workload,
+            a.conns,
+            a.rate,
+            ops_s,
+            t.requests as f64 / wall,
+            t.errors,
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            q(0.999),
+            h.max() as f64 / 1000.0,
+            t.commits,
+            t.none_eligible,
+            t.denied
+        );
+        if let Some(e) = &t.first_error {
+            println!("first error: {e}");
+        }
+        if let Some(v) = verify {
+            println!("verify: {v}");
+        }
+    }
+    Ok(())
+}
+
+async fn conn_loop(
+    i: usize,
+    sh: &Shared,
+    hist: &RefCell<Histogram<u64>>,
+    tally: &RefCell<Tally>,
+) -> Res<()> {
+    let a = &sh.a;
+    let mut c = Conn::connect(&a.addr).await?;
+    let mut rng = Rng(0x5EED
+        ^ (i as u64).wrapping_mul(0x1234_5678_9ABC_DEF1)
+        ^ sh.t0.elapsed().as_nanos() as u64);
+    let mut out = Vec::with_capacity(4096);
+    let mut body = Vec::with_capacity(4096);
+    let interval = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.conns as f64 / a.rate));
+    let offset = interval.map(|iv| iv.mul_f64(i as f64 / a.conns as f64));
+    let mut seq: u64 = 0;
+    // A hard cap on operations per connection besides the clock.
+    for j in 0..200_000_000u64 {
+        let intended = match (interval, offset) {
+            (Some(iv), Some(off)) => {
+                let at = sh.t0 + off + iv.mul_f64(j as f64);
+                wait_until(at).await;
+                at
+            }
+            _ => Instant::now(),
+        };
+        if intended >= sh.end {
+            break;
+        }
+        let measured = intended >= sh.measure_from;
+        seq += 1;
+        let outcome = one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await;
+        let done = Instant::now();
+        let mut t = tally.borrow_mut();
+        match outcome {
+            Ok(o) => {
+                if measured {
+                    t.ops += 1;
+                    t.requests += o.requests;
+                    t.commits += o.committed.is_some() as u64;
+                    t.none_eligible += o.none_eligible as u64;
+                    t.denied += o.denied as u64;
+                    let ns = done.duration_since(intended).as_nanos() as u64;
+                    hist.borrow_mut().saturating_record(ns.max(1_000));
+                }
+                if let Some(key) = o.committed {
+                    *t.committed.entry(key).or_default() += 1;
+                }
+                if o.error {
+                    t.errors += 1;
+                    if t.first_error.is_none() {
+                        t.first_error = Some(String::from_utf8_lossy(&o.error_body).into_owned());
+                    }
+                }
+            }
+            Err(e) => {
+                t.errors += 1;
+                t.first_error.get_or_insert(e.to_string());
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sleeps to within a millisecond of `at` (tokio's timer resolution), then
+/// yields until it, so sends leave on time rather than on the next tick.
+async fn wait_until(at: Instant) {
+    let now = Instant::now();
+    if at > now + Duration::from_millis(2) {
+        tokio::time::sleep_until((at - Duration::from_millis(1)).into()).await;
+    }
+    for _ in 0..10_000_000u32 {
+        if Instant::now() >= at {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    requests: u64,
+    committed: Option<(usize, usize)>,
+    none_eligible: bool,
+    denied: bool,
+    error: bool,
+    error_body: Vec<u8>,
+}
+
+async fn one_op(
+    sh: &Shared,
+    c: &mut Conn,
+    rng: &mut Rng,
+    out: &mut Vec<u8>,
+    body: &mut Vec<u8>,
+    conn: usize,
+    seq: u64,
+) -> Res<Outcome> {
+    let a = &sh.a;
+    let mut o = Outcome::default();
+    body.clear();
+    match (a.target, a.workload) {
+        (Target::Freqcap, Workload::CheckHot | Workload::Check1m) => {
+            if a.workload == Workload::CheckHot {
+                body.extend_from_slice(br#"{"policy":"lg-rate","key":"hot"}"#);
+            } else {
+                let _ = write!(
+                    Wrap(body),
+                    r#"{{"policy":"lg-rate","key":"k{}"}}"#,
+                    rng.below(a.keys)
+                );
+            }
+            let (st, r) = c.http("POST", "/v1/check", body, out).await?;
+            o.requests = 1;
+            o.denied = st == 429;
+            if st != 200 && st != 429 {
+                o.error = true;
+                o.error_body = c.buf[r].to_vec();
+            }
+        }
+        (Target::Redis, Workload::CheckHot | Workload::Check1m) => {
+            let key = if a.workload == Workload::CheckHot {
+                "hot".to_owned()
+            } else {
+                format!("k{}", rng.below(a.keys))
+            };
+            let shas = sh.shas.as_ref().ok_or_else(|| err("no scripts"))?;
+            let (b, r) = (BURST.to_string(), RATE.to_string());
+            let v = c
+                .resp(
+                    &[
+                        b"EVALSHA",
+                        shas.gcra.as_bytes(),
+                        b"1",
+                        key.as_bytes(),
+                        b.as_bytes(),
+                        r.as_bytes(),
+                        b"1",
+                        b"1",
+                    ],
+                    out,
+                )
+                .await?;
+            o.requests = 1;
+            match v {
+                Resp::Array(items) => o.denied = matches!(items.first(), Some(Resp::Int(1))),
+                other => {
+                    o.error = true;
+                    o.error_body = format!("{other:?}").into_bytes();
+                }
+            }
+        }
+        (Target::Freqcap, Workload::Screen) => {
+            let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+            let u = zipf.sample(rng);
+            let _ = write!(
+                Wrap(body),
+                r#"{{"user":"u{}-{u}","candidates":{}}}"#,
+                sh.run_id,
+                sh.candidates_json
+            );
+            let (st, r) = c.http("POST", "/v1/screen", body, out).await?;
+            o.requests = 1;
+            if st != 200 {
+                o.error = true;
+                o.error_body = c.buf[r].to_vec();
+                return Ok(o);
+            }
+            let ans = &c.buf[r];
+            let eligible = eligible_of(ans);
+            let Some(res) = reservation_of(ans) else {
+                o.none_eligible = true;
+                return Ok(o);
+            };
+            if eligible.is_empty() {
+                o.none_eligible = true;
+                return Ok(o);
+            }
+            let w = eligible[rng.below(eligible.len() as u64) as usize];
+            let path = format!("/v1/reservations/{res}/commit");
+            body.clear();
+            let _ = write!(
+                Wrap(body),
+                r#"{{"campaign":"{}","cost":1}}"#,
+                campaign_name(w)
+            );
+            let (st, r) = c.http("POST", &path, body, out).await?;
+            o.requests = 2;
+            if st == 200 {
+                o.committed = Some((u, w));
+            } else {
+                o.error = true;
+                o.error_body = c.buf[r].to_vec();
+            }
+        }
+        (Target::Redis, Workload::Screen) => {
+            let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+            let shas = sh.shas.as_ref().ok_or_else(|| err("no scripts"))?;
+            let u = zipf.sample(rng);
+            let user = format!("u{}-{u}", sh.run_id);
+            let rid = format!("r{conn}-{seq}");
+            let names: Vec<String> = (0..a.k).map(campaign_name).collect();
+            let (d, ro, rw, n) = (
+                DAILY.to_string(),
+                ROLLING.to_string(),
+                ROLLING_MS.to_string(),
+                a.k.to_string(),
+            );
+            let mut args: Vec<&[u8]> = vec![
+                b"EVALSHA",
+                shas.screen.as_bytes(),
+                b"0",
+                user.as_bytes(),
+                rid.as_bytes(),
+                d.as_bytes(),
+                ro.as_bytes(),
+                rw.as_bytes(),
+                n.as_bytes(),
+            ];
+            args.extend(names.iter().map(|s| s.as_bytes()));
+            let v = c.resp(&args, out).await?;
+            o.requests = 1;
+            let flags = match v {
+                Resp::Bulk(Some(f)) => f,
+                other => {
+                    o.error = true;
+                    o.error_body = format!("{other:?}").into_bytes();
+                    return Ok(o);
+                }
+            };
+            let eligible: Vec<usize> = flags
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| **f == b'1')
+                .map(|(i, _)| i)
+                .collect();
+            if eligible.is_empty() {
+                o.none_eligible = true;
+                return Ok(o);
+            }
+            let w = eligible[rng.below(eligible.len() as u64) as usize];
+            let losers: Vec<&[u8]> = eligible
+                .iter()
+                .filter(|&&i| i != w)
+                .map(|&i| names[i].as_bytes())
+                .collect();
+            let budget = BUDGET.to_string();
+            let mut args: Vec<&[u8]> = vec![
+                b"EVALSHA",
+                shas.commit.as_bytes(),
+                b"0",
+                user.as_bytes(),
+                rid.as_bytes(),
+                names[w].as_bytes(),
+                b"1",
+                budget.as_bytes(),
+            ];
+            args.extend(losers);
+            let v = c.resp(&args, out).await?;
+            o.requests = 2;
+            match v {
+                Resp::Int(1) => o.committed = Some((u, w)),
+                other => {
+                    o.error = true;
+                    o.error_body = format!("commit: {other:?}").into_bytes();
+                }
+            }
+        }
+        (Target::Freqcap, Workload::Events) => {
+            let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+            let u = zipf.sample(rng);
+            let camp = rng.below(a.k as u64) as usize;
+            let _ = write!(
+                Wrap(body),
+                r#"{{"user":"u{}-{u}","campaign":"{}","cost":1}}"#,
+                sh.run_id,
+                campaign_name(camp)
+            );
+            let (st, r) = c.http("POST", "/v1/events", body, out).await?;
+            o.requests = 1;
+            if st != 200 {
+                o.error = true;
+                o.error_body = c.buf[r].to_vec();
+            }
+        }
+        (Target::Redis, Workload::Events) => {
+            let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+            let shas = sh.shas.as_ref().ok_or_else(|| err("no scripts"))?;
+            let u = zipf.sample(rng);
+            let user = format!("u{}-{u}", sh.run_id);
+            let camp = campaign_name(rng.below(a.k as u64) as usize);
+            let member = format!("e{conn}-{seq}");
+            let (rw, budget) = (ROLLING_MS.to_string(), BUDGET.to_string());
+            let v = c
+                .resp(
+                    &[
+                        b"EVALSHA",
+                        shas.event.as_bytes(),
+                        b"0",
+                        user.as_bytes(),
+                        camp.as_bytes(),
+                        member.as_bytes(),
+                        rw.as_bytes(),
+                        b"1",
+                        budget.as_bytes(),
+                    ],
+                    out,
+                )
+                .await?;
+            o.requests = 1;
+            if !matches!(v, Resp::Int(_)) {
+                o.error = true;
+                o.error_body = format!("{v:?}").into_bytes();
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The reservation id of a screen answer, if not null.
+fn reservation_of(b: &[u8]) -> Option<&str> {
+    let at = find(b, b"\"reservation\":")? + 14;
+    let rest = &b[at..];
+    if rest.first() != Some(&b'"') {
+        return None;
+    }
+    let end = rest[1..].iter().position(|&c| c == b'"')?;
+    std::str::from_utf8(&rest[1..1 + end]).ok()
+}
+
+/// Indices of the eligible candidates (results are in candidate order).
+fn eligible_of(b: &[u8]) -> Vec<usize> {
+    let pat = b"\"eligible\":";
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut idx = 0;
+    while let Some(p) = find(&b[at..], pat) {
+        let v = at + p + pat.len();
+        if b.get(v) == Some(&b't') {
+            out.push(idx);
+        }
+        idx += 1;
+        at = v;
+    }
+    out
+}
+
+/// Reads back every committed (user, campaign): freqcap's usage endpoint, or
+/// the Redis keys; no commit may have gone over a cap.
+async fn verify_caps(
+    sh: &Shared,
+    committed: &HashMap<(usize, usize), u64>,
+) -> Res<serde_json::Value> {
+    let mut c = Conn::connect(&sh.a.addr).await?;
+    let mut out = Vec::new();
+    let (mut over_client, mut over_server, mut checked, mut max_seen) = (0u64, 0u64, 0u64, 0u64);
+    // Bounded: at most 20 000 pairs read back (the most committed first).
+    let mut pairs: Vec<_> = committed.iter().collect();
+    pairs.sort_by(|a, b| b.1.cmp(a.1));
+    for &(&(u, w), &n) in pairs.iter().take(20_000) {
+        max_seen = max_seen.max(n);
+        if n > DAILY.min(ROLLING) {
+            over_client += 1;
+        }
+        let user = format!("u{}-{u}", sh.run_id);
+        let camp = campaign_name(w);
+        let used = match sh.a.target {
+            Target::Freqcap => {
+                let path = format!("/v1/users/{user}/campaigns/{camp}");
+                let (st, r) = c.http("GET", &path, b"", &mut out).await?;
+                if st != 200 {
+                    return Err(err(format!("usage: {st}")));
+                }
+                let v: serde_json::Value = serde_json::from_slice(&c.buf[r])?;
+                let mut worst = 0u64;
+                for cap in v["caps"].as_array().into_iter().flatten() {
+                    let used = cap["used"].as_u64().unwrap_or(0);
+                    let limit = cap["limit"].as_u64().unwrap_or(0);
+                    if used > limit {
+                        over_server += 1;
+                    }
+                    worst = worst.max(used);
+                }
+                worst
+            }
+            Target::Redis => {
+                let key = format!("rz:{user}:{camp}");
+                match c.resp(&[b"ZCARD", key.as_bytes()], &mut out).await? {
+                    Resp::Int(n) => {
+                        if n as u64 > ROLLING {
+                            over_server += 1;
+                        }
+                        n as u64
+                    }
+                    other => return Err(err(format!("ZCARD: {other:?}"))),
+                }
+            }
+        };
+        if used < n {
+            // The server counts fewer than were acknowledged: lost commits.
+            over_server += 1_000_000;
+        }
+        checked += 1;
+    }
+    Ok(serde_json::json!({
+        "pairs_checked": checked,
+        "max_commits_per_pair": max_seen,
+        "cap": DAILY.min(ROLLING),
+        "pairs_over_cap_by_client_count": over_client,
+        "pairs_over_cap_or_lost_by_server": over_server,
+    }))
+}
+
+// ---- fill: 10M counters through the Engine API ----
+
+fn fill(dir: &std::path::Path, counters: u64) -> Res<()> {
+    use freqcap::SystemClock;
+    use freqcap::engine::{Engine, EngineOptions, Event};
+    use freqcap::store::{Durability, RocksStore};
+    let store = Arc::new(RocksStore::open(dir, Durability::Async)?);
+    let opts = EngineOptions {
+        memory_budget: 256 << 20,
+        ..EngineOptions::default()
+    };
+    let engine = Arc::new(Engine::open(store, SystemClock::new(), opts)?);
+    let def = freqcap::model::from_json(
+        r#"{"caps":[{"name":"monthly","kind":"window","limit":1000,"window":"30d","align":"fixed"}]}"#,
+    )?;
+    engine.put_campaign("lg-fill", def)?;
+    let start = Instant::now();
+    let threads = 2u64;
+    let per = counters.div_ceil(threads);
+    let mut hs = Vec::new();
+    for t in 0..threads {
+        let e = engine.clone();
+        hs.push(std::thread::spawn(move || -> Res<()> {
+            let from = t * per;
+            let to = ((t + 1) * per).min(counters);
+            let mut i = from;
+            while i < to {
+                let hi = (i + 1000).min(to);
+                let batch: Vec<Event> = (i..hi)
+                    .map(|u| Event {
+                        user: Some(format!("fill-{u}")),
+                        campaign: "lg-fill".into(),
+                        cost: 1,
+                        event_id: None,
+                    })
+                    .collect();
+                e.events(&batch)?;
+                i = hi;
+                if t == 0 && i % 1_000_000 < 1000 {
+                    eprintln!("fill: ~{} counters, {:?}", i * threads, start.elapsed());
+                }
+            }
+            Ok(())
+        }));
+    }
+    for h in hs {
+        h.join().map_err(|_| err("fill thread panicked"))??;
+    }
+    engine.flush()?;
+    println!(
+        "filled {counters} counters in {:.1} s; hot tier now {} records, {} bytes",
+        start.elapsed().as_secs_f64(),
+        engine.hot_len(),
+        engine.hot_bytes()
+    );
+    Ok(())
+}
+
+// ---- restart-to-ready ----
+
+fn free_port() -> Res<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn ready(port: u16) -> bool {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut b = [0u8; 64];
+    matches!(s.read(&mut b), Ok(n) if n >= 12 && &b[9..12] == b"200")
+}
+
+fn restart(bin: &std::path::Path, dir: &std::path::Path, repeat: usize, json: bool) -> Res<()> {
+    let mut times = Vec::new();
+    for _ in 0..repeat {
+        let port = free_port()?;
+        let start = Instant::now();
+        let mut child = std::process::Command::new(bin)
+            .args(["serve", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let mut ok = false;
+        // Poll every 0.5 ms, for at most 120 s.
+        for _ in 0..240_000 {
+            if ready(port) {
+                ok = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let t = start.elapsed().as_secs_f64();
+        // SIGTERM (graceful), then wait.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait()?;
+        if !ok {
+            return Err(err("freqcap serve never became ready"));
+        }
+        times.push(t);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    if json {
+        println!("{}", serde_json::json!({"restart_to_ready_s": times}));
+    } else {
+        println!("restart to ready (s): {times:?}");
+    }
+    Ok(())
+}
