@@ -133,7 +133,7 @@ fn state_sizes() {
         ("RateState", size_of::<RateState>(), 16),
         ("CounterState", size_of::<CounterState>(), 24),
         ("ApproxState", size_of::<ApproxState>(), 24),
-        ("BudgetState (boxed)", size_of::<BudgetState>(), 32),
+        ("BudgetState (boxed)", size_of::<BudgetState>(), 48),
         ("LogState (boxed)", size_of::<LogState>(), 40),
         ("Debit (per log entry)", size_of::<Debit>(), 16),
         ("ConcurrencyState", size_of::<ConcurrencyState>(), 24),

@@ -306,6 +306,32 @@ fn bad_budgets() {
             "limits[0].pacing.profile[0]",
             "1000.5",
         ),
+        // Adaptive pacing takes an optional profile, checked the same way.
+        (
+            format!(
+                r#"{{"kind":"budget","amount":100,"pacing":{{"adaptive":{{"profile":[{neg}]}}}}}}"#
+            ),
+            "limits[0].pacing.adaptive.profile[3]",
+            "-0.5",
+        ),
+        (
+            format!(
+                r#"{{"kind":"budget","amount":100,"per":"1h","pacing":{{"adaptive":{{"profile":[{}]}}}}}}"#,
+                vec!["1"; 24].join(",")
+            ),
+            "limits[0].pacing.adaptive.profile",
+            "1d, 1w or 1mo",
+        ),
+        (
+            r#"{"kind":"budget","amount":100,"pacing":{"adaptive":{"weights":[]}}}"#.to_owned(),
+            "limits[0].pacing",
+            "unknown field",
+        ),
+        (
+            r#"{"kind":"budget","amount":100,"pacing":"smooth"}"#.to_owned(),
+            "limits[0].pacing",
+            "\"adaptive\"",
+        ),
         // A profile splits a period by local hour: not for an hourly budget.
         (
             format!(
@@ -460,6 +486,10 @@ const FULL_JSON: &str = r#"{
       {"profile": [0.5, 0.25, 0.125, 0.5, 0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5,
                    7.5, 8.5, 9.5, 10.5, 11.5, 12.5, 13.5, 14.5, 15.5, 16.5, 17.5, 18.5]}},
     {"kind": "budget", "amount": 50, "pacing": "asap"},
+    {"name": "adaptive-flat", "kind": "budget", "amount": 60, "pacing": "adaptive"},
+    {"name": "adaptive-evening", "kind": "budget", "amount": 70, "pacing":
+      {"adaptive": {"profile": [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0]}}},
     {"name": "in-flight", "kind": "concurrency", "max": 10}
   ],
   "on_limit": "delay",
@@ -471,7 +501,7 @@ fn valid_definition_round_trips_to_the_same_json_value() {
     let policy: PolicyDef = from_json(FULL_JSON).unwrap();
     let compiled = policy.compile().unwrap();
     assert!(compiled.warnings.is_empty(), "{:?}", compiled.warnings);
-    assert_eq!(compiled.stack.items().len(), 10);
+    assert_eq!(compiled.stack.items().len(), 12);
     assert_eq!(compiled.stack.name(1), "gap-1");
     // Serialized back, it is the same JSON value: absent fields stay absent,
     // durations keep the unit they were written with.
@@ -567,6 +597,19 @@ pacing = { profile = [0.5, 0.25, 0.125, 0.5, 0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 
 kind = "budget"
 amount = 50
 pacing = "asap"
+
+[[limits]]
+name = "adaptive-flat"
+kind = "budget"
+amount = 60
+pacing = "adaptive"
+
+[[limits]]
+name = "adaptive-evening"
+kind = "budget"
+amount = 70
+pacing = { adaptive = { profile = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                   0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0] } }
 
 [[limits]]
 name = "in-flight"

@@ -8,6 +8,17 @@
 //! thousandths, < 2^20) and a period is at most a month and an hour (< 2^52 ns), so
 //! F < 2^72 and amount·F < 2^125 (amount < 2^53) fit in `u128`: both even and
 //! profile pacing are exact to the nanosecond.
+//!
+//! `adaptive` re-plans once per local hour (a *slice*). At the first touch of
+//! the state in a slice (its *anchor* a, with committed spend b there) it spreads
+//! what is left, amount − b, over the rest of the period's weighted time:
+//! cap(t) = min(amount, allowance + b + ceil((amount − b)·(F(t) − F(a)) /
+//! (F(end) − F(a)))). Spend that did not happen in a quiet hour is not banked as
+//! credit (even pacing would let it go in one burst when traffic returns); it is
+//! shared out over the hours left. A campaign that starts late in the period
+//! gets its whole amount spread over what remains of it. F is the flat (real
+//! time) or profile-weighted time above, so the arithmetic is the same and as
+//! exact: amount·(F(t) − F(a)) + (k − 1)·(F(end) − F(a)) < 2^126.
 
 use std::sync::{Arc, RwLock};
 
@@ -24,7 +35,13 @@ pub enum Pacing {
     /// Proportional to a traffic profile: 24 weights, one per local hour, in
     /// thousandths (validated: each ≤ 10^6, positive sum).
     Profile(Box<[u64; 24]>),
+    /// What is left, spread over the rest of the period's weighted time,
+    /// re-planned every local hour; `None` weighs every hour alike.
+    Adaptive(Option<Box<[u64; 24]>>),
 }
+
+/// The most slices a retry looks ahead through: a month and a day of hours.
+const MAX_SLICES: usize = 32 * 24;
 
 /// A compiled budget item.
 #[derive(Debug)]
@@ -34,6 +51,8 @@ pub struct Budget {
     pub pacing: Pacing,
     /// floor(amount × tolerance in basis points / 10 000).
     pub allowance: u64,
+    /// Local hours in the period's zone: the slices adaptive pacing re-plans at.
+    hours: Calendar,
     /// The profile of the most recently used period: computing one walks every
     /// local hour of the period through the time-zone database, so it is done once
     /// per period, not per decision. A lock, not per-decision work, because all
@@ -61,7 +80,7 @@ impl PartialEq for Budget {
 }
 
 /// State of a budget: the current period and what is spent and pending in it.
-/// 32 bytes, boxed in [`super::ItemState`].
+/// 48 bytes, boxed in [`super::ItemState`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BudgetState {
     pub start: Nanos,
@@ -70,6 +89,12 @@ pub struct BudgetState {
     pub spent: u64,
     /// Spend held by open reservations made in this period.
     pub pending: u64,
+    /// Adaptive pacing only: when the current plan was made (0: none yet).
+    /// Not stored on disk: after a restart or an eviction the plan is made
+    /// again from the spend then, as at any slice boundary.
+    pub anchor: Nanos,
+    /// Adaptive pacing only: committed spend when the plan was made.
+    pub base: u64,
 }
 
 /// Figures of a budget at one instant.
@@ -136,6 +161,7 @@ impl Budget {
     pub fn new(amount: u64, calendar: Calendar, pacing: Pacing, allowance: u64) -> Self {
         Budget {
             amount,
+            hours: Calendar::new(CalendarUnit::Hour, calendar.tz.clone()),
             calendar,
             pacing,
             allowance,
@@ -145,28 +171,127 @@ impl Budget {
 
     /// The state as of `now`: the stored period, or a fresh one if it has ended.
     /// A `now` before the stored period counts in it (per record, time never goes
-    /// back); a fresh state has `end` 0 and never matches.
+    /// back); a fresh state has `end` 0 and never matches. Adaptive pacing makes
+    /// a new plan here when the state has none or its slice has ended, so every
+    /// step (probe, apply, commit, release) sees the same plan.
     pub fn current(&self, st: &BudgetState, now: Nanos) -> BudgetState {
-        if now < st.end {
-            return *st;
+        let mut cur = if now < st.end {
+            *st
+        } else {
+            let (start, end) = self.calendar.bounds(now);
+            BudgetState {
+                start,
+                end,
+                ..BudgetState::default()
+            }
+        };
+        if matches!(self.pacing, Pacing::Adaptive(_))
+            && (cur.anchor < cur.start || now >= self.slice_end(cur.anchor, cur.end))
+        {
+            cur.anchor = now.max(cur.start);
+            cur.base = cur.spent;
         }
-        let (start, end) = self.calendar.bounds(now);
-        BudgetState {
-            start,
-            end,
-            spent: 0,
-            pending: 0,
-        }
+        cur
+    }
+
+    /// The end of the adaptive slice that starts at `anchor`: the end of its
+    /// local hour, or of the period if sooner.
+    fn slice_end(&self, anchor: Nanos, end: Nanos) -> Nanos {
+        self.hours.bounds(anchor).1.min(end)
     }
 
     pub fn view(&self, st: &BudgetState, now: Nanos) -> BudgetView {
         let cur = self.current(st, now);
+        let cap = match self.pacing {
+            Pacing::Adaptive(_) => self.adaptive_cap(&cur, now),
+            _ => self.cap(cur.start, cur.end, now),
+        };
         BudgetView {
             period: (cur.start, cur.end),
-            cap: self.cap(cur.start, cur.end, now),
+            cap,
             spent: cur.spent,
             pending: cur.pending,
         }
+    }
+
+    /// cap(now) of an adaptive budget under the plan of `cur` (see the module
+    /// documentation). When no weighted time is left (a profile whose
+    /// remaining hours weigh nothing), the plan is the whole amount.
+    fn adaptive_cap(&self, cur: &BudgetState, now: Nanos) -> u64 {
+        let Some(pr) = self.progress(cur.start, cur.end) else {
+            return self.amount;
+        };
+        let (fa, den) = pr.fraction(cur.anchor);
+        let (ft, _) = pr.fraction(now.max(cur.anchor));
+        let left = den - fa;
+        if left == 0 {
+            return self.amount;
+        }
+        let rest = u128::from(self.amount.saturating_sub(cur.base));
+        // ≤ rest ≤ amount because ft − fa ≤ left.
+        let paced = (rest * (ft - fa)).div_ceil(left) as u64;
+        cur.base
+            .saturating_add(paced)
+            .saturating_add(self.allowance)
+            .min(self.amount)
+    }
+
+    /// The first instant in `[anchor, slice_end)` at which the adaptive plan
+    /// made at `anchor` with spend `base` lets the cap reach `need`.
+    fn plan_reaches(
+        &self,
+        pr: &Progress,
+        (start, end): (Nanos, Nanos),
+        anchor: Nanos,
+        base: u64,
+        need: u64,
+    ) -> Option<Nanos> {
+        if need > self.amount {
+            return None;
+        }
+        let k = need.saturating_sub(self.allowance).saturating_sub(base);
+        if k == 0 {
+            return Some(anchor);
+        }
+        let (fa, den) = pr.fraction(anchor);
+        let left = den - fa;
+        if left == 0 {
+            return Some(anchor);
+        }
+        let rest = u128::from(self.amount.saturating_sub(base));
+        if rest == 0 {
+            return None;
+        }
+        // base + ceil(rest·(F(t) − fa)/left) ≥ base + k ⇔ rest·F(t) > (k − 1)·left + rest·fa.
+        let t = pr.first_above(rest, u128::from(k - 1) * left + rest * fa)?;
+        let t = t.max(anchor);
+        (t < self.slice_end(anchor, end) && t >= start).then_some(t)
+    }
+
+    /// When an adaptive cap reaches `need` within `[start, end)` if nothing else
+    /// happens: under the plan at `anchor`, or else under the plans made at the
+    /// following slice boundaries, each from the same spend `spent`.
+    fn adaptive_reaches(
+        &self,
+        (start, end): (Nanos, Nanos),
+        mut anchor: Nanos,
+        mut base: u64,
+        spent: u64,
+        need: u64,
+    ) -> Option<Nanos> {
+        let pr = self.progress(start, end)?;
+        for _ in 0..MAX_SLICES {
+            if let Some(t) = self.plan_reaches(&pr, (start, end), anchor, base, need) {
+                return Some(t);
+            }
+            let next = self.slice_end(anchor, end);
+            if next >= end {
+                return None;
+            }
+            anchor = next;
+            base = spent;
+        }
+        None
     }
 
     fn profile(&self, weights: &[u64; 24], start: Nanos, end: Nanos) -> Arc<Profile> {
@@ -192,8 +317,8 @@ impl Budget {
     fn progress(&self, start: Nanos, end: Nanos) -> Option<Progress> {
         match &self.pacing {
             Pacing::Asap => None,
-            Pacing::Even => Some(Progress::Even { start, end }),
-            Pacing::Profile(w) => {
+            Pacing::Even | Pacing::Adaptive(None) => Some(Progress::Even { start, end }),
+            Pacing::Profile(w) | Pacing::Adaptive(Some(w)) => {
                 let p = self.profile(w, start, end);
                 if p.total == 0 {
                     Some(Progress::Even { start, end })
@@ -230,7 +355,10 @@ impl Budget {
         if k == 0 {
             return Some(start);
         }
-        let t = pr.first_above(u128::from(self.amount), u128::from(k - 1))?;
+        let t = pr.first_above(
+            u128::from(self.amount),
+            u128::from(k - 1) * pr.fraction(end).1,
+        )?;
         (t < end).then_some(t)
     }
 
@@ -240,6 +368,9 @@ impl Budget {
     pub fn retry(&self, st: &BudgetState, now: Nanos, n: u64) -> Option<Nanos> {
         let cur = self.current(st, now);
         let need = cur.spent.saturating_add(cur.pending).saturating_add(n);
+        if let Pacing::Adaptive(_) = self.pacing {
+            return self.adaptive_retry(&cur, now, n, need);
+        }
         if let Some(t) = self.cap_reaches(cur.start, cur.end, need) {
             return Some(t.max(now) - now);
         }
@@ -251,11 +382,29 @@ impl Budget {
         Some(t - now)
     }
 
+    fn adaptive_retry(&self, cur: &BudgetState, now: Nanos, n: u64, need: u64) -> Option<Nanos> {
+        let period = (cur.start, cur.end);
+        if let Some(t) = self.adaptive_reaches(period, cur.anchor, cur.base, cur.spent, need) {
+            return Some(t.max(now) - now);
+        }
+        if n > self.amount {
+            return None;
+        }
+        // The next period starts empty, with a plan made at its first instant.
+        let (ns, ne) = self.calendar.bounds(cur.end);
+        let t = self.adaptive_reaches((ns, ne), ns, 0, 0, n).unwrap_or(ns);
+        Some(t - now)
+    }
+
     pub fn idle_at(&self, st: &BudgetState) -> Nanos {
-        if st.spent + st.pending == 0 {
-            0
-        } else {
+        if st.spent + st.pending > 0 {
             st.end
+        } else if matches!(self.pacing, Pacing::Adaptive(_)) && st.anchor > 0 {
+            // Until its slice ends, an adaptive plan made with nothing spent
+            // still answers differently from one made later.
+            self.slice_end(st.anchor, st.end)
+        } else {
+            0
         }
     }
 }
@@ -276,17 +425,15 @@ impl Progress {
         }
     }
 
-    /// The first instant t with amount·num(t) > m·den.
-    fn first_above(&self, amount: u128, m: u128) -> Option<Nanos> {
+    /// The first instant t with amount·num(t) > target.
+    fn first_above(&self, amount: u128, target: u128) -> Option<Nanos> {
         match self {
-            Progress::Even { start, end } => {
-                // amount·(t − start) > m·L ⇔ t − start ≥ floor(m·L / amount) + 1.
-                let len = u128::from(end - start);
-                let d = m * len / amount + 1;
+            Progress::Even { start, .. } => {
+                // amount·(t − start) > target ⇔ t − start ≥ floor(target / amount) + 1.
+                let d = target / amount + 1;
                 u64::try_from(u128::from(*start) + d).ok()
             }
             Progress::Profile(p) => {
-                let target = m * p.total;
                 // First segment whose end value exceeds the target.
                 let ends = |i: usize| {
                     p.segments
@@ -339,7 +486,7 @@ mod tests {
             start: day,
             end: day + 24 * H,
             spent: 100,
-            pending: 0,
+            ..BudgetState::default()
         };
         let now = day + H; // cap = 100
         // Need 101: ceil(2400·f) ≥ 101 ⇔ 2400·(t−s) > 100·L ⇔ t−s > L/24 = 1 h.
@@ -362,10 +509,148 @@ mod tests {
         let st = BudgetState {
             start: day,
             end,
-            spent: 0,
-            pending: 0,
+            ..BudgetState::default()
         };
         // cap reaches 1 just after 12:00 (1000·f > 0 at the first nanosecond).
         assert_eq!(b.retry(&st, day + 2 * H, 1), Some(10 * H + 1));
+    }
+}
+
+#[cfg(test)]
+mod adaptive_tests {
+    use super::*;
+    use crate::clock::SECOND;
+    use jiff::tz::TimeZone;
+
+    const H: Nanos = 3_600 * SECOND;
+    const DAY0: Nanos = 20_000 * 24 * H;
+
+    fn adaptive(amount: u64, weights: Option<[u64; 24]>, allowance: u64) -> Budget {
+        Budget::new(
+            amount,
+            Calendar::new(CalendarUnit::Day, TimeZone::UTC),
+            Pacing::Adaptive(weights.map(Box::new)),
+            allowance,
+        )
+    }
+
+    /// Applies a committed spend of `n` at `now`, as the engine's immediate path does.
+    fn spend(b: &Budget, st: &mut BudgetState, now: Nanos, n: u64) {
+        *st = b.current(st, now);
+        st.spent += n;
+    }
+
+    #[test]
+    fn untouched_budget_plans_from_its_first_use() {
+        // A budget first used at 12:00 spreads all 2400 over the 12 hours left:
+        // 200 an hour instead of even pacing's 1200 at once.
+        let b = adaptive(2400, None, 0);
+        let st = BudgetState::default();
+        let now = DAY0 + 12 * H;
+        assert_eq!(b.view(&st, now).cap, 0);
+        let mut st = b.current(&st, now);
+        assert_eq!((st.anchor, st.base), (now, 0));
+        assert_eq!(b.view(&st, now + H / 2).cap, 100);
+        spend(&b, &mut st, now + H / 2, 100);
+        assert_eq!(b.view(&st, now + H - 1).cap, 200);
+        // At 13:00 a new plan: 2300 left over 11 hours → ceil(2300/11) by 14:00.
+        assert_eq!(b.view(&st, now + H).cap, 100);
+        st = b.current(&st, now + H);
+        assert_eq!((st.anchor, st.base), (now + H, 100));
+        assert_eq!(b.view(&st, now + 2 * H - 1).cap, 100 + 210); // ceil(2300·(3600e9−1)/39600e9)
+    }
+
+    #[test]
+    fn a_quiet_hour_is_shared_out_not_banked() {
+        // Nothing spent from 00:00 to 06:00 (the plan was made at 00:00).
+        let b = adaptive(2400, None, 0);
+        let mut st = b.current(&BudgetState::default(), DAY0);
+        assert_eq!(b.view(&st, DAY0 + H - 1).cap, 100); // the 00:00 slice's line
+        st = b.current(&st, DAY0 + 6 * H);
+        // Even pacing would allow 600 now; adaptive re-plans 2400 over 18 h.
+        assert_eq!(b.view(&st, DAY0 + 6 * H).cap, 0);
+        assert_eq!(b.view(&st, DAY0 + 7 * H - 1).cap, 134); // ceil(2400/18 − ε)
+        spend(&b, &mut st, DAY0 + 7 * H - 1, 133);
+        // The 07:00 plan: 2267 left over 17 h.
+        st = b.current(&st, DAY0 + 7 * H);
+        assert_eq!(b.view(&st, DAY0 + 8 * H - 1).cap, 133 + 134); // ceil(2267/17 − ε)
+    }
+
+    #[test]
+    fn allowance_and_the_last_instant() {
+        let b = adaptive(1000, None, 10);
+        let mut st = b.current(&BudgetState::default(), DAY0 + 23 * H);
+        assert_eq!(b.view(&st, DAY0 + 23 * H).cap, 10);
+        spend(&b, &mut st, DAY0 + 23 * H, 10);
+        assert_eq!(b.view(&st, DAY0 + 24 * H - 1).cap, 1000);
+    }
+
+    #[test]
+    fn profile_weights_the_time_left() {
+        // Traffic only from 18:00 to 22:00: at 18:00 the plan gives each of the
+        // four hours a quarter of what is left, whatever the hour of the plan.
+        let mut w = [0u64; 24];
+        w[18..22].fill(1000);
+        let b = adaptive(4000, Some(w), 0);
+        let st = b.current(&BudgetState::default(), DAY0 + 9 * H);
+        assert_eq!(b.view(&st, DAY0 + 10 * H - 1).cap, 0);
+        let mut st = b.current(&st, DAY0 + 18 * H);
+        assert_eq!(b.view(&st, DAY0 + 18 * H + H / 2).cap, 500);
+        spend(&b, &mut st, DAY0 + 18 * H + H / 2, 500);
+        // 19:00: 3500 left over 3 weighted hours.
+        st = b.current(&st, DAY0 + 19 * H);
+        assert_eq!(b.view(&st, DAY0 + 20 * H - 1).cap, 500 + 1167); // ceil(3500·(3600e9−1)/10800e9)
+        // After 22:00 no weighted time is left: the rest is available.
+        st = b.current(&st, DAY0 + 22 * H);
+        assert_eq!(b.view(&st, DAY0 + 22 * H).cap, 4000);
+    }
+
+    #[test]
+    fn retry_within_the_slice_and_beyond() {
+        let b = adaptive(2400, None, 0);
+        let st = b.current(&BudgetState::default(), DAY0);
+        // The cap is rounded up: it reaches 1 one nanosecond into the plan.
+        assert_eq!(b.retry(&st, DAY0, 1), Some(1));
+        // 150 at once fits in no hour's plan while each gives 2400/(hours left)
+        // < 150 (rounded up, the cap passes 149 only once the line does): the
+        // 08:00 plan, 150 an hour, reaches 150 at 08:00 + 149·16h/2400 + 1 ns.
+        assert_eq!(
+            b.retry(&st, DAY0, 150),
+            Some(8 * H + 149 * 16 * H / 2400 + 1)
+        );
+        // More than the amount: never.
+        assert_eq!(b.retry(&st, DAY0, 2401), None);
+        // All spent: tomorrow's plan, made at midnight, reaches 1 at once.
+        let mut full = st;
+        full.spent = 2400;
+        assert_eq!(b.retry(&full, DAY0 + 10 * H, 1), Some(14 * H + 1));
+    }
+
+    #[test]
+    fn idle_only_after_its_slice() {
+        let b = adaptive(2400, None, 0);
+        let st = b.current(&BudgetState::default(), DAY0 + 5 * H + 7);
+        assert_eq!(b.idle_at(&st), DAY0 + 6 * H);
+        assert_eq!(b.idle_at(&BudgetState::default()), 0);
+    }
+
+    #[test]
+    fn dst_day_plans_over_its_own_hours() {
+        // New York, 2026-03-08: 23 hours. A plan at the day's start spreads the
+        // amount over 23 real hours.
+        let tz = TimeZone::get("America/New_York").unwrap();
+        let b = Budget::new(
+            2300,
+            Calendar::new(CalendarUnit::Day, tz),
+            Pacing::Adaptive(None),
+            0,
+        );
+        let start = "2026-03-08T05:00:00Z"
+            .parse::<jiff::Timestamp>()
+            .unwrap()
+            .as_nanosecond() as Nanos;
+        let st = b.current(&BudgetState::default(), start);
+        assert_eq!((st.start, st.end - st.start), (start, 23 * H));
+        assert_eq!(b.view(&st, start + H - 1).cap, 100); // ceil(2300·(1 h − 1 ns)/23 h)
     }
 }

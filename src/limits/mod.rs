@@ -481,7 +481,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RateState>(), 16);
         assert_eq!(std::mem::size_of::<CounterState>(), 24);
         assert_eq!(std::mem::size_of::<ApproxState>(), 24);
-        assert_eq!(std::mem::size_of::<BudgetState>(), 32);
+        assert_eq!(std::mem::size_of::<BudgetState>(), 48);
         assert_eq!(std::mem::size_of::<ItemState>(), 32);
     }
 }

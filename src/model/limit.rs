@@ -151,12 +151,14 @@ pub struct WindowDef {
     pub precision: Option<Precision>,
 }
 
-/// `"asap"`, `"even"` or `{"profile": [24 weights]}`.
+/// `"asap"`, `"even"`, `"adaptive"`, `{"profile": [24 weights]}` or
+/// `{"adaptive": {"profile": [24 weights]}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Pacing {
     Mode(PacingMode),
     Profile(ProfileDef),
+    Adaptive(AdaptiveDef),
 }
 
 impl<'de> Deserialize<'de> for Pacing {
@@ -164,13 +166,19 @@ impl<'de> Deserialize<'de> for Pacing {
     // does not tell the user what would.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let v = serde_json::Value::deserialize(d)?;
-        let hint = r#"expected "asap", "even" or {"profile": [24 weights]}"#;
+        let hint = r#"expected "asap", "even", "adaptive", {"profile": [24 weights]} or {"adaptive": {"profile": [24 weights]}}"#;
         match v {
             serde_json::Value::String(s) => match s.as_str() {
                 "asap" => Ok(Pacing::Mode(PacingMode::Asap)),
                 "even" => Ok(Pacing::Mode(PacingMode::Even)),
+                "adaptive" => Ok(Pacing::Mode(PacingMode::Adaptive)),
                 _ => Err(serde::de::Error::custom(format!("{hint}, got {s:?}"))),
             },
+            v @ serde_json::Value::Object(_) if v.get("adaptive").is_some() => {
+                serde_json::from_value(v)
+                    .map(Pacing::Adaptive)
+                    .map_err(|e| serde::de::Error::custom(format!("{hint}: {e}")))
+            }
             v @ serde_json::Value::Object(_) => serde_json::from_value(v)
                 .map(Pacing::Profile)
                 .map_err(|e| serde::de::Error::custom(format!("{hint}: {e}"))),
@@ -186,6 +194,9 @@ pub enum PacingMode {
     Asap,
     /// Spend follows real time through the period.
     Even,
+    /// What is left is spread over the rest of the period, re-planned every
+    /// local hour, all hours weighing the same.
+    Adaptive,
 }
 
 /// Share of the period's traffic by local hour.
@@ -196,6 +207,24 @@ pub struct ProfileDef {
     /// thousandths, with a positive sum.
     #[schemars(length(min = 24, max = 24))]
     pub profile: Vec<serde_json::Number>,
+}
+
+/// `{"adaptive": {"profile": [24 weights]}}`: adaptive pacing whose remaining
+/// time is weighted by a traffic profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveDef {
+    pub adaptive: AdaptiveSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveSpec {
+    /// 24 non-negative weights (local hours 0–23), as for profile pacing;
+    /// absent: every hour weighs the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 24, max = 24))]
+    pub profile: Option<Vec<serde_json::Number>>,
 }
 
 /// `{"kind": "budget", "amount": 100000, "per": "1d", "pacing": "even"}`
@@ -210,7 +239,8 @@ pub struct BudgetDef {
     /// Calendar period: 1h, 1d (default), 1w or 1mo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<Duration>,
-    /// Default `even`.
+    /// Default `even`. `adaptive` spreads what is left over the rest of the
+    /// period (docs/pacing.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pacing: Option<Pacing>,
     /// Fraction of amount that spend may run ahead of the pacing line, 0–1,
@@ -448,6 +478,48 @@ fn compile_window(path: &str, d: &WindowDef) -> Result<Window> {
 /// (see [`crate::limits::budget`]).
 pub const MAX_PROFILE_WEIGHT: f64 = 1000.0;
 
+/// Checks a traffic profile (`field` names it in errors) and returns its
+/// weights in thousandths.
+fn profile_weights(
+    field: &str,
+    unit: CalendarUnit,
+    profile: &[serde_json::Number],
+) -> Result<[u64; 24]> {
+    if unit == CalendarUnit::Hour {
+        return Err(err(
+            field,
+            "a profile shares a period by local hour, so it needs a period of 1d, 1w or 1mo",
+        ));
+    }
+    if profile.len() != 24 {
+        return Err(err(
+            field,
+            format!(
+                "needs 24 weights, one per local hour, got {}",
+                profile.len()
+            ),
+        ));
+    }
+    let mut w = [0u64; 24];
+    for (i, x) in profile.iter().enumerate() {
+        // Non-finite values cannot be JSON numbers; as_f64 only fails for
+        // arbitrary-precision ones, which this build does not enable.
+        let x = x.as_f64().unwrap_or(f64::NAN);
+        if !(x.is_finite() && (0.0..=MAX_PROFILE_WEIGHT).contains(&x)) {
+            return Err(err(
+                format!("{field}[{i}]"),
+                format!("must be a number from 0 to {MAX_PROFILE_WEIGHT}, got {x}"),
+            ));
+        }
+        // In range, so the cast is exact after rounding.
+        w[i] = (x * 1000.0).round() as u64;
+    }
+    if w.iter().all(|&x| x == 0) {
+        return Err(err(field, "the weights must have a positive sum"));
+    }
+    Ok(w)
+}
+
 fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
     let amount = positive(path, "amount", d.amount)?;
     let unit = match &d.per {
@@ -458,42 +530,18 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
     let pacing = match &d.pacing {
         None | Some(Pacing::Mode(PacingMode::Even)) => CompiledPacing::Even,
         Some(Pacing::Mode(PacingMode::Asap)) => CompiledPacing::Asap,
+        Some(Pacing::Mode(PacingMode::Adaptive)) => CompiledPacing::Adaptive(None),
         Some(Pacing::Profile(p)) => {
-            let field = format!("{path}.pacing.profile");
-            if unit == CalendarUnit::Hour {
-                return Err(err(
-                    field,
-                    "a profile shares a period by local hour, so it needs a period of 1d, 1w or 1mo",
-                ));
-            }
-            if p.profile.len() != 24 {
-                return Err(err(
-                    field,
-                    format!(
-                        "needs 24 weights, one per local hour, got {}",
-                        p.profile.len()
-                    ),
-                ));
-            }
-            let mut w = [0u64; 24];
-            for (i, x) in p.profile.iter().enumerate() {
-                // Non-finite values cannot be JSON numbers; as_f64 only fails for
-                // arbitrary-precision ones, which this build does not enable.
-                let x = x.as_f64().unwrap_or(f64::NAN);
-                if !(x.is_finite() && (0.0..=MAX_PROFILE_WEIGHT).contains(&x)) {
-                    return Err(err(
-                        format!("{field}[{i}]"),
-                        format!("must be a number from 0 to {MAX_PROFILE_WEIGHT}, got {x}"),
-                    ));
-                }
-                // In range, so the cast is exact after rounding.
-                w[i] = (x * 1000.0).round() as u64;
-            }
-            if w.iter().all(|&x| x == 0) {
-                return Err(err(field, "the weights must have a positive sum"));
-            }
+            let w = profile_weights(&format!("{path}.pacing.profile"), unit, &p.profile)?;
             CompiledPacing::Profile(Box::new(w))
         }
+        Some(Pacing::Adaptive(a)) => match &a.adaptive.profile {
+            None => CompiledPacing::Adaptive(None),
+            Some(p) => {
+                let field = format!("{path}.pacing.adaptive.profile");
+                CompiledPacing::Adaptive(Some(Box::new(profile_weights(&field, unit, p)?)))
+            }
+        },
     };
     let tol = d
         .tolerance

@@ -144,7 +144,8 @@ impl From<StoredState> for ItemState {
                 start,
                 end,
                 spent,
-                pending: 0,
+                // Nothing pending survives; an adaptive plan is made anew.
+                ..BudgetState::default()
             })),
         }
     }
