@@ -600,6 +600,7 @@ async fn run(a: RunArgs) -> Res<()> {
             "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "p999_us": q(0.999),
             "max_us": h.max() as f64 / 1000.0,
             "verify": verify,
+            "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         });
         println!("{v}");
     } else {
@@ -1084,7 +1085,16 @@ fn fill(dir: &std::path::Path, counters: u64) -> Res<()> {
                 e.events(&batch)?;
                 i = hi;
                 if t == 0 && i % 1_000_000 < 1000 {
-                    eprintln!("fill: ~{} counters, {:?}", i * threads, start.elapsed());
+                    // The hot tier's bytes per record (one counter each), while
+                    // the budget has not yet made it drop any.
+                    eprintln!(
+                        "fill: ~{} counters, {:.1} s, hot tier {} records, {} bytes ({:.1} B/record)",
+                        i * threads,
+                        start.elapsed().as_secs_f64(),
+                        e.hot_len(),
+                        e.hot_bytes(),
+                        e.hot_bytes() as f64 / e.hot_len().max(1) as f64
+                    );
                 }
             }
             Ok(())
@@ -1124,6 +1134,27 @@ fn ready(port: u16) -> bool {
     matches!(s.read(&mut b), Ok(n) if n >= 12 && &b[9..12] == b"200")
 }
 
+/// `used` of the fill campaign's cap for `user`, or the answer's first bytes.
+fn usage_of(port: u16, user: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return "connect failed".into();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!(
+        "GET /v1/users/{user}/campaigns/lg-fill HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).is_err() {
+        return "write failed".into();
+    }
+    let mut b = Vec::new();
+    let _ = s.take(1 << 16).read_to_end(&mut b);
+    let text = String::from_utf8_lossy(&b);
+    match text.find("\"used\":") {
+        Some(i) => text[i..].chars().take(12).collect(),
+        None => text.chars().take(80).collect(),
+    }
+}
+
 fn restart(bin: &std::path::Path, dir: &std::path::Path, repeat: usize, json: bool) -> Res<()> {
     let mut times = Vec::new();
     for _ in 0..repeat {
@@ -1146,6 +1177,14 @@ fn restart(bin: &std::path::Path, dir: &std::path::Path, repeat: usize, json: bo
             std::thread::sleep(Duration::from_micros(500));
         }
         let t = start.elapsed().as_secs_f64();
+        // The counters are there: three fill users read back (cold reads).
+        let mut used = Vec::new();
+        if ok {
+            for u in [0u64, 4_999_999, 9_999_999] {
+                used.push(usage_of(port, &format!("fill-{u}")));
+            }
+        }
+        eprintln!("ready after {t:.3} s; fill users' usage: {used:?}");
         // SIGTERM (graceful), then wait.
         unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
         child.wait()?;
