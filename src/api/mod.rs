@@ -661,7 +661,7 @@ fn yes() -> bool {
 /// The first cap in chain order that denied a candidate.
 struct DeniedBody {
     /// The campaign in the chain that owns the cap.
-    campaign: String,
+    campaign: Arc<str>,
     /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`, `unknown_campaign`.
     cap: String,
     retry_after_ms: Option<u64>,
@@ -669,7 +669,7 @@ struct DeniedBody {
 
 #[derive(Serialize, JsonSchema)]
 struct ResultBody {
-    campaign: String,
+    campaign: Arc<str>,
     eligible: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     denied_by: Option<DeniedBody>,

@@ -77,7 +77,7 @@ pub struct ScreenRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeniedBy {
     /// The campaign of the chain whose cap denied.
-    pub campaign: String,
+    pub campaign: Arc<str>,
     /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`,
     /// `unknown_campaign`.
     pub cap: String,
@@ -86,7 +86,9 @@ pub struct DeniedBy {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CandidateResult {
-    pub campaign: String,
+    /// Shared with the definition (see `CampaignEntry::name`): a screen of
+    /// thousands of candidates copies no names.
+    pub campaign: Arc<str>,
     pub eligible: bool,
     pub denied_by: Option<DeniedBy>,
 }
@@ -166,7 +168,7 @@ pub enum Holds {
     Screen {
         user: Option<u128>,
         /// Eligible candidates: (index in the request, campaign, its chain).
-        cands: Vec<(u32, String, Chain)>,
+        cands: Vec<(u32, Arc<str>, Chain)>,
     },
 }
 
@@ -230,20 +232,45 @@ fn units(item: &Item, cost: u64) -> u64 {
 }
 
 /// Locks the campaign records of `chain` in ascending id (the lock order).
-fn lock_chain(chain: &[Arc<CampaignEntry>]) -> Vec<(u32, MutexGuard<'_, SubjectRecord>)> {
-    let mut order: SmallVec<[&Arc<CampaignEntry>; 8]> = chain.iter().collect();
-    order.sort_by_key(|e| e.id);
-    order.dedup_by_key(|e| e.id);
-    order
-        .into_iter()
-        .map(|e| {
-            (
-                e.id,
-                e.record.lock().unwrap_or_else(PoisonError::into_inner),
-            )
-        })
-        .collect()
+/// Locks the campaign records of `chain` in ascending id (the lock order).
+/// Only those holding campaign-scope items unless `all`: a decision reads and
+/// debits nothing else there, so it need not take (or wait for) the others;
+/// settling a reservation takes them all, as an item it debited may have been
+/// redefined away since.
+fn lock_chain(chain: &[Arc<CampaignEntry>], all: bool) -> Guards<'_> {
+    fn lock(e: &Arc<CampaignEntry>) -> (u32, MutexGuard<'_, SubjectRecord>) {
+        (
+            e.id,
+            e.record.lock().unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+    let wanted = |e: &&Arc<CampaignEntry>| {
+        all || e.compiled.items.iter().any(|c| c.scope == Scope::Campaign)
+    };
+    let mut guards = Guards::new();
+    // Most chains are one or two campaigns: no sort for one.
+    match chain {
+        [] => {}
+        [a] => {
+            if wanted(&a) {
+                guards.push(lock(a));
+            }
+        }
+        _ => {
+            let mut order: SmallVec<[&Arc<CampaignEntry>; 8]> =
+                chain.iter().filter(wanted).collect();
+            order.sort_unstable_by_key(|e| e.id);
+            order.dedup_by_key(|e| e.id);
+            for e in order {
+                guards.push(lock(e));
+            }
+        }
+    }
+    guards
 }
+
+/// The locked campaign records of a chain; inline for chains of up to four.
+type Guards<'a> = SmallVec<[(u32, MutexGuard<'a, SubjectRecord>); 4]>;
 
 fn guard_of<'a, 'g>(
     guards: &'a mut [(u32, MutexGuard<'g, SubjectRecord>)],
@@ -322,13 +349,13 @@ fn winners(
         return Ok((Vec::new(), Vec::new()));
     };
     if campaigns.is_empty() {
-        return Ok(cands.iter().map(|c| (c.0, c.1.clone())).unzip());
+        return Ok(cands.iter().map(|c| (c.0, c.1.to_string())).unzip());
     }
     let mut chosen = Vec::with_capacity(campaigns.len());
     for (i, name) in campaigns.iter().enumerate() {
         match cands
             .iter()
-            .find(|c| &c.1 == name && !chosen.contains(&c.0))
+            .find(|c| *c.1 == **name && !chosen.contains(&c.0))
         {
             Some(c) => chosen.push(c.0),
             None => {
@@ -610,16 +637,17 @@ impl<C: Clock> Engine<C> {
         mut user_rec: Option<&mut SubjectRecord>,
         now: Nanos,
         hold: Option<(u64, Nanos)>,
-    ) -> (Vec<CandidateResult>, Vec<(u32, String, Chain)>) {
+    ) -> (Vec<CandidateResult>, Vec<(u32, Arc<str>, Chain)>) {
         let mut results = Vec::with_capacity(req.candidates.len());
         let mut held = Vec::new();
         for (ci, cand) in req.candidates.iter().enumerate() {
             let Some(chain) = reg.chain(&cand.campaign) else {
+                let name: Arc<str> = Arc::from(cand.campaign.as_str());
                 results.push(CandidateResult {
-                    campaign: cand.campaign.clone(),
+                    campaign: name.clone(),
                     eligible: false,
                     denied_by: Some(DeniedBy {
-                        campaign: cand.campaign.clone(),
+                        campaign: name,
                         cap: "unknown_campaign".into(),
                         retry_after: None,
                     }),
@@ -634,11 +662,13 @@ impl<C: Clock> Engine<C> {
                 cost,
                 hold.map(|(s, d)| (s, ci as u32, d)),
             );
+            // The chain starts with the candidate's own entry.
+            let name = chain[0].name.clone();
             if denied.is_none() && hold.is_some() {
-                held.push((ci as u32, cand.campaign.clone(), chain.clone()));
+                held.push((ci as u32, name.clone(), chain.clone()));
             }
             results.push(CandidateResult {
-                campaign: cand.campaign.clone(),
+                campaign: name,
                 eligible: denied.is_none(),
                 denied_by: denied,
             });
@@ -668,7 +698,7 @@ impl<C: Clock> Engine<C> {
                 retry_after: None,
             });
         }
-        let mut guards = lock_chain(chain);
+        let mut guards = lock_chain(chain, false);
         // Probe every item first; nothing changes unless all allow.
         for e in chain {
             for (i, cap) in e.compiled.items.iter().enumerate() {
@@ -830,7 +860,7 @@ impl<C: Clock> Engine<C> {
         let settled = self.reservations.settle(id, false, |holds| {
             let campaigns = match holds {
                 Holds::Check { .. } => Vec::new(),
-                Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.clone()).collect(),
+                Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.to_string()).collect(),
             };
             let outcome = CommitOutcome {
                 reservation: id.to_owned(),
@@ -940,7 +970,7 @@ impl<C: Clock> Engine<C> {
                     let mut next = 0;
                     for (ci, _, chain) in cands {
                         let win = commit && winners.contains(ci);
-                        let mut guards = lock_chain(chain);
+                        let mut guards = lock_chain(chain, true);
                         let chain_ref: &[Arc<CampaignEntry>] = chain;
                         let def = move |o: u32, t: u32| chain_item(chain_ref, o, t);
                         let end = next + mine[next..].partition_point(|p| p.cand <= *ci);
@@ -1083,7 +1113,7 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         mut batch: Batch,
     ) -> Receipt {
-        let mut guards = lock_chain(chain);
+        let mut guards = lock_chain(chain, false);
         for e in chain {
             for (i, cap) in e.compiled.items.iter().enumerate() {
                 // An impression holds no slot of max_in_flight.

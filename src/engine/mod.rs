@@ -257,7 +257,7 @@ impl<C: Clock> Engine<C> {
                 let entry = CampaignEntry {
                     id: d.id,
                     tags: campaign_tags(&compiled),
-                    name: name.clone(),
+                    name: Arc::from(name.as_str()),
                     def: d.def,
                     compiled,
                     record: Arc::new(Mutex::new(record)),
@@ -465,7 +465,7 @@ impl<C: Clock> Engine<C> {
         let warnings = compiled.warnings.clone();
         reg.insert_campaign(CampaignEntry {
             id,
-            name: name.to_owned(),
+            name: Arc::from(name),
             tags: campaign_tags(&compiled),
             def,
             compiled,
@@ -628,7 +628,7 @@ impl<C: Clock> Engine<C> {
                 let limit = cap.item.limit();
                 let pending = rec.pending_on(e.id, t);
                 out.push(CapUsage {
-                    campaign: e.name.clone(),
+                    campaign: e.name.to_string(),
                     name: cap.name.clone(),
                     scope: cap.scope,
                     kind: cap.item.kind().as_str(),
@@ -676,7 +676,7 @@ impl<C: Clock> Engine<C> {
         };
         let v = b.view(&st, now);
         Ok(Delivery {
-            campaign: c.name.clone(),
+            campaign: c.name.to_string(),
             amount: cap.item.limit(),
             spent: v.spent,
             pending: v.pending,

@@ -31,7 +31,9 @@ pub struct PolicyEntry {
 #[derive(Debug)]
 pub struct CampaignEntry {
     pub id: u32,
-    pub name: String,
+    /// Shared: every screen result names its campaign, and an `Arc` clone is
+    /// a counter increment where a `String` clone is an allocation.
+    pub name: Arc<str>,
     pub def: CampaignDef,
     pub compiled: CompiledCampaign,
     /// Slot tag of each compiled item.
@@ -107,14 +109,14 @@ impl Registry {
     /// Adds or replaces a campaign (already compiled and checked), recomputing
     /// the chains of its descendants.
     pub fn insert_campaign(&mut self, mut entry: CampaignEntry) {
-        if let Some(old) = self.campaigns.get(&entry.name) {
+        if let Some(old) = self.campaigns.get(&*entry.name) {
             entry.record = old.record.clone();
             entry.id = old.id;
         }
         self.max_id = self.max_id.max(entry.id);
         let e = Arc::new(entry);
         self.campaigns_by_id.insert(e.id, e.clone());
-        self.campaigns.insert(e.name.clone(), e);
+        self.campaigns.insert(e.name.to_string(), e);
         self.rechain();
     }
 
