@@ -24,9 +24,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::{Clock, MAX_REPORTED, Nanos, ceil_ms};
 use crate::engine::{
-    CheckRequest, CheckTarget, CommitRequest, Engine, Event, ScreenCandidate, ScreenRequest,
+    CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, Event, ScreenCandidate,
+    ScreenRequest,
 };
-use crate::model::{CampaignDef, LimitDef, PolicyDef};
+use crate::model::{CampaignDef, LimitDef, PolicyDef, Warning};
 pub use error::ApiError;
 pub use metrics::Metrics;
 
@@ -144,18 +145,18 @@ pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -
     Router::new()
         .route(
             "/v1/policies/{name}",
-            put(put_policy::<C>)
-                .get(get_policy::<C>)
-                .delete(delete_policy::<C>),
+            put(put_def::<C, PolicyDef>)
+                .get(get_def::<C, PolicyDef>)
+                .delete(delete_def::<C, PolicyDef>),
         )
         .route("/v1/check", post(check::<C>))
         .route("/v1/reservations/{id}/commit", post(commit::<C>))
         .route("/v1/reservations/{id}/release", post(release::<C>))
         .route(
             "/v1/campaigns/{id}",
-            put(put_campaign::<C>)
-                .get(get_campaign::<C>)
-                .delete(delete_campaign::<C>),
+            put(put_def::<C, CampaignDef>)
+                .get(get_def::<C, CampaignDef>)
+                .delete(delete_def::<C, CampaignDef>),
         )
         .route("/v1/campaigns/{id}/delivery", get(delivery::<C>))
         .route("/v1/screen", post(screen::<C>))
@@ -331,83 +332,86 @@ fn ms(ns: Nanos) -> u64 {
 
 /// Definition warnings (e.g. a redundant cap) are accepted but logged, so the
 /// operator sees them.
-fn log_warnings(warnings: &[crate::model::Warning]) {
+fn log_warnings(warnings: &[Warning]) {
     for w in warnings {
         tracing::warn!(field = %w.field, "definition warning: {}", w.message);
     }
 }
 
-// ---- policies ----
+// ---- definitions: policies and campaigns ----
 
-async fn put_policy<C: Clock + 'static>(
+/// Policies and campaigns are stored, read and deleted alike; one set of
+/// handlers serves both.
+trait Definition: Serialize + DeserializeOwned + Clone + Send + 'static {
+    /// The path parameter naming it, for errors.
+    const PARAM: &'static str;
+    /// What it is, for "no policy named ..." errors.
+    const WHAT: &'static str;
+    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError>;
+    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self>;
+    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError>;
+}
+
+impl Definition for PolicyDef {
+    const PARAM: &'static str = "name";
+    const WHAT: &'static str = "policy";
+    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
+        e.put_policy(name, def)
+    }
+    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
+        e.get_policy(name)
+    }
+    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError> {
+        e.delete_policy(name)
+    }
+}
+
+impl Definition for CampaignDef {
+    const PARAM: &'static str = "id";
+    const WHAT: &'static str = "campaign";
+    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
+        e.put_campaign(name, def)
+    }
+    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
+        e.get_campaign(name)
+    }
+    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError> {
+        e.delete_campaign(name)
+    }
+}
+
+/// PUT: answers the stored definition (DESIGN §2.6).
+async fn put_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<PolicyDef>, ApiError> {
-    id_param(&s, "name", &name)?;
-    let def: PolicyDef = body(b)?;
+) -> Result<Json<D>, ApiError> {
+    id_param(&s, D::PARAM, &name)?;
+    let def: D = body(b)?;
     let e = s.engine.clone();
     let stored = def.clone();
-    let warnings = blocking(move || e.put_policy(&name, def)).await?;
+    let warnings = blocking(move || D::put(&e, &name, def)).await?;
     log_warnings(&warnings);
     Ok(Json(stored))
 }
 
-async fn get_policy<C: Clock + 'static>(
+async fn get_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
-) -> Result<Json<PolicyDef>, ApiError> {
-    id_param(&s, "name", &name)?;
-    s.engine
-        .get_policy(&name)
+) -> Result<Json<D>, ApiError> {
+    id_param(&s, D::PARAM, &name)?;
+    D::get(&s.engine, &name)
         .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("no policy named {name:?}")))
+        .ok_or_else(|| ApiError::not_found(format!("no {} named {name:?}", D::WHAT)))
 }
 
-async fn delete_policy<C: Clock + 'static>(
+async fn delete_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    id_param(&s, "name", &name)?;
+    id_param(&s, D::PARAM, &name)?;
     let e = s.engine.clone();
-    blocking(move || e.delete_policy(&name)).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-// ---- campaigns ----
-
-async fn put_campaign<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<CampaignDef>, ApiError> {
-    id_param(&s, "id", &id)?;
-    let def: CampaignDef = body(b)?;
-    let e = s.engine.clone();
-    let stored = def.clone();
-    let warnings = blocking(move || e.put_campaign(&id, def)).await?;
-    log_warnings(&warnings);
-    Ok(Json(stored))
-}
-
-async fn get_campaign<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<CampaignDef>, ApiError> {
-    id_param(&s, "id", &id)?;
-    s.engine
-        .get_campaign(&id)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("no campaign named {id:?}")))
-}
-
-async fn delete_campaign<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    id_param(&s, "id", &id)?;
-    let e = s.engine.clone();
-    blocking(move || e.delete_campaign(&id)).await?;
+    blocking(move || D::delete(&e, &name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
