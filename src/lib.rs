@@ -11,6 +11,7 @@
 //! - [`store`]: where state is kept: memory or RocksDB.
 //! - [`service`]: `freqcap serve`: configuration and the server's life.
 //! - [`replay`]: the API on a virtual clock, line by line.
+//! - [`simulate`]: `freqcap simulate`: pacing on a virtual day, with a report.
 //! - [`keyed`]: a concurrent, memory-bounded map from key to limit state, and the
 //!   [`KeyedLimiter`] built on it.
 
@@ -22,6 +23,7 @@ pub mod limits;
 pub mod model;
 pub mod replay;
 pub mod service;
+pub mod simulate;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};

@@ -1,6 +1,7 @@
 //! The `freqcap` command line: `serve` runs the service; `replay` runs the
-//! same API on a virtual clock; `validate` and `schemas` are definition tools.
-//! (`simulate` comes with its issue.)
+//! same API on a virtual clock; `simulate` runs ad traffic through the engine
+//! on a virtual clock and reports on pacing; `validate` and `schemas` are
+//! definition tools.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -45,6 +46,10 @@ enum Command {
         /// The policy file.
         file: PathBuf,
     },
+    /// Run a day or week of ad requests (a JSONL log or seeded synthetic
+    /// traffic) through the engine on a virtual clock, and write a pacing report
+    /// (summary.json, summary.md, SVG pictures) into --out. See docs/pacing.md.
+    Simulate(Box<freqcap::simulate::SimulateArgs>),
     /// Write the JSON Schemas of the definitions into a folder.
     Schemas {
         /// The folder to write to.
@@ -217,6 +222,17 @@ fn run(cli: Cli) -> Result<(), String> {
             let out = serde_json::to_string_pretty(&def).map_err(|e| e.to_string())?;
             // A closed pipe (`| head`) is not an error worth a panic.
             let _ = writeln!(std::io::stdout(), "{out}");
+            Ok(())
+        }
+        Command::Simulate(args) => {
+            let s = freqcap::simulate::main(&args).map_err(|e| e.to_string())?;
+            eprintln!(
+                "simulated {} requests in {:.2} s ({:.0} per minute); report in {}",
+                s.requests,
+                s.wall_seconds,
+                s.requests_per_minute,
+                args.out.display()
+            );
             Ok(())
         }
         Command::Schemas { out } => {

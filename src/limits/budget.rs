@@ -10,7 +10,9 @@
 //! profile pacing are exact to the nanosecond.
 //!
 //! `adaptive` re-plans once per local hour (a *slice*). At the first touch of
-//! the state in a slice (its *anchor* a, with committed spend b there) it spreads
+//! the state in a slice (its *anchor* a; b is the committed spend there, or the
+//! previous plan's line at a if that is lower, so that running ahead by the
+//! allowance does not add up from hour to hour) it spreads
 //! what is left, amount − b, over the rest of the period's weighted time:
 //! cap(t) = min(amount, allowance + b + ceil((amount − b)·(F(t) − F(a)) /
 //! (F(end) − F(a)))). Spend that did not happen in a quiet hour is not banked as
@@ -188,8 +190,18 @@ impl Budget {
         if matches!(self.pacing, Pacing::Adaptive(_))
             && (cur.anchor < cur.start || now >= self.slice_end(cur.anchor, cur.end))
         {
-            cur.anchor = now.max(cur.start);
-            cur.base = cur.spent;
+            let at = now.max(cur.start);
+            // Spend ahead of the old plan's line (by at most the allowance) is
+            // not taken as the new base: the new plan starts from the line, so
+            // the allowance does not add up from one hour to the next. Spend
+            // behind it is the base: the shortfall is shared out.
+            cur.base = if cur.anchor < cur.start {
+                cur.spent
+            } else {
+                cur.spent
+                    .min(self.plan_line(&cur, cur.anchor, cur.base, at))
+            };
+            cur.anchor = at;
         }
         cur
     }
@@ -215,25 +227,31 @@ impl Budget {
     }
 
     /// cap(now) of an adaptive budget under the plan of `cur` (see the module
-    /// documentation). When no weighted time is left (a profile whose
-    /// remaining hours weigh nothing), the plan is the whole amount.
+    /// documentation).
     fn adaptive_cap(&self, cur: &BudgetState, now: Nanos) -> u64 {
-        let Some(pr) = self.progress(cur.start, cur.end) else {
+        self.plan_line(cur, cur.anchor, cur.base, now)
+            .saturating_add(self.allowance)
+            .min(self.amount)
+    }
+
+    /// The line of the adaptive plan made at `anchor` with spend `base`, at
+    /// `t` (no allowance): base + ceil((amount − base)·(F(t) − F(a))/(F(end) −
+    /// F(a))). When no weighted time is left (a profile whose remaining hours
+    /// weigh nothing), the line is the whole amount.
+    fn plan_line(&self, period: &BudgetState, anchor: Nanos, base: u64, t: Nanos) -> u64 {
+        let Some(pr) = self.progress(period.start, period.end) else {
             return self.amount;
         };
-        let (fa, den) = pr.fraction(cur.anchor);
-        let (ft, _) = pr.fraction(now.max(cur.anchor));
+        let (fa, den) = pr.fraction(anchor);
+        let (ft, _) = pr.fraction(t.max(anchor));
         let left = den - fa;
         if left == 0 {
             return self.amount;
         }
-        let rest = u128::from(self.amount.saturating_sub(cur.base));
-        // ≤ rest ≤ amount because ft − fa ≤ left.
+        let rest = u128::from(self.amount.saturating_sub(base));
+        // ≤ rest because ft − fa ≤ left.
         let paced = (rest * (ft - fa)).div_ceil(left) as u64;
-        cur.base
-            .saturating_add(paced)
-            .saturating_add(self.allowance)
-            .min(self.amount)
+        base.saturating_add(paced).min(self.amount)
     }
 
     /// The first instant in `[anchor, slice_end)` at which the adaptive plan
@@ -270,7 +288,8 @@ impl Budget {
 
     /// When an adaptive cap reaches `need` within `[start, end)` if nothing else
     /// happens: under the plan at `anchor`, or else under the plans made at the
-    /// following slice boundaries, each from the same spend `spent`.
+    /// following slice boundaries, each from `spent` (or the line before it,
+    /// if lower, as [`Budget::current`] makes them).
     fn adaptive_reaches(
         &self,
         (start, end): (Nanos, Nanos),
@@ -280,6 +299,11 @@ impl Budget {
         need: u64,
     ) -> Option<Nanos> {
         let pr = self.progress(start, end)?;
+        let period = BudgetState {
+            start,
+            end,
+            ..BudgetState::default()
+        };
         for _ in 0..MAX_SLICES {
             if let Some(t) = self.plan_reaches(&pr, (start, end), anchor, base, need) {
                 return Some(t);
@@ -288,8 +312,8 @@ impl Budget {
             if next >= end {
                 return None;
             }
+            base = spent.min(self.plan_line(&period, anchor, base, next));
             anchor = next;
-            base = spent;
         }
         None
     }
@@ -624,6 +648,23 @@ mod adaptive_tests {
         let mut full = st;
         full.spent = 2400;
         assert_eq!(b.retry(&full, DAY0 + 10 * H, 1), Some(14 * H + 1));
+    }
+
+    #[test]
+    fn the_allowance_does_not_add_up_over_the_hours() {
+        // Spending the whole cap every hour keeps within the allowance of the
+        // even line: each new plan starts from the old line, not the spend.
+        let b = adaptive(2400, None, 100);
+        let mut st = BudgetState::default();
+        for h in 0..24 {
+            let end = DAY0 + (h + 1) * H - 1;
+            st = b.current(&st, DAY0 + h * H);
+            let cap = b.view(&st, end).cap;
+            let more = cap - st.spent;
+            spend(&b, &mut st, end, more);
+            assert!(st.spent <= 100 * (h + 1) + 100, "hour {h}: {}", st.spent);
+        }
+        assert_eq!(st.spent, 2400);
     }
 
     #[test]

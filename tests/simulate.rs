@@ -1,0 +1,330 @@
+//! `freqcap simulate` on seeded synthetic days (issue 5): even and adaptive
+//! pacing deliver the budget without over-delivering under 200 ms commit
+//! latency and lost auctions, asap exhausts early, per-user caps hold, and
+//! campaigns in other zones and on DST days pace against their own local day.
+
+use freqcap::clock::{Nanos, SECOND};
+use freqcap::simulate::{self, RunStats, SimCampaign, SimulateArgs, Summary};
+
+const H: Nanos = 3_600 * SECOND;
+
+fn args(start: &str, days: u32, tz: &str, requests: f64) -> SimulateArgs {
+    SimulateArgs {
+        campaigns: "unused.json".into(),
+        traffic: None,
+        synthetic: true,
+        out: "unused".into(),
+        start: start.into(),
+        days,
+        tz: tz.into(),
+        requests,
+        users: 100_000,
+        // Heavy users reach their 3-a-day cap early; a milder skew than 1.0
+        // keeps the night's effective traffic above 3× what a budget needs.
+        zipf: 0.8,
+        candidates: 3,
+        diurnal: None,
+        seed: 42,
+        commit_delay_ms: 200,
+        lost_share: 0.1,
+        ttl_ms: 60_000,
+        sample_secs: 60,
+    }
+}
+
+/// A campaign with a 3-per-local-day user cap and a budget of `amount`.
+fn campaign(id: &str, tz: Option<&str>, pacing: &str, amount: u64) -> String {
+    let tz = tz.map_or(String::new(), |t| format!(r#""tz": "{t}", "#));
+    format!(
+        r#"{{"id": "{id}", "campaign": {{{tz}"caps": [{{"kind": "window", "limit": 3, "window": "1d", "align": "calendar"}}],
+            "budget": {{"amount": {amount}, "pacing": {pacing}}}}}}}"#
+    )
+}
+
+fn run(a: &SimulateArgs, campaigns: &[String]) -> (Vec<SimCampaign>, RunStats, Summary) {
+    let text = format!(r#"{{"campaigns": [{}]}}"#, campaigns.join(","));
+    let cs = simulate::parse_campaigns(&text, false).unwrap();
+    let stats = simulate::simulate(a, &cs).unwrap();
+    let summary = simulate::report::summarize(&cs, &stats);
+    (cs, stats, summary)
+}
+
+fn by_id<'a>(s: &'a Summary, id: &str) -> &'a simulate::report::CampaignSummary {
+    s.campaigns.iter().find(|c| c.id == id).unwrap()
+}
+
+/// Spend sampled at `at` for campaign `i`.
+fn spent_at(stats: &RunStats, i: usize, at: Nanos) -> u64 {
+    stats.campaigns[i]
+        .samples
+        .iter()
+        .find(|s| s.at == at)
+        .map(|s| s.spent)
+        .unwrap()
+}
+
+fn assert_delivers(c: &simulate::report::CampaignSummary) {
+    assert!(c.complete_periods >= 1, "{}: no complete period", c.id);
+    for p in c.periods.iter().filter(|p| p.complete) {
+        let d = p.delivered_pct.unwrap();
+        let over = p.over_delivery_pct.unwrap();
+        assert!(d >= 99.0, "{} {}: delivered {d}%", c.id, p.start);
+        assert!(over <= 0.5, "{} {}: over-delivered {over}%", c.id, p.start);
+    }
+}
+
+fn assert_caps_hold(s: &Summary) {
+    for c in &s.campaigns {
+        let cap = c.user_cap.as_ref().unwrap();
+        assert!(cap.per_local_day);
+        assert!(
+            u64::from(c.max_impressions_per_user_day) <= cap.limit,
+            "{}: a user saw it {} times in a day",
+            c.id,
+            c.max_impressions_per_user_day
+        );
+    }
+}
+
+#[test]
+fn even_and_adaptive_deliver_asap_exhausts_early() {
+    // 300 000 requests, each naming all three campaigns: at the quietest hour
+    // (0.12 of the peak) ~1 400 requests, over 6× the 208 an hour that a
+    // budget of 5 000 a day needs.
+    let a = args("2026-01-05", 1, "UTC", 300_000.0);
+    let (_, stats, s) = run(
+        &a,
+        &[
+            campaign("even", None, r#""even""#, 5_000),
+            campaign("adaptive", None, r#""adaptive""#, 5_000),
+            campaign("asap", None, r#""asap""#, 5_000),
+        ],
+    );
+    assert!(s.requests > 290_000 && s.commits > 14_000, "{s:?}");
+    assert!(s.lost > 0);
+    assert_delivers(by_id(&s, "even"));
+    assert_delivers(by_id(&s, "adaptive"));
+    // Pacing: half the budget by noon, within 2 % of the amount.
+    let noon = stats.start + 12 * H;
+    for i in 0..2 {
+        let half = spent_at(&stats, i, noon) as f64;
+        assert!(
+            (half - 2_500.0).abs() < 100.0,
+            "campaign {i} at noon: {half}"
+        );
+    }
+    // asap spends everything in the morning.
+    let asap = by_id(&s, "asap");
+    let p = &asap.periods[0];
+    assert_eq!(p.delivered, 5_000);
+    let exhausted = p.exhausted_at.as_deref().unwrap();
+    assert!(
+        exhausted < "2026-01-05T12:00",
+        "asap exhausted at {exhausted}"
+    );
+    assert!(asap.pacing_rmse_pct.unwrap() > 10.0 * by_id(&s, "even").pacing_rmse_pct.unwrap());
+    assert!(asap.denials["budget"] > 0);
+    assert_caps_hold(&s);
+}
+
+#[test]
+fn adaptive_spreads_a_quiet_morning_even_catches_up_at_once() {
+    // Traffic that is nearly absent until 08:00, then plenty: even pacing
+    // makes up the morning in a burst, adaptive spreads it over the rest of
+    // the day. Both deliver.
+    let mut a = args("2026-01-05", 1, "UTC", 400_000.0);
+    let mut w = [2.0; 24];
+    w[..8].fill(0.005);
+    a.diurnal = Some(w.map(|x| x.to_string()).join(","));
+    a.candidates = 2;
+    let (_, stats, s) = run(
+        &a,
+        &[
+            campaign("even", None, r#""even""#, 4_800),
+            campaign("adaptive", None, r#""adaptive""#, 4_800),
+        ],
+    );
+    assert_delivers(by_id(&s, "even"));
+    assert_delivers(by_id(&s, "adaptive"));
+    let spent_in = |i: usize, from: Nanos, to: Nanos| {
+        spent_at(&stats, i, stats.start + to) - spent_at(&stats, i, stats.start + from)
+    };
+    // 07:00–09:00, as traffic arrives: even catches up with its line at
+    // once; adaptive plans what is left over the rest of the day.
+    let even_burst = spent_in(0, 7 * H, 9 * H);
+    let adaptive_hours = spent_in(1, 7 * H, 9 * H);
+    assert!(
+        even_burst > 1_200,
+        "even 07–09: {even_burst}, adaptive {adaptive_hours}"
+    );
+    assert!(
+        adaptive_hours < 800,
+        "adaptive 07–09: {adaptive_hours}, even {even_burst}"
+    );
+}
+
+#[test]
+fn campaigns_in_other_zones_pace_against_their_own_day() {
+    // Two UTC days: New York's 2026-01-05 (05:00Z to 05:00Z) and Kolkata's
+    // 2026-01-05 (18:30Z the day before ... ) lie wholly inside only partly;
+    // each campaign is judged on its complete local days.
+    let a = args("2026-01-05", 2, "UTC", 300_000.0);
+    let (_, stats, s) = run(
+        &a,
+        &[
+            campaign("ny", Some("America/New_York"), r#""even""#, 5_000),
+            campaign("kolkata", Some("Asia/Kolkata"), r#""adaptive""#, 5_000),
+        ],
+    );
+    let ny = by_id(&s, "ny");
+    let complete: Vec<_> = ny.periods.iter().filter(|p| p.complete).collect();
+    assert_eq!(complete.len(), 1);
+    assert_eq!(complete[0].start, "2026-01-05T00:00:00-05:00");
+    assert_eq!(complete[0].hours, 24.0);
+    assert_delivers(ny);
+    // The New York day starts at 05:00Z: spend restarts there, and by New
+    // York's noon (17:00Z) half of it is spent.
+    let start = stats.start;
+    assert!(spent_at(&stats, 0, start + 5 * H) < 50);
+    let half = spent_at(&stats, 0, start + 17 * H) as f64;
+    assert!((half - 2_500.0).abs() < 100.0, "ny at local noon: {half}");
+    let kol = by_id(&s, "kolkata");
+    assert_eq!(kol.periods.iter().filter(|p| p.complete).count(), 1);
+    assert!(
+        kol.periods
+            .iter()
+            .any(|p| p.complete && p.start == "2026-01-06T00:00:00+05:30")
+    );
+    assert_delivers(kol);
+    assert_caps_hold(&s);
+}
+
+#[test]
+fn dst_days_pace_over_23_and_25_hours() {
+    for (date, hours, noon_elapsed) in [("2026-03-08", 23.0, 11), ("2026-11-01", 25.0, 13)] {
+        let a = args(date, 1, "America/New_York", 300_000.0);
+        let (_, stats, s) = run(
+            &a,
+            &[
+                campaign("even", Some("America/New_York"), r#""even""#, 4_600),
+                campaign("adaptive", Some("America/New_York"), r#""adaptive""#, 4_600),
+            ],
+        );
+        for c in &s.campaigns {
+            assert_eq!(c.periods.len(), 1, "{date} {}", c.id);
+            assert_eq!(c.periods[0].hours, hours, "{date} {}", c.id);
+            assert!(c.periods[0].complete);
+            assert_delivers(c);
+        }
+        // Local noon is 11 (13) real hours into the day: the even line is
+        // at 11/23 (13/25) of the budget there, not 12/24.
+        let noon = stats.start + noon_elapsed * H;
+        let even = spent_at(&stats, 0, noon) as f64;
+        let line = 4_600.0 * noon_elapsed as f64 / hours;
+        assert!((even - line).abs() < 92.0, "{date}: {even} vs {line}");
+        assert_caps_hold(&s);
+    }
+}
+
+#[test]
+fn seeded_runs_repeat_and_the_report_is_written() {
+    let mut a = args("2026-01-05", 1, "UTC", 60_000.0);
+    a.users = 5_000;
+    let cs = [
+        campaign("even", None, r#""even""#, 1_000),
+        campaign(
+            "adaptive",
+            None,
+            r#"{"adaptive": {"profile": [1,1,1,1,1,1,2,3,4,5,5,5,5,5,5,5,5,6,7,8,7,5,3,2]}}"#,
+            1_000,
+        ),
+    ];
+    let (campaigns, stats, s1) = run(&a, &cs);
+    let (_, _, s2) = run(&a, &cs);
+    let figures = |s: &Summary| {
+        s.campaigns
+            .iter()
+            .map(|c| {
+                (
+                    c.impressions,
+                    c.spend,
+                    c.denials.clone(),
+                    c.impressions_per_user_day.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(figures(&s1), figures(&s2));
+    assert_eq!(
+        (s1.requests, s1.commits, s1.lost),
+        (s2.requests, s2.commits, s2.lost)
+    );
+    assert_eq!(
+        by_id(&s1, "adaptive").pacing.as_deref(),
+        Some("adaptive+profile")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    simulate::write_report(dir.path(), &campaigns, &stats, &s1).unwrap();
+    for f in [
+        "summary.json",
+        "summary.md",
+        "delivery.svg",
+        "spend-even.svg",
+        "hourly-adaptive.svg",
+        "users-even.svg",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
+        assert!(text.len() > 100, "{f}");
+        if f.ends_with(".svg") {
+            assert!(text.contains("<svg"), "{f}");
+        }
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["campaigns"][0]["id"], "even");
+    assert!(json["campaigns"][0]["pacing_rmse_pct"].is_number());
+}
+
+#[test]
+fn traffic_log_runs_and_bad_lines_name_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("traffic.jsonl");
+    let day = 1_767_571_200_000u64; // 2026-01-05T00:00:00Z in ms
+    let mut text = String::new();
+    for i in 0..1_000u64 {
+        text += &format!(
+            "{{\"at_ms\": {}, \"user\": \"u{}\", \"candidates\": [\"even\"]}}\n",
+            day + i * 86_400,
+            i % 50
+        );
+    }
+    std::fs::write(&log, &text).unwrap();
+    let mut a = args("2026-01-05", 1, "UTC", 1.0);
+    a.synthetic = false;
+    a.traffic = Some(log.clone());
+    a.lost_share = 0.0;
+    let (_, _, s) = run(&a, &[campaign("even", None, r#""even""#, 100)]);
+    assert_eq!(s.requests, 1_000);
+    // 50 users, 3 a day each at most: 100 of budget is reachable; paced evenly.
+    assert_eq!(by_id(&s, "even").delivered, 100);
+    text += "{\"at_ms\": 1, \"user\": \"x\", \"candidates\": [\"even\"]}\n";
+    std::fs::write(&log, &text).unwrap();
+    let cs = simulate::parse_campaigns(
+        &format!(
+            r#"{{"campaigns": [{}]}}"#,
+            campaign("even", None, r#""even""#, 100)
+        ),
+        false,
+    )
+    .unwrap();
+    let e = simulate::simulate(&a, &cs).unwrap_err();
+    assert!(e.0.contains("line 1001: at_ms"), "{e}");
+    // Campaign files name the field.
+    let e = simulate::parse_campaigns(
+        r#"{"campaigns": [{"id": "x", "campaign": {"budget": {"amount": 0}}}]}"#,
+        false,
+    )
+    .unwrap_err();
+    assert!(e.0.contains("budget.amount"), "{e}");
+}
