@@ -88,7 +88,7 @@ fn screen_commit_release_and_caps() {
     // Commit c1: c2 is released.
     let o = e.commit(&id, &commit_one("c1")).unwrap();
     assert_eq!(o.outcome, Outcome::Committed);
-    assert_eq!(o.campaigns, vec!["c1".to_owned()]);
+    assert_eq!(o.campaigns, vec![std::sync::Arc::from("c1")]);
     let u = e.user_usage("u1", "c1").unwrap();
     assert_eq!((u[0].used, u[0].pending, u[0].remaining), (1, 0, 1));
     assert_eq!(u[1].campaign, "adv");
@@ -825,4 +825,17 @@ fn a_repeated_commit_is_never_acknowledged_when_the_first_was_not_written() {
         e.commit(&id2, &commit_one("c1")).unwrap().outcome,
         Outcome::Committed
     );
+}
+
+#[test]
+fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    ad_setup(&e);
+    // Nothing eligible: unknown campaigns only, so nothing is held.
+    let s = e.screen(&screen(Some("u9"), &["nope", "nada"], true)).unwrap();
+    assert!(s.reservation.is_none());
+    clock.advance(SEC);
+    e.sweep();
+    assert_eq!(e.hot_len(), 0, "no empty pending list pins the record");
 }

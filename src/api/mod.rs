@@ -773,7 +773,7 @@ struct SettledBody {
     /// `committed`, `released` or `late_commit`.
     outcome: &'static str,
     /// The campaigns committed (or released).
-    campaigns: Vec<String>,
+    campaigns: Vec<Arc<str>>,
 }
 
 impl From<crate::engine::CommitOutcome> for SettledBody {

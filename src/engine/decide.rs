@@ -143,8 +143,9 @@ impl Outcome {
 pub struct CommitOutcome {
     pub reservation: String,
     pub outcome: Outcome,
-    /// Campaigns committed (for a release: those released).
-    pub campaigns: Vec<String>,
+    /// Campaigns committed (for a release: those released). Shared names
+    /// (see `CampaignEntry::name`): a release of a large screen copies none.
+    pub campaigns: Vec<Arc<str>>,
 }
 
 /// An impression that happened without a reservation (`POST /v1/events`).
@@ -344,20 +345,24 @@ fn winners(
     holds: &Holds,
     campaigns: &[String],
     id: &str,
-) -> Result<(Vec<u32>, Vec<String>), EngineError> {
+) -> Result<(Vec<u32>, Vec<Arc<str>>), EngineError> {
     let Holds::Screen { cands, .. } = holds else {
         return Ok((Vec::new(), Vec::new()));
     };
     if campaigns.is_empty() {
-        return Ok(cands.iter().map(|c| (c.0, c.1.to_string())).unzip());
+        return Ok(cands.iter().map(|c| (c.0, c.1.clone())).unzip());
     }
     let mut chosen = Vec::with_capacity(campaigns.len());
+    let mut names = Vec::with_capacity(campaigns.len());
     for (i, name) in campaigns.iter().enumerate() {
         match cands
             .iter()
             .find(|c| *c.1 == **name && !chosen.contains(&c.0))
         {
-            Some(c) => chosen.push(c.0),
+            Some(c) => {
+                chosen.push(c.0);
+                names.push(c.1.clone());
+            }
             None => {
                 let field = if campaigns.len() == 1 {
                     "campaign".to_owned()
@@ -373,7 +378,7 @@ fn winners(
             }
         }
     }
-    Ok((chosen, campaigns.to_vec()))
+    Ok((chosen, names))
 }
 
 impl<C: Clock> Engine<C> {
@@ -640,6 +645,12 @@ impl<C: Clock> Engine<C> {
     ) -> (Vec<CandidateResult>, Vec<(u32, Arc<str>, Chain)>) {
         let mut results = Vec::with_capacity(req.candidates.len());
         let mut held = Vec::new();
+        if hold.is_some() {
+            held.reserve(req.candidates.len());
+            if let Some(u) = user_rec.as_deref_mut() {
+                u.reserve_pending(req.candidates.len());
+            }
+        }
         for (ci, cand) in req.candidates.iter().enumerate() {
             let Some(chain) = reg.chain(&cand.campaign) else {
                 let name: Arc<str> = Arc::from(cand.campaign.as_str());
@@ -672,6 +683,9 @@ impl<C: Clock> Engine<C> {
                 eligible: denied.is_none(),
                 denied_by: denied,
             });
+        }
+        if let Some(u) = user_rec {
+            u.drop_empty_pending();
         }
         (results, held)
     }
@@ -840,7 +854,7 @@ impl<C: Clock> Engine<C> {
                         Ok(CommitOutcome {
                             reservation: id.to_owned(),
                             outcome: Outcome::LateCommit,
-                            campaigns: vec![campaign.clone()],
+                            campaigns: vec![Arc::from(campaign.as_str())],
                         })
                     }
                     _ => Err(EngineError::NotFound(format!(
@@ -860,7 +874,7 @@ impl<C: Clock> Engine<C> {
         let settled = self.reservations.settle(id, false, |holds| {
             let campaigns = match holds {
                 Holds::Check { .. } => Vec::new(),
-                Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.to_string()).collect(),
+                Holds::Screen { cands, .. } => cands.iter().map(|c| c.1.clone()).collect(),
             };
             let outcome = CommitOutcome {
                 reservation: id.to_owned(),

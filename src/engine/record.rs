@@ -142,6 +142,20 @@ impl SubjectRecord {
             .push(entry);
     }
 
+    /// Makes room for `n` more pending debits at once (a screen reserving
+    /// many candidates), instead of growing one push at a time. Call
+    /// [`SubjectRecord::drop_empty_pending`] after: an empty list left in
+    /// place would pin the record as if something were pending.
+    pub fn reserve_pending(&mut self, n: usize) {
+        self.pending.get_or_insert_with(Default::default).reserve(n);
+    }
+
+    pub fn drop_empty_pending(&mut self) {
+        if self.pending.as_ref().is_some_and(|p| p.is_empty()) {
+            self.pending = None;
+        }
+    }
+
     /// Every pending debit.
     pub fn pending(&self) -> impl Iterator<Item = &PendingEntry> {
         self.pending.iter().flat_map(|p| p.iter())
