@@ -75,6 +75,8 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
         .map_err(fail(path))?;
     chart
         .configure_mesh()
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .max_light_lines(1)
         .x_labels(13)
         .x_label_formatter(&|x| time_label(&TimeZone::UTC, stats.start, span, *x))
         .x_desc("time (UTC)")
@@ -179,6 +181,8 @@ fn spend(
         .map_err(fail(path))?;
     chart
         .configure_mesh()
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .max_light_lines(1)
         .x_labels(13)
         .x_label_formatter(&|x| time_label(&c.tz, stats.start, span, *x))
         .x_desc(format!(
@@ -308,6 +312,8 @@ fn hourly(
         .map_err(fail(path))?;
     chart
         .configure_mesh()
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .max_light_lines(1)
         .x_labels(13)
         .x_label_formatter(&|x| time_label(&c.tz, stats.start, span, *x))
         .x_desc(format!(
@@ -397,6 +403,8 @@ fn users(path: &Path, c: &SimCampaign, s: &CampaignSummary) -> Result<(), SimErr
         .map_err(fail(path))?;
     chart
         .configure_mesh()
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .max_light_lines(1)
         .x_labels(kmax.min(30) as usize)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .disable_x_mesh()

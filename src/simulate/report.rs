@@ -63,6 +63,8 @@ pub struct CampaignSummary {
     /// Impressions per (user, local day): how many user-days had 1, 2, ...
     pub impressions_per_user_day: BTreeMap<u32, u64>,
     pub max_impressions_per_user_day: u32,
+    /// Spend by the local hour it was reserved in (local start time).
+    pub spend_per_hour: BTreeMap<String, u64>,
     pub periods: Vec<PeriodSummary>,
 }
 
@@ -234,6 +236,11 @@ pub fn summarize(campaigns: &[SimCampaign], stats: &RunStats) -> Summary {
             }),
             max_impressions_per_user_day: dist.keys().next_back().copied().unwrap_or(0),
             impressions_per_user_day: dist,
+            spend_per_hour: st
+                .hourly
+                .iter()
+                .map(|(&h, &v)| (local_time(&c.tz, h), v))
+                .collect(),
             periods: rows,
         });
     }
