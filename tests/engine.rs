@@ -832,10 +832,19 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
     let clock = Arc::new(ManualClock::new(T0));
     let e = memory_engine(clock.clone());
     ad_setup(&e);
-    // Nothing eligible: unknown campaigns only, so nothing is held.
-    let s = e.screen(&screen(Some("u9"), &["nope", "nada"], true)).unwrap();
-    assert!(s.reservation.is_none());
-    clock.advance(SEC);
+    // u9 reaches c1's cap of 2 a day; a reserving screen of c1 then holds nothing.
+    let ev = |id: &str| Event {
+        user: Some("u9".into()),
+        campaign: "c1".into(),
+        cost: 1,
+        event_id: Some(id.into()),
+    };
+    e.events(&[ev("a"), ev("b")]).unwrap();
+    let s = e.screen(&screen(Some("u9"), &["c1"], true)).unwrap();
+    assert!(s.reservation.is_none() && !s.results[0].eligible);
+    assert_eq!(e.hot_len(), 1);
+    // Two days on, the day's counter is idle: the record leaves memory.
+    clock.advance(2 * 86_400 * SEC);
     e.sweep();
-    assert_eq!(e.hot_len(), 0, "no empty pending list pins the record");
+    assert_eq!(e.hot_len(), 0);
 }
