@@ -328,3 +328,43 @@ fn traffic_log_runs_and_bad_lines_name_the_line() {
     .unwrap_err();
     assert!(e.0.contains("budget.amount"), "{e}");
 }
+
+#[test]
+fn the_command_writes_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let campaigns = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/examples/pacing-day.json");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .args([
+            "simulate",
+            "--campaigns",
+            campaigns,
+            "--synthetic",
+            "--requests",
+            "20000",
+        ])
+        .args(["--users", "2000", "--seed", "3", "--out"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["campaigns"].as_array().unwrap().len(), 4);
+    for id in ["asap", "even", "profile", "adaptive"] {
+        for kind in ["spend", "hourly", "users"] {
+            assert!(
+                out.join(format!("{kind}-{id}.svg")).exists(),
+                "{kind}-{id}.svg"
+            );
+        }
+    }
+    // Neither traffic source: an error that says what to give.
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .args(["simulate", "--campaigns", campaigns, "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--synthetic"));
+}
