@@ -192,7 +192,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     fn below(&mut self, n: u64) -> u64 {
-        ((self.next() >> 11) as u128 * n as u128 >> 53) as u64
+        (((self.next() >> 11) as u128 * n as u128) >> 53) as u64
     }
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
@@ -580,13 +580,14 @@ async fn run(a: RunArgs) -> Res<()> {
     let limit = end + Duration::from_secs(30);
     tokio::time::timeout_at(limit.into(), local).await.ok();
     let wall = a.secs;
+    let mut verify = None;
+    if a.verify && a.workload == Workload::Screen {
+        let committed = std::mem::take(&mut tally.borrow_mut().committed);
+        verify = Some(verify_caps(&sh, &committed).await?);
+    }
     let h = hist.borrow();
     let t = tally.borrow();
     let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
-    let mut verify = None;
-    if a.verify && a.workload == Workload::Screen {
-        verify = Some(verify_caps(&sh, &t.committed).await?);
-    }
     let ops_s = t.ops as f64 / wall;
     if a.json {
         let v = serde_json::json!({
