@@ -28,13 +28,14 @@ if ! command -v redis-server >/dev/null; then
     apt-get install -y redis-server >/dev/null
 fi
 
-cargo build --release --bin freqcap
+# FREQCAP_BIN: a freqcap binary to measure instead of building one.
+if [ -z "${FREQCAP_BIN:-}" ]; then cargo build --release --bin freqcap; fi
 LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("executable") and m["target"]["name"] == "loadgen": print(m["executable"])')
-FREQCAP=$CARGO_TARGET_DIR/release/freqcap
+FREQCAP=${FREQCAP_BIN:-$CARGO_TARGET_DIR/release/freqcap}
 
 mkdir -p "$OUT"
 DATA=$(mktemp -d /tmp/freqcap-bench.XXXXXX)
@@ -66,6 +67,7 @@ done
 {
     echo "date: $(date -u +%FT%TZ)"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null)"
+    echo "freqcap binary: $FREQCAP $(md5sum <"$FREQCAP" | cut -d' ' -f1)"
     echo "nproc: $(nproc)"
     grep -m1 'model name' /proc/cpuinfo
     grep MemTotal /proc/meminfo
