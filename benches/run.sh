@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # freqcap against Redis+Lua in one run (BENCHMARKS.md).
 #
-#   benches/run.sh [OUT_DIR]        # default: bench-results/<UTC time>
+#   benches/run.sh [OUT_DIR]        # default: ${TMPDIR:-/tmp}/freqcap-bench/<UTC time>
 #
 # Installs redis-server from Debian's packages if missing, starts it on a free
 # loopback port with no persistence, and `freqcap serve` (RocksDB, durability
@@ -21,7 +21,7 @@ FRACTIONS=${FRACTIONS:-"0.05 0.1 0.25 0.5 0.75 0.9"}
 WORKLOADS=${WORKLOADS:-"check-hot check-1m screen events"}
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
-OUT=${1:-bench-results/$(date -u +%Y%m%dT%H%M%SZ)}
+OUT=${1:-${TMPDIR:-/tmp}/freqcap-bench/$(date -u +%Y%m%dT%H%M%SZ)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/freqcap-target}
 
 if ! command -v redis-server >/dev/null; then
