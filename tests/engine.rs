@@ -848,3 +848,58 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
     e.sweep();
     assert_eq!(e.hot_len(), 0);
 }
+
+#[test]
+fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
+    let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+    ad_setup(&e);
+    e.put_policy(
+        "p",
+        from_json(
+            r#"{"limits": [{"kind": "window", "limit": 2, "window": "1h", "align": "fixed"}]}"#,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let check = CheckRequest {
+        target: CheckTarget::Policy("p".into()),
+        key: "k".into(),
+        cost: 1,
+        reserve: true,
+        ttl_ms: None,
+        reservation_id: Some("r1".into()),
+    };
+    // A key never seen is not in memory: refused, and nothing was claimed or
+    // debited (the same reservation id is free for the real call).
+    assert!(e.check_in_memory(&check).is_none());
+    let first = e.check(&check).unwrap();
+    assert_eq!(first.reservation.as_deref(), Some("r1"));
+    // Now the record is hot: decided in memory, and the repeat of a live id
+    // gets the stored first answer.
+    let again = e.check_in_memory(&check).expect("hot").unwrap();
+    assert_eq!(again.decision.remaining, first.decision.remaining);
+    let s = screen(Some("cold-user"), &["c1"], true);
+    assert!(e.screen_in_memory(&s).is_none());
+    assert!(e.screen(&s).unwrap().results[0].eligible);
+    assert!(e.screen_in_memory(&s).expect("hot").unwrap().results[0].eligible);
+    // After both, the user holds exactly two pending impressions.
+    assert_eq!(e.user_usage("cold-user", "c1").unwrap()[0].pending, 2);
+}
+
+#[test]
+fn a_memory_store_never_refuses_in_memory_decisions() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock);
+    ad_setup(&e);
+    let s = screen(Some("new-user"), &["c1"], false);
+    assert!(
+        e.screen_in_memory(&s)
+            .expect("memory store")
+            .unwrap()
+            .results[0]
+            .eligible
+    );
+}

@@ -105,6 +105,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidArgument { field, message } => ApiError::invalid(&field, message),
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::conflict(m),
+            EngineError::NotInMemory => ApiError::internal("a record was not in memory"),
             EngineError::Store(e) => {
                 tracing::error!(error = %e, "store failed");
                 ApiError::internal(e.to_string())

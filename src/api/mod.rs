@@ -570,10 +570,16 @@ async fn check<C: Clock + 'static>(
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
     };
-    // A reserve may repeat an id and a check may read a cold key from disk;
-    // both are short, but off the executor all the same.
-    let e = s.engine.clone();
-    let out = blocking(move || e.check(&req)).await?;
+    // Decided here when the key's record is in memory (the usual case): a
+    // hand-off to a blocking thread and back would cost more than the
+    // decision. A cold key is read from disk off the executor.
+    let out = match s.engine.check_in_memory(&req) {
+        Some(r) => r?,
+        None => {
+            let e = s.engine.clone();
+            blocking(move || e.check(&req)).await?
+        }
+    };
     let d = &out.decision;
     let items = d
         .items
@@ -707,8 +713,14 @@ async fn screen<C: Clock + 'static>(
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
     };
-    let e = s.engine.clone();
-    let out = blocking(move || e.screen(&req)).await?;
+    // As in `check`: on the executor unless the user's record is on disk.
+    let out = match s.engine.screen_in_memory(&req) {
+        Some(r) => r?,
+        None => {
+            let e = s.engine.clone();
+            blocking(move || e.screen(&req)).await?
+        }
+    };
     let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
     s.metrics.decisions("/v1/screen", "eligible", eligible);
     s.metrics.decisions(

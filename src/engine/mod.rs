@@ -91,6 +91,35 @@ pub enum EngineError {
     /// 500: the store failed; nothing was acknowledged.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Only inside [`Engine::check_in_memory`] and
+    /// [`Engine::screen_in_memory`], which turn it into `None`: the record
+    /// is not in memory and reading it would wait on disk.
+    #[error("the record is not in memory")]
+    NotInMemory,
+}
+
+thread_local! {
+    /// Set while a `*_in_memory` call runs on this thread: a hot-tier miss
+    /// then fails with [`EngineError::NotInMemory`] instead of reading the
+    /// store. A thread-local rather than a parameter, so the one decision path
+    /// serves both kinds of call.
+    static MEMORY_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`MEMORY_ONLY`] when the call ends, also by a panic.
+struct MemoryOnly;
+
+impl MemoryOnly {
+    fn set() -> Self {
+        MEMORY_ONLY.with(|m| m.set(true));
+        MemoryOnly
+    }
+}
+
+impl Drop for MemoryOnly {
+    fn drop(&mut self) {
+        MEMORY_ONLY.with(|m| m.set(false));
+    }
 }
 
 impl From<DefinitionError> for EngineError {
@@ -524,6 +553,11 @@ impl<C: Clock> Engine<C> {
     ) -> Result<R, EngineError> {
         let failed: std::cell::Cell<Option<EngineError>> = std::cell::Cell::new(None);
         let fresh = || {
+            if MEMORY_ONLY.with(std::cell::Cell::get) && self.store.may_block() {
+                // Nothing is decided on this stand-in: `f` is not called.
+                failed.set(Some(EngineError::NotInMemory));
+                return SubjectRecord::default();
+            }
             self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
             match self.store.get(Space::State, disk) {
                 Ok(Some(v)) => match SubjectRecord::from_stored(&v) {
@@ -555,6 +589,33 @@ impl<C: Clock> Engine<C> {
             }
             r
         })
+    }
+
+    /// [`Engine::check`] if it can be decided without reading the store
+    /// (the key's record is in memory, as it is for any key used lately);
+    /// `None` otherwise, having changed nothing — call `check` then, where
+    /// waiting on disk is fine. An async server decides on its executor this
+    /// way and moves only misses to a blocking thread.
+    pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
+        let _only = MemoryOnly::set();
+        match self.check(req) {
+            Err(EngineError::NotInMemory) => None,
+            r => Some(r),
+        }
+    }
+
+    /// [`Engine::screen`] if the user's record is in memory; `None` (having
+    /// changed nothing) if it must be read from the store. See
+    /// [`Engine::check_in_memory`].
+    pub fn screen_in_memory(
+        &self,
+        req: &ScreenRequest,
+    ) -> Option<Result<ScreenOutcome, EngineError>> {
+        let _only = MemoryOnly::set();
+        match self.screen(req) {
+            Err(EngineError::NotInMemory) => None,
+            r => Some(r),
+        }
     }
 
     /// Records in the hot tier, and the bytes they use.

@@ -93,6 +93,10 @@ impl Store for MemoryStore {
         }
     }
 
+    fn may_block(&self) -> bool {
+        false
+    }
+
     fn checkpoint(&self, _dir: &std::path::Path) -> Result<(), StoreError> {
         Err(StoreError::Unsupported(
             "the service runs in memory (--memory): there is no data directory to checkpoint",

@@ -280,4 +280,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes a consistent copy of the store to `dir` (backups).
     fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError>;
+
+    /// Whether [`Store::get`] may wait on disk. An engine reads a store that
+    /// never does from an async executor as readily as its own memory.
+    fn may_block(&self) -> bool {
+        true
+    }
 }
