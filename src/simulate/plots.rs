@@ -16,6 +16,18 @@ use super::runner::{CampaignStats, RunStats};
 use super::{SimCampaign, SimError};
 
 const SIZE: (u32, u32) = (960, 440);
+
+/// Colours told apart on screen and on paper (plotters' palette has yellows).
+const COLORS: [RGBColor; 8] = [
+    RGBColor(200, 30, 30),
+    RGBColor(30, 90, 200),
+    RGBColor(230, 130, 0),
+    RGBColor(40, 150, 60),
+    RGBColor(140, 60, 180),
+    RGBColor(0, 150, 160),
+    RGBColor(120, 120, 120),
+    RGBColor(170, 110, 40),
+];
 const HOUR: f64 = 3.6e12;
 
 fn fail<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> SimError + '_ {
@@ -85,7 +97,10 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
         .map_err(fail(path))?;
     for (i, (c, st)) in campaigns.iter().zip(&stats.campaigns).enumerate() {
         let Some(b) = &c.budget else { continue };
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLORS[i % COLORS.len()];
+        // Lines that coincide (two modes on the same line) stay visible: the
+        // earlier ones are drawn wider, underneath.
+        let width = (campaigns.len() - i + 1).clamp(2, 5) as u32;
         let amount = b.amount as f64;
         for (k, run) in by_period(&st.samples).into_iter().enumerate() {
             let pts: Vec<(f64, f64)> = run
@@ -111,7 +126,7 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
                 ))
                 .map_err(fail(path))?;
             let series = chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .draw_series(LineSeries::new(pts, color.stroke_width(width)))
                 .map_err(fail(path))?;
             if k == 0 {
                 let label = format!(
@@ -128,7 +143,7 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
