@@ -332,6 +332,13 @@ fn settle_entries<'a>(
             item.commit(&mut slot.state, &p.item, p.n, fin, at);
         } else {
             item.release(&mut slot.state, &p.item, p.n, at);
+            // Back to a fresh state (the usual end of a screen's losing
+            // candidate): drop the slot, or a user screened against many
+            // campaigns would carry a counter of each one it never saw.
+            if item.idle_at(&slot.state) <= at {
+                rec.remove_slot(p.owner, p.tag);
+                continue;
+            }
         }
         rec.idle_at = rec.idle_at.max(item.idle_at(&slot.state));
     }
