@@ -518,8 +518,13 @@ mod tests {
             }
         }
         assert_eq!(total, 20_000);
+        // At this load (5 000 keys a shard in 8 192 buckets) about half the
+        // keys sit in their exact home bucket; the share moves with the
+        // per-process hash seed (49 % was seen), so the bound is a third:
+        // far enough from chance to be stable, near enough to catch a layout
+        // where the prefetched bucket is rarely the one used.
         assert!(
-            home * 2 > total,
+            home * 3 > total,
             "{home} of {total} keys in their home bucket"
         );
     }
