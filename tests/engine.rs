@@ -926,3 +926,58 @@ fn a_released_candidate_leaves_no_counter_behind() {
     // c1's counter, still used, stays.
     assert_eq!(e.user_usage("u", "c1").unwrap()[0].used, 1);
 }
+
+#[test]
+fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
+    let e = Engine::open(store, clock, EngineOptions::default()).unwrap();
+    ad_setup(&e);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let reserve = |u: &str| {
+        e.screen(&screen(Some(u), &["c1"], true))
+            .unwrap()
+            .reservation
+            .unwrap()
+    };
+    // Async: awaited without a thread parked.
+    let a = reserve("ua");
+    let pending = e
+        .commit_in_memory(&a, &commit_one("c1"))
+        .expect("live")
+        .unwrap();
+    let o = rt.block_on(pending.wait_async()).unwrap();
+    assert_eq!(o.outcome, Outcome::Committed);
+    // A repeat, async too, gets the same outcome.
+    let again = e
+        .commit_in_memory(&a, &commit_one("c1"))
+        .expect("remembered")
+        .unwrap();
+    assert_eq!(rt.block_on(again.wait_async()).unwrap(), o);
+    // Dropped unwaited (a client gone): the writes still complete, and a
+    // repeat reports the commit.
+    let b = reserve("ub");
+    drop(e.commit_deferred(&b, &commit_one("c1")).unwrap());
+    assert_eq!(
+        e.commit(&b, &commit_one("c1")).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(e.user_usage("ub", "c1").unwrap()[0].used, 1);
+    // A late commit is not decided in memory (it may read a cold record).
+    let late = CommitRequest {
+        campaigns: vec!["c1".into()],
+        cost: Some(1),
+        user: Some("uc".into()),
+        event_id: None,
+    };
+    assert!(e.commit_in_memory("gone", &late).is_none());
+    assert_eq!(
+        e.commit("gone", &late).unwrap().outcome,
+        Outcome::LateCommit
+    );
+    assert_eq!(e.stats.commits.load(Ordering::Relaxed), 2);
+    assert_eq!(e.stats.late_commits.load(Ordering::Relaxed), 1);
+}

@@ -1,7 +1,7 @@
 //! Check, screen, commit, release, events, expiry: the engine's decisions.
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
@@ -15,7 +15,7 @@ use crate::store::{Batch, Op, Receipt, Space, codec};
 
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Chain, Registry, stack_tags};
-use super::reservations::{Begin, Settle};
+use super::reservations::{Begin, Settle, Settled};
 use super::{Engine, EngineError, campaign_disk_key, invalid, ms, policy_disk_key, user_disk_key};
 
 /// The state every absent counter reads as.
@@ -146,6 +146,105 @@ pub struct CommitOutcome {
     /// Campaigns committed (for a release: those released). Shared names
     /// (see `CampaignEntry::name`): a release of a large screen copies none.
     pub campaigns: Vec<Arc<str>>,
+}
+
+/// A commit settled in memory, its writes queued: [`PendingCommit::wait`] or
+/// [`PendingCommit::wait_async`] gives the outcome once they are durable.
+/// Dropped unwaited (a client that went away), it still waits, blocking, so
+/// that a repeat of the commit learns whether the writes made it.
+#[must_use = "a commit is acknowledged only once its writes are durable"]
+pub struct PendingCommit<'e> {
+    outcome: CommitOutcome,
+    wait: CommitWait,
+    /// Counted once durable: `commits` or `late_commits`.
+    counter: Option<&'e AtomicU64>,
+}
+
+enum CommitWait {
+    /// Nothing left to wait for (a late commit waited for its event).
+    Done,
+    /// This call applied the commit: its batches, then the latch that
+    /// answers repeats of it.
+    Writes(Vec<Receipt>, Arc<Settled>),
+    /// A repeat: the first call's result.
+    Repeat(Arc<Settled>),
+}
+
+impl PendingCommit<'_> {
+    /// Blocks until the commit is durable.
+    pub fn wait(mut self) -> Result<CommitOutcome, EngineError> {
+        match std::mem::replace(&mut self.wait, CommitWait::Done) {
+            CommitWait::Done => {}
+            CommitWait::Writes(receipts, settled) => {
+                let written = receipts
+                    .into_iter()
+                    .try_for_each(|r| r.wait().map_err(EngineError::from));
+                settled.set(written.clone());
+                written?;
+            }
+            CommitWait::Repeat(settled) => settled.wait()?,
+        }
+        self.done()
+    }
+
+    /// Awaits the commit's durability without parking a thread.
+    pub async fn wait_async(mut self) -> Result<CommitOutcome, EngineError> {
+        match std::mem::replace(&mut self.wait, CommitWait::Done) {
+            CommitWait::Done => {}
+            CommitWait::Writes(receipts, settled) => {
+                // The receipts stay in `self` while awaited: should this
+                // future be dropped mid-way, `Drop` waits for them all.
+                self.wait = CommitWait::Writes(receipts, settled.clone());
+                let mut written = Ok(());
+                if let CommitWait::Writes(receipts, _) = &self.wait {
+                    for r in receipts {
+                        if let Err(e) = r.wait_async().await {
+                            written = Err(EngineError::from(e));
+                            break;
+                        }
+                    }
+                }
+                settled.set(written.clone());
+                self.wait = CommitWait::Done;
+                written?;
+            }
+            CommitWait::Repeat(settled) => settled.wait_async().await?,
+        }
+        self.done()
+    }
+
+    fn done(mut self) -> Result<CommitOutcome, EngineError> {
+        if let Some(c) = self.counter.take() {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(std::mem::replace(
+            &mut self.outcome,
+            CommitOutcome {
+                reservation: String::new(),
+                outcome: Outcome::Committed,
+                campaigns: Vec::new(),
+            },
+        ))
+    }
+}
+
+impl Drop for PendingCommit<'_> {
+    fn drop(&mut self) {
+        if let CommitWait::Writes(receipts, settled) =
+            std::mem::replace(&mut self.wait, CommitWait::Done)
+            && !settled.is_set()
+        {
+            let written = receipts
+                .into_iter()
+                .try_for_each(|r| r.wait().map_err(EngineError::from));
+            if written.is_ok()
+                && let Some(c) = self.counter.take()
+            {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            settled.set(written);
+        }
+    }
 }
 
 /// An impression that happened without a reservation (`POST /v1/events`).
@@ -784,6 +883,18 @@ impl<C: Clock> Engine<C> {
     /// permanent, at the final cost if given; the rest are released. Durable
     /// before it returns.
     pub fn commit(&self, id: &str, req: &CommitRequest) -> Result<CommitOutcome, EngineError> {
+        self.commit_deferred(id, req)?.wait()
+    }
+
+    /// [`Engine::commit`] in two steps: this settles the reservation in
+    /// memory and queues its writes; the returned [`PendingCommit`] waits for
+    /// them to be durable, blocking or async. Nothing is acknowledged (to
+    /// this caller or to a repeat of the same commit) before that.
+    pub fn commit_deferred(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+    ) -> Result<PendingCommit<'_>, EngineError> {
         check_reservation_id(id)?;
         if let Some(c) = req.cost {
             check_cost("cost", c)?;
@@ -805,6 +916,11 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire(now);
+        // A late commit counts an event, which may read a cold user record:
+        // in a memory-only call, refuse before settling anything.
+        if super::memory_only() && !self.reservations.contains(id) {
+            return Err(EngineError::NotInMemory);
+        }
         let settled = self.reservations.settle(id, true, |holds| {
             let (chosen, campaigns) = winners(holds, &req.campaigns, id)?;
             let outcome = CommitOutcome {
@@ -822,23 +938,31 @@ impl<C: Clock> Engine<C> {
                 chosen,
                 settled,
             } => {
-                let written = self
-                    .apply_holds(&holds, seq, &chosen, true, req.cost, now)
-                    .and_then(|receipts| {
-                        receipts
-                            .into_iter()
-                            .try_for_each(|r| r.wait().map_err(EngineError::from))
-                    });
-                // A repeat of this commit answers only now, with this result.
-                settled.set(written.clone());
-                written?;
-                self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                Ok(outcome)
+                // The reservation's user record holds its pending debits, so
+                // it is pinned in memory: this never reads the store.
+                match self.apply_holds(&holds, seq, &chosen, true, req.cost, now) {
+                    Ok(receipts) => Ok(PendingCommit {
+                        outcome,
+                        wait: CommitWait::Writes(receipts, settled),
+                        counter: Some(&self.stats.commits),
+                    }),
+                    Err(e) => {
+                        // A repeat of this commit answers only with this result.
+                        settled.set(Err(e.clone()));
+                        Err(e)
+                    }
+                }
             }
             Settle::Rejected(e) => Err(e),
             // Not acknowledged before the first commit is durable.
-            Settle::Repeat(o, settled) => settled.wait().map(|()| o),
+            Settle::Repeat(outcome, settled) => Ok(PendingCommit {
+                outcome,
+                wait: CommitWait::Repeat(settled),
+                counter: None,
+            }),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
+            // Gone since the check above (expired meanwhile): the same refusal.
+            Settle::Unknown if super::memory_only() => Err(EngineError::NotInMemory),
             Settle::Unknown => {
                 // A late commit: the impression happened although its
                 // reservation is gone.
@@ -857,11 +981,14 @@ impl<C: Clock> Engine<C> {
                             cost,
                             event_id: Some(event_id),
                         }])?;
-                        self.stats.late_commits.fetch_add(1, Ordering::Relaxed);
-                        Ok(CommitOutcome {
-                            reservation: id.to_owned(),
-                            outcome: Outcome::LateCommit,
-                            campaigns: vec![Arc::from(campaign.as_str())],
+                        Ok(PendingCommit {
+                            outcome: CommitOutcome {
+                                reservation: id.to_owned(),
+                                outcome: Outcome::LateCommit,
+                                campaigns: vec![Arc::from(campaign.as_str())],
+                            },
+                            wait: CommitWait::Done,
+                            counter: Some(&self.stats.late_commits),
                         })
                     }
                     _ => Err(EngineError::NotFound(format!(
@@ -870,6 +997,22 @@ impl<C: Clock> Engine<C> {
                     ))),
                 }
             }
+        }
+    }
+
+    /// [`Engine::commit_deferred`] if it needs no read of the store (the
+    /// reservation is live, or settled and remembered); `None`, having
+    /// changed nothing, for a late commit, which may read a cold record — call
+    /// `commit` then, where waiting on disk is fine.
+    pub fn commit_in_memory(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+    ) -> Option<Result<PendingCommit<'_>, EngineError>> {
+        let _only = super::MemoryOnly::set();
+        match self.commit_deferred(id, req) {
+            Err(EngineError::NotInMemory) => None,
+            r => Some(r),
         }
     }
 
@@ -1028,7 +1171,16 @@ impl<C: Clock> Engine<C> {
                 };
                 match user {
                     Some(k) => {
-                        self.with_record(*k, &user_disk_key(*k), now, |rec| Ok(work(Some(rec))))
+                        match self
+                            .with_record(*k, &user_disk_key(*k), now, |rec| Ok(work(Some(rec))))
+                        {
+                            // Not in memory, in a memory-only call: then it
+                            // holds nothing of this reservation (pending
+                            // debits pin a record), and its copy on disk is
+                            // unchanged by settling it. Settle the rest.
+                            Err(EngineError::NotInMemory) => Ok(work(None)),
+                            r => r,
+                        }
                     }
                     None => Ok(work(None)),
                 }

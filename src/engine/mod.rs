@@ -40,7 +40,7 @@ use reservations::Reservations;
 
 pub use decide::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
-    DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
+    DeniedBy, Event, Outcome, PendingCommit, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
 
 /// Sizing and limits of an [`Engine`].
@@ -104,6 +104,11 @@ thread_local! {
     /// store. A thread-local rather than a parameter, so the one decision path
     /// serves both kinds of call.
     static MEMORY_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a `*_in_memory` call runs on this thread.
+fn memory_only() -> bool {
+    MEMORY_ONLY.with(std::cell::Cell::get)
 }
 
 /// Clears [`MEMORY_ONLY`] when the call ends, also by a panic.
@@ -553,7 +558,7 @@ impl<C: Clock> Engine<C> {
     ) -> Result<R, EngineError> {
         let failed: std::cell::Cell<Option<EngineError>> = std::cell::Cell::new(None);
         let fresh = || {
-            if MEMORY_ONLY.with(std::cell::Cell::get) && self.store.may_block() {
+            if memory_only() && self.store.may_block() {
                 // Nothing is decided on this stand-in: `f` is not called.
                 failed.set(Some(EngineError::NotInMemory));
                 return SubjectRecord::default();

@@ -36,6 +36,8 @@ const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 pub struct Settled {
     result: Mutex<Option<Result<(), EngineError>>>,
     done: Condvar,
+    /// The same for async repeats.
+    done_async: tokio::sync::Notify,
 }
 
 impl Settled {
@@ -43,6 +45,34 @@ impl Settled {
     pub fn set(&self, result: Result<(), EngineError>) {
         *self.result.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
         self.done.notify_all();
+        self.done_async.notify_waiters();
+    }
+
+    /// Whether the first call has published its result.
+    pub fn is_set(&self) -> bool {
+        self.result
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// [`Settled::wait`] for async callers. Unbounded: the first call always
+    /// sets the latch, also when its caller goes away (see `PendingCommit`).
+    pub async fn wait_async(&self) -> Result<(), EngineError> {
+        loop {
+            let done = self.done_async.notified();
+            let mut done = std::pin::pin!(done);
+            done.as_mut().enable();
+            if let Some(r) = self
+                .result
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            {
+                return r.clone();
+            }
+            done.await;
+        }
     }
 
     /// Waits until the first call has its result, and returns it. The wait is
@@ -146,6 +176,12 @@ impl Reservations {
 
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed) as usize
+    }
+
+    /// Whether `id` is in the table (open, being decided, or settled and
+    /// remembered).
+    pub fn contains(&self, id: &str) -> bool {
+        self.lock().by_id.contains_key(id)
     }
 
     /// A fresh internal number (also for generated ids).

@@ -137,6 +137,9 @@ enum Wait {
 pub struct Watermark {
     state: std::sync::Mutex<WatermarkState>,
     advanced: std::sync::Condvar,
+    /// The same broadcast for async waiters ([`Receipt::wait_async`]), so a
+    /// server awaits its commits' groups without parking a thread per commit.
+    advanced_async: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -167,12 +170,14 @@ impl Watermark {
         }
         drop(s);
         self.advanced.notify_all();
+        self.advanced_async.notify_waiters();
     }
 
     /// No more writes will happen: wakes every waiter.
     pub fn close(&self) {
         self.lock().closed = true;
         self.advanced.notify_all();
+        self.advanced_async.notify_waiters();
     }
 
     fn wait(&self, seq: u64) -> Result<(), StoreError> {
@@ -183,10 +188,38 @@ impl Watermark {
                 .wait(s)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        if s.written < seq {
+        s.result(seq)
+    }
+
+    async fn wait_async(&self, seq: u64) -> Result<(), StoreError> {
+        loop {
+            // Registered before the state is read, so an advance between the
+            // read and the await is not missed.
+            let advanced = self.advanced_async.notified();
+            let mut advanced = std::pin::pin!(advanced);
+            advanced.as_mut().enable();
+            {
+                let s = self.lock();
+                if s.written >= seq || s.closed {
+                    return s.result(seq);
+                }
+            }
+            advanced.await;
+        }
+    }
+}
+
+impl WatermarkState {
+    /// What a waiter for `seq` learns once the writer is past it (or gone).
+    fn result(&self, seq: u64) -> Result<(), StoreError> {
+        if self.written < seq {
             return Err(StoreError::Closed);
         }
-        match s.failures.iter().find(|(a, b, _)| (*a..=*b).contains(&seq)) {
+        match self
+            .failures
+            .iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&seq))
+        {
             Some((_, _, e)) => Err(e.clone()),
             None => Ok(()),
         }
@@ -224,6 +257,18 @@ impl Receipt {
             Wait::Done => Ok(()),
             Wait::Failed(e) => Err(e),
             Wait::Watermark(m) => m.wait(self.seq),
+        }
+    }
+
+    /// [`Receipt::wait`] for async callers: no thread is parked meanwhile.
+    /// Works on any executor (it awaits a `tokio::sync::Notify`).
+    /// By reference, so a caller can keep the receipt while it awaits (and
+    /// still wait on it, should its future be dropped mid-way).
+    pub async fn wait_async(&self) -> Result<(), StoreError> {
+        match &self.wait {
+            Wait::Done => Ok(()),
+            Wait::Failed(e) => Err(e.clone()),
+            Wait::Watermark(m) => m.wait_async(self.seq).await,
         }
     }
 }
