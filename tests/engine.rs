@@ -905,29 +905,6 @@ fn a_memory_store_never_refuses_in_memory_decisions() {
 }
 
 #[test]
-fn a_released_candidate_leaves_no_counter_behind() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let e = memory_engine(clock.clone());
-    ad_setup(&e);
-    e.events(&[Event {
-        user: Some("u".into()),
-        campaign: "c1".into(),
-        cost: 1,
-        event_id: None,
-    }])
-    .unwrap();
-    let before = e.hot_bytes();
-    // c2 is new to u: reserving it makes a counter; releasing it makes that
-    // counter fresh again, and it goes (the user record is as it was).
-    let s = e.screen(&screen(Some("u"), &["c2"], true)).unwrap();
-    assert!(e.hot_bytes() > before);
-    e.release(&s.reservation.unwrap()).unwrap();
-    assert_eq!(e.hot_bytes(), before);
-    // c1's counter, still used, stays.
-    assert_eq!(e.user_usage("u", "c1").unwrap()[0].used, 1);
-}
-
-#[test]
 fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));

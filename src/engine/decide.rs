@@ -430,14 +430,11 @@ fn settle_entries<'a>(
             };
             item.commit(&mut slot.state, &p.item, p.n, fin, at);
         } else {
+            // A counter released back to fresh stays in the record: dropping
+            // it one release at a time (and re-adding it at the user's next
+            // screen) re-sizes the exact-size slot slice twice per candidate,
+            // which measured 5.6x slower for a 50-candidate screen + commit.
             item.release(&mut slot.state, &p.item, p.n, at);
-            // Back to a fresh state (the usual end of a screen's losing
-            // candidate): drop the slot, or a user screened against many
-            // campaigns would carry a counter of each one it never saw.
-            if item.idle_at(&slot.state) <= at {
-                rec.remove_slot(p.owner, p.tag);
-                continue;
-            }
         }
         rec.idle_at = rec.idle_at.max(item.idle_at(&slot.state));
     }

@@ -115,19 +115,6 @@ impl SubjectRecord {
         }
     }
 
-    /// Removes the slot (`owner`, `tag`), whose state is fresh again.
-    pub fn remove_slot(&mut self, owner: u32, tag: u32) {
-        if self.slots.iter().any(|s| s.owner == owner && s.tag == tag) {
-            let kept: Vec<Slot> = self
-                .slots
-                .iter()
-                .filter(|s| !(s.owner == owner && s.tag == tag))
-                .cloned()
-                .collect();
-            self.slots = kept.into_boxed_slice();
-        }
-    }
-
     /// Takes out the pending entries of reservation `res` (of candidate `cand`,
     /// or of all candidates when `None`).
     pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> SmallVec<[PendingEntry; 4]> {
