@@ -325,6 +325,23 @@ fn id_param<C: Clock>(s: &AppState<C>, field: &str, value: &str) -> Result<(), A
     Ok(())
 }
 
+/// Decides `req` here, on the executor, when `here` can (every record it
+/// needs is in memory, the usual case: a hand-off to a blocking thread and
+/// back would cost more than the decision); else runs `there` on a blocking
+/// thread, where reading a cold record from disk is fine.
+async fn in_memory_or_blocking<C: Clock + 'static, Q: Send + 'static, T: Send + 'static>(
+    s: &AppState<C>,
+    req: Q,
+    here: fn(&Engine<C>, &Q) -> Option<Result<T, EngineError>>,
+    there: fn(&Engine<C>, &Q) -> Result<T, EngineError>,
+) -> Result<T, ApiError> {
+    if let Some(r) = here(&s.engine, &req) {
+        return r.map_err(ApiError::from);
+    }
+    let e = s.engine.clone();
+    blocking(move || there(&e, &req)).await
+}
+
 /// A reported duration: ms rounded up, saturating (DESIGN §2.6).
 fn ms(ns: Nanos) -> u64 {
     ceil_ms(ns).min(MAX_REPORTED)
@@ -570,16 +587,7 @@ async fn check<C: Clock + 'static>(
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
     };
-    // Decided here when the key's record is in memory (the usual case): a
-    // hand-off to a blocking thread and back would cost more than the
-    // decision. A cold key is read from disk off the executor.
-    let out = match s.engine.check_in_memory(&req) {
-        Some(r) => r?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.check(&req)).await?
-        }
-    };
+    let out = in_memory_or_blocking(&s, req, Engine::check_in_memory, Engine::check).await?;
     let d = &out.decision;
     let items = d
         .items
@@ -713,14 +721,7 @@ async fn screen<C: Clock + 'static>(
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
     };
-    // As in `check`: on the executor unless the user's record is on disk.
-    let out = match s.engine.screen_in_memory(&req) {
-        Some(r) => r?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.screen(&req)).await?
-        }
-    };
+    let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
     let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
     s.metrics.decisions("/v1/screen", "eligible", eligible);
     s.metrics.decisions(
