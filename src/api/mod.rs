@@ -325,6 +325,9 @@ fn id_param<C: Clock>(s: &AppState<C>, field: &str, value: &str) -> Result<(), A
     Ok(())
 }
 
+/// An engine call's result.
+type Decided<T> = Result<T, EngineError>;
+
 /// Decides `req` here, on the executor, when `here` can (every record it
 /// needs is in memory, the usual case: a hand-off to a blocking thread and
 /// back would cost more than the decision); else runs `there` on a blocking
@@ -332,8 +335,8 @@ fn id_param<C: Clock>(s: &AppState<C>, field: &str, value: &str) -> Result<(), A
 async fn in_memory_or_blocking<C: Clock + 'static, Q: Send + 'static, T: Send + 'static>(
     s: &AppState<C>,
     req: Q,
-    here: fn(&Engine<C>, &Q) -> Option<Result<T, EngineError>>,
-    there: fn(&Engine<C>, &Q) -> Result<T, EngineError>,
+    here: fn(&Engine<C>, &Q) -> Option<Decided<T>>,
+    there: fn(&Engine<C>, &Q) -> Decided<T>,
 ) -> Result<T, ApiError> {
     if let Some(r) = here(&s.engine, &req) {
         return r.map_err(ApiError::from);
