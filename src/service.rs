@@ -151,3 +151,30 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     tracing::info!("stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ServeConfig, String> {
+        crate::model::from_toml(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_config_file_sets_what_it_names_and_keeps_the_defaults() {
+        let c = parse("listen = \"127.0.0.1:9090\"\ndurability = \"fsync\"\n").unwrap();
+        assert_eq!(c.listen, SocketAddr::from(([127, 0, 0, 1], 9090)));
+        assert_eq!(c.durability, Durability::Fsync);
+        assert_eq!(c.max_body, ServeConfig::default().max_body);
+    }
+
+    #[test]
+    fn bad_config_names_the_field() {
+        let e = parse("max_bodyy = 5\n").unwrap_err();
+        assert!(e.contains("max_bodyy"), "{e}");
+        let e = parse("durability = \"sometimes\"\n").unwrap_err();
+        assert!(e.starts_with("durability"), "{e}");
+        let e = parse("listen = \"nowhere\"\n").unwrap_err();
+        assert!(e.starts_with("listen"), "{e}");
+    }
+}

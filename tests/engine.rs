@@ -30,6 +30,12 @@ fn memory_engine(clock: Arc<ManualClock>) -> Engine<Arc<ManualClock>> {
     .unwrap()
 }
 
+/// An engine on RocksDB in `dir`.
+fn rocks_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> Engine<Arc<ManualClock>> {
+    let store = Arc::new(RocksStore::open(dir, Durability::Wal).unwrap());
+    Engine::open(store, clock, EngineOptions::default()).unwrap()
+}
+
 fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
     ScreenRequest {
         user: user.map(str::to_owned),
@@ -501,8 +507,7 @@ fn restart_keeps_counters_and_definitions() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
     {
-        let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
-        let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+        let e = rocks_engine(dir.path(), clock.clone());
         ad_setup(&e);
         e.put_campaign(
             "bud",
@@ -523,8 +528,7 @@ fn restart_keeps_counters_and_definitions() {
         let open = e.screen(&screen(Some("u2"), &["c2"], true)).unwrap();
         assert!(open.reservation.is_some());
     }
-    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
-    let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+    let e = rocks_engine(dir.path(), clock.clone());
     assert!(e.get_campaign("c1").is_some());
     let u = e.user_usage("u1", "c1").unwrap();
     assert_eq!((u[0].used, u[0].remaining), (2, 0));
@@ -853,8 +857,7 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
 fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
-    let e = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
+    let e = rocks_engine(dir.path(), clock.clone());
     ad_setup(&e);
     e.put_policy(
         "p",
@@ -908,8 +911,7 @@ fn a_memory_store_never_refuses_in_memory_decisions() {
 fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let store = Arc::new(RocksStore::open(dir.path(), Durability::Wal).unwrap());
-    let e = Engine::open(store, clock, EngineOptions::default()).unwrap();
+    let e = rocks_engine(dir.path(), clock);
     ad_setup(&e);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

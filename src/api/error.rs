@@ -106,6 +106,11 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::conflict(m),
             EngineError::NotInMemory => ApiError::internal("a record was not in memory"),
+            // Asked of a store that cannot (a checkpoint of memory): the
+            // request is wrong for this deployment, nothing is broken.
+            EngineError::Store(crate::store::StoreError::Unsupported(m)) => {
+                ApiError::invalid("", m)
+            }
             EngineError::Store(e) => {
                 tracing::error!(error = %e, "store failed");
                 ApiError::internal(e.to_string())

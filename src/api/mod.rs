@@ -1009,20 +1009,9 @@ async fn checkpoint<C: Clock + 'static>(
         )));
     }
     let e = s.engine.clone();
-    let written = tokio::task::spawn_blocking(move || e.store().checkpoint(&dir))
-        .await
-        .map_err(|e| ApiError::internal(format!("checkpoint task failed: {e}")))?;
-    match written {
-        Ok(()) => {
-            tracing::info!(dir = %b.dir, "checkpoint written");
-            Ok(Json(b))
-        }
-        Err(crate::store::StoreError::Unsupported(m)) => Err(ApiError::invalid("dir", m)),
-        Err(e) => {
-            tracing::error!(error = %e, dir = %b.dir, "checkpoint failed");
-            Err(ApiError::internal(format!("checkpoint failed: {e}")))
-        }
-    }
+    blocking(move || e.store().checkpoint(&dir).map_err(EngineError::from)).await?;
+    tracing::info!(dir = %b.dir, "checkpoint written");
+    Ok(Json(b))
 }
 
 async fn metrics_text<C: Clock + 'static>(State(s): St<C>) -> Result<Response, ApiError> {

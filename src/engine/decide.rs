@@ -913,11 +913,6 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire(now);
-        // A late commit counts an event, which may read a cold user record:
-        // in a memory-only call, refuse before settling anything.
-        if super::memory_only() && !self.reservations.contains(id) {
-            return Err(EngineError::NotInMemory);
-        }
         let settled = self.reservations.settle(id, true, |holds| {
             let (chosen, campaigns) = winners(holds, &req.campaigns, id)?;
             let outcome = CommitOutcome {
@@ -958,7 +953,8 @@ impl<C: Clock> Engine<C> {
                 counter: None,
             }),
             Settle::Conflict(m) => Err(EngineError::Conflict(m)),
-            // Gone since the check above (expired meanwhile): the same refusal.
+            // A late commit counts an event, which may read a cold user
+            // record: a memory-only call refuses it (nothing was settled).
             Settle::Unknown if super::memory_only() => Err(EngineError::NotInMemory),
             Settle::Unknown => {
                 // A late commit: the impression happened although its

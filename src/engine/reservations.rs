@@ -178,12 +178,6 @@ impl Reservations {
         self.open.load(Ordering::Relaxed) as usize
     }
 
-    /// Whether `id` is in the table (open, being decided, or settled and
-    /// remembered).
-    pub fn contains(&self, id: &str) -> bool {
-        self.lock().by_id.contains_key(id)
-    }
-
     /// A fresh internal number (also for generated ids).
     pub fn next_seq(&self) -> u64 {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
