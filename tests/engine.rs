@@ -11,7 +11,7 @@ use freqcap::engine::{
     ScreenCandidate, ScreenRequest,
 };
 use freqcap::model::{CampaignDef, PolicyDef, from_json};
-use freqcap::store::{Durability, MemoryStore, RocksStore, Store, StoreError};
+use freqcap::store::{Durability, MemoryStore, Op, RocksStore, Space, Store, StoreError};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -853,11 +853,49 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
     assert_eq!(e.hot_len(), 0);
 }
 
+/// RocksDB with nothing cached: every read it is asked to answer from memory
+/// would have to wait on disk, as after a restart with a large data set.
+struct Cold(RocksStore);
+
+impl Store for Cold {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get(space, key)
+    }
+    fn scan(&self, space: Space) -> Result<freqcap::store::KeyValues, StoreError> {
+        self.0.scan(space)
+    }
+    fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
+        self.0.submit(batch, acknowledge)
+    }
+    fn written_seq(&self) -> u64 {
+        self.0.written_seq()
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.0.flush()
+    }
+    fn set_now(&self, now: u64) {
+        self.0.set_now(now)
+    }
+    fn stats(&self) -> freqcap::store::StoreStats {
+        self.0.stats()
+    }
+    fn compact(&self) -> Result<(), StoreError> {
+        self.0.compact()
+    }
+    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
+        self.0.checkpoint(dir)
+    }
+    fn get_cached(&self, _: Space, _: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        None
+    }
+}
+
 #[test]
 fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let e = rocks_engine(dir.path(), clock.clone());
+    let store = Arc::new(Cold(RocksStore::open(dir.path(), Durability::Wal).unwrap()));
+    let e = Engine::open(store, clock, EngineOptions::default()).unwrap();
     ad_setup(&e);
     e.put_policy(
         "p",
@@ -875,8 +913,8 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
         ttl_ms: None,
         reservation_id: Some("r1".into()),
     };
-    // A key never seen is not in memory: refused, and nothing was claimed or
-    // debited (the same reservation id is free for the real call).
+    // A key not in memory is refused, and nothing was claimed or debited
+    // (the same reservation id is free for the real call).
     assert!(e.check_in_memory(&check).is_none());
     let first = e.check(&check).unwrap();
     assert_eq!(first.reservation.as_deref(), Some("r1"));
@@ -890,6 +928,78 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     assert!(e.screen_in_memory(&s).expect("hot").unwrap().results[0].eligible);
     // After both, the user holds exactly two pending impressions.
     assert_eq!(e.user_usage("cold-user", "c1").unwrap()[0].pending, 2);
+
+    // Events with a user not in memory are refused as a whole: no id
+    // claimed, nothing counted (not even for the user in memory or the
+    // campaign), so the real call counts them all.
+    let event = |user: &str, id: &str| Event {
+        user: Some(user.into()),
+        campaign: "c1".into(),
+        cost: 1,
+        event_id: Some(id.into()),
+    };
+    let batch = [event("cold-user", "e1"), event("cold-2", "e2")];
+    assert!(e.events_in_memory(&batch).is_none());
+    let adv_used = || e.user_usage("cold-2", "c1").unwrap()[1].used;
+    assert_eq!(adv_used(), 0, "the campaign-scope cap of `adv`");
+    assert_eq!(e.events(&batch).unwrap(), 2);
+    assert_eq!(e.user_usage("cold-2", "c1").unwrap()[0].used, 1);
+    assert_eq!(adv_used(), 2);
+    // Both users are in memory now (an event leaves a live counter).
+    let pending = e.events_in_memory(&[event("cold-user", "e3"), event("cold-2", "e4")]);
+    assert_eq!(pending.expect("hot").unwrap().wait().unwrap(), 2);
+    assert_eq!(e.user_usage("cold-2", "c1").unwrap()[0].used, 2);
+}
+
+#[test]
+fn rocksdb_answers_from_memory_what_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let put = |s: &RocksStore, k: &[u8]| {
+        s.submit(vec![Op::Put(Space::State, k.to_vec(), b"v".to_vec())], true)
+            .wait()
+            .unwrap()
+    };
+    {
+        let s = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+        // A key never written: ruled out without a file read.
+        assert_eq!(
+            s.get_cached(Space::State, b"absent").unwrap().unwrap(),
+            None
+        );
+        put(&s, b"on-disk");
+        // Just written: in the memtable.
+        assert_eq!(
+            s.get_cached(Space::State, b"on-disk")
+                .unwrap()
+                .unwrap()
+                .as_deref(),
+            Some(&b"v"[..])
+        );
+        // Into a file, which the restart below does not read.
+        s.compact().unwrap();
+    }
+    let s = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+    assert!(
+        s.get_cached(Space::State, b"on-disk").is_none(),
+        "needs a read"
+    );
+    assert_eq!(
+        s.get(Space::State, b"on-disk").unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    // The read put its block in the cache.
+    assert_eq!(
+        s.get_cached(Space::State, b"on-disk")
+            .unwrap()
+            .unwrap()
+            .as_deref(),
+        Some(&b"v"[..])
+    );
+    // The file's bloom filter rules out keys it does not hold.
+    assert_eq!(
+        s.get_cached(Space::State, b"absent").unwrap().unwrap(),
+        None
+    );
 }
 
 #[test]

@@ -247,6 +247,40 @@ impl Drop for PendingCommit<'_> {
     }
 }
 
+/// Events counted in memory whose writes are queued
+/// ([`Engine::events_deferred`]). Unlike a commit, nothing answers a repeat
+/// from it (a repeated event id is a duplicate at once), so dropping it
+/// unwaited leaves nothing hanging.
+#[must_use = "events are acknowledged only once their writes are durable"]
+pub struct PendingEvents<'e> {
+    counted: usize,
+    receipts: Vec<Receipt>,
+    /// Counted once durable: `events`.
+    counter: &'e AtomicU64,
+}
+
+impl PendingEvents<'_> {
+    /// Blocks until the events are durable; returns how many were counted.
+    pub fn wait(self) -> Result<usize, EngineError> {
+        for r in self.receipts {
+            r.wait()?;
+        }
+        self.counter
+            .fetch_add(self.counted as u64, Ordering::Relaxed);
+        Ok(self.counted)
+    }
+
+    /// [`PendingEvents::wait`] without parking a thread.
+    pub async fn wait_async(self) -> Result<usize, EngineError> {
+        for r in &self.receipts {
+            r.wait_async().await?;
+        }
+        self.counter
+            .fetch_add(self.counted as u64, Ordering::Relaxed);
+        Ok(self.counted)
+    }
+}
+
 /// An impression that happened without a reservation (`POST /v1/events`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -1188,6 +1222,13 @@ impl<C: Clock> Engine<C> {
     /// any invalid event applies nothing. Durable before it returns. Returns
     /// how many events were counted (duplicates are not).
     pub fn events(&self, events: &[Event]) -> Result<usize, EngineError> {
+        self.events_deferred(events)?.wait()
+    }
+
+    /// [`Engine::events`] up to the writes: counts the events in memory and
+    /// queues their writes; the returned [`PendingEvents`] waits for them to
+    /// be durable, blocking or async.
+    pub fn events_deferred(&self, events: &[Event]) -> Result<PendingEvents<'_>, EngineError> {
         let reg = self.registry();
         for (i, e) in events.iter().enumerate() {
             let f = |x: &str| {
@@ -1215,6 +1256,18 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire(now);
+        // Every user's record is read before anything is claimed or counted,
+        // so a record that cannot be read (or, in a memory-only call, is on
+        // disk) fails the batch with nothing applied.
+        for u in events.iter().filter_map(|e| e.user.as_ref()) {
+            let k = self.hash(b'u', 0, u);
+            self.with_record(k, &user_disk_key(k), now, |_| Ok(()))?;
+        }
+        // From here on a miss reads the store even in a memory-only call: a
+        // record just read may have been dropped again (an idle one is not
+        // kept), and reading it anew, from memory as it just was, is better
+        // than stopping with half the batch applied.
+        let _may_read = super::MemoryOnly::lift();
         // Claim the ids first: of two concurrent batches with the same id, one
         // counts it.
         let expiry = now.saturating_add(self.options.dedupe_horizon);
@@ -1259,13 +1312,25 @@ impl<C: Clock> Engine<C> {
             }?;
             receipts.push(r);
         }
-        for r in receipts {
-            r.wait()?;
+        Ok(PendingEvents {
+            counted: fresh.len(),
+            receipts,
+            counter: &self.stats.events,
+        })
+    }
+
+    /// [`Engine::events_deferred`] if every user's record is in memory;
+    /// `None`, having changed nothing, if one must be read from disk. See
+    /// [`Engine::check_in_memory`].
+    pub fn events_in_memory(
+        &self,
+        events: &[Event],
+    ) -> Option<Result<PendingEvents<'_>, EngineError>> {
+        let _only = super::MemoryOnly::set();
+        match self.events_deferred(events) {
+            Err(EngineError::NotInMemory) => None,
+            r => Some(r),
         }
-        self.stats
-            .events
-            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
-        Ok(fresh.len())
     }
 
     /// Debits one impression on every item of a chain, unchecked, and submits

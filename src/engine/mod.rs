@@ -40,7 +40,8 @@ use reservations::Reservations;
 
 pub use decide::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
-    DeniedBy, Event, Outcome, PendingCommit, ScreenCandidate, ScreenOutcome, ScreenRequest,
+    DeniedBy, Event, Outcome, PendingCommit, PendingEvents, ScreenCandidate, ScreenOutcome,
+    ScreenRequest,
 };
 
 /// Sizing and limits of an [`Engine`].
@@ -100,8 +101,9 @@ pub enum EngineError {
 
 thread_local! {
     /// Set while a `*_in_memory` call runs on this thread: a hot-tier miss
-    /// then fails with [`EngineError::NotInMemory`] instead of reading the
-    /// store. A thread-local rather than a parameter, so the one decision path
+    /// then reads only what the store has in memory
+    /// ([`Store::get_cached`]) and fails with [`EngineError::NotInMemory`]
+    /// where it would have to wait on disk. A thread-local rather than a parameter, so the one decision path
     /// serves both kinds of call.
     static MEMORY_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -111,19 +113,34 @@ fn memory_only() -> bool {
     MEMORY_ONLY.with(std::cell::Cell::get)
 }
 
-/// Clears [`MEMORY_ONLY`] when the call ends, also by a panic.
-struct MemoryOnly;
+/// Sets [`MEMORY_ONLY`] for a scope and puts back what it was when the scope
+/// ends, also by a panic.
+struct MemoryOnly {
+    before: bool,
+}
 
 impl MemoryOnly {
+    /// Misses fail with [`EngineError::NotInMemory`] until dropped.
     fn set() -> Self {
-        MEMORY_ONLY.with(|m| m.set(true));
-        MemoryOnly
+        Self::to(true)
+    }
+
+    /// Misses read the store, waiting on disk if they must, until dropped:
+    /// for the part of a call that must not fail half-way.
+    fn lift() -> Self {
+        Self::to(false)
+    }
+
+    fn to(on: bool) -> Self {
+        MemoryOnly {
+            before: MEMORY_ONLY.with(|m| m.replace(on)),
+        }
     }
 }
 
 impl Drop for MemoryOnly {
     fn drop(&mut self) {
-        MEMORY_ONLY.with(|m| m.set(false));
+        MEMORY_ONLY.with(|m| m.set(self.before));
     }
 }
 
@@ -558,13 +575,18 @@ impl<C: Clock> Engine<C> {
     ) -> Result<R, EngineError> {
         let failed: std::cell::Cell<Option<EngineError>> = std::cell::Cell::new(None);
         let fresh = || {
-            if memory_only() && self.store.may_block() {
+            let read = if memory_only() {
+                self.store.get_cached(Space::State, disk)
+            } else {
+                Some(self.store.get(Space::State, disk))
+            };
+            let Some(read) = read else {
                 // Nothing is decided on this stand-in: `f` is not called.
                 failed.set(Some(EngineError::NotInMemory));
                 return SubjectRecord::default();
-            }
+            };
             self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
-            match self.store.get(Space::State, disk) {
+            match read {
                 Ok(Some(v)) => match SubjectRecord::from_stored(&v) {
                     Ok(r) => r,
                     Err(m) => {
@@ -599,7 +621,8 @@ impl<C: Clock> Engine<C> {
     /// [`Engine::check`] if it can be decided without reading the store
     /// (the key's record is in memory, as it is for any key used lately);
     /// `None` otherwise, having changed nothing — call `check` then, where
-    /// waiting on disk is fine. An async server decides on its executor this
+    /// waiting on disk is fine. A key the store can rule out from memory (a
+    /// new key, by RocksDB's bloom filters) counts as in memory. An async server decides on its executor this
     /// way and moves only misses to a blocking thread.
     pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
         let _only = MemoryOnly::set();

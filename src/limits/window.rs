@@ -5,9 +5,10 @@ use std::collections::VecDeque;
 use crate::clock::Nanos;
 use crate::limits::calendar::Calendar;
 
-/// The most debits an exact rolling window keeps, and so the largest `limit` it
-/// accepts: every kept debit is at least one unit, so a window never holds more
-/// entries than its limit (16 bytes each, at most 64 KiB per key).
+/// The largest `limit` an exact rolling window accepts, which bounds the
+/// debits it keeps: every kept debit is at least one unit, so a window never
+/// holds more entries than its limit, plus one when unchecked debits take it
+/// past the limit (see `fold_log`): 16 bytes each, about 64 KiB per key.
 pub const MAX_EXACT_ROLLING_LIMIT: u64 = 4096;
 
 /// How a window item's windows are laid out.
@@ -201,6 +202,9 @@ impl Window {
                 st.debits.push_back(Debit { at, cost: n })
             }
         }
+        if st.debits.len() as u64 > self.limit.saturating_add(1) {
+            fold_log(st, self.limit);
+        }
         at
     }
 
@@ -315,5 +319,98 @@ impl Window {
             return;
         };
         *slot = (i128::from(*slot) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+    }
+}
+
+/// Keeps an exact rolling window at most `limit + 1` entries long when
+/// debits that were not checked against it (impressions counted by `events`)
+/// take its sum past the limit.
+///
+/// The newest entries whose costs exceed `limit` decide everything: while the
+/// oldest of them is in the window the window is over its limit (nothing but
+/// a peek fits), and once it leaves, every older entry has left too. So the
+/// older entries are dropped: no decision, no retry time and no reset time
+/// changes. What changes is `used` while the window is over its limit: it
+/// counts the kept entries, at least `limit + 1`, not every unit (a release
+/// of a dropped debit, no longer found by its time, changes nothing). Folding
+/// them into the kept entry instead would keep `used` right for a moment but
+/// carry their units forward for as long as the flood lasts.
+fn fold_log(st: &mut LogState, limit: u64) {
+    let mut newest = 0u64;
+    let Some(keep) = st.debits.iter().rposition(|d| {
+        newest = newest.saturating_add(d.cost);
+        newest > limit
+    }) else {
+        return;
+    };
+    let dropped: u64 = st.debits.drain(..keep).map(|d| d.cost).sum();
+    st.sum -= dropped;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const W: Nanos = 1_000;
+
+    fn rolling(limit: u64) -> Window {
+        Window {
+            limit,
+            layout: Layout::Rolling { w: W },
+        }
+    }
+
+    proptest! {
+        /// Unchecked debits past the limit are folded, and no decision can
+        /// tell: whether n fits and when it will, at any later instant, are
+        /// those of a log that kept every debit.
+        #[test]
+        fn folding_changes_no_decision(
+            limit in 0u64..6,
+            debits in prop::collection::vec((0u64..300, 1u64..4), 1..60),
+            probes in prop::collection::vec(0u64..2_500, 1..20),
+        ) {
+            let w = rolling(limit);
+            let mut folded = LogState::default();
+            let mut kept = LogState::default();
+            let mut now = 0;
+            for (step, cost) in debits {
+                now += step;
+                w.log_push(&mut folded, now, cost);
+                // The reference: every debit its own entry (pruned alike).
+                w.prune_log(&mut kept, now);
+                kept.debits.push_back(Debit { at: now, cost });
+                kept.sum += cost;
+                prop_assert!(folded.debits.len() as u64 <= limit + 1);
+                // `used` is exact up to the limit, and over it while over.
+                let (f, k) = (w.log_used(&folded, now), w.log_used(&kept, now));
+                prop_assert!(f == k || (f > limit && f <= k), "used {} vs {}", f, k);
+            }
+            for p in probes {
+                let t = now + p;
+                for n in 0..=limit + 1 {
+                    let fits = |st: &LogState| w.log_used(st, t) + n <= limit;
+                    prop_assert_eq!(fits(&folded), fits(&kept), "n {} at {}", n, t);
+                    prop_assert_eq!(w.log_retry(&folded, t, n), w.log_retry(&kept, t, n));
+                }
+                prop_assert_eq!(w.log_view(&folded, t).reset_after, w.log_view(&kept, t).reset_after);
+            }
+        }
+    }
+
+    #[test]
+    fn a_flood_of_unchecked_debits_stays_bounded() {
+        let w = rolling(3);
+        let mut st = LogState::default();
+        for i in 0..10_000 {
+            w.log_push(&mut st, i, 1);
+        }
+        // 3 per window of 1 000 ns, 1 000 debits in it: the newest four kept.
+        assert_eq!(st.debits.len(), 4);
+        assert_eq!(w.log_used(&st, 9_999), 4);
+        // One more fits once all but the newest two have left: as if all
+        // 1 000 were kept.
+        assert_eq!(w.log_retry(&st, 9_999, 1), Some(9_997 + W - 9_999));
     }
 }

@@ -331,4 +331,12 @@ pub trait Store: Send + Sync + 'static {
     fn may_block(&self) -> bool {
         true
     }
+
+    /// [`Store::get`] if it can be answered from memory, without waiting on
+    /// disk; `None` if it would have to. A key that was never written is
+    /// usually answered here too (by a bloom filter), which is what lets an
+    /// async server decide a new key on its executor.
+    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        (!self.may_block()).then(|| self.get(space, key))
+    }
 }

@@ -14,7 +14,10 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
 use rocksdb::compaction_filter::Decision;
-use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteOptions};
+use rocksdb::{
+    BlockBasedOptions, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, ReadTier,
+    WriteBatch, WriteOptions,
+};
 
 use super::codec::{FORMAT_VERSION, expiry_of};
 use super::{
@@ -100,6 +103,18 @@ impl RocksStore {
                     }
                 });
                 o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+                // Most reads of a new key find nothing: a bloom filter answers
+                // them from memory (see `Store::get_cached`) instead of
+                // reading a block of every file that might hold the key.
+                let mut t = BlockBasedOptions::default();
+                t.set_bloom_filter(10.0, false);
+                // Filters stay in the table readers' memory (RocksDB's default,
+                // not the block cache), so `get_cached` can always consult them.
+                o.set_block_based_table_factory(&t);
+                // The same for the memtables, where a miss would otherwise
+                // walk a skip list of every key written lately.
+                o.set_memtable_whole_key_filtering(true);
+                o.set_memtable_prefix_bloom_ratio(0.1);
             }
             ColumnFamilyDescriptor::new(s.name(), o)
         });
@@ -241,6 +256,21 @@ fn flush_db(db: &DB, durability: Durability) -> Result<(), StoreError> {
 impl Store for RocksStore {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.db.get_cf(cf(&self.db, space)?, key).map_err(io)
+    }
+
+    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        let c = match cf(&self.db, space) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        // Memtables and the block cache only: RocksDB answers `Incomplete`
+        // where it would have to read a file.
+        let mut o = ReadOptions::default();
+        o.set_read_tier(ReadTier::BlockCache);
+        match self.db.get_cf_opt(c, key, &o) {
+            Err(e) if e.kind() == rocksdb::ErrorKind::Incomplete => None,
+            r => Some(r.map_err(io)),
+        }
     }
 
     fn scan(&self, space: Space) -> Result<KeyValues, StoreError> {
