@@ -149,6 +149,11 @@ impl ServeArgs {
     }
 }
 
+/// mimalloc rather than the system allocator: see Cargo.toml. Only the
+/// binary sets it, so the library leaves the choice to whoever embeds it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

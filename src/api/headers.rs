@@ -46,22 +46,26 @@ fn sf_string(s: &str) -> String {
     out
 }
 
+/// The `RateLimit-Policy` field value of `stack`: one entry per item.
+fn policy(stack: &Stack) -> String {
+    let mut out = String::new();
+    for (i, item) in stack.items().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&sf_string(stack.name(i)));
+        out.push_str(&format!(";q={}", sf_int(item.limit())));
+        match window_ns(item) {
+            Some(w) => out.push_str(&format!(";w={}", sf_int(ceil_secs(w)))),
+            None => out.push_str(";qu=\"concurrent-requests\""),
+        }
+    }
+    out
+}
+
 /// Adds the rate-limit header fields of a decision on `stack`.
 pub fn add(headers: &mut HeaderMap, stack: &Stack, d: &Decision) {
-    let policy: Vec<String> = stack
-        .items()
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let mut f = format!("{};q={}", sf_string(stack.name(i)), sf_int(item.limit()));
-            match window_ns(item) {
-                Some(w) => f.push_str(&format!(";w={}", sf_int(ceil_secs(w)))),
-                None => f.push_str(";qu=\"concurrent-requests\""),
-            }
-            f
-        })
-        .collect();
-    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+    if let Ok(v) = HeaderValue::from_str(stack.policy_field(policy)) {
         headers.insert(RATELIMIT_POLICY, v);
     }
     if !d.items.is_empty() {

@@ -533,9 +533,9 @@ fn one() -> u64 {
 
 #[derive(Serialize, JsonSchema)]
 /// One limit item's figures, in definition order.
-struct ItemBody {
+struct ItemBody<'a> {
     /// The item's name, or `<kind>-<index>`.
-    name: String,
+    name: &'a str,
     /// `rate`, `gap`, `window`, `budget` or `concurrency`.
     kind: &'static str,
     /// burst (rate), 1 (gap), limit (window), amount (budget), max (concurrency).
@@ -552,7 +552,7 @@ struct ItemBody {
 
 #[derive(Serialize, JsonSchema)]
 /// A decision: allowed only if every item allows; then every item is debited.
-struct DecisionBody {
+struct DecisionBody<'a> {
     allowed: bool,
     /// In delay mode, how long the caller should wait before acting (0 otherwise).
     delay_ms: u64,
@@ -564,7 +564,7 @@ struct DecisionBody {
     reset_after_ms: u64,
     /// The reservation id when `reserve` held something; null otherwise.
     reservation: Option<String>,
-    limits: Vec<ItemBody>,
+    limits: Vec<ItemBody<'a>>,
 }
 
 async fn check<C: Clock + 'static>(
@@ -597,7 +597,7 @@ async fn check<C: Clock + 'static>(
         .iter()
         .enumerate()
         .map(|(i, f)| ItemBody {
-            name: out.stack.name(i).to_owned(),
+            name: out.stack.name(i),
             kind: out.stack.items()[i].kind().as_str(),
             limit: f.limit,
             remaining: f.remaining.min(MAX_REPORTED),

@@ -28,6 +28,10 @@ pub struct Stack {
     /// items are boxed; a log, budget or concurrency state allocates). Lets the
     /// keyed map skip measuring plain one-item records on every access.
     records_own_heap: bool,
+    /// The API's `RateLimit-Policy` field value: it depends on the stack
+    /// alone and is sent with every decision, so it is built once (see
+    /// [`Stack::policy_field`]).
+    policy_field: std::sync::OnceLock<Box<str>>,
 }
 
 /// A decision and every item's figures.
@@ -114,10 +118,18 @@ impl Stack {
             names,
             on_limit,
             records_own_heap,
+            policy_field: std::sync::OnceLock::new(),
         }
     }
 
     /// Whether a record of this stack's states can own heap memory.
+    /// The `RateLimit-Policy` field value of this stack, built by `build` on
+    /// the first call and kept. The API formats it (headers are its concern);
+    /// the stack only keeps it, as it keeps the reported names.
+    pub fn policy_field(&self, build: impl FnOnce(&Stack) -> String) -> &str {
+        self.policy_field.get_or_init(|| build(self).into())
+    }
+
     pub fn records_own_heap(&self) -> bool {
         self.records_own_heap
     }
