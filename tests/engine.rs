@@ -1070,3 +1070,35 @@ fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
     assert_eq!(e.stats.commits.load(Ordering::Relaxed), 2);
     assert_eq!(e.stats.late_commits.load(Ordering::Relaxed), 1);
 }
+
+#[test]
+fn the_sweeper_drops_the_counters_a_screen_left_at_zero() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    let names: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    for n in &names {
+        e.put_campaign(
+            n,
+            campaign(r#"{"caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#),
+        )
+        .unwrap();
+    }
+    let camps: Vec<&str> = names.iter().map(String::as_str).collect();
+    let id = e
+        .screen(&screen(Some("u"), &camps, true))
+        .unwrap()
+        .reservation
+        .unwrap();
+    e.commit(&id, &commit_one("c3")).unwrap();
+    let before = e.hot_bytes();
+    clock.advance(SEC);
+    assert_eq!(e.sweep(), 0, "the user is active: kept");
+    assert!(e.hot_bytes() < before, "{} !< {before}", e.hot_bytes());
+    // Nothing a decision sees changed: c3 has one impression, the others none.
+    for c in &camps {
+        let used = e.user_usage("u", c).unwrap()[0].used;
+        assert_eq!(used, u64::from(*c == "c3"), "{c}");
+    }
+    let again = e.screen(&screen(Some("u"), &camps, false)).unwrap();
+    assert!(again.results.iter().all(|r| r.eligible));
+}

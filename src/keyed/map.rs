@@ -70,6 +70,15 @@ pub trait Record {
     fn pinned(&self, _ctx: &Self::Ctx) -> bool {
         false
     }
+    /// Drops what a record that is kept holds but reads the same as nothing
+    /// (say, counters of campaigns a user was screened for and not shown),
+    /// so a busy record does not keep them until it goes idle as a whole.
+    /// Returns the heap bytes freed. The sweeper calls it on every record it
+    /// keeps, so it should look only at the record's inline fields unless
+    /// there is likely something to drop. Nothing, by default.
+    fn prune(&mut self, _ctx: &Self::Ctx) -> usize {
+        0
+    }
 }
 
 /// Counters of a map's life, for metrics and tests.
@@ -442,11 +451,13 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             let before = s.table.len();
             let mut freed = 0;
             s.table.retain(|(_, v)| {
-                let keep = v.idle_at(ctx) > now;
-                if !keep {
+                if v.idle_at(ctx) > now {
+                    freed += v.prune(ctx);
+                    true
+                } else {
                     freed += v.heap_bytes();
+                    false
                 }
-                keep
             });
             s.heap -= freed;
             total += before - s.table.len();

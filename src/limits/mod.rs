@@ -81,6 +81,23 @@ pub enum ItemState {
     Concurrency(ConcurrencyState),
 }
 
+impl ItemState {
+    /// Whether every item reads this state as [`ItemState::Fresh`] at every
+    /// instant, so it can be dropped without knowing its definition: nothing
+    /// counted in a window, no open slot. Rate and budget states depend on
+    /// the clock and their definition, so they are never judged empty here.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            ItemState::Fresh => true,
+            ItemState::Counter(c) => c.used == 0,
+            ItemState::Log(l) => l.debits.is_empty(),
+            ItemState::Approx(a) => a.cur == 0 && a.prev == 0,
+            ItemState::Concurrency(c) => c.deadlines.is_empty(),
+            ItemState::Rate(_) | ItemState::Budget(_) => false,
+        }
+    }
+}
+
 /// What a pending debit on one item must remember to be released or committed
 /// exactly (DESIGN §2.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
