@@ -959,47 +959,23 @@ fn rocksdb_answers_from_memory_what_it_can() {
             .wait()
             .unwrap()
     };
+    // `None`: it would need a file read; `Some(value or None)`: answered.
+    let cached = |s: &RocksStore, k: &[u8]| s.get_cached(Space::State, k).map(Result::unwrap);
+    let v = Some(b"v".to_vec());
     {
         let s = RocksStore::open(dir.path(), Durability::Wal).unwrap();
-        // A key never written: ruled out without a file read.
-        assert_eq!(
-            s.get_cached(Space::State, b"absent").unwrap().unwrap(),
-            None
-        );
+        assert_eq!(cached(&s, b"absent"), Some(None), "never written");
         put(&s, b"on-disk");
-        // Just written: in the memtable.
-        assert_eq!(
-            s.get_cached(Space::State, b"on-disk")
-                .unwrap()
-                .unwrap()
-                .as_deref(),
-            Some(&b"v"[..])
-        );
+        assert_eq!(cached(&s, b"on-disk"), Some(v.clone()), "in the memtable");
         // Into a file, which the restart below does not read.
         s.compact().unwrap();
     }
     let s = RocksStore::open(dir.path(), Durability::Wal).unwrap();
-    assert!(
-        s.get_cached(Space::State, b"on-disk").is_none(),
-        "needs a read"
-    );
-    assert_eq!(
-        s.get(Space::State, b"on-disk").unwrap().as_deref(),
-        Some(&b"v"[..])
-    );
-    // The read put its block in the cache.
-    assert_eq!(
-        s.get_cached(Space::State, b"on-disk")
-            .unwrap()
-            .unwrap()
-            .as_deref(),
-        Some(&b"v"[..])
-    );
+    assert_eq!(cached(&s, b"on-disk"), None, "needs a read");
+    assert_eq!(s.get(Space::State, b"on-disk").unwrap(), v);
+    assert_eq!(cached(&s, b"on-disk"), Some(v), "the read cached its block");
     // The file's bloom filter rules out keys it does not hold.
-    assert_eq!(
-        s.get_cached(Space::State, b"absent").unwrap().unwrap(),
-        None
-    );
+    assert_eq!(cached(&s, b"absent"), Some(None));
 }
 
 #[test]
