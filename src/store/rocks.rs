@@ -92,8 +92,8 @@ impl RocksStore {
         opts.increase_parallelism(2);
         // Flushes and compactions run at the lowest CPU and I/O priority:
         // they can wait, a decision cannot. On a machine with few cores they
-        // otherwise take turns with the threads serving requests, for
-        // hundreds of ms at a time (the p99 of BENCHMARKS.md). They still get
+        // would otherwise take time slices from the threads serving requests
+        // (a memtable flush is tens to hundreds of ms of CPU). They still get
         // every cycle the service leaves idle; a service that leaves none
         // for long enough is stalled by RocksDB (too many memtables), which
         // is the backpressure it should get.
