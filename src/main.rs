@@ -92,6 +92,9 @@ struct ServeArgs {
     /// How long event ids are remembered for deduplication, in seconds.
     #[arg(long, env = "FREQCAP_DEDUPE_HORIZON_SECS")]
     dedupe_horizon_secs: Option<u64>,
+    /// How long a record stays in memory once idle, in seconds.
+    #[arg(long, env = "FREQCAP_IDLE_GRACE_SECS")]
+    idle_grace_secs: Option<u64>,
     /// Requests handled at once before 503 overloaded.
     #[arg(long, env = "FREQCAP_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
@@ -123,6 +126,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.dedupe_horizon_secs {
             c.dedupe_horizon_secs = v;
+        }
+        if let Some(v) = self.idle_grace_secs {
+            c.idle_grace_secs = v;
         }
         if let Some(v) = self.durability {
             c.durability = v;

@@ -39,6 +39,8 @@ pub struct ServeConfig {
     pub max_in_flight: usize,
     /// How long event ids are remembered, seconds.
     pub dedupe_horizon_secs: u64,
+    /// How long an idle record stays in memory, seconds.
+    pub idle_grace_secs: u64,
     /// Bearer token for decision endpoints (unset: open).
     pub decision_token: Option<String>,
     /// Bearer token for definitions and admin endpoints (unset: open).
@@ -60,6 +62,7 @@ impl Default for ServeConfig {
             max_id_len: e.max_id_len,
             max_in_flight: a.max_in_flight,
             dedupe_horizon_secs: e.dedupe_horizon / 1_000_000_000,
+            idle_grace_secs: e.idle_grace / 1_000_000_000,
             decision_token: None,
             admin_token: None,
         }
@@ -110,6 +113,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         max_candidates: config.max_candidates,
         max_id_len: config.max_id_len,
         dedupe_horizon: config.dedupe_horizon_secs.saturating_mul(1_000_000_000),
+        idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
         ..EngineOptions::default()
     };
     let engine =
@@ -158,6 +162,20 @@ mod tests {
 
     fn parse(text: &str) -> Result<ServeConfig, String> {
         crate::model::from_toml(text).map_err(|e| e.to_string())
+    }
+
+    /// The commented example in ops/ is valid and states the defaults (only
+    /// the data directory differs: a system path there).
+    #[test]
+    fn the_example_config_parses_and_states_the_defaults() {
+        let text = include_str!("../ops/freqcap.toml");
+        let c = parse(text).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/freqcap/data"));
+        let defaults = ServeConfig {
+            data_dir: c.data_dir.clone(),
+            ..ServeConfig::default()
+        };
+        assert_eq!(c, defaults);
     }
 
     #[test]

@@ -1078,3 +1078,33 @@ fn the_sweeper_drops_the_counters_a_screen_left_at_zero() {
     let again = e.screen(&screen(Some("u"), &camps, false)).unwrap();
     assert!(again.results.iter().all(|r| r.eligible));
 }
+
+#[test]
+fn idle_records_stay_in_memory_for_the_grace_then_leave() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let options = EngineOptions {
+        idle_grace: 10 * SEC,
+        ..EngineOptions::default()
+    };
+    let e = Engine::open(Arc::new(MemoryStore::new()), clock.clone(), options).unwrap();
+    let p = r#"{"limits": [{"kind": "rate", "rate": 1, "per": "1s"}]}"#;
+    e.put_policy("p", from_json(p).unwrap()).unwrap();
+    let check = CheckRequest {
+        target: CheckTarget::Policy("p".into()),
+        key: "k".into(),
+        cost: 1,
+        reserve: false,
+        ttl_ms: None,
+        reservation_id: None,
+    };
+    assert!(e.check(&check).unwrap().decision.allowed);
+    // Idle after 1 s (the bucket is full again); kept through the grace.
+    clock.advance(5 * SEC);
+    assert_eq!(e.sweep(), 0);
+    assert_eq!(e.hot_len(), 1);
+    clock.advance(6 * SEC);
+    assert_eq!(e.sweep(), 1, "idle for more than 10 s");
+    assert_eq!(e.hot_len(), 0);
+    // Kept or not, an idle record answers as a fresh one.
+    assert!(e.check(&check).unwrap().decision.allowed);
+}

@@ -53,6 +53,13 @@ pub struct EngineOptions {
     pub shards: usize,
     /// How long an event id is remembered for deduplication.
     pub dedupe_horizon: Nanos,
+    /// How long a record stays in the hot tier once idle (equal to a fresh
+    /// one) before the sweeper drops it. A key used again within it is
+    /// decided from memory rather than read back from RocksDB, which for a
+    /// large keyspace means a walk of the memtable's skip list; the memory
+    /// budget still evicts idle records first when it is reached. 0 drops
+    /// them at the next sweep.
+    pub idle_grace: Nanos,
     /// Most candidates in one screen.
     pub max_candidates: usize,
     /// Longest key, user, campaign, policy or event id, in bytes.
@@ -70,6 +77,7 @@ impl Default for EngineOptions {
             memory_budget: 1 << 30,
             shards: crate::keyed::LimiterOptions::default().shards,
             dedupe_horizon: 24 * 3600 * 1_000_000_000,
+            idle_grace: 60 * 1_000_000_000,
             max_candidates: 10_000,
             max_id_len: 256,
             id_nonce: None,
@@ -659,11 +667,16 @@ impl<C: Clock> Engine<C> {
         self.hot.stats()
     }
 
-    /// Drops idle records from the hot tier (a periodic sweeper calls it).
+    /// Drops records idle for longer than [`EngineOptions::idle_grace`] from
+    /// the hot tier, and the empty slots of the others (a periodic sweeper
+    /// calls it).
     pub fn sweep(&self) -> usize {
         let now = self.now();
         self.expire(now);
-        self.hot.sweep(now, &self.store.written_seq())
+        self.hot.sweep(
+            now.saturating_sub(self.options.idle_grace),
+            &self.store.written_seq(),
+        )
     }
 
     /// Open reservations.
