@@ -179,12 +179,15 @@ impl SubjectRecord {
     /// pending entry's slot belongs to; without it the debit stays counted (the
     /// conservative side).
     pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
-        let mut slots = self.slots.clone();
+        // Only a record with pending debits needs a copy to release them
+        // from; the others (most, and all of an event's) encode in place.
+        let mut slots = std::borrow::Cow::Borrowed(&self.slots[..]);
         for p in self.pending() {
             let Some(item) = def(p.owner, p.tag) else {
                 continue;
             };
             if let Some(s) = slots
+                .to_mut()
                 .iter_mut()
                 .find(|s| s.owner == p.owner && s.tag == p.tag)
             {
