@@ -111,8 +111,8 @@ thread_local! {
     /// Set while a `*_in_memory` call runs on this thread: a hot-tier miss
     /// then reads only what the store has in memory
     /// ([`Store::get_cached`]) and fails with [`EngineError::NotInMemory`]
-    /// where it would have to wait on disk. A thread-local rather than a parameter, so the one decision path
-    /// serves both kinds of call.
+    /// where it would have to wait on disk. A thread-local rather than a
+    /// parameter, so the one decision path serves both kinds of call.
     static MEMORY_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -626,12 +626,12 @@ impl<C: Clock> Engine<C> {
         })
     }
 
-    /// [`Engine::check`] if it can be decided without reading the store
-    /// (the key's record is in memory, as it is for any key used lately);
-    /// `None` otherwise, having changed nothing — call `check` then, where
-    /// waiting on disk is fine. A key the store can rule out from memory (a
-    /// new key, by RocksDB's bloom filters) counts as in memory. An async server decides on its executor this
-    /// way and moves only misses to a blocking thread.
+    /// [`Engine::check`] if it can be decided without waiting on disk (the
+    /// key's record is in memory, as it is for any key used lately, or the
+    /// store can answer from memory, as RocksDB's bloom filters do for a new
+    /// key); `None` otherwise, having changed nothing — call `check` then,
+    /// where waiting on disk is fine. An async server decides on its
+    /// executor this way and moves only misses to a blocking thread.
     pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
         let _only = MemoryOnly::set();
         match self.check(req) {

@@ -8,7 +8,7 @@ use crate::limits::calendar::Calendar;
 /// The largest `limit` an exact rolling window accepts, which bounds the
 /// debits it keeps: every kept debit is at least one unit, so a window never
 /// holds more entries than its limit, plus one when unchecked debits take it
-/// past the limit (see `fold_log`): 16 bytes each, about 64 KiB per key.
+/// past the limit (see `trim_log`): 16 bytes each, about 64 KiB per key.
 pub const MAX_EXACT_ROLLING_LIMIT: u64 = 4096;
 
 /// How a window item's windows are laid out.
@@ -203,7 +203,7 @@ impl Window {
             }
         }
         if st.debits.len() as u64 > self.limit.saturating_add(1) {
-            fold_log(st, self.limit);
+            trim_log(st, self.limit);
         }
         at
     }
@@ -332,10 +332,10 @@ impl Window {
 /// older entries are dropped: no decision, no retry time and no reset time
 /// changes. What changes is `used` while the window is over its limit: it
 /// counts the kept entries, at least `limit + 1`, not every unit (a release
-/// of a dropped debit, no longer found by its time, changes nothing). Folding
-/// them into the kept entry instead would keep `used` right for a moment but
-/// carry their units forward for as long as the flood lasts.
-fn fold_log(st: &mut LogState, limit: u64) {
+/// of a dropped debit, no longer found by its time, changes nothing).
+/// Folding them into the oldest kept entry instead would keep `used` right
+/// for a moment but carry their units forward for as long as the flood lasts.
+fn trim_log(st: &mut LogState, limit: u64) {
     let mut newest = 0u64;
     let Some(keep) = st.debits.iter().rposition(|d| {
         newest = newest.saturating_add(d.cost);
@@ -362,39 +362,40 @@ mod tests {
     }
 
     proptest! {
-        /// Unchecked debits past the limit are folded, and no decision can
+        /// Unchecked debits past the limit are trimmed, and no decision can
         /// tell: whether n fits and when it will, at any later instant, are
         /// those of a log that kept every debit.
         #[test]
-        fn folding_changes_no_decision(
+        fn trimming_changes_no_decision(
             limit in 0u64..6,
             debits in prop::collection::vec((0u64..300, 1u64..4), 1..60),
             probes in prop::collection::vec(0u64..2_500, 1..20),
         ) {
             let w = rolling(limit);
-            let mut folded = LogState::default();
+            let mut trimmed = LogState::default();
             let mut kept = LogState::default();
             let mut now = 0;
             for (step, cost) in debits {
                 now += step;
-                w.log_push(&mut folded, now, cost);
+                w.log_push(&mut trimmed, now, cost);
                 // The reference: every debit its own entry (pruned alike).
                 w.prune_log(&mut kept, now);
                 kept.debits.push_back(Debit { at: now, cost });
                 kept.sum += cost;
-                prop_assert!(folded.debits.len() as u64 <= limit + 1);
+                prop_assert!(trimmed.debits.len() as u64 <= limit + 1);
                 // `used` is exact up to the limit, and over it while over.
-                let (f, k) = (w.log_used(&folded, now), w.log_used(&kept, now));
+                let (f, k) = (w.log_used(&trimmed, now), w.log_used(&kept, now));
                 prop_assert!(f == k || (f > limit && f <= k), "used {} vs {}", f, k);
             }
             for p in probes {
                 let t = now + p;
                 for n in 0..=limit + 1 {
                     let fits = |st: &LogState| w.log_used(st, t) + n <= limit;
-                    prop_assert_eq!(fits(&folded), fits(&kept), "n {} at {}", n, t);
-                    prop_assert_eq!(w.log_retry(&folded, t, n), w.log_retry(&kept, t, n));
+                    prop_assert_eq!(fits(&trimmed), fits(&kept), "n {} at {}", n, t);
+                    prop_assert_eq!(w.log_retry(&trimmed, t, n), w.log_retry(&kept, t, n));
                 }
-                prop_assert_eq!(w.log_view(&folded, t).reset_after, w.log_view(&kept, t).reset_after);
+                let reset = |st: &LogState| w.log_view(st, t).reset_after;
+                prop_assert_eq!(reset(&trimmed), reset(&kept));
             }
         }
     }
