@@ -7,6 +7,7 @@ use std::path::Path;
 
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
+use plotters::coord::types;
 use plotters::prelude::*;
 
 use crate::clock::Nanos;
@@ -49,6 +50,68 @@ fn time_label(tz: &TimeZone, start: Nanos, span_h: f64, x: f64) -> String {
         .unwrap_or_default()
 }
 
+/// The chart every time picture here is drawn on: hours since `start` (up
+/// to `span`) labelled in local time of `tz`, against `0..y_max`.
+struct TimeChart<'t> {
+    tz: &'t TimeZone,
+    start: Nanos,
+    span: f64,
+    y_max: f64,
+    y_desc: &'t str,
+}
+
+type Chart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<types::RangedCoordf64, types::RangedCoordf64>>;
+
+impl TimeChart<'_> {
+    /// Builds the chart on `root` with `caption`, and draws its mesh.
+    fn draw<'a, 'b>(
+        &self,
+        root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+        caption: &str,
+        path: &Path,
+    ) -> Result<Chart<'a, 'b>, SimError> {
+        let mut chart = ChartBuilder::on(root)
+            .caption(caption, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..self.span, 0f64..self.y_max)
+            .map_err(fail(path))?;
+        chart
+            .configure_mesh()
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .max_light_lines(1)
+            .x_labels(13)
+            .x_label_formatter(&|x| time_label(self.tz, self.start, self.span, *x))
+            .x_desc(format!(
+                "local time ({})",
+                self.tz.iana_name().unwrap_or("UTC")
+            ))
+            .y_desc(self.y_desc)
+            .draw()
+            .map_err(fail(path))?;
+        Ok(chart)
+    }
+}
+
+/// Draws the legend of `chart` at `at`, then writes the picture.
+fn finish<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    root: &DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    at: SeriesLabelPosition,
+    path: &Path,
+) -> Result<(), SimError> {
+    chart
+        .configure_series_labels()
+        .position(at)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(fail(path))?;
+    root.present().map_err(fail(path))
+}
+
 /// Draws every picture into `dir`.
 pub fn all(
     dir: &Path,
@@ -75,26 +138,18 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
     let span = hours(stats.start, stats.end);
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(fail(path))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Delivery: % of each period's budget spent (dashed: target line)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0f64..span, 0f64..105f64)
-        .map_err(fail(path))?;
-    chart
-        .configure_mesh()
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .max_light_lines(1)
-        .x_labels(13)
-        .x_label_formatter(&|x| time_label(&TimeZone::UTC, stats.start, span, *x))
-        .x_desc("time (UTC)")
-        .y_desc("% of budget")
-        .draw()
-        .map_err(fail(path))?;
+    let mut chart = TimeChart {
+        tz: &TimeZone::UTC,
+        start: stats.start,
+        span,
+        y_max: 105.0,
+        y_desc: "% of budget",
+    }
+    .draw(
+        &root,
+        "Delivery: % of each period's budget spent (dashed: target line)",
+        path,
+    )?;
     for (i, (c, st)) in campaigns.iter().zip(&stats.campaigns).enumerate() {
         let Some(b) = &c.budget else { continue };
         let color = COLORS[i % COLORS.len()];
@@ -141,14 +196,7 @@ pub fn delivery(path: &Path, campaigns: &[SimCampaign], stats: &RunStats) -> Res
             }
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(fail(path))?;
-    root.present().map_err(fail(path))
+    finish(&mut chart, &root, SeriesLabelPosition::LowerRight, path)
 }
 
 /// Splits samples into runs of one period each (a line per period, so the
@@ -187,26 +235,14 @@ fn spend(
         s.delivered_pct.map_or("–".into(), |x| format!("{x:.1}")),
         s.pacing_rmse_pct.map_or("–".into(), |x| format!("{x:.2}")),
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..span, 0f64..amount * 1.08)
-        .map_err(fail(path))?;
-    chart
-        .configure_mesh()
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .max_light_lines(1)
-        .x_labels(13)
-        .x_label_formatter(&|x| time_label(&c.tz, stats.start, span, *x))
-        .x_desc(format!(
-            "local time ({})",
-            c.tz.iana_name().unwrap_or("UTC")
-        ))
-        .y_desc("cumulative spend in the period")
-        .draw()
-        .map_err(fail(path))?;
+    let mut chart = TimeChart {
+        tz: &c.tz,
+        start: stats.start,
+        span,
+        y_max: amount * 1.08,
+        y_desc: "cumulative spend in the period",
+    }
+    .draw(&root, &title, path)?;
     let red = RGBColor(200, 30, 30);
     let orange = RGBColor(240, 150, 30);
     let blue = RGBColor(30, 90, 200);
@@ -265,14 +301,7 @@ fn spend(
             });
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(fail(path))?;
-    root.present().map_err(fail(path))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft, path)
 }
 
 /// Spend per local hour (bars) against the target line's share of each hour
@@ -318,26 +347,14 @@ fn hourly(
             ""
         }
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..span, 0f64..ymax * 1.1)
-        .map_err(fail(path))?;
-    chart
-        .configure_mesh()
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .max_light_lines(1)
-        .x_labels(13)
-        .x_label_formatter(&|x| time_label(&c.tz, stats.start, span, *x))
-        .x_desc(format!(
-            "local time ({})",
-            c.tz.iana_name().unwrap_or("UTC")
-        ))
-        .y_desc("spend in the hour")
-        .draw()
-        .map_err(fail(path))?;
+    let mut chart = TimeChart {
+        tz: &c.tz,
+        start: stats.start,
+        span,
+        y_max: ymax * 1.1,
+        y_desc: "spend in the hour",
+    }
+    .draw(&root, &title, path)?;
     let blue = RGBColor(30, 90, 200);
     chart
         .draw_series(rows.iter().map(|&(a, b, v, _)| {
@@ -366,14 +383,7 @@ fn hourly(
             .label("target")
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], BLACK.stroke_width(1)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(fail(path))?;
-    root.present().map_err(fail(path))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft, path)
 }
 
 /// How many user-days had 1, 2, ... impressions, with the per-user cap.
@@ -456,12 +466,5 @@ fn users(path: &Path, c: &SimCampaign, s: &CampaignSummary) -> Result<(), SimErr
             ))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], red.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(fail(path))?;
-    root.present().map_err(fail(path))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight, path)
 }
