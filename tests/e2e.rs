@@ -929,7 +929,7 @@ fn sigterm_restart_keeps_definitions_and_counts() {
     assert!(s.terminate().success());
 }
 
-// ---- 4. SIGKILL loses no acknowledged commit ----
+// ---- 4. SIGKILL loses no acknowledged commit or event ----
 
 #[test]
 fn sigkill_loses_no_acknowledged_commit() {
@@ -945,20 +945,29 @@ fn sigkill_loses_no_acknowledged_commit() {
         "caps": [{"name": "total", "scope": "campaign", "kind": "window", "limit": 4096,
             "window": "1d"}],
         "budget": {"kind": "budget", "amount": 1_000_000, "pacing": "asap"}});
+    // Events are acknowledged the same way (their WAL group awaited on the
+    // executor); they count on a campaign of their own.
+    let events_camp = json!({
+        "caps": [{"name": "total", "scope": "campaign", "kind": "window", "limit": 4096,
+            "window": "1d"}]});
     /// Screens per round at most (so the cap of 4096 never denies).
     const MAX_PER_ROUND: u64 = 1500;
     let mut counted = 0u64;
+    let mut counted_events = 0u64;
     for round in 0..2u32 {
         let s = Server::start(dir.path(), &[]);
         if round == 0 {
             s.expect("PUT", "/v1/campaigns/k", Some(&camp), 200);
+            s.expect("PUT", "/v1/campaigns/ev", Some(&events_camp), 200);
         }
         let kill_after = 5 + u64::from(seed.rotate_left(round * 7) % 120);
         let acked = Arc::new(AtomicU64::new(0));
+        let acked_events = Arc::new(AtomicU64::new(0));
         let killed = Arc::new(AtomicBool::new(false));
         let client = {
             let (agent, base) = (s.agent.clone(), s.base.clone());
-            let (acked, killed) = (acked.clone(), killed.clone());
+            let (acked, acked_events, killed) =
+                (acked.clone(), acked_events.clone(), killed.clone());
             std::thread::spawn(move || {
                 // Runs until the server is gone. Once `killed` is set, an
                 // answer that is not the expected one ends the loop instead of
@@ -989,6 +998,17 @@ fn sigkill_loses_no_acknowledged_commit() {
                     }
                     assert!(ok, "commit: {} {}", r.status, r.text);
                     acked.fetch_add(1, Ordering::SeqCst);
+                    let ev = json!({"user": format!("u{round}-{i}"), "campaign": "ev",
+                        "event_id": format!("e{round}-{i}")});
+                    let Ok(r) = post("/v1/events", &ev) else {
+                        break;
+                    };
+                    let ok = r.status == 200 && r.json()["counted"] == 1;
+                    if !ok && killed.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    assert!(ok, "event: {} {}", r.status, r.text);
+                    acked_events.fetch_add(1, Ordering::SeqCst);
                 }
             })
         };
@@ -1026,6 +1046,15 @@ fn sigkill_loses_no_acknowledged_commit() {
             (&json!(0), &json!(0))
         );
         counted = used;
+        let n = acked_events.load(Ordering::SeqCst);
+        let u = s.expect("GET", "/v1/users/anyone/campaigns/ev", None, 200);
+        let used = u["caps"][0]["used"].as_u64().expect("used");
+        eprintln!("round {round}: {n} acknowledged events; used {used}");
+        assert!(
+            used >= counted_events + n && used <= counted_events + n + 1,
+            "round {round}: {n} events acknowledged after {counted_events}, {used} counted: {u}"
+        );
+        counted_events = used;
         drop(s);
     }
 }
