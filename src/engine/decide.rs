@@ -429,7 +429,7 @@ fn registry_item(reg: &Registry, owner: u32, tag: u32) -> Option<&Item> {
         let i = e.tags.iter().position(|&t| t == tag)?;
         return Some(&e.compiled.items[i].item);
     }
-    let p = reg.policies.values().find(|p| p.id == owner)?;
+    let p = reg.policy_by_id(owner)?;
     let i = p.tags.iter().position(|&t| t == tag)?;
     Some(&p.stack.items()[i])
 }

@@ -294,16 +294,13 @@ impl<C: Clock> Engine<C> {
                     serde_json::from_slice(payload).map_err(|e| corrupt(&k, e.to_string()))?;
                 let compiled = d.def.compile().map_err(|e| corrupt(&k, e.to_string()))?;
                 reg.max_id = reg.max_id.max(d.id);
-                reg.policies.insert(
-                    name.clone(),
-                    Arc::new(PolicyEntry {
-                        id: d.id,
-                        name,
-                        tags: stack_tags(&d.def.limits),
-                        def: d.def,
-                        stack: Arc::new(compiled.stack),
-                    }),
-                );
+                reg.insert_policy(PolicyEntry {
+                    id: d.id,
+                    name,
+                    tags: stack_tags(&d.def.limits),
+                    def: d.def,
+                    stack: Arc::new(compiled.stack),
+                });
             } else if k.starts_with(b"c/") {
                 let d: StoredDef<CampaignDef> =
                     serde_json::from_slice(payload).map_err(|e| corrupt(&k, e.to_string()))?;
@@ -457,16 +454,13 @@ impl<C: Clock> Engine<C> {
             )
             .wait()?;
         reg.max_id = reg.max_id.max(id);
-        reg.policies.insert(
-            name.to_owned(),
-            Arc::new(PolicyEntry {
-                id,
-                name: name.to_owned(),
-                tags: stack_tags(&def.limits),
-                def,
-                stack: Arc::new(compiled.stack),
-            }),
-        );
+        reg.insert_policy(PolicyEntry {
+            id,
+            name: name.to_owned(),
+            tags: stack_tags(&def.limits),
+            def,
+            stack: Arc::new(compiled.stack),
+        });
         self.publish(reg);
         Ok(compiled.warnings)
     }
@@ -481,7 +475,7 @@ impl<C: Clock> Engine<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut reg = (*self.registry()).clone();
-        if reg.policies.remove(name).is_none() {
+        if reg.remove_policy(name).is_none() {
             return Err(EngineError::NotFound(format!("no policy named {name:?}")));
         }
         self.store

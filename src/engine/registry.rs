@@ -63,6 +63,9 @@ pub struct Registry {
     pub policies: Map<String, Arc<PolicyEntry>>,
     pub campaigns: Map<String, Arc<CampaignEntry>>,
     pub campaigns_by_id: Map<u32, Arc<CampaignEntry>>,
+    /// Policies by id: writing a policy key's record looks up the item of
+    /// each of its slots, on every decision.
+    pub policies_by_id: Map<u32, Arc<PolicyEntry>>,
     /// Every campaign's chain, resolved once per snapshot.
     pub chains: Map<String, Chain>,
     /// Ids given so far: new definitions take the next one.
@@ -81,6 +84,25 @@ pub fn stack_tags(stack_defs: &[crate::model::LimitDef]) -> Vec<u32> {
 impl Registry {
     pub fn campaign_by_id(&self, id: u32) -> Option<&Arc<CampaignEntry>> {
         self.campaigns_by_id.get(&id)
+    }
+
+    pub fn policy_by_id(&self, id: u32) -> Option<&Arc<PolicyEntry>> {
+        self.policies_by_id.get(&id)
+    }
+
+    /// Adds or replaces a policy, under its name and its id.
+    pub fn insert_policy(&mut self, entry: PolicyEntry) {
+        let e = Arc::new(entry);
+        if let Some(old) = self.policies.insert(e.name.clone(), e.clone()) {
+            self.policies_by_id.remove(&old.id);
+        }
+        self.policies_by_id.insert(e.id, e);
+    }
+
+    pub fn remove_policy(&mut self, name: &str) -> Option<Arc<PolicyEntry>> {
+        let e = self.policies.remove(name)?;
+        self.policies_by_id.remove(&e.id);
+        Some(e)
     }
 
     /// The chain of `parent` followed upwards, or why it cannot be used as the
@@ -184,5 +206,39 @@ impl Registry {
         self.campaigns
             .values()
             .any(|c| c.def.parent.as_deref() == Some(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(id: u32, name: &str) -> PolicyEntry {
+        let def: PolicyDef =
+            crate::model::from_json(r#"{"limits": [{"kind": "rate", "rate": 1, "per": "1s"}]}"#)
+                .expect("valid policy");
+        let compiled = def.compile().expect("compiles");
+        PolicyEntry {
+            id,
+            name: name.to_owned(),
+            tags: stack_tags(&def.limits),
+            def,
+            stack: Arc::new(compiled.stack),
+        }
+    }
+
+    #[test]
+    fn policies_are_found_by_name_and_by_id_alike() {
+        let mut r = Registry::default();
+        r.insert_policy(policy(1, "a"));
+        r.insert_policy(policy(2, "b"));
+        // Redefined under a new id (deleted and made again): the old id is gone.
+        r.insert_policy(policy(3, "a"));
+        assert!(r.policy_by_id(1).is_none());
+        assert_eq!(r.policy_by_id(3).map(|p| p.name.as_str()), Some("a"));
+        assert_eq!(r.policies["a"].id, 3);
+        assert!(r.remove_policy("b").is_some());
+        assert!(r.policy_by_id(2).is_none());
+        assert_eq!(r.policies.len(), r.policies_by_id.len());
     }
 }
