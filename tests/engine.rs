@@ -755,18 +755,29 @@ fn tiny_hot_tier_loses_nothing() {
     }
 }
 
-/// A memory store whose acknowledged writes fail while `failing` is set: a
-/// disk that stopped taking writes.
-struct FailingStore {
-    inner: MemoryStore,
+/// A store around `inner` that tests can break: acknowledged writes fail
+/// while `failing` is set (a disk that stopped taking writes), and it answers
+/// nothing from memory (`get_cached` is the trait's default), as RocksDB
+/// with nothing cached after a restart with a large data set.
+struct Doctored<S> {
+    inner: S,
     failing: std::sync::atomic::AtomicBool,
 }
 
-impl Store for FailingStore {
-    fn get(&self, space: freqcap::store::Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+impl<S: Store> Doctored<S> {
+    fn new(inner: S) -> Self {
+        Doctored {
+            inner,
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl<S: Store> Store for Doctored<S> {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get(space, key)
     }
-    fn scan(&self, space: freqcap::store::Space) -> Result<freqcap::store::KeyValues, StoreError> {
+    fn scan(&self, space: Space) -> Result<freqcap::store::KeyValues, StoreError> {
         self.inner.scan(space)
     }
     fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
@@ -797,10 +808,7 @@ impl Store for FailingStore {
 
 #[test]
 fn a_repeated_commit_is_never_acknowledged_when_the_first_was_not_written() {
-    let store = Arc::new(FailingStore {
-        inner: MemoryStore::new(),
-        failing: false.into(),
-    });
+    let store = Arc::new(Doctored::new(MemoryStore::new()));
     let clock = Arc::new(ManualClock::new(T0));
     let e = Engine::open(store.clone(), clock, EngineOptions::default()).unwrap();
     ad_setup(&e);
@@ -853,48 +861,13 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
     assert_eq!(e.hot_len(), 0);
 }
 
-/// RocksDB with nothing cached: every read it is asked to answer from memory
-/// would have to wait on disk, as after a restart with a large data set.
-struct Cold(RocksStore);
-
-impl Store for Cold {
-    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.0.get(space, key)
-    }
-    fn scan(&self, space: Space) -> Result<freqcap::store::KeyValues, StoreError> {
-        self.0.scan(space)
-    }
-    fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
-        self.0.submit(batch, acknowledge)
-    }
-    fn written_seq(&self) -> u64 {
-        self.0.written_seq()
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.0.flush()
-    }
-    fn set_now(&self, now: u64) {
-        self.0.set_now(now)
-    }
-    fn stats(&self) -> freqcap::store::StoreStats {
-        self.0.stats()
-    }
-    fn compact(&self) -> Result<(), StoreError> {
-        self.0.compact()
-    }
-    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
-        self.0.checkpoint(dir)
-    }
-    fn get_cached(&self, _: Space, _: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
-        None
-    }
-}
-
 #[test]
 fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let store = Arc::new(Cold(RocksStore::open(dir.path(), Durability::Wal).unwrap()));
+    let store = Arc::new(Doctored::new(
+        RocksStore::open(dir.path(), Durability::Wal).unwrap(),
+    ));
     let e = Engine::open(store, clock, EngineOptions::default()).unwrap();
     ad_setup(&e);
     e.put_policy(

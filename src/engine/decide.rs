@@ -261,13 +261,11 @@ pub struct PendingEvents<'e> {
 
 impl PendingEvents<'_> {
     /// Blocks until the events are durable; returns how many were counted.
-    pub fn wait(self) -> Result<usize, EngineError> {
-        for r in self.receipts {
+    pub fn wait(mut self) -> Result<usize, EngineError> {
+        for r in std::mem::take(&mut self.receipts) {
             r.wait()?;
         }
-        self.counter
-            .fetch_add(self.counted as u64, Ordering::Relaxed);
-        Ok(self.counted)
+        Ok(self.durable())
     }
 
     /// [`PendingEvents::wait`] without parking a thread.
@@ -275,9 +273,13 @@ impl PendingEvents<'_> {
         for r in &self.receipts {
             r.wait_async().await?;
         }
+        Ok(self.durable())
+    }
+
+    fn durable(&self) -> usize {
         self.counter
             .fetch_add(self.counted as u64, Ordering::Relaxed);
-        Ok(self.counted)
+        self.counted
     }
 }
 
@@ -1259,8 +1261,11 @@ impl<C: Clock> Engine<C> {
         // Every user's record is read before anything is claimed or counted,
         // so a record that cannot be read (or, in a memory-only call, is on
         // disk) fails the batch with nothing applied.
-        for u in events.iter().filter_map(|e| e.user.as_ref()) {
-            let k = self.hash(b'u', 0, u);
+        let users: Vec<Option<u128>> = events
+            .iter()
+            .map(|e| e.user.as_ref().map(|u| self.hash(b'u', 0, u)))
+            .collect();
+        for &k in users.iter().flatten() {
             self.with_record(k, &user_disk_key(k), now, |_| Ok(()))?;
         }
         // From here on a miss reads the store even in a memory-only call: a
@@ -1275,9 +1280,9 @@ impl<C: Clock> Engine<C> {
         {
             let mut d = self.dedupe.lock().unwrap_or_else(PoisonError::into_inner);
             d.prune(now);
-            for e in events {
+            for (e, &user) in events.iter().zip(&users) {
                 let Some(id) = &e.event_id else {
-                    fresh.push((e, None));
+                    fresh.push((e, user, None));
                     continue;
                 };
                 let h = self.hash(b'e', 0, id);
@@ -1287,11 +1292,11 @@ impl<C: Clock> Engine<C> {
                 }
                 d.seen.insert(h, expiry);
                 d.order.push_back((expiry, h));
-                fresh.push((e, Some(h)));
+                fresh.push((e, user, Some(h)));
             }
         }
         let mut receipts = Vec::with_capacity(fresh.len());
-        for (e, h) in &fresh {
+        for &(e, user, h) in &fresh {
             let Some(chain) = reg.chain(&e.campaign) else {
                 continue;
             };
@@ -1303,7 +1308,6 @@ impl<C: Clock> Engine<C> {
                     codec::frame(expiry, &[]),
                 ));
             }
-            let user = e.user.as_ref().map(|u| self.hash(b'u', 0, u));
             let r = match user {
                 Some(k) => self.with_record(k, &user_disk_key(k), now, |rec| {
                     Ok(self.count_event(&reg, chain, Some((rec, k)), e.cost, now, extra))

@@ -93,8 +93,10 @@ impl Store for MemoryStore {
         }
     }
 
-    fn may_block(&self) -> bool {
-        false
+    /// Everything is in memory: an engine reads this store from an async
+    /// executor as readily as its own hot tier.
+    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        Some(self.get(space, key))
     }
 
     fn checkpoint(&self, _dir: &std::path::Path) -> Result<(), StoreError> {

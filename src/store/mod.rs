@@ -326,17 +326,16 @@ pub trait Store: Send + Sync + 'static {
     /// Writes a consistent copy of the store to `dir` (backups).
     fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError>;
 
-    /// Whether [`Store::get`] may wait on disk. An engine reads a store that
-    /// never does from an async executor as readily as its own memory.
-    fn may_block(&self) -> bool {
-        true
-    }
-
     /// [`Store::get`] if it can be answered from memory, without waiting on
     /// disk; `None` if it would have to. A key that was never written is
     /// usually answered here too (by a bloom filter), which is what lets an
-    /// async server decide a new key on its executor.
-    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
-        (!self.may_block()).then(|| self.get(space, key))
+    /// async server decide a new key on its executor. By default nothing is:
+    /// a store that cannot tell is read on a blocking thread.
+    fn get_cached(
+        &self,
+        _space: Space,
+        _key: &[u8],
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        None
     }
 }
