@@ -194,5 +194,7 @@ mod tests {
         assert!(e.starts_with("durability"), "{e}");
         let e = parse("listen = \"nowhere\"\n").unwrap_err();
         assert!(e.starts_with("listen"), "{e}");
+        let e = parse("idle_grace_secs = -1\n").unwrap_err();
+        assert!(e.starts_with("idle_grace_secs"), "{e}");
     }
 }
