@@ -51,6 +51,7 @@ fn screen_req(user: &str, camps: &[String], reserve: bool) -> ScreenRequest {
         reserve,
         ttl_ms: Some(60_000),
         reservation_id: None,
+        fingerprint: None,
     }
 }
 

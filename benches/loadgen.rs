@@ -110,6 +110,10 @@ struct RunArgs {
     /// and check no commit went over a cap.
     #[arg(long)]
     verify: bool,
+    /// Also time `GET /healthz` on one more connection every 50 ms while the
+    /// load runs (what a liveness probe sees under load).
+    #[arg(long)]
+    probe_healthz: bool,
 }
 
 #[derive(Subcommand)]
@@ -321,7 +325,7 @@ impl Conn {
         out.clear();
         let _ = write!(
             Wrap(out),
-            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         out.extend_from_slice(body);
@@ -512,6 +516,9 @@ struct Tally {
     ops: u64,
     requests: u64,
     errors: u64,
+    /// Checks answered 503 `overloaded` (load shedding): counted apart, their
+    /// latency in their own histogram, so `p99` is that of accepted requests.
+    shed: u64,
     /// Screens with no eligible candidate (no commit follows).
     none_eligible: u64,
     commits: u64,
@@ -565,11 +572,32 @@ async fn run(a: RunArgs) -> Res<()> {
         3,
     )?));
     let tally = Rc::new(RefCell::new(Tally::default()));
+    let shed_hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
+        1_000,
+        120_000_000_000,
+        3,
+    )?));
+    let probe_hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
+        1_000,
+        120_000_000_000,
+        3,
+    )?));
     let local = tokio::task::LocalSet::new();
-    for i in 0..a.conns {
-        let (sh, hist, tally) = (sh.clone(), hist.clone(), tally.clone());
+    if a.probe_healthz && a.target == Target::Freqcap {
+        let (sh, probe_hist, tally) = (sh.clone(), probe_hist.clone(), tally.clone());
         local.spawn_local(async move {
-            if let Err(e) = conn_loop(i, &sh, &hist, &tally).await {
+            if let Err(e) = probe_loop(&sh, &probe_hist).await {
+                let mut t = tally.borrow_mut();
+                t.errors += 1;
+                t.first_error.get_or_insert(format!("healthz probe: {e}"));
+            }
+        });
+    }
+    for i in 0..a.conns {
+        let (sh, hist, shed_hist, tally) =
+            (sh.clone(), hist.clone(), shed_hist.clone(), tally.clone());
+        local.spawn_local(async move {
+            if let Err(e) = conn_loop(i, &sh, &hist, &shed_hist, &tally).await {
                 let mut t = tally.borrow_mut();
                 t.errors += 1;
                 t.first_error.get_or_insert(e.to_string());
@@ -588,6 +616,8 @@ async fn run(a: RunArgs) -> Res<()> {
     let h = hist.borrow();
     let t = tally.borrow();
     let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    let sh_h = shed_hist.borrow();
+    let pr_h = probe_hist.borrow();
     let ops_s = t.ops as f64 / wall;
     if a.json {
         let v = serde_json::json!({
@@ -600,6 +630,12 @@ async fn run(a: RunArgs) -> Res<()> {
             "commits": t.commits, "none_eligible": t.none_eligible, "denied": t.denied,
             "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "p999_us": q(0.999),
             "max_us": h.max() as f64 / 1000.0,
+            "shed": t.shed, "shed_per_s": t.shed as f64 / wall,
+            "shed_share": t.shed as f64 / (t.ops + t.shed).max(1) as f64,
+            "shed_p99_us": sh_h.value_at_quantile(0.99) as f64 / 1000.0,
+            "healthz_probes": pr_h.len(),
+            "healthz_p99_us": pr_h.value_at_quantile(0.99) as f64 / 1000.0,
+            "healthz_max_us": pr_h.max() as f64 / 1000.0,
             "verify": verify,
             "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         });
@@ -623,6 +659,17 @@ async fn run(a: RunArgs) -> Res<()> {
             t.none_eligible,
             t.denied
         );
+        if t.shed > 0 || !pr_h.is_empty() {
+            println!(
+                "shed (503) {} ({:.1} % of answers), shed p99 {:.0} µs; healthz probes {} p99 {:.0} µs max {:.0} µs",
+                t.shed,
+                100.0 * t.shed as f64 / (t.ops + t.shed).max(1) as f64,
+                sh_h.value_at_quantile(0.99) as f64 / 1000.0,
+                pr_h.len(),
+                pr_h.value_at_quantile(0.99) as f64 / 1000.0,
+                pr_h.max() as f64 / 1000.0
+            );
+        }
         if let Some(e) = &t.first_error {
             println!("first error: {e}");
         }
@@ -633,10 +680,32 @@ async fn run(a: RunArgs) -> Res<()> {
     Ok(())
 }
 
+/// `GET /healthz` every 50 ms on its own connection during the measured
+/// period; latency from the intended send time.
+async fn probe_loop(sh: &Shared, hist: &RefCell<Histogram<u64>>) -> Res<()> {
+    let mut c = Conn::connect(&sh.a.addr).await?;
+    let mut out = Vec::with_capacity(512);
+    for j in 0..100_000u32 {
+        let at = sh.measure_from + Duration::from_millis(50) * j;
+        if at >= sh.end {
+            break;
+        }
+        wait_until(at).await;
+        let (st, _) = c.http("GET", "/healthz", &[], &mut out).await?;
+        if st != 200 {
+            return Err(err(format!("healthz answered {st}")));
+        }
+        let ns = at.elapsed().as_nanos() as u64;
+        hist.borrow_mut().saturating_record(ns.max(1_000));
+    }
+    Ok(())
+}
+
 async fn conn_loop(
     i: usize,
     sh: &Shared,
     hist: &RefCell<Histogram<u64>>,
+    shed_hist: &RefCell<Histogram<u64>>,
     tally: &RefCell<Tally>,
 ) -> Res<()> {
     let a = &sh.a;
@@ -668,6 +737,13 @@ async fn conn_loop(
         let done = Instant::now();
         let mut t = tally.borrow_mut();
         match outcome {
+            Ok(o) if o.shed => {
+                if measured {
+                    t.shed += 1;
+                    let ns = done.duration_since(intended).as_nanos() as u64;
+                    shed_hist.borrow_mut().saturating_record(ns.max(1_000));
+                }
+            }
             Ok(o) => {
                 if measured {
                     t.ops += 1;
@@ -719,6 +795,8 @@ struct Outcome {
     committed: Option<(usize, usize)>,
     none_eligible: bool,
     denied: bool,
+    /// Answered 503 (load shedding).
+    shed: bool,
     error: bool,
     error_body: Vec<u8>,
 }
@@ -749,7 +827,8 @@ async fn one_op(
             let (st, r) = c.http("POST", "/v1/check", body, out).await?;
             o.requests = 1;
             o.denied = st == 429;
-            if st != 200 && st != 429 {
+            o.shed = st == 503;
+            if st != 200 && st != 429 && st != 503 {
                 o.error = true;
                 o.error_body = c.buf[r].to_vec();
             }
@@ -1126,7 +1205,7 @@ fn ready(port: u16) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    if s.write_all(b"GET /readyz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
         .is_err()
     {
         return false;
@@ -1142,7 +1221,7 @@ fn usage_of(port: u16, user: &str) -> String {
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let req = format!(
-        "GET /v1/users/{user}/campaigns/lg-fill HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        "GET /v1/users/{user}/campaigns/lg-fill HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
     );
     if s.write_all(req.as_bytes()).is_err() {
         return "write failed".into();

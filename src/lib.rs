@@ -22,6 +22,7 @@ pub mod keyed;
 pub mod limits;
 pub mod model;
 pub mod replay;
+pub mod server;
 pub mod service;
 pub mod simulate;
 pub mod store;

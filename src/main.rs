@@ -104,6 +104,33 @@ struct ServeArgs {
     /// Bearer token for definition (admin) endpoints.
     #[arg(long, env = "FREQCAP_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Seconds from a request's first byte to the end of its head.
+    #[arg(long, env = "FREQCAP_HEADER_TIMEOUT_SECS")]
+    header_timeout_secs: Option<u64>,
+    /// Seconds a request may take to send its body (past it: 408).
+    #[arg(long, env = "FREQCAP_BODY_TIMEOUT_SECS")]
+    body_timeout_secs: Option<u64>,
+    /// Seconds a connection may stay idle between requests.
+    #[arg(long, env = "FREQCAP_IDLE_TIMEOUT_SECS")]
+    idle_timeout_secs: Option<u64>,
+    /// Connections served at once (lowered to fit the file-descriptor limit).
+    #[arg(long, env = "FREQCAP_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Connections accepted past max-connections for probes and scrapes only.
+    #[arg(long, env = "FREQCAP_PROBE_CONNECTIONS")]
+    probe_connections: Option<usize>,
+    /// Seconds shutdown waits for requests in progress.
+    #[arg(long, env = "FREQCAP_DRAIN_TIMEOUT_SECS")]
+    drain_timeout_secs: Option<u64>,
+    /// A request that waited longer than this (ms) to be run gets 503 at once.
+    #[arg(long, env = "FREQCAP_SHED_QUEUE_DELAY_MS")]
+    shed_queue_delay_ms: Option<u64>,
+    /// Host names answered besides loopback ones (comma-separated).
+    #[arg(long, env = "FREQCAP_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Option<Vec<String>>,
+    /// The directory checkpoints are written into (unset: checkpoints off).
+    #[arg(long, env = "FREQCAP_BACKUP_DIR")]
+    backup_dir: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -150,6 +177,33 @@ impl ServeArgs {
         }
         if self.admin_token.is_some() {
             c.admin_token = self.admin_token;
+        }
+        if let Some(v) = self.header_timeout_secs {
+            c.header_timeout_secs = v;
+        }
+        if let Some(v) = self.body_timeout_secs {
+            c.body_timeout_secs = v;
+        }
+        if let Some(v) = self.idle_timeout_secs {
+            c.idle_timeout_secs = v;
+        }
+        if let Some(v) = self.max_connections {
+            c.max_connections = v;
+        }
+        if let Some(v) = self.probe_connections {
+            c.probe_connections = v;
+        }
+        if let Some(v) = self.drain_timeout_secs {
+            c.drain_timeout_secs = v;
+        }
+        if let Some(v) = self.shed_queue_delay_ms {
+            c.shed_queue_delay_ms = v;
+        }
+        if let Some(v) = self.allowed_hosts {
+            c.allowed_hosts = v;
+        }
+        if self.backup_dir.is_some() {
+            c.backup_dir = self.backup_dir;
         }
         Ok(c)
     }

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::api::{self, ApiOptions};
+use crate::api::{self, ApiOptions, ConnCounters};
 use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineOptions};
+use crate::server::{self, ConnLimits};
 use crate::store::{Durability, MemoryStore, RocksStore, Store};
 
 /// Every option of the service. The TOML file uses these names; each has a
@@ -45,12 +46,32 @@ pub struct ServeConfig {
     pub decision_token: Option<String>,
     /// Bearer token for definitions and admin endpoints (unset: open).
     pub admin_token: Option<String>,
+    /// Seconds from a request's first byte to the end of its head.
+    pub header_timeout_secs: u64,
+    /// Seconds a request may take to send its body (past it: 408).
+    pub body_timeout_secs: u64,
+    /// Seconds a connection may stay idle between requests.
+    pub idle_timeout_secs: u64,
+    /// Connections served at once (lowered to fit the file-descriptor limit).
+    pub max_connections: usize,
+    /// Connections accepted past `max_connections` for probes and scrapes only.
+    pub probe_connections: usize,
+    /// Seconds shutdown waits for requests in progress before closing them.
+    pub drain_timeout_secs: u64,
+    /// A request that waited longer than this to be run gets 503 at once, ms.
+    pub shed_queue_delay_ms: u64,
+    /// `Host` names answered besides loopback ones when listening on loopback
+    /// (or, when set, whatever the listen address).
+    pub allowed_hosts: Vec<String>,
+    /// The directory `POST /v1/admin/checkpoint` writes into (unset: off).
+    pub backup_dir: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
     fn default() -> Self {
         let e = EngineOptions::default();
         let a = ApiOptions::default();
+        let c = ConnLimits::default();
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("./freqcap-data"),
@@ -65,6 +86,15 @@ impl Default for ServeConfig {
             idle_grace_secs: e.idle_grace / 1_000_000_000,
             decision_token: None,
             admin_token: None,
+            header_timeout_secs: c.header_timeout.as_secs(),
+            body_timeout_secs: a.body_timeout.as_secs(),
+            idle_timeout_secs: c.idle_timeout.as_secs(),
+            max_connections: c.max_connections,
+            probe_connections: c.probe_connections,
+            drain_timeout_secs: c.drain_timeout.as_secs(),
+            shed_queue_delay_ms: u64::try_from(a.shed_queue_delay.as_millis()).unwrap_or(u64::MAX),
+            allowed_hosts: Vec::new(),
+            backup_dir: None,
         }
     }
 }
@@ -75,6 +105,38 @@ impl ServeConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         crate::model::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Refuses a configuration the service could not honour, naming the
+    /// option: an empty token would be accepted at start and then refuse
+    /// every request; a zero timeout would close every connection.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, token) in [
+            ("decision_token", &self.decision_token),
+            ("admin_token", &self.admin_token),
+        ] {
+            if let Some(t) = token {
+                api::guard::check_token(t).map_err(|e| format!("{name}: {e}"))?;
+            }
+        }
+        for (name, v) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+            ("idle_timeout_secs", self.idle_timeout_secs),
+            ("max_connections", self.max_connections as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("{name}: must be at least 1"));
+            }
+        }
+        for h in &self.allowed_hosts {
+            if h.is_empty() || h.contains([':', '/', ' ']) {
+                return Err(format!(
+                    "allowed_hosts: {h:?} is not a host name (give names without ports)"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -103,6 +165,7 @@ async fn shutdown_signal() {
 /// Runs the service until SIGTERM/SIGINT: stops accepting, drains requests in
 /// flight, then flushes the writer.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
+    config.check()?;
     let store: Arc<dyn Store> = if config.memory {
         Arc::new(MemoryStore::new())
     } else {
@@ -118,6 +181,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     };
     let engine =
         Arc::new(Engine::open(store, SystemClock::new(), options).map_err(|e| e.to_string())?);
+    let connections = ConnCounters::default();
+    let secs = Duration::from_secs;
     let app = api::router(
         engine.clone(),
         ApiOptions {
@@ -126,13 +191,29 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             decision_token: config.decision_token.clone(),
             admin_token: config.admin_token.clone(),
             sleep_on_wait: true,
+            shed_queue_delay: Duration::from_millis(config.shed_queue_delay_ms),
+            body_timeout: secs(config.body_timeout_secs),
+            // A browser page can reach a loopback service through DNS
+            // rebinding; on loopback only loopback names (and the
+            // configured ones) are answered.
+            allowed_hosts: (config.listen.ip().is_loopback() || !config.allowed_hosts.is_empty())
+                .then(|| config.allowed_hosts.clone()),
+            backup_dir: config.backup_dir.clone(),
+            connections: connections.clone(),
         },
     );
+    let limits = ConnLimits {
+        header_timeout: secs(config.header_timeout_secs),
+        idle_timeout: secs(config.idle_timeout_secs),
+        max_connections: server::fit_to_fd_limit(config.max_connections, config.probe_connections),
+        probe_connections: config.probe_connections,
+        drain_timeout: secs(config.drain_timeout_secs),
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), memory = config.memory, "freqcap listening on {addr}");
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.max_connections, "freqcap listening on {addr}");
     // Expire reservations and drop idle records even when no request comes.
     let sweeper = {
         let engine = engine.clone();
@@ -145,10 +226,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             }
         })
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server failed: {e}"))?;
+    let drain = limits.drain_timeout;
+    server::serve(listener, app, limits, connections, async {
+        shutdown_signal().await;
+        tracing::info!(
+            "shutting down: no new connections; draining for {} s at most",
+            drain.as_secs()
+        );
+    })
+    .await;
     sweeper.abort();
     tracing::info!("draining done; flushing the writer");
     engine.flush().map_err(|e| e.to_string())?;
@@ -171,8 +257,13 @@ mod tests {
         let text = include_str!("../ops/freqcap.toml");
         let c = parse(text).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/freqcap/data"));
+        assert_eq!(
+            c.backup_dir,
+            Some(PathBuf::from("/var/lib/freqcap/checkpoints"))
+        );
         let defaults = ServeConfig {
             data_dir: c.data_dir.clone(),
+            backup_dir: c.backup_dir.clone(),
             ..ServeConfig::default()
         };
         assert_eq!(c, defaults);
@@ -196,5 +287,20 @@ mod tests {
         assert!(e.starts_with("listen"), "{e}");
         let e = parse("idle_grace_secs = -1\n").unwrap_err();
         assert!(e.starts_with("idle_grace_secs"), "{e}");
+    }
+
+    #[test]
+    fn unusable_settings_are_refused_naming_the_option() {
+        for (text, field) in [
+            ("decision_token = \"\"\n", "decision_token"),
+            ("admin_token = \"two words\"\n", "admin_token"),
+            ("header_timeout_secs = 0\n", "header_timeout_secs"),
+            ("max_connections = 0\n", "max_connections"),
+            ("allowed_hosts = [\"example.com:80\"]\n", "allowed_hosts"),
+        ] {
+            let e = parse(text).unwrap().check().unwrap_err();
+            assert!(e.starts_with(field), "{text}: {e}");
+        }
+        assert_eq!(ServeConfig::default().check(), Ok(()));
     }
 }

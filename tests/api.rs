@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use freqcap::api::{ApiOptions, router};
 use freqcap::engine::{Engine, EngineOptions};
+use freqcap::server::ConnLimits;
 use freqcap::store::{Durability, MemoryStore, RocksStore, Store};
 use serde_json::{Value, json};
 
@@ -18,6 +19,10 @@ struct Live {
 
 impl Live {
     fn start(store: Arc<dyn Store>, options: ApiOptions) -> Live {
+        Live::start_with(store, options, ConnLimits::default())
+    }
+
+    fn start_with(store: Arc<dyn Store>, options: ApiOptions, limits: ConnLimits) -> Live {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -25,8 +30,15 @@ impl Live {
         let addr = listener.local_addr().unwrap();
         let engine =
             Engine::open(store, freqcap::SystemClock::new(), EngineOptions::default()).unwrap();
+        let counters = options.connections.clone();
         let app = router(Arc::new(engine), options);
-        rt.spawn(async move { axum::serve(listener, app).await });
+        rt.spawn(freqcap::server::serve(
+            listener,
+            app,
+            limits,
+            counters,
+            std::future::pending(),
+        ));
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(10)))
@@ -310,7 +322,10 @@ fn past_max_in_flight_requests_are_shed_with_503() {
     // The slot came back.
     assert_eq!(live.send("GET", "/v1/policies/shaped", None, None).0, 200);
     assert_eq!(
-        sample(&live.metrics(), "freqcap_overloaded_total"),
+        sample(
+            &live.metrics(),
+            "freqcap_overloaded_total{reason=\"in_flight\"}"
+        ),
         Some(1.0)
     );
 }
@@ -319,7 +334,15 @@ fn past_max_in_flight_requests_are_shed_with_503() {
 fn checkpoint_writes_a_copy_that_opens_with_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(RocksStore::open(&dir.path().join("data"), Durability::Wal).unwrap());
-    let live = Live::start(store, ApiOptions::default());
+    let backups = dir.path().join("backups");
+    std::fs::create_dir(&backups).unwrap();
+    let live = Live::start(
+        store,
+        ApiOptions {
+            backup_dir: Some(backups.clone()),
+            ..ApiOptions::default()
+        },
+    );
     let campaign = json!({"caps": [{"name": "daily", "kind": "window", "limit": 5, "window": "1d", "align": "calendar"}]});
     assert_eq!(
         live.send("PUT", "/v1/campaigns/c", Some(campaign), None).0,
@@ -334,10 +357,45 @@ fn checkpoint_writes_a_copy_that_opens_with_the_data() {
         sample(&text, "freqcap_rocksdb_memtable_bytes").unwrap() > 0.0,
         "{text}"
     );
-    let copy = dir.path().join("backup");
+    let copy = backups.join("backup");
     let body = json!({"dir": copy.to_str().unwrap()});
     let (status, answer, _) = live.send("POST", "/v1/admin/checkpoint", Some(body.clone()), None);
     assert_eq!((status, answer), (200, body.clone()));
+    // Named by its name alone, the copy goes into the backup directory too.
+    let (status, answer, _) = live.send(
+        "POST",
+        "/v1/admin/checkpoint",
+        Some(json!({"dir": "second"})),
+        None,
+    );
+    let second = backups.join("second");
+    assert_eq!(
+        (status, answer),
+        (200, json!({"dir": second.to_str().unwrap()}))
+    );
+    assert!(second.join("CURRENT").exists());
+    // Anywhere else is refused, naming `dir`, and nothing is written there.
+    let outside = dir.path().join("outside");
+    let escape = backups.join("..").join("escaped");
+    for bad in [
+        json!(outside.to_str().unwrap()),
+        json!(escape.to_str().unwrap()),
+        json!("../escaped"),
+        json!("a/b"),
+        json!("."),
+        json!("x\u{0}y"),
+    ] {
+        let (status, answer, _) = live.send(
+            "POST",
+            "/v1/admin/checkpoint",
+            Some(json!({ "dir": bad })),
+            None,
+        );
+        assert_eq!(status, 400, "{bad}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("dir:"), "{bad}: {message}");
+    }
+    assert!(!outside.exists() && !dir.path().join("escaped").exists());
     // The same directory again: it exists now.
     let (status, answer, _) = live.send("POST", "/v1/admin/checkpoint", Some(body), None);
     assert_eq!(
@@ -371,13 +429,30 @@ fn checkpoint_writes_a_copy_that_opens_with_the_data() {
 }
 
 #[test]
-fn checkpoint_of_memory_is_a_400() {
-    let live = Live::start(memory(), ApiOptions::default());
+fn checkpoint_of_memory_or_without_a_backup_dir_is_a_400() {
     let dir = tempfile::tempdir().unwrap();
-    let body = json!({"dir": dir.path().join("x").to_str().unwrap()});
-    let (status, answer, _) = live.send("POST", "/v1/admin/checkpoint", Some(body), None);
+    let live = Live::start(
+        memory(),
+        ApiOptions {
+            backup_dir: Some(dir.path().to_owned()),
+            ..ApiOptions::default()
+        },
+    );
+    let body = json!({"dir": "x"});
+    let (status, answer, _) = live.send("POST", "/v1/admin/checkpoint", Some(body.clone()), None);
     assert_eq!(status, 400);
     assert_eq!(answer["error"]["code"], "invalid_argument");
+    // No backup directory configured: checkpoints are off.
+    let store = Arc::new(RocksStore::open(&dir.path().join("data"), Durability::Wal).unwrap());
+    let live = Live::start(store, ApiOptions::default());
+    let (status, answer, _) = live.send("POST", "/v1/admin/checkpoint", Some(body), None);
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("dir: checkpoints are off")
+    );
 }
 
 #[test]
@@ -404,4 +479,489 @@ fn wrong_methods_unknown_paths_and_long_ids_answer_in_the_error_shape() {
         assert_eq!(status, 400, "{path}");
         assert_eq!(body["error"]["code"], "invalid_argument");
     }
+}
+
+// ---- hostile and careless clients ----
+
+/// Sends raw bytes on a new connection and reads until the server closes it
+/// or `wait` passes; returns what was read.
+fn raw(addr: &str, bytes: &[u8], wait: Duration) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(wait)).unwrap();
+    c.write_all(bytes).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether the server closes a connection by itself within `within`.
+fn closed_by_server(c: &mut std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    c.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        match c.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+fn short_limits() -> ConnLimits {
+    ConnLimits {
+        header_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_secs(1),
+        ..ConnLimits::default()
+    }
+}
+
+#[test]
+fn slow_and_idle_connections_are_closed() {
+    use std::io::Write;
+    let live = Live::start_with(memory(), ApiOptions::default(), short_limits());
+    let addr = live.base.trim_start_matches("http://").to_owned();
+    // Idle from the start: closed after the idle timeout.
+    let mut idle = std::net::TcpStream::connect(&addr).unwrap();
+    assert!(closed_by_server(&mut idle, Duration::from_secs(10)));
+    // Half a request head, then nothing: closed after the header timeout.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"POST /v1/check HTTP/1.1\r\nHost: localhost\r\n")
+        .unwrap();
+    assert!(closed_by_server(&mut slow, Duration::from_secs(10)));
+    // A kept-alive connection that answered a request, then idles: closed.
+    let mut kept = std::net::TcpStream::connect(&addr).unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    assert!(closed_by_server(&mut kept, Duration::from_secs(10)));
+    let text = live.metrics();
+    assert!(
+        sample(&text, "freqcap_http_connections_timed_out_total").unwrap() >= 3.0,
+        "{text}"
+    );
+}
+
+#[test]
+fn a_half_sent_body_is_answered_408_and_closed() {
+    let options = ApiOptions {
+        body_timeout: Duration::from_millis(500),
+        ..ApiOptions::default()
+    };
+    let live = Live::start(memory(), options);
+    let addr = live.base.trim_start_matches("http://").to_owned();
+    let got = raw(
+        &addr,
+        b"POST /v1/check HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        Duration::from_secs(10),
+    );
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("request_timeout"), "{got}");
+}
+
+#[test]
+fn an_oversized_body_is_413_before_100_continue() {
+    let options = ApiOptions {
+        max_body: 1000,
+        ..ApiOptions::default()
+    };
+    let live = Live::start(memory(), options);
+    let addr = live.base.trim_start_matches("http://").to_owned();
+    let got = raw(
+        &addr,
+        b"POST /v1/events HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 5000000\r\nExpect: 100-continue\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(!got.contains("100 Continue"), "{got}");
+    assert!(got.contains("too_large"), "{got}");
+}
+
+#[test]
+fn past_the_connection_cap_only_probes_are_served() {
+    use std::io::Write;
+    let limits = ConnLimits {
+        max_connections: 2,
+        probe_connections: 1,
+        ..ConnLimits::default()
+    };
+    let live = Live::start_with(memory(), ApiOptions::default(), limits);
+    let addr = live.base.trim_start_matches("http://").to_owned();
+    // Two clients hold every ordinary connection.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        held.push(c);
+    }
+    // Let the server accept them (bounded wait on its own gauge).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // The scrape itself takes a connection while it lasts.
+        let open = sample(&live.metrics(), "freqcap_http_connections_open").unwrap();
+        if open >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connections never accepted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // A probe still gets through; a decision on the probe connection is 503.
+    let probe = raw(
+        &addr,
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+    let check = raw(
+        &addr,
+        b"GET /v1/policies/p HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(check.starts_with("HTTP/1.1 503"), "{check}");
+    // Freed connections serve everything again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, _) = live.send("GET", "/v1/policies/p", None, None);
+        if status == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn admin_access_follows_the_route_not_the_path_text() {
+    let options = ApiOptions {
+        decision_token: Some("dec".into()),
+        admin_token: Some("adm".into()),
+        backup_dir: None,
+        ..ApiOptions::default()
+    };
+    let live = Live::start(memory(), options);
+    let campaign =
+        json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "calendar"}]});
+    // Every route × method × token: the status class each must get.
+    // "auth" = refused (401); "ok" = let through (any status but 401).
+    for (method, path, body, none, dec, adm) in [
+        (
+            "PUT",
+            "/v1/campaigns/delivery",
+            Some(campaign.clone()),
+            "auth",
+            "auth",
+            "ok",
+        ),
+        (
+            "DELETE",
+            "/v1/campaigns/delivery",
+            None,
+            "auth",
+            "auth",
+            "ok",
+        ),
+        ("GET", "/v1/campaigns/delivery", None, "auth", "ok", "ok"),
+        (
+            "GET",
+            "/v1/campaigns/delivery/delivery",
+            None,
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "PUT",
+            "/v1/policies/delivery",
+            Some(json!({"limits": [{"kind": "gap", "min": "1s"}]})),
+            "auth",
+            "auth",
+            "ok",
+        ),
+        ("GET", "/v1/policies/delivery", None, "auth", "ok", "ok"),
+        (
+            "DELETE",
+            "/v1/policies/delivery",
+            None,
+            "auth",
+            "auth",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/check",
+            Some(json!({"policy": "delivery", "key": "k", "cost": 0})),
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/screen",
+            Some(json!({"user": "u", "candidates": [{"campaign": "delivery"}], "reserve": false})),
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/events",
+            Some(json!({"user": "u", "campaign": "delivery"})),
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/reservations/r1/commit",
+            None,
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/reservations/r1/release",
+            None,
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "GET",
+            "/v1/users/u/campaigns/delivery",
+            None,
+            "auth",
+            "ok",
+            "ok",
+        ),
+        (
+            "POST",
+            "/v1/admin/checkpoint",
+            Some(json!({"dir": "x"})),
+            "auth",
+            "auth",
+            "ok",
+        ),
+        ("GET", "/healthz", None, "ok", "ok", "ok"),
+        ("GET", "/readyz", None, "ok", "ok", "ok"),
+        ("GET", "/metrics", None, "ok", "ok", "ok"),
+        ("GET", "/openapi.json", None, "ok", "ok", "ok"),
+        ("GET", "/v2/unknown", None, "auth", "ok", "ok"),
+    ] {
+        for (token, want) in [(None, none), (Some("dec"), dec), (Some("adm"), adm)] {
+            let (status, answer, _) = live.send(method, path, body.clone(), token);
+            let got = if status == 401 { "auth" } else { "ok" };
+            assert_eq!(
+                got, want,
+                "{method} {path} with {token:?}: {status} {answer}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bodies_must_say_they_are_json() {
+    let live = Live::start(memory(), ApiOptions::default());
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 1, "window": "1h", "align": "fixed"}]});
+    assert_eq!(
+        live.send("PUT", "/v1/policies/p", Some(policy), None).0,
+        200
+    );
+    let url = format!("{}/v1/check", live.base);
+    let body = r#"{"policy":"p","key":"k"}"#;
+    // A browser's "simple" cross-site POST: text/plain, or no type at all.
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let r = live.agent.post(&url);
+        let r = match ct {
+            Some(ct) => r.header("Content-Type", ct),
+            None => r,
+        };
+        let mut r = r.send(body).unwrap();
+        assert_eq!(r.status().as_u16(), 415, "{ct:?}");
+        let answer: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        assert_eq!(answer["error"]["code"], "unsupported_media_type");
+    }
+    // Nothing was debited: the one allowed check still passes.
+    let mut r = live
+        .agent
+        .post(&url)
+        .header("Content-Type", "application/json; charset=utf-8")
+        .send(body)
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+    // An empty commit needs no type.
+    let r = live
+        .agent
+        .post(format!("{}/v1/reservations/nope/release", live.base))
+        .send_empty()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+}
+
+#[test]
+fn on_loopback_only_loopback_host_names_are_answered() {
+    let options = ApiOptions {
+        allowed_hosts: Some(vec!["freqcap.internal".into()]),
+        ..ApiOptions::default()
+    };
+    let live = Live::start(memory(), options);
+    let addr = live.base.trim_start_matches("http://").to_owned();
+    let get = |host: &str| {
+        raw(
+            &addr,
+            format!("GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+            Duration::from_secs(5),
+        )
+    };
+    for ok in [
+        "localhost:8080",
+        "127.0.0.1",
+        "[::1]:80",
+        "FREQCAP.internal:9",
+    ] {
+        assert!(get(ok).starts_with("HTTP/1.1 200"), "{ok}");
+    }
+    // A rebinding attacker's name resolving to 127.0.0.1.
+    for bad in [
+        "evil.example",
+        "evil.example:8080",
+        "localhost.evil.example",
+    ] {
+        let got = get(bad);
+        assert!(got.starts_with("HTTP/1.1 403"), "{bad}: {got}");
+        assert!(got.contains("forbidden"), "{got}");
+    }
+}
+
+#[test]
+fn a_body_is_exactly_one_json_object() {
+    let live = Live::start(memory(), ApiOptions::default());
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 1, "window": "1h", "align": "fixed"}]});
+    assert_eq!(
+        live.send("PUT", "/v1/policies/p", Some(policy), None).0,
+        200
+    );
+    assert_eq!(
+        live.send("PUT", "/v1/campaigns/c", Some(json!({})), None).0,
+        200
+    );
+    let post = |path: &str, body: &str| {
+        let mut r = live
+            .agent
+            .post(format!("{}{path}", live.base))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        (status, v)
+    };
+    for (path, body) in [
+        ("/v1/check", r#"{"policy":"p","key":"k"} xyz"#),
+        (
+            "/v1/check",
+            r#"{"policy":"p","key":"k"}{"policy":"p","key":"k"}"#,
+        ),
+        ("/v1/check", r#"["p",null,"k"]"#),
+        ("/v1/check", r#"{"policy":"p","key":"k","key":"k2"}"#),
+        ("/v1/screen", r#"{"user":"u","candidates":[["c",1]]}"#),
+        (
+            "/v1/events",
+            r#"{"user":"u","campaign":"c"}{"user":"u","campaign":"c"}"#,
+        ),
+        (
+            "/v1/events",
+            r#"{"user":"u","campaign":"c","campaign":"c"}"#,
+        ),
+        (
+            "/v1/events",
+            r#"[{"user":"u","campaign":"c","cost":1,"cost":2}]"#,
+        ),
+        ("/v1/events", r#"[["u","c",1,null]]"#),
+    ] {
+        let (status, answer) = post(path, body);
+        assert_eq!(status, 400, "{path} {body}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_argument", "{body}");
+    }
+    // Nothing of the above was counted: the one allowed check passes, and the
+    // user has no impression of c.
+    assert_eq!(post("/v1/check", r#"{"policy":"p","key":"k"}"#).0, 200);
+    let (status, usage, _) = live.send("GET", "/v1/users/u/campaigns/c", None, None);
+    assert_eq!(status, 200);
+    assert_eq!(usage["caps"], json!([]));
+    let (status, answer) = post(
+        "/v1/events",
+        r#"[{"user":"u","campaign":"c"},{"user":"u","campaign":"c","cost":"x"}]"#,
+    );
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("[1].cost:"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_repeated_reserve_is_the_same_only_as_the_same_json_value() {
+    let live = Live::start(memory(), ApiOptions::default());
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 5, "window": "1h", "align": "fixed"}]});
+    assert_eq!(
+        live.send("PUT", "/v1/policies/p", Some(policy), None).0,
+        200
+    );
+    let post = |body: &str| {
+        let mut r = live
+            .agent
+            .post(format!("{}/v1/check", live.base))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        (status, v)
+    };
+    let first = post(r#"{"policy":"p","key":"k","reserve":true,"reservation_id":"r1"}"#);
+    assert_eq!(first.0, 200);
+    // Members in another order, other spacing: the same body, the same answer.
+    let again = post(r#"{ "reservation_id":"r1", "reserve":true, "key":"k", "policy":"p" }"#);
+    assert_eq!(again, first);
+    // A member added at its default value is another body.
+    for other in [
+        r#"{"policy":"p","key":"k","reserve":true,"reservation_id":"r1","cost":1}"#,
+        r#"{"policy":"p","key":"k","reserve":true,"reservation_id":"r1","wait":false}"#,
+    ] {
+        let (status, answer) = post(other);
+        assert_eq!(status, 409, "{other}: {answer}");
+        assert_eq!(answer["error"]["code"], "conflict");
+    }
+    // Nothing was debited twice: one reservation holds 1 of 5.
+    let (_, peek) = post(r#"{"policy":"p","key":"k","cost":0}"#);
+    assert_eq!(peek["remaining"], 4);
 }

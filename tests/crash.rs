@@ -62,6 +62,7 @@ fn crash_child() {
                                 reserve: true,
                                 ttl_ms: Some(60_000),
                                 reservation_id: None,
+                                fingerprint: None,
                             })
                             .expect("screen");
                         let id = s.reservation.expect("a fresh user is eligible");

@@ -931,6 +931,67 @@ fn sigterm_restart_keeps_definitions_and_counts() {
 
 // ---- 4. SIGKILL loses no acknowledged commit or event ----
 
+/// A client holding a half-sent request cannot hold the process: SIGTERM
+/// drains for the drain timeout, closes what is left, flushes and exits 0,
+/// with the write-behind checks on disk.
+#[test]
+fn sigterm_exits_within_the_drain_deadline_despite_a_half_sent_request() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = Server::start(
+        dir.path(),
+        &["--drain-timeout-secs", "2", "--body-timeout-secs", "600"],
+    );
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 10, "window": "1h", "align": "fixed"}]});
+    s.expect("PUT", "/v1/policies/p", Some(&policy), 200);
+    s.expect(
+        "POST",
+        "/v1/check",
+        Some(&json!({"policy": "p", "key": "k"})),
+        200,
+    );
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let mut c = std::net::TcpStream::connect(&addr).expect("connect");
+    c.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .expect("write");
+    // The half-sent request is being read (its body has 600 s to arrive).
+    std::thread::sleep(Duration::from_millis(300));
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status}");
+    drop(c);
+    // The check before the signal was flushed.
+    let s = Server::start(dir.path(), &[]);
+    let a = s.expect(
+        "POST",
+        "/v1/check",
+        Some(&json!({"policy": "p", "key": "k", "cost": 0})),
+        200,
+    );
+    assert_eq!(a["remaining"], 9, "{a}");
+}
+
+/// Settings that could never work are refused at start, naming the option.
+#[test]
+fn empty_tokens_are_refused_at_start() {
+    for (var, name) in [
+        ("FREQCAP_DECISION_TOKEN", "decision_token"),
+        ("FREQCAP_ADMIN_TOKEN", "admin_token"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--memory"])
+            .env(var, "")
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{name}: must not be empty")), "{err}");
+    }
+}
+
 #[test]
 fn sigkill_loses_no_acknowledged_commit() {
     clear_of_midnight();

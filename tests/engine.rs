@@ -49,6 +49,7 @@ fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
         reserve,
         ttl_ms: Some(1000),
         reservation_id: None,
+        fingerprint: None,
     }
 }
 
@@ -885,6 +886,7 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
         reserve: true,
         ttl_ms: None,
         reservation_id: Some("r1".into()),
+        fingerprint: None,
     };
     // A key not in memory is refused, and nothing was claimed or debited
     // (the same reservation id is free for the real call).
@@ -1069,6 +1071,7 @@ fn idle_records_stay_in_memory_for_the_grace_then_leave() {
         reserve: false,
         ttl_ms: None,
         reservation_id: None,
+        fingerprint: None,
     };
     assert!(e.check(&check).unwrap().decision.allowed);
     // Idle after 1 s (the bucket is full again); kept through the grace.

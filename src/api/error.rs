@@ -74,11 +74,44 @@ impl ApiError {
         }
     }
 
-    pub fn overloaded() -> Self {
+    /// 503 `overloaded`, with `Retry-After: 1`.
+    pub fn overloaded(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "overloaded",
-            message: "too many requests in flight; retry shortly".into(),
+            message: message.into(),
+        }
+    }
+
+    /// 403 `forbidden`: a request this service will not answer whoever sends
+    /// it (a `Host` it does not serve).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "forbidden",
+            message: message.into(),
+        }
+    }
+
+    /// 415 `unsupported_media_type`: a body that is not `application/json`.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: "unsupported_media_type",
+            message: message.into(),
+        }
+    }
+
+    /// 408 `request_timeout`: the body did not arrive in time; the
+    /// connection is closed after the answer.
+    pub fn request_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: "request_timeout",
+            message: format!(
+                "the request body did not arrive within {} ms",
+                limit.as_millis()
+            ),
         }
     }
 
@@ -90,11 +123,16 @@ impl ApiError {
         }
     }
 
-    pub fn internal(message: impl Into<String>) -> Self {
+    /// 500 `internal`. What went wrong (a RocksDB path or message) is
+    /// logged under a request id; the client gets the id only, never the
+    /// details of the server's insides.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        let id = request_id();
+        tracing::error!(request_id = %id, "internal error: {detail}");
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             code: "internal",
-            message: message.into(),
+            message: format!("internal error; the server's log has it under request id {id}"),
         }
     }
 }
@@ -111,10 +149,7 @@ impl From<EngineError> for ApiError {
             EngineError::Store(crate::store::StoreError::Unsupported(m)) => {
                 ApiError::invalid("", m)
             }
-            EngineError::Store(e) => {
-                tracing::error!(error = %e, "store failed");
-                ApiError::internal(e.to_string())
-            }
+            EngineError::Store(e) => ApiError::internal(format_args!("store failed: {e}")),
         }
     }
 }
@@ -132,10 +167,50 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         r
+    }
+}
+
+/// An id for a logged error: the process's start time and a counter, so ids
+/// from two runs of the service do not collide in one log.
+fn request_id() -> String {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let start = *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    format!("{start:x}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store failure's text (paths, RocksDB's words) stays in the log;
+    /// the client gets a request id to quote.
+    #[test]
+    fn internal_errors_do_not_show_the_servers_insides() {
+        let e = EngineError::Store(crate::store::StoreError::Io(
+            "IO error: /var/lib/freqcap/data/000123.sst: No space left on device".into(),
+        ));
+        let a = ApiError::from(e);
+        assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!a.message.contains("/var/lib"), "{}", a.message);
+        assert!(!a.message.contains("IO error"), "{}", a.message);
+        assert!(a.message.contains("request id"), "{}", a.message);
+        let b = ApiError::internal("x");
+        assert_ne!(a.message, b.message, "each error has its own id");
     }
 }

@@ -47,10 +47,32 @@ struct EndpointLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     endpoint: &'static str,
     outcome: &'static str,
 }
+
+/// Figures of the listener (`src/server.rs`), shared between it and the
+/// registry: clones count into the same series.
+#[derive(Debug, Clone, Default)]
+pub struct ConnCounters {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections closed at accept: over `max_connections` and the probe reserve.
+    pub refused: Counter,
+    /// Connections closed for being idle, or slow to send a request head.
+    pub timed_out: Counter,
+}
+
+/// Upper bounds of the queueing-delay histogram's buckets, seconds.
+const QUEUE_BUCKETS: [f64; 10] = [
+    0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+];
 
 /// Counters the HTTP layer updates as requests happen.
 pub struct Metrics {
@@ -58,7 +80,8 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<EndpointLabel, Histogram>,
     decisions: Family<DecisionLabels, Counter>,
-    overloaded: Counter,
+    overloaded: Family<ReasonLabel, Counter>,
+    queue_delay: Histogram,
     /// Requests being handled now. It is also the load-shedding counter: one
     /// atomic serves both, so the gauge is exactly what the guard compares.
     pub in_flight: Gauge,
@@ -218,7 +241,7 @@ impl Collector for EngineFigures {
 
 impl Metrics {
     /// A registry with the HTTP layer's metrics and `figures` read per scrape.
-    pub fn new(figures: EngineFigures) -> Self {
+    pub fn new(figures: EngineFigures, conns: &ConnCounters) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         // 50 µs to 5 s in 1-2.5-5 steps: decisions take microseconds, commits
@@ -228,7 +251,8 @@ impl Metrics {
             Histogram::new(LATENCY_BUCKETS.iter().copied())
         });
         let decisions = Family::<DecisionLabels, Counter>::default();
-        let overloaded = Counter::default();
+        let overloaded = Family::<ReasonLabel, Counter>::default();
+        let queue_delay = Histogram::new(QUEUE_BUCKETS.iter().copied());
         let in_flight = Gauge::default();
         registry.register(
             "freqcap_http_requests",
@@ -247,8 +271,28 @@ impl Metrics {
         );
         registry.register(
             "freqcap_overloaded",
-            "Requests answered 503 overloaded by load shedding",
+            "Requests answered 503 overloaded by load shedding, by reason (queue_delay, in_flight, connections, reservations)",
             overloaded.clone(),
+        );
+        registry.register(
+            "freqcap_queue_delay_seconds",
+            "How long a request's connection waited to run once its bytes arrived (what load shedding compares)",
+            queue_delay.clone(),
+        );
+        registry.register(
+            "freqcap_http_connections_open",
+            "HTTP connections open now",
+            conns.open.clone(),
+        );
+        registry.register(
+            "freqcap_http_connections_refused",
+            "HTTP connections closed at accept, over max_connections and the probe reserve",
+            conns.refused.clone(),
+        );
+        registry.register(
+            "freqcap_http_connections_timed_out",
+            "HTTP connections closed for idling, or sending a request head too slowly",
+            conns.timed_out.clone(),
         );
         registry.register(
             "freqcap_in_flight_requests",
@@ -262,6 +306,7 @@ impl Metrics {
             latency,
             decisions,
             overloaded,
+            queue_delay,
             in_flight,
         }
     }
@@ -285,8 +330,14 @@ impl Metrics {
         }
     }
 
-    pub fn overloaded(&self) {
-        self.overloaded.inc();
+    /// Counts a request shed for `reason`.
+    pub fn overloaded(&self, reason: &'static str) {
+        self.overloaded.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Notes a request's queueing delay.
+    pub fn queue_delay(&self, seconds: f64) {
+        self.queue_delay.observe(seconds);
     }
 
     /// The exposition text.

@@ -3,19 +3,19 @@
 //! calls and back; every decision is the engine's.
 
 pub mod error;
+pub mod guard;
 pub mod headers;
 pub mod metrics;
 pub mod openapi;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use schemars::JsonSchema;
@@ -29,7 +29,7 @@ use crate::engine::{
 };
 use crate::model::{CampaignDef, LimitDef, PolicyDef, Warning};
 pub use error::ApiError;
-pub use metrics::Metrics;
+pub use metrics::{ConnCounters, Metrics};
 
 /// Limits and credentials of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -46,6 +46,18 @@ pub struct ApiOptions {
     pub admin_token: Option<String>,
     /// Whether `"wait": true` on a delayed check sleeps (replay never does).
     pub sleep_on_wait: bool,
+    /// A request whose connection waited longer than this to be run is
+    /// answered 503 `overloaded` at once (`src/api/guard.rs`).
+    pub shed_queue_delay: std::time::Duration,
+    /// How long a request may take to send its body: past it, 408.
+    pub body_timeout: std::time::Duration,
+    /// `Some`: only these `Host` names (and loopback ones) are answered
+    /// (the service sets it when it listens on loopback); `None`: any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Where `POST /v1/admin/checkpoint` may write; `None`: checkpoints off.
+    pub backup_dir: Option<std::path::PathBuf>,
+    /// The listener's figures, exported with the others.
+    pub connections: ConnCounters,
 }
 
 impl Default for ApiOptions {
@@ -56,6 +68,11 @@ impl Default for ApiOptions {
             decision_token: None,
             admin_token: None,
             sleep_on_wait: true,
+            shed_queue_delay: std::time::Duration::from_millis(20),
+            body_timeout: guard::DEFAULT_BODY_TIMEOUT,
+            allowed_hosts: None,
+            backup_dir: None,
+            connections: ConnCounters::default(),
         }
     }
 }
@@ -88,19 +105,10 @@ pub const ROUTES: &[&str] = &[
     "/openapi.json",
 ];
 
-/// Paths open to everyone even when tokens are set: probes, scrapes and the
-/// API's description carry no data of any client.
-fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz" | "/metrics" | "/openapi.json")
-}
-
-/// Endpoints that change definitions or the service take the admin token
-/// only; every other endpoint takes the decision token or the admin token
-/// (reading a definition is not administering it).
-fn is_admin(method: &Method, path: &str) -> bool {
-    let definition = path.starts_with("/v1/policies/")
-        || (path.starts_with("/v1/campaigns/") && !path.ends_with("/delivery"));
-    path.starts_with("/v1/admin/") || (definition && method != Method::GET)
+/// Whether a route template is open to everyone (probes, scrapes, the API's
+/// description); see [`guard::access`].
+pub(crate) fn is_public(route: &str) -> bool {
+    guard::access(&Method::GET, Some(route)) == guard::Access::Public
 }
 
 fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
@@ -135,12 +143,14 @@ type St<C> = State<Arc<AppState<C>>>;
 pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -> Router {
     let max_body = options.max_body;
     let figures_of = engine.clone();
+    let metrics = Metrics::new(
+        metrics::EngineFigures(Box::new(move || figures(&figures_of))),
+        &options.connections,
+    );
     let state = Arc::new(AppState {
         engine,
         options,
-        metrics: Metrics::new(metrics::EngineFigures(Box::new(move || {
-            figures(&figures_of)
-        }))),
+        metrics,
     });
     Router::new()
         .route(
@@ -169,105 +179,14 @@ pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -
         .route("/openapi.json", get(openapi_json))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .layer(middleware::from_fn_with_state(state.clone(), guard::<C>))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard::<C>,
+        ))
         // axum's own limit would answer 413 in plain text; the handlers read
         // the body themselves and answer in the error shape (see `body`).
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
-}
-
-/// The metrics label of a request: its route template, or `other` for a path
-/// no route matched.
-fn endpoint_label(req: &Request) -> &'static str {
-    let Some(m) = req.extensions().get::<MatchedPath>() else {
-        return "other";
-    };
-    ROUTES
-        .iter()
-        .copied()
-        .find(|r| *r == m.as_str())
-        .unwrap_or("other")
-}
-
-/// Load shedding, authentication and request metrics, before any handler runs.
-async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let endpoint = endpoint_label(&req);
-    let response = guarded(&s, req, next).await;
-    s.metrics.request(
-        endpoint,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
-}
-
-async fn guarded<C: Clock + 'static>(s: &AppState<C>, req: Request, next: Next) -> Response {
-    if is_public(req.uri().path()) {
-        return next.run(req).await;
-    }
-    if !authorized(&s.options, &req) {
-        return ApiError::unauthenticated().into_response();
-    }
-    // Past the bound, answer at once rather than queue without limit. Probes
-    // and scrapes (public) are never shed: they must see an overloaded
-    // service to report it.
-    let before = s.metrics.in_flight.inc();
-    let _slot = InFlight(&s.metrics);
-    if usize::try_from(before).unwrap_or(usize::MAX) >= s.options.max_in_flight {
-        s.metrics.overloaded();
-        return ApiError::overloaded().into_response();
-    }
-    next.run(req).await
-}
-
-/// Whether the request carries the token its endpoint needs (see [`is_admin`]).
-fn authorized(o: &ApiOptions, req: &Request) -> bool {
-    let admin_ok = o
-        .admin_token
-        .as_deref()
-        .is_some_and(|t| bearer_matches(req.headers(), t));
-    if is_admin(req.method(), req.uri().path()) {
-        // With no admin token set, the decision token (if any) guards
-        // definitions too: setting one token never leaves them open.
-        match (&o.admin_token, &o.decision_token) {
-            (Some(_), _) => admin_ok,
-            (None, Some(t)) => bearer_matches(req.headers(), t),
-            (None, None) => true,
-        }
-    } else {
-        admin_ok
-            || o.decision_token
-                .as_deref()
-                .is_none_or(|t| bearer_matches(req.headers(), t))
-    }
-}
-
-/// Gives back an in-flight slot when the request ends, also when the client
-/// goes away and the handler's future is dropped mid-way.
-struct InFlight<'a>(&'a Metrics);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.dec();
-    }
-}
-
-/// Compares the bearer token in constant time (for tokens of the same length;
-/// a length mismatch returns early, which reveals only the length).
-fn bearer_matches(headers: &HeaderMap, want: &str) -> bool {
-    // The scheme name is case-insensitive (RFC 9110 §11.1).
-    let Some(got) = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim())
-    else {
-        return false;
-    };
-    let (a, b) = (got.as_bytes(), want.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A JSON response. axum's own `Json` serializes into a `BytesMut` that
@@ -297,16 +216,97 @@ impl<T: Serialize> IntoResponse for Json<T> {
 /// Reads a JSON body: errors name the field (`candidates[2].cost`); a body
 /// over the limit is 413.
 fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large("the request body is over the size limit")
-        } else {
-            ApiError::invalid("", e.body_text())
-        }
-    })?;
+    parse::<Object<T>>(bytes).map(|o| o.0)
+}
+
+/// A body that could not be read, in the error shape.
+fn rejected(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::too_large("the request body is over the size limit")
+    } else {
+        ApiError::invalid("", e.body_text())
+    }
+}
+
+/// Reads a JSON body of any shape (see [`body`] for an object).
+fn parse<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(rejected)?;
     let text =
         std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("", "body is not UTF-8"))?;
-    crate::model::from_json(text).map_err(|e| ApiError::invalid(&e.field, e.message))
+    crate::model::from_json::<T>(text).map_err(|e| ApiError::invalid(&e.field, e.message))
+}
+
+/// A JSON object read as `T`. serde's derived structs also accept an array,
+/// read positionally (`["p", null, "k"]` was taken as a check and debited);
+/// wherever the API documents an object, only an object is read.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Fields(std::marker::PhantomData))
+            .map(Object)
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Object<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(g)
+    }
+}
+
+/// A fingerprint of a body as sent: its JSON value, members in any order
+/// (DESIGN: "the same body" is the same JSON value after parsing). A repeat
+/// of a reserve under a live id is recognised by it, so a member added at
+/// its default value (`"cost": 1`) is a different body, not a repeat.
+fn fingerprint(bytes: &[u8]) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    fn feed(v: &serde_json::Value, h: &mut impl Hasher) {
+        use serde_json::Value::*;
+        match v {
+            Null => 0u8.hash(h),
+            Bool(b) => (1u8, b).hash(h),
+            // The number as parsed: 1 and 1.0 are different JSON texts but
+            // the same value only when serde_json reads them alike.
+            Number(n) => (2u8, n.to_string()).hash(h),
+            String(s) => (3u8, s).hash(h),
+            Array(a) => {
+                (4u8, a.len()).hash(h);
+                a.iter().for_each(|x| feed(x, h));
+            }
+            Object(m) => {
+                // serde_json's map is ordered by key: the order sent does
+                // not matter.
+                (5u8, m.len()).hash(h);
+                for (k, x) in m {
+                    k.hash(h);
+                    feed(x, h);
+                }
+            }
+        }
+    }
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    feed(&v, &mut h);
+    Some(h.finish())
 }
 
 /// Runs an engine call that may wait on disk off the async executor.
@@ -595,7 +595,13 @@ async fn check<C: Clock + 'static>(
     State(s): St<C>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let b: CheckBody = body(b)?;
+    let bytes = b.map_err(rejected)?;
+    let b: CheckBody = body(Ok(bytes.clone()))?;
+    // Only a caller's id can be repeated; only then is the body hashed.
+    let fp = match (&b.reservation_id, &bytes) {
+        (Some(_), raw) => fingerprint(raw),
+        _ => None,
+    };
     let target = match (b.policy, b.limits) {
         (Some(p), None) => CheckTarget::Policy(p),
         (None, Some(l)) => CheckTarget::Inline(l),
@@ -613,6 +619,7 @@ async fn check<C: Clock + 'static>(
         reserve: b.reserve,
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
+        fingerprint: fp,
     };
     let out = in_memory_or_blocking(&s, req, Engine::check_in_memory, Engine::check).await?;
     let d = &out.decision;
@@ -684,7 +691,7 @@ struct ScreenBody {
     #[serde(default)]
     user: Option<String>,
     /// Decided in order, each all-or-nothing over its chain (1 to 10 000 by default).
-    candidates: Vec<CandidateBody>,
+    candidates: Vec<Object<CandidateBody>>,
     /// Hold every eligible candidate under one reservation (default true);
     /// false is a dry run.
     #[serde(default = "yes")]
@@ -733,13 +740,18 @@ async fn screen<C: Clock + 'static>(
     State(s): St<C>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ScreenAnswer>, ApiError> {
-    let b: ScreenBody = body(b)?;
+    let bytes = b.map_err(rejected)?;
+    let b: ScreenBody = body(Ok(bytes.clone()))?;
+    let fp = match (&b.reservation_id, &bytes) {
+        (Some(_), raw) => fingerprint(raw),
+        _ => None,
+    };
     let req = ScreenRequest {
         user: b.user,
         candidates: b
             .candidates
             .into_iter()
-            .map(|c| ScreenCandidate {
+            .map(|Object(c)| ScreenCandidate {
                 campaign: c.campaign,
                 cost: c.cost,
             })
@@ -747,6 +759,7 @@ async fn screen<C: Clock + 'static>(
         reserve: b.reserve,
         ttl_ms: b.ttl_ms,
         reservation_id: b.reservation_id,
+        fingerprint: fp,
     };
     let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
     let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
@@ -899,6 +912,32 @@ struct EventBody {
     event_id: Option<String>,
 }
 
+/// `POST /v1/events`: one event or an array of them.
+enum EventsBody {
+    One(EventBody),
+    List(Vec<Object<EventBody>>),
+}
+
+impl<'de> Deserialize<'de> for EventsBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+        struct OneOrList;
+        impl<'de> serde::de::Visitor<'de> for OneOrList {
+            type Value = EventsBody;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an event object or an array of them")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<EventsBody, A::Error> {
+                EventBody::deserialize(MapAccessDeserializer::new(m)).map(EventsBody::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, s: A) -> Result<EventsBody, A::Error> {
+                Vec::deserialize(SeqAccessDeserializer::new(s)).map(EventsBody::List)
+            }
+        }
+        d.deserialize_any(OneOrList)
+    }
+}
+
 #[derive(Serialize, JsonSchema)]
 struct EventsAnswer {
     /// Events counted now (not duplicates of ones already counted).
@@ -911,35 +950,22 @@ async fn events<C: Clock + 'static>(
     State(s): St<C>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<EventsAnswer>, ApiError> {
-    // Read as JSON first: an untagged enum would hide which field is wrong, so
-    // each event is read on its own, naming `[i].field`.
-    let value: serde_json::Value = body(b)?;
-    let list = match value {
-        serde_json::Value::Array(v) => v,
-        one => vec![one],
+    // One event object, or an array of them; each element must be an object
+    // (not read positionally), and a member given twice is an error.
+    let list = match parse::<EventsBody>(b)? {
+        EventsBody::One(e) => vec![e],
+        EventsBody::List(v) => v.into_iter().map(|Object(e)| e).collect(),
     };
     let n = list.len();
-    let mut evs = Vec::with_capacity(n);
-    for (i, v) in list.into_iter().enumerate() {
-        let e: EventBody = serde_path_to_error::deserialize(v).map_err(|e| {
-            // serde_path_to_error writes the root as "."; name it as the
-            // body ("") or the element ("[i]").
-            let path = e.path().to_string();
-            let path = if path == "." { "" } else { path.as_str() };
-            let field = match (n, path) {
-                (1, p) => p.to_owned(),
-                (_, "") => format!("[{i}]"),
-                (_, p) => format!("[{i}].{p}"),
-            };
-            ApiError::invalid(&field, e.inner())
-        })?;
-        evs.push(Event {
+    let evs: Vec<Event> = list
+        .into_iter()
+        .map(|e| Event {
             user: e.user,
             campaign: e.campaign,
             cost: e.cost,
             event_id: e.event_id,
-        });
-    }
+        })
+        .collect();
     if evs.is_empty() {
         return Err(ApiError::invalid("", "at least one event is needed"));
     }
@@ -1018,10 +1044,55 @@ async fn usage<C: Clock + 'static>(
 #[derive(Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct CheckpointBody {
-    /// A directory that does not exist yet, on the server's file system. On
-    /// the data directory's file system the copy is made of hard links, so
-    /// it costs little space until the live data is compacted away.
+    /// A new directory inside the configured `backup_dir`: its name
+    /// (`2026-11-22`), or its full path there. On the data directory's file
+    /// system the copy is made of hard links, so it costs little space until
+    /// the live data is compacted away. The answer gives the full path.
     dir: String,
+}
+
+/// Where a checkpoint named `dir` goes: directly inside `backup_dir`, never
+/// elsewhere (the endpoint used to write wherever it was told).
+fn checkpoint_dir(
+    backup_dir: Option<&std::path::Path>,
+    dir: &str,
+) -> Result<std::path::PathBuf, ApiError> {
+    use std::path::{Component, Path};
+    let Some(base) = backup_dir else {
+        return Err(ApiError::invalid(
+            "dir",
+            "checkpoints are off: the service has no backup_dir configured",
+        ));
+    };
+    if dir.is_empty() || dir.contains('\0') {
+        return Err(ApiError::invalid(
+            "dir",
+            "must name a directory (no NUL bytes)",
+        ));
+    }
+    let p = Path::new(dir);
+    let name = match p.parent() {
+        // A bare name.
+        Some(parent) if parent.as_os_str().is_empty() => p.file_name(),
+        // A full path whose parent is the backup directory itself.
+        Some(parent) if parent == base => p.file_name(),
+        _ => None,
+    };
+    match name
+        .map(Path::new)
+        .map(|n| n.components().collect::<Vec<_>>())
+    {
+        Some(c) if matches!(c.as_slice(), [Component::Normal(_)]) => {
+            Ok(base.join(c[0].as_os_str()))
+        }
+        _ => Err(ApiError::invalid(
+            "dir",
+            format!(
+                "must be a new directory's name, or a path directly inside backup_dir ({})",
+                base.display()
+            ),
+        )),
+    }
 }
 
 async fn checkpoint<C: Clock + 'static>(
@@ -1029,20 +1100,19 @@ async fn checkpoint<C: Clock + 'static>(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<CheckpointBody>, ApiError> {
     let b: CheckpointBody = body(b)?;
-    if b.dir.is_empty() {
-        return Err(ApiError::invalid("dir", "must name a directory"));
-    }
-    let dir = std::path::PathBuf::from(&b.dir);
+    let dir = checkpoint_dir(s.options.backup_dir.as_deref(), &b.dir)?;
     if dir.exists() {
         return Err(ApiError::conflict(format!(
             "dir: {:?} already exists; name a new directory",
-            b.dir
+            dir.display().to_string()
         )));
     }
     let e = s.engine.clone();
-    blocking(move || e.store().checkpoint(&dir).map_err(EngineError::from)).await?;
-    tracing::info!(dir = %b.dir, "checkpoint written");
-    Ok(Json(b))
+    let target = dir.clone();
+    blocking(move || e.store().checkpoint(&target).map_err(EngineError::from)).await?;
+    let dir = dir.display().to_string();
+    tracing::info!(%dir, "checkpoint written");
+    Ok(Json(CheckpointBody { dir }))
 }
 
 async fn metrics_text<C: Clock + 'static>(State(s): St<C>) -> Result<Response, ApiError> {

@@ -44,6 +44,11 @@ pub struct CheckRequest {
     pub reserve: bool,
     pub ttl_ms: Option<u64>,
     pub reservation_id: Option<String>,
+    /// The request as its caller sent it, hashed (the HTTP layer hashes the
+    /// JSON value of the body): a repeat of a reserve under a live id is the
+    /// same request only if this matches. `None`: the fields above are
+    /// compared instead.
+    pub fingerprint: Option<u64>,
 }
 
 /// A check's answer: the decision, its stack (for names and kinds), and the
@@ -71,6 +76,8 @@ pub struct ScreenRequest {
     pub reserve: bool,
     pub ttl_ms: Option<u64>,
     pub reservation_id: Option<String>,
+    /// As [`CheckRequest::fingerprint`].
+    pub fingerprint: Option<u64>,
 }
 
 /// Why a candidate is not eligible.
@@ -311,9 +318,12 @@ pub enum Holds {
 /// A hash of a request body, to tell a repeat of a reservation from another
 /// request under the same id. Only caller-supplied ids need it (a made id is
 /// never sent twice), so the slow Debug rendering is paid only then.
-fn body_hash<T: std::fmt::Debug>(x: &T, caller_id: bool) -> u64 {
+fn body_hash<T: std::fmt::Debug>(x: &T, caller_id: bool, fingerprint: Option<u64>) -> u64 {
     if !caller_id {
         return 0;
+    }
+    if let Some(f) = fingerprint {
+        return f;
     }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     format!("{x:?}").hash(&mut h);
@@ -570,7 +580,7 @@ impl<C: Clock> Engine<C> {
             };
             match self.reservations.begin(
                 &id,
-                body_hash(req, req.reservation_id.is_some()),
+                body_hash(req, req.reservation_id.is_some(), req.fingerprint),
                 now + deadline_in,
             ) {
                 Begin::New { seq } => claimed = Some((id, seq)),
@@ -716,7 +726,7 @@ impl<C: Clock> Engine<C> {
             };
             match self.reservations.begin(
                 &id,
-                body_hash(req, req.reservation_id.is_some()),
+                body_hash(req, req.reservation_id.is_some(), req.fingerprint),
                 deadline,
             ) {
                 Begin::New { seq } => claimed = Some((id, seq)),

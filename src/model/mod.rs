@@ -16,9 +16,13 @@ use serde::de::DeserializeOwned;
 
 /// Parses a definition from JSON. A syntax or type error names the field it is
 /// in (`limits[0].rate`), as validation errors do.
+/// The text must be one JSON value and nothing more: trailing bytes after it
+/// (`{...} xyz`, or a second object) are an error, not ignored.
 pub fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    let value = serde_path_to_error::deserialize(de).map_err(|e| path_error(&e))?;
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| path_error(&e))?;
+    de.end()
+        .map_err(|e| DefinitionError::new("", format!("one JSON value expected: {e}")))?;
     Ok(value)
 }
 

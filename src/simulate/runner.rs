@@ -230,6 +230,7 @@ impl<'a> Runner<'a> {
             reserve: true,
             ttl_ms: Some(self.opts.ttl_ms),
             reservation_id: None,
+            fingerprint: None,
         };
         let out = self
             .engine

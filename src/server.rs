@@ -1,0 +1,462 @@
+//! The HTTP listener of `freqcap serve`: how connections are accepted, timed
+//! out and closed. The router (`src/api/`) decides what a request gets; this
+//! file decides which connections may send requests at all.
+//!
+//! - **A cap on open connections**, below the process's file-descriptor
+//!   limit. Past `max_connections`, up to `probe_connections` more are
+//!   accepted but serve only the public routes (`/healthz`, `/readyz`,
+//!   `/metrics`, `/openapi.json`) with short timeouts, so a probe still gets
+//!   through while a client holds every ordinary slot; past both, a new
+//!   connection is closed at once (the file-descriptor limit is never reached).
+//! - **Timeouts.** A connection must send a complete request head within
+//!   `header_timeout` of its first byte, and may stay idle between requests
+//!   for `idle_timeout`; the body's deadline is the router's (`body_timeout`,
+//!   `src/api/guard.rs`). Before these, 10 000 idle connections held ~355 MB
+//!   for ever.
+//! - **Queueing delay.** Each connection's task measures how long it waited
+//!   in the runtime's queue between being woken (its socket became readable)
+//!   and being run: [`Conn::queue_delay`]. Under CPU saturation that wait is
+//!   where latency goes, and it is what the router sheds on.
+//! - **Shutdown** stops accepting, asks every connection to finish its
+//!   request in progress and close, waits `drain_timeout` at most, then closes
+//!   what is left, so a half-sent request cannot hold the process.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+use crate::api::ConnCounters;
+
+/// Limits on connections (`docs/service.md`, "Connections").
+#[derive(Debug, Clone)]
+pub struct ConnLimits {
+    /// From the first byte of a request to the end of its head.
+    pub header_timeout: Duration,
+    /// Between requests on a kept-alive connection (and before the first).
+    pub idle_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Connections accepted past `max_connections` for probes and scrapes.
+    pub probe_connections: usize,
+    /// How long shutdown waits for requests in progress.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            probe_connections: 64,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Timeouts of a connection over the cap, kept only for probes: a client
+/// that fills them too is closed within this time.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// File descriptors kept out of the connection cap: RocksDB's files, the log,
+/// the listener, and new connections accepted only to be closed.
+pub const FD_RESERVE: usize = 1024;
+
+/// The connection cap the process can honour: `wanted`, lowered so that
+/// connections and [`FD_RESERVE`] fit within the file-descriptor limit (whose
+/// soft value is first raised to the hard one).
+pub fn fit_to_fd_limit(wanted: usize, probes: usize) -> usize {
+    let Some(limit) = raise_fd_limit() else {
+        return wanted;
+    };
+    let room = limit.saturating_sub(FD_RESERVE + probes);
+    if room < wanted {
+        tracing::warn!(
+            wanted,
+            fd_limit = limit,
+            "max_connections lowered to {room} to stay below the file-descriptor limit"
+        );
+    }
+    wanted.min(room).max(1)
+}
+
+/// Raises the soft limit on open files to the hard one; the limit now in force.
+fn raise_fd_limit() -> Option<usize> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return None;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r.rlim_cur = r.rlim_max;
+        }
+    }
+    usize::try_from(r.rlim_cur).ok()
+}
+
+/// Monotonic nanoseconds since the first call, plus one, so that 0 can mean
+/// "not set" in the atomics below.
+fn mono_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_nanos())
+        .unwrap_or(u64::MAX - 1)
+        .saturating_add(1)
+}
+
+/// What a request knows of its connection (a request extension). Absent for
+/// requests that did not come through a socket (replay, tests in-process).
+#[derive(Clone)]
+pub struct Conn(Arc<ConnState>);
+
+impl Conn {
+    /// How long this connection's task waited to run after it was woken, at
+    /// the poll that is handling the request: the request's queueing delay.
+    pub fn queue_delay(&self) -> Duration {
+        Duration::from_nanos(self.0.delay.load(Ordering::Relaxed))
+    }
+
+    /// Whether this connection was accepted over the cap: it serves only
+    /// public routes.
+    pub fn probe_only(&self) -> bool {
+        self.0.probe_only
+    }
+}
+
+struct ConnState {
+    probe_only: bool,
+    /// When the task was woken and not yet run (0: not woken since its last poll).
+    woken_at: AtomicU64,
+    /// The wait measured at the current poll, ns.
+    delay: AtomicU64,
+    /// The task's own waker, which [`Probe`] wakes after noting the time.
+    waker: Mutex<Option<Waker>>,
+    /// Requests being handled.
+    busy: AtomicU32,
+    /// When the first byte of a request head arrived (0: none pending).
+    head_started: AtomicU64,
+    /// When the connection last became idle (opened or answered a request).
+    idle_since: AtomicU64,
+}
+
+impl ConnState {
+    fn new(probe_only: bool) -> Self {
+        ConnState {
+            probe_only,
+            woken_at: AtomicU64::new(0),
+            delay: AtomicU64::new(0),
+            waker: Mutex::new(None),
+            busy: AtomicU32::new(0),
+            head_started: AtomicU64::new(0),
+            idle_since: AtomicU64::new(mono_ns()),
+        }
+    }
+}
+
+/// The waker the connection's future is polled with: notes when it is woken,
+/// then wakes the task.
+struct Probe(Arc<ConnState>);
+
+impl Wake for Probe {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let _ =
+            self.0
+                .woken_at
+                .compare_exchange(0, mono_ns(), Ordering::Relaxed, Ordering::Relaxed);
+        if let Ok(w) = self.0.waker.lock()
+            && let Some(w) = w.as_ref()
+        {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// A connection's future, measuring its queueing delay at every poll.
+struct Measured<F> {
+    inner: Pin<Box<F>>,
+    state: Arc<ConnState>,
+    waker: Waker,
+}
+
+impl<F: Future> Future for Measured<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let woken = this.state.woken_at.swap(0, Ordering::Relaxed);
+        let delay = if woken == 0 {
+            0
+        } else {
+            mono_ns().saturating_sub(woken)
+        };
+        this.state.delay.store(delay, Ordering::Relaxed);
+        if let Ok(mut w) = this.state.waker.lock()
+            && !w.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            *w = Some(cx.waker().clone());
+        }
+        this.inner
+            .as_mut()
+            .poll(&mut Context::from_waker(&this.waker))
+    }
+}
+
+/// The socket, noting when a request head starts arriving on an idle
+/// connection (the header timeout runs from there).
+struct Tracked {
+    io: TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && this.state.busy.load(Ordering::Relaxed) == 0
+            && this.state.head_started.load(Ordering::Relaxed) == 0
+        {
+            this.state.head_started.store(mono_ns(), Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Marks a request as being handled while it lives.
+struct Busy(Arc<ConnState>);
+
+impl Busy {
+    fn new(state: &Arc<ConnState>) -> Self {
+        state.busy.fetch_add(1, Ordering::Relaxed);
+        state.head_started.store(0, Ordering::Relaxed);
+        Busy(state.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.idle_since.store(mono_ns(), Ordering::Relaxed);
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Resolves when the connection has been idle, or slow to send a request
+/// head, past its timeout.
+async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration) {
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    loop {
+        let now = mono_ns();
+        let deadline = if state.busy.load(Ordering::Relaxed) > 0 {
+            // Handling a request: its body has the router's deadline; look
+            // again once an idle period could have passed.
+            now.saturating_add(ns(idle))
+        } else {
+            match state.head_started.load(Ordering::Relaxed) {
+                0 => state
+                    .idle_since
+                    .load(Ordering::Relaxed)
+                    .saturating_add(ns(idle)),
+                started => started.saturating_add(ns(header)),
+            }
+        };
+        if deadline <= now {
+            return;
+        }
+        tokio::time::sleep(Duration::from_nanos(deadline - now)).await;
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnLimits,
+    counters: ConnCounters,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {
+                counters.open.dec();
+            }
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors or memory: let the
+                        // connections in progress finish before trying again.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let open = conns.len();
+                if open >= limits.max_connections + limits.probe_connections {
+                    counters.refused.inc();
+                    drop(stream);
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                let state = Arc::new(ConnState::new(open >= limits.max_connections));
+                let waker = Waker::from(Arc::new(Probe(state.clone())));
+                let conn = connection(
+                    stream,
+                    router.clone(),
+                    &limits,
+                    state.clone(),
+                    stop_rx.clone(),
+                    counters.clone(),
+                );
+                counters.open.inc();
+                conns.spawn(Measured { inner: Box::pin(conn), state, waker });
+            }
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(limits.drain_timeout, async {
+        while conns.join_next().await.is_some() {
+            counters.open.dec();
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = conns.len(),
+            "connections still open after the drain timeout; closing them"
+        );
+        conns.abort_all();
+        while conns.join_next().await.is_some() {
+            counters.open.dec();
+        }
+    }
+}
+
+/// One connection, from accept to close.
+fn connection(
+    stream: TcpStream,
+    router: Router,
+    limits: &ConnLimits,
+    state: Arc<ConnState>,
+    mut stop: watch::Receiver<bool>,
+    counters: ConnCounters,
+) -> impl Future<Output = ()> + Send + 'static {
+    let (header, idle) = if state.probe_only {
+        (
+            limits.header_timeout.min(PROBE_TIMEOUT),
+            limits.idle_timeout.min(PROBE_TIMEOUT),
+        )
+    } else {
+        (limits.header_timeout, limits.idle_timeout)
+    };
+    async move {
+        let conn_ext = Conn(state.clone());
+        let svc_state = state.clone();
+        let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            let busy = Busy::new(&svc_state);
+            req.extensions_mut().insert(conn_ext.clone());
+            let call = router.clone().oneshot(req.map(axum::body::Body::new));
+            async move {
+                let r = call.await;
+                drop(busy);
+                r
+            }
+        });
+        let io = TokioIo::new(Tracked {
+            io: stream,
+            state: state.clone(),
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            // hyper's own head timer runs from the moment a connection waits
+            // for a request, idle time included: a backstop behind the
+            // watchdog, which tells idle from slow.
+            .header_read_timeout(header + idle)
+            .keep_alive(true);
+        let conn = builder.serve_connection(io, svc);
+        tokio::pin!(conn);
+        let dog = watchdog(state, header, idle);
+        tokio::pin!(dog);
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = &mut dog => {
+                    counters.timed_out.inc();
+                    return;
+                }
+                changed = stop.changed(), if !draining => {
+                    draining = true;
+                    if changed.is_ok() {
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
