@@ -302,6 +302,7 @@ fn check_with_policies_reserve_and_idempotent_ids() {
         reserve,
         ttl_ms: None,
         reservation_id: id.map(str::to_owned),
+        fingerprint: None,
     };
     let a = e.check(&req(true, Some("auction-1"))).unwrap();
     assert!(a.decision.allowed);
