@@ -2,32 +2,36 @@
 //! bodies, authentication and load shedding. Handlers translate JSON to engine
 //! calls and back; every decision is the engine's.
 
+mod admin;
+mod check;
+mod definitions;
 pub mod error;
+mod events;
 pub mod guard;
 pub mod headers;
 pub mod metrics;
 pub mod openapi;
+mod request;
+mod screen;
+mod settle;
+mod usage;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::Method;
 use axum::middleware;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use axum::routing::{MethodRouter, get, post, put};
 
-use crate::clock::{Clock, MAX_REPORTED, Nanos, ceil_ms};
-use crate::engine::{
-    CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, Event, ScreenCandidate,
-    ScreenRequest,
-};
-use crate::model::{CampaignDef, LimitDef, PolicyDef, Warning};
+use crate::clock::Clock;
+use crate::engine::Engine;
+use crate::model::{CampaignDef, PolicyDef};
+// The body types, for the OpenAPI document (`openapi.rs` reads them through
+// `super::*`).
+#[allow(unused_imports)]
+use {admin::*, check::*, definitions::*, events::*, request::*, screen::*, settle::*, usage::*};
+
 pub use error::ApiError;
 pub use metrics::{ConnCounters, Metrics};
 
@@ -85,9 +89,10 @@ pub struct AppState<C: Clock> {
     pub metrics: Metrics,
 }
 
-/// Every route, as its template: the `endpoint` label of the metrics (a
-/// fixed set, so clients cannot grow the number of series) and the paths of
-/// the OpenAPI document.
+/// Every route, as its template: what the router serves (each through
+/// [`endpoint`]), the `endpoint` label of the metrics (a fixed set, so
+/// clients cannot grow the number of series) and the paths of the OpenAPI
+/// document.
 pub const ROUTES: &[&str] = &[
     "/v1/policies/{name}",
     "/v1/check",
@@ -139,6 +144,31 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
 
 type St<C> = State<Arc<AppState<C>>>;
 
+/// The handlers of one route of [`ROUTES`], by method.
+fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState<C>>>> {
+    Some(match route {
+        "/v1/policies/{name}" => put(put_def::<C, PolicyDef>)
+            .get(get_def::<C, PolicyDef>)
+            .delete(delete_def::<C, PolicyDef>),
+        "/v1/check" => post(check::<C>),
+        "/v1/reservations/{id}/commit" => post(commit::<C>),
+        "/v1/reservations/{id}/release" => post(release::<C>),
+        "/v1/campaigns/{id}" => put(put_def::<C, CampaignDef>)
+            .get(get_def::<C, CampaignDef>)
+            .delete(delete_def::<C, CampaignDef>),
+        "/v1/campaigns/{id}/delivery" => get(delivery::<C>),
+        "/v1/screen" => post(screen::<C>),
+        "/v1/events" => post(events::<C>),
+        "/v1/users/{user}/campaigns/{id}" => get(usage::<C>),
+        "/v1/admin/checkpoint" => post(checkpoint::<C>),
+        "/metrics" => get(metrics_text::<C>),
+        "/healthz" => get(|| async { "ok" }),
+        "/readyz" => get(|| async { "ready" }),
+        "/openapi.json" => get(openapi_json),
+        _ => return None,
+    })
+}
+
 /// The router of DESIGN §4 over `engine`.
 pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -> Router {
     let max_body = options.max_body;
@@ -152,32 +182,15 @@ pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -
         options,
         metrics,
     });
-    Router::new()
-        .route(
-            "/v1/policies/{name}",
-            put(put_def::<C, PolicyDef>)
-                .get(get_def::<C, PolicyDef>)
-                .delete(delete_def::<C, PolicyDef>),
-        )
-        .route("/v1/check", post(check::<C>))
-        .route("/v1/reservations/{id}/commit", post(commit::<C>))
-        .route("/v1/reservations/{id}/release", post(release::<C>))
-        .route(
-            "/v1/campaigns/{id}",
-            put(put_def::<C, CampaignDef>)
-                .get(get_def::<C, CampaignDef>)
-                .delete(delete_def::<C, CampaignDef>),
-        )
-        .route("/v1/campaigns/{id}/delivery", get(delivery::<C>))
-        .route("/v1/screen", post(screen::<C>))
-        .route("/v1/events", post(events::<C>))
-        .route("/v1/users/{user}/campaigns/{id}", get(usage::<C>))
-        .route("/v1/admin/checkpoint", post(checkpoint::<C>))
-        .route("/metrics", get(metrics_text::<C>))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ready" }))
-        .route("/openapi.json", get(openapi_json))
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
+    // The router is built from ROUTES, so the metrics labels and the
+    // OpenAPI paths cannot drift from what is served.
+    let mut app = Router::new();
+    for route in ROUTES {
+        if let Some(methods) = endpoint::<C>(route) {
+            app = app.route(route, methods);
+        }
+    }
+    app.fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -189,950 +202,18 @@ pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -
         .with_state(state)
 }
 
-/// A JSON response. axum's own `Json` serializes into a `BytesMut` that
-/// starts at 128 bytes and grows as it writes; a decision is 200–400 bytes
-/// and a screen's answer kilobytes, so this one starts at 512 and writes
-/// through a plain `Vec`: `check` served 6 % more requests per second for it
-/// (99 k → 105 k, same machine, alternating runs).
-struct Json<T>(T);
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl<T: Serialize> IntoResponse for Json<T> {
-    fn into_response(self) -> Response {
-        let mut buf = Vec::with_capacity(512);
-        match serde_json::to_writer(&mut buf, &self.0) {
-            Ok(()) => (
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
-                buf,
-            )
-                .into_response(),
-            Err(e) => ApiError::internal(format!("cannot write the answer: {e}")).into_response(),
+    /// Every route in ROUTES is served.
+    #[test]
+    fn every_route_has_handlers() {
+        for route in ROUTES {
+            assert!(
+                endpoint::<crate::clock::ManualClock>(route).is_some(),
+                "{route}"
+            );
         }
     }
-}
-
-/// Reads a JSON body: errors name the field (`candidates[2].cost`); a body
-/// over the limit is 413.
-fn body<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    parse::<Object<T>>(bytes).map(|o| o.0)
-}
-
-/// A body that could not be read, in the error shape.
-fn rejected(e: BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large("the request body is over the size limit")
-    } else {
-        ApiError::invalid("", e.body_text())
-    }
-}
-
-/// Reads a JSON body of any shape (see [`body`] for an object).
-fn parse<T: DeserializeOwned>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(rejected)?;
-    let text =
-        std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("", "body is not UTF-8"))?;
-    crate::model::from_json::<T>(text).map_err(|e| ApiError::invalid(&e.field, e.message))
-}
-
-/// A JSON object read as `T`. serde's derived structs also accept an array,
-/// read positionally (`["p", null, "k"]` was taken as a check and debited);
-/// wherever the API documents an object, only an object is read.
-struct Object<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
-            type Value = T;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-            }
-        }
-        d.deserialize_map(Fields(std::marker::PhantomData))
-            .map(Object)
-    }
-}
-
-impl<T: JsonSchema> JsonSchema for Object<T> {
-    fn inline_schema() -> bool {
-        T::inline_schema()
-    }
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        T::schema_name()
-    }
-    fn schema_id() -> std::borrow::Cow<'static, str> {
-        T::schema_id()
-    }
-    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        T::json_schema(g)
-    }
-}
-
-/// A fingerprint of a body as sent: its JSON value, members in any order
-/// (DESIGN: "the same body" is the same JSON value after parsing). A repeat
-/// of a reserve under a live id is recognised by it, so a member added at
-/// its default value (`"cost": 1`) is a different body, not a repeat.
-fn fingerprint(bytes: &[u8]) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    fn feed(v: &serde_json::Value, h: &mut impl Hasher) {
-        use serde_json::Value::*;
-        match v {
-            Null => 0u8.hash(h),
-            Bool(b) => (1u8, b).hash(h),
-            // The number as parsed: 1 and 1.0 are different JSON texts but
-            // the same value only when serde_json reads them alike.
-            Number(n) => (2u8, n.to_string()).hash(h),
-            String(s) => (3u8, s).hash(h),
-            Array(a) => {
-                (4u8, a.len()).hash(h);
-                a.iter().for_each(|x| feed(x, h));
-            }
-            Object(m) => {
-                // serde_json's map is ordered by key: the order sent does
-                // not matter.
-                (5u8, m.len()).hash(h);
-                for (k, x) in m {
-                    k.hash(h);
-                    feed(x, h);
-                }
-            }
-        }
-    }
-    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    feed(&v, &mut h);
-    Some(h.finish())
-}
-
-/// Runs an engine call that may wait on disk off the async executor.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::internal(format!("request task failed: {e}"))),
-    }
-}
-
-/// The path parameters, with a rejection (say, `%FF` where a string is
-/// expected) answered in the error shape rather than axum's plain text.
-struct ApiPath<T>(T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, ApiError> {
-        match Path::<T>::from_request_parts(parts, state).await {
-            Ok(Path(v)) => Ok(ApiPath(v)),
-            Err(e) => Err(ApiError::invalid("path", e.body_text())),
-        }
-    }
-}
-
-/// A path parameter over the id length limit is a 400 naming it, not a 404.
-fn id_param<C: Clock>(s: &AppState<C>, field: &str, value: &str) -> Result<(), ApiError> {
-    let max = s.engine.options().max_id_len;
-    if value.is_empty() || value.len() > max {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be 1 to {max} bytes, got {}", value.len()),
-        ));
-    }
-    Ok(())
-}
-
-/// An engine call's result.
-type Decided<T> = Result<T, EngineError>;
-
-/// Decides `req` here, on the executor, when `here` can (every record it
-/// needs is in memory, the usual case: a hand-off to a blocking thread and
-/// back would cost more than the decision); else runs `there` on a blocking
-/// thread, where reading a cold record from disk is fine.
-async fn in_memory_or_blocking<C: Clock + 'static, Q: Send + 'static, T: Send + 'static>(
-    s: &AppState<C>,
-    req: Q,
-    here: fn(&Engine<C>, &Q) -> Option<Decided<T>>,
-    there: fn(&Engine<C>, &Q) -> Decided<T>,
-) -> Result<T, ApiError> {
-    if let Some(r) = here(&s.engine, &req) {
-        return r.map_err(ApiError::from);
-    }
-    let e = s.engine.clone();
-    blocking(move || there(&e, &req)).await
-}
-
-/// A reported duration: ms rounded up, saturating (DESIGN §2.6).
-fn ms(ns: Nanos) -> u64 {
-    ceil_ms(ns).min(MAX_REPORTED)
-}
-
-/// Definition warnings (e.g. a redundant cap) are accepted but logged, so the
-/// operator sees them.
-fn log_warnings(warnings: &[Warning]) {
-    for w in warnings {
-        tracing::warn!(field = %w.field, "definition warning: {}", w.message);
-    }
-}
-
-// ---- definitions: policies and campaigns ----
-
-/// Policies and campaigns are stored, read and deleted alike; one set of
-/// handlers serves both.
-trait Definition: Serialize + DeserializeOwned + Clone + Send + 'static {
-    /// The path parameter naming it, for errors.
-    const PARAM: &'static str;
-    /// What it is, for "no policy named ..." errors.
-    const WHAT: &'static str;
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError>;
-    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self>;
-    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError>;
-}
-
-impl Definition for PolicyDef {
-    const PARAM: &'static str = "name";
-    const WHAT: &'static str = "policy";
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
-        e.put_policy(name, def)
-    }
-    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
-        e.get_policy(name)
-    }
-    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError> {
-        e.delete_policy(name)
-    }
-}
-
-impl Definition for CampaignDef {
-    const PARAM: &'static str = "id";
-    const WHAT: &'static str = "campaign";
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
-        e.put_campaign(name, def)
-    }
-    fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
-        e.get_campaign(name)
-    }
-    fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError> {
-        e.delete_campaign(name)
-    }
-}
-
-/// PUT: answers the stored definition (DESIGN §2.6).
-async fn put_def<C: Clock + 'static, D: Definition>(
-    State(s): St<C>,
-    ApiPath(name): ApiPath<String>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<D>, ApiError> {
-    id_param(&s, D::PARAM, &name)?;
-    let def: D = body(b)?;
-    let e = s.engine.clone();
-    let stored = def.clone();
-    let warnings = blocking(move || D::put(&e, &name, def)).await?;
-    log_warnings(&warnings);
-    Ok(Json(stored))
-}
-
-async fn get_def<C: Clock + 'static, D: Definition>(
-    State(s): St<C>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<Json<D>, ApiError> {
-    id_param(&s, D::PARAM, &name)?;
-    D::get(&s.engine, &name)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("no {} named {name:?}", D::WHAT)))
-}
-
-async fn delete_def<C: Clock + 'static, D: Definition>(
-    State(s): St<C>,
-    ApiPath(name): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
-    id_param(&s, D::PARAM, &name)?;
-    let e = s.engine.clone();
-    blocking(move || D::delete(&e, &name)).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-#[derive(Serialize, JsonSchema)]
-/// A campaign's budget now.
-struct DeliveryBody {
-    campaign: String,
-    /// Budget per period.
-    amount: u64,
-    /// Committed spend this period.
-    spent: u64,
-    /// Spend held by open reservations.
-    pending: u64,
-    /// What pacing allows to be spent (plus pending) by now.
-    cap_now: u64,
-    /// `asap`, `even` or `{"profile": [...]}`.
-    pacing: serde_json::Value,
-    /// RFC 3339.
-    period_start: String,
-    /// RFC 3339.
-    period_end: String,
-}
-
-fn rfc3339(ns: Nanos) -> String {
-    jiff::Timestamp::from_nanosecond(i128::from(ns))
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
-async fn delivery<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<DeliveryBody>, ApiError> {
-    id_param(&s, "id", &id)?;
-    let e = s.engine.clone();
-    let name = id.clone();
-    let d = blocking(move || e.delivery(&name)).await?;
-    let pacing = s
-        .engine
-        .get_campaign(&id)
-        .and_then(|c| c.budget)
-        .and_then(|b| match b.0 {
-            LimitDef::Budget(b) => b
-                .pacing
-                .map(|p| serde_json::to_value(p).unwrap_or_default()),
-            _ => None,
-        })
-        .unwrap_or_else(|| "even".into());
-    Ok(Json(DeliveryBody {
-        campaign: d.campaign,
-        amount: d.amount,
-        spent: d.spent,
-        pending: d.pending,
-        cap_now: d.cap_now,
-        pacing,
-        period_start: rfc3339(d.period_start),
-        period_end: rfc3339(d.period_end),
-    }))
-}
-
-// ---- check ----
-
-#[derive(Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// `POST /v1/check`: give exactly one of `policy` and `limits`.
-struct CheckBody {
-    /// The name of a policy defined with `PUT /v1/policies/{name}`.
-    #[serde(default)]
-    policy: Option<String>,
-    /// Inline limit items (state kept per key and item index, apart from
-    /// named policies).
-    #[serde(default)]
-    limits: Option<Vec<LimitDef>>,
-    /// The subject limited (a client, an API key, ...); at most 256 bytes.
-    key: String,
-    /// Units to debit, 0 ≤ cost < 2^53; 0 peeks (always allowed, debits nothing).
-    #[serde(default = "one")]
-    #[schemars(range(max = 9007199254740991u64))]
-    cost: u64,
-    /// Hold the debit as pending until commit, release or the deadline.
-    #[serde(default)]
-    reserve: bool,
-    /// The reservation's lifetime, 1..=3 600 000 ms (default 60 000).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 3_600_000))]
-    ttl_ms: Option<u64>,
-    /// The caller's id for the reservation (1–128 of `A-Z a-z 0-9 . _ : -`);
-    /// repeating a reserve with a live id and the same body returns the first answer.
-    #[serde(default)]
-    reservation_id: Option<String>,
-    /// With a policy whose `on_limit` is `delay`: sleep `delay_ms` before answering.
-    #[serde(default)]
-    wait: bool,
-}
-
-fn one() -> u64 {
-    1
-}
-
-#[derive(Serialize, JsonSchema)]
-/// One limit item's figures, in definition order.
-struct ItemBody<'a> {
-    /// The item's name, or `<kind>-<index>`.
-    name: &'a str,
-    /// `rate`, `gap`, `window`, `budget` or `concurrency`.
-    kind: &'static str,
-    /// burst (rate), 1 (gap), limit (window), amount (budget), max (concurrency).
-    limit: u64,
-    /// Units that could pass now, after this decision.
-    remaining: u64,
-    /// Until the item is back to full capacity if nothing else happens; 0 when full.
-    reset_after_ms: u64,
-    /// When denying: the earliest time the same request could pass; null if
-    /// it allows, or if it never can (cost over the burst or limit).
-    retry_after_ms: Option<u64>,
-    allowed: bool,
-}
-
-#[derive(Serialize, JsonSchema)]
-/// A decision: allowed only if every item allows; then every item is debited.
-struct DecisionBody<'a> {
-    allowed: bool,
-    /// In delay mode, how long the caller should wait before acting (0 otherwise).
-    delay_ms: u64,
-    /// Max over denying items; null when allowed or when some item never allows.
-    retry_after_ms: Option<u64>,
-    /// Min over items.
-    remaining: u64,
-    /// That of the item with the least remaining (ties to the larger).
-    reset_after_ms: u64,
-    /// The reservation id when `reserve` held something; null otherwise.
-    reservation: Option<String>,
-    limits: Vec<ItemBody<'a>>,
-}
-
-async fn check<C: Clock + 'static>(
-    State(s): St<C>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let bytes = b.map_err(rejected)?;
-    let b: CheckBody = body(Ok(bytes.clone()))?;
-    // Only a caller's id can be repeated; only then is the body hashed.
-    let fp = match (&b.reservation_id, &bytes) {
-        (Some(_), raw) => fingerprint(raw),
-        _ => None,
-    };
-    let target = match (b.policy, b.limits) {
-        (Some(p), None) => CheckTarget::Policy(p),
-        (None, Some(l)) => CheckTarget::Inline(l),
-        _ => {
-            return Err(ApiError::invalid(
-                "policy",
-                "give exactly one of \"policy\" (a name) and \"limits\" (inline items)",
-            ));
-        }
-    };
-    let req = CheckRequest {
-        target,
-        key: b.key,
-        cost: b.cost,
-        reserve: b.reserve,
-        ttl_ms: b.ttl_ms,
-        reservation_id: b.reservation_id,
-        fingerprint: fp,
-    };
-    let out = in_memory_or_blocking(&s, req, Engine::check_in_memory, Engine::check).await?;
-    let d = &out.decision;
-    let items = d
-        .items
-        .iter()
-        .enumerate()
-        .map(|(i, f)| ItemBody {
-            name: out.stack.name(i),
-            kind: out.stack.items()[i].kind().as_str(),
-            limit: f.limit,
-            remaining: f.remaining.min(MAX_REPORTED),
-            reset_after_ms: ms(f.reset_after),
-            retry_after_ms: f.retry_after.map(ms),
-            allowed: f.allowed,
-        })
-        .collect();
-    let body = DecisionBody {
-        allowed: d.allowed,
-        delay_ms: ms(d.delay),
-        retry_after_ms: if d.allowed {
-            None
-        } else {
-            d.retry_after.map(ms)
-        },
-        remaining: d.remaining.min(MAX_REPORTED),
-        reset_after_ms: ms(d.reset_after),
-        reservation: out.reservation.clone(),
-        limits: items,
-    };
-    let outcome = match (d.allowed, d.delay > 0) {
-        (false, _) => "denied",
-        (true, true) => "delayed",
-        (true, false) => "allowed",
-    };
-    s.metrics.decisions("/v1/check", outcome, 1);
-    if b.wait && d.delay > 0 && s.options.sleep_on_wait {
-        tokio::time::sleep(std::time::Duration::from_nanos(d.delay)).await;
-    }
-    let status = if d.allowed {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
-    };
-    let mut r = (status, Json(body)).into_response();
-    headers::add(r.headers_mut(), &out.stack, d);
-    Ok(r)
-}
-
-// ---- screen ----
-
-#[derive(Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// A candidate campaign of a screen.
-struct CandidateBody {
-    campaign: String,
-    /// Budget units this impression would cost (default 1); caps count 1.
-    #[serde(default)]
-    #[schemars(range(max = 9007199254740991u64))]
-    cost: Option<u64>,
-}
-
-#[derive(Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// `POST /v1/screen`.
-struct ScreenBody {
-    /// The user; without one, campaigns with `unknown_user: "deny"` (the
-    /// default) are ineligible.
-    #[serde(default)]
-    user: Option<String>,
-    /// Decided in order, each all-or-nothing over its chain (1 to 10 000 by default).
-    candidates: Vec<Object<CandidateBody>>,
-    /// Hold every eligible candidate under one reservation (default true);
-    /// false is a dry run.
-    #[serde(default = "yes")]
-    reserve: bool,
-    /// The reservation's lifetime, 1..=3 600 000 ms (default 60 000).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 3_600_000))]
-    ttl_ms: Option<u64>,
-    /// The caller's id for the reservation, e.g. its auction id.
-    #[serde(default)]
-    reservation_id: Option<String>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Serialize, JsonSchema)]
-/// The first cap in chain order that denied a candidate.
-struct DeniedBody {
-    /// The campaign in the chain that owns the cap.
-    campaign: Arc<str>,
-    /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`, `unknown_campaign`.
-    cap: String,
-    retry_after_ms: Option<u64>,
-}
-
-#[derive(Serialize, JsonSchema)]
-struct ResultBody {
-    campaign: Arc<str>,
-    eligible: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    denied_by: Option<DeniedBody>,
-}
-
-#[derive(Serialize, JsonSchema)]
-/// The screen's answer: one result per candidate, in order.
-struct ScreenAnswer {
-    /// The reservation holding every eligible candidate; null on a dry run or
-    /// when none is eligible.
-    reservation: Option<String>,
-    results: Vec<ResultBody>,
-}
-
-async fn screen<C: Clock + 'static>(
-    State(s): St<C>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<ScreenAnswer>, ApiError> {
-    let bytes = b.map_err(rejected)?;
-    let b: ScreenBody = body(Ok(bytes.clone()))?;
-    let fp = match (&b.reservation_id, &bytes) {
-        (Some(_), raw) => fingerprint(raw),
-        _ => None,
-    };
-    let req = ScreenRequest {
-        user: b.user,
-        candidates: b
-            .candidates
-            .into_iter()
-            .map(|Object(c)| ScreenCandidate {
-                campaign: c.campaign,
-                cost: c.cost,
-            })
-            .collect(),
-        reserve: b.reserve,
-        ttl_ms: b.ttl_ms,
-        reservation_id: b.reservation_id,
-        fingerprint: fp,
-    };
-    let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
-    let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
-    s.metrics.decisions("/v1/screen", "eligible", eligible);
-    s.metrics.decisions(
-        "/v1/screen",
-        "ineligible",
-        out.results.len() as u64 - eligible,
-    );
-    Ok(Json(ScreenAnswer {
-        reservation: out.reservation,
-        results: out
-            .results
-            .into_iter()
-            .map(|r| ResultBody {
-                campaign: r.campaign,
-                eligible: r.eligible,
-                denied_by: r.denied_by.map(|d| DeniedBody {
-                    campaign: d.campaign,
-                    cap: d.cap,
-                    retry_after_ms: d.retry_after.map(ms),
-                }),
-            })
-            .collect(),
-    }))
-}
-
-// ---- commit / release ----
-
-/// `campaign`: one name or a list.
-#[derive(Deserialize, JsonSchema)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize, Default, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// `POST /v1/reservations/{id}/commit`; the body may be empty.
-struct CommitBody {
-    /// A screen's winner(s): committed, the other candidates released. Omitted:
-    /// every eligible candidate is committed.
-    #[serde(default)]
-    campaign: Option<OneOrMany>,
-    /// The final cost (e.g. the clearing price): lower returns the difference,
-    /// higher is charged anyway.
-    #[serde(default)]
-    #[schemars(range(max = 9007199254740991u64))]
-    cost: Option<u64>,
-    /// Makes a late commit idempotent within the dedupe horizon.
-    #[serde(default)]
-    event_id: Option<String>,
-    /// With `campaign` and `cost`, an unknown or expired reservation is
-    /// counted as a late commit.
-    #[serde(default)]
-    user: Option<String>,
-}
-
-#[derive(Serialize, JsonSchema)]
-/// The outcome of a commit or release.
-struct SettledBody {
-    reservation: String,
-    /// `committed`, `released` or `late_commit`.
-    outcome: &'static str,
-    /// The campaigns committed (or released).
-    campaigns: Vec<Arc<str>>,
-}
-
-impl From<crate::engine::CommitOutcome> for SettledBody {
-    fn from(o: crate::engine::CommitOutcome) -> Self {
-        SettledBody {
-            reservation: o.reservation,
-            outcome: o.outcome.as_str(),
-            campaigns: o.campaigns,
-        }
-    }
-}
-
-/// An empty body reads as `{}` (commit and release may carry none).
-fn optional_body<T: DeserializeOwned + Default>(
-    b: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    match &b {
-        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(T::default()),
-        _ => body(b),
-    }
-}
-
-async fn commit<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<SettledBody>, ApiError> {
-    let b: CommitBody = optional_body(b)?;
-    let req = CommitRequest {
-        campaigns: match b.campaign {
-            None => Vec::new(),
-            Some(OneOrMany::One(c)) => vec![c],
-            Some(OneOrMany::Many(v)) => v,
-        },
-        cost: b.cost,
-        event_id: b.event_id,
-        user: b.user,
-    };
-    // A live reservation is settled here and its writes awaited without
-    // parking a thread; a late commit (which may read a cold record) runs on
-    // a blocking thread.
-    let out = match s.engine.commit_in_memory(&id, &req) {
-        Some(pending) => pending?.wait_async().await?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.commit(&id, &req)).await?
-        }
-    };
-    Ok(Json(out.into()))
-}
-
-#[derive(Deserialize, Default, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// `POST /v1/reservations/{id}/release` takes no fields; the body may be empty.
-struct ReleaseBody {}
-
-async fn release<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath(id): ApiPath<String>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<SettledBody>, ApiError> {
-    let _: ReleaseBody = optional_body(b)?;
-    let e = s.engine.clone();
-    let out = blocking(move || e.release(&id)).await?;
-    Ok(Json(out.into()))
-}
-
-// ---- events ----
-
-#[derive(Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-/// An impression that happened without a reservation: counted, not checked.
-struct EventBody {
-    #[serde(default)]
-    user: Option<String>,
-    campaign: String,
-    /// Budget units (default 1).
-    #[serde(default = "one")]
-    #[schemars(range(max = 9007199254740991u64))]
-    cost: u64,
-    /// Counted once within the dedupe horizon (default 24 h).
-    #[serde(default)]
-    event_id: Option<String>,
-}
-
-/// `POST /v1/events`: one event or an array of them.
-enum EventsBody {
-    One(EventBody),
-    List(Vec<Object<EventBody>>),
-}
-
-impl<'de> Deserialize<'de> for EventsBody {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
-        struct OneOrList;
-        impl<'de> serde::de::Visitor<'de> for OneOrList {
-            type Value = EventsBody;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an event object or an array of them")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<EventsBody, A::Error> {
-                EventBody::deserialize(MapAccessDeserializer::new(m)).map(EventsBody::One)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, s: A) -> Result<EventsBody, A::Error> {
-                Vec::deserialize(SeqAccessDeserializer::new(s)).map(EventsBody::List)
-            }
-        }
-        d.deserialize_any(OneOrList)
-    }
-}
-
-#[derive(Serialize, JsonSchema)]
-struct EventsAnswer {
-    /// Events counted now (not duplicates of ones already counted).
-    counted: usize,
-    /// Events whose `event_id` was already counted within the dedupe horizon.
-    duplicates: usize,
-}
-
-async fn events<C: Clock + 'static>(
-    State(s): St<C>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<EventsAnswer>, ApiError> {
-    // One event object, or an array of them; each element must be an object
-    // (not read positionally), and a member given twice is an error.
-    let list = match parse::<EventsBody>(b)? {
-        EventsBody::One(e) => vec![e],
-        EventsBody::List(v) => v.into_iter().map(|Object(e)| e).collect(),
-    };
-    let n = list.len();
-    let evs: Vec<Event> = list
-        .into_iter()
-        .map(|e| Event {
-            user: e.user,
-            campaign: e.campaign,
-            cost: e.cost,
-            event_id: e.event_id,
-        })
-        .collect();
-    if evs.is_empty() {
-        return Err(ApiError::invalid("", "at least one event is needed"));
-    }
-    // Counted here when every user's record is in memory, and awaited
-    // without parking a thread; else on a blocking thread.
-    let counted = match s.engine.events_in_memory(&evs) {
-        Some(pending) => pending?.wait_async().await?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.events(&evs)).await?
-        }
-    };
-    Ok(Json(EventsAnswer {
-        counted,
-        duplicates: n - counted,
-    }))
-}
-
-// ---- usage ----
-
-#[derive(Serialize, JsonSchema)]
-/// One cap of the campaign or an ancestor, for the user.
-struct CapBody {
-    /// The owner of the cap in the chain.
-    campaign: String,
-    name: String,
-    scope: crate::model::Scope,
-    kind: &'static str,
-    limit: u64,
-    used: u64,
-    pending: u64,
-    remaining: u64,
-    reset_after_ms: u64,
-}
-
-#[derive(Serialize, JsonSchema)]
-/// `GET /v1/users/{user}/campaigns/{id}`: every cap of the campaign and its ancestors.
-struct UsageBody {
-    user: String,
-    campaign: String,
-    caps: Vec<CapBody>,
-}
-
-async fn usage<C: Clock + 'static>(
-    State(s): St<C>,
-    ApiPath((user, id)): ApiPath<(String, String)>,
-) -> Result<Json<UsageBody>, ApiError> {
-    id_param(&s, "user", &user)?;
-    id_param(&s, "id", &id)?;
-    let e = s.engine.clone();
-    let (u, c) = (user.clone(), id.clone());
-    let caps = blocking(move || e.user_usage(&u, &c)).await?;
-    Ok(Json(UsageBody {
-        user,
-        campaign: id,
-        caps: caps
-            .into_iter()
-            .map(|c| CapBody {
-                campaign: c.campaign,
-                name: c.name,
-                scope: c.scope,
-                kind: c.kind,
-                limit: c.limit,
-                used: c.used,
-                pending: c.pending,
-                remaining: c.remaining,
-                reset_after_ms: ms(c.reset_after),
-            })
-            .collect(),
-    }))
-}
-
-// ---- operations ----
-
-/// `POST /v1/admin/checkpoint`: where to write the copy.
-#[derive(Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct CheckpointBody {
-    /// A new directory inside the configured `backup_dir`: its name
-    /// (`2026-11-22`), or its full path there. On the data directory's file
-    /// system the copy is made of hard links, so it costs little space until
-    /// the live data is compacted away. The answer gives the full path.
-    dir: String,
-}
-
-/// Where a checkpoint named `dir` goes: directly inside `backup_dir`, never
-/// elsewhere (the endpoint used to write wherever it was told).
-fn checkpoint_dir(
-    backup_dir: Option<&std::path::Path>,
-    dir: &str,
-) -> Result<std::path::PathBuf, ApiError> {
-    use std::path::{Component, Path};
-    let Some(base) = backup_dir else {
-        return Err(ApiError::invalid(
-            "dir",
-            "checkpoints are off: the service has no backup_dir configured",
-        ));
-    };
-    if dir.is_empty() || dir.contains('\0') {
-        return Err(ApiError::invalid(
-            "dir",
-            "must name a directory (no NUL bytes)",
-        ));
-    }
-    let p = Path::new(dir);
-    let name = match p.parent() {
-        // A bare name.
-        Some(parent) if parent.as_os_str().is_empty() => p.file_name(),
-        // A full path whose parent is the backup directory itself.
-        Some(parent) if parent == base => p.file_name(),
-        _ => None,
-    };
-    match name
-        .map(Path::new)
-        .map(|n| n.components().collect::<Vec<_>>())
-    {
-        Some(c) if matches!(c.as_slice(), [Component::Normal(_)]) => {
-            Ok(base.join(c[0].as_os_str()))
-        }
-        _ => Err(ApiError::invalid(
-            "dir",
-            format!(
-                "must be a new directory's name, or a path directly inside backup_dir ({})",
-                base.display()
-            ),
-        )),
-    }
-}
-
-async fn checkpoint<C: Clock + 'static>(
-    State(s): St<C>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<CheckpointBody>, ApiError> {
-    let b: CheckpointBody = body(b)?;
-    let dir = checkpoint_dir(s.options.backup_dir.as_deref(), &b.dir)?;
-    if dir.exists() {
-        return Err(ApiError::conflict(format!(
-            "dir: {:?} already exists; name a new directory",
-            dir.display().to_string()
-        )));
-    }
-    let e = s.engine.clone();
-    let target = dir.clone();
-    blocking(move || e.store().checkpoint(&target).map_err(EngineError::from)).await?;
-    let dir = dir.display().to_string();
-    tracing::info!(%dir, "checkpoint written");
-    Ok(Json(CheckpointBody { dir }))
-}
-
-async fn metrics_text<C: Clock + 'static>(State(s): St<C>) -> Result<Response, ApiError> {
-    let text = s
-        .metrics
-        .render()
-        .map_err(|_| ApiError::internal("cannot render the metrics"))?;
-    let mut r = text.into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(metrics::CONTENT_TYPE),
-    );
-    Ok(r)
-}
-
-async fn openapi_json() -> Response {
-    let mut r = openapi::document_text().into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
 }

@@ -1,0 +1,164 @@
+//! `POST /v1/check`: one decision over a policy or inline limits, with the
+//! IETF `RateLimit` fields.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::St;
+use super::request::*;
+use super::{ApiError, headers};
+use crate::clock::{Clock, MAX_REPORTED};
+use crate::engine::{CheckRequest, CheckTarget, Engine};
+use crate::model::LimitDef;
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+/// `POST /v1/check`: give exactly one of `policy` and `limits`.
+pub(crate) struct CheckBody {
+    /// The name of a policy defined with `PUT /v1/policies/{name}`.
+    #[serde(default)]
+    policy: Option<String>,
+    /// Inline limit items (state kept per key and item index, apart from
+    /// named policies).
+    #[serde(default)]
+    limits: Option<Vec<LimitDef>>,
+    /// The subject limited (a client, an API key, ...); at most 256 bytes.
+    key: String,
+    /// Units to debit, 0 ≤ cost < 2^53; 0 peeks (always allowed, debits nothing).
+    #[serde(default = "one")]
+    #[schemars(range(max = 9007199254740991u64))]
+    cost: u64,
+    /// Hold the debit as pending until commit, release or the deadline.
+    #[serde(default)]
+    reserve: bool,
+    /// The reservation's lifetime, 1..=3 600 000 ms (default 60 000).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 3_600_000))]
+    ttl_ms: Option<u64>,
+    /// The caller's id for the reservation (1–128 of `A-Z a-z 0-9 . _ : -`);
+    /// repeating a reserve with a live id and the same body returns the first answer.
+    #[serde(default)]
+    reservation_id: Option<String>,
+    /// With a policy whose `on_limit` is `delay`: sleep `delay_ms` before answering.
+    #[serde(default)]
+    wait: bool,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// One limit item's figures, in definition order.
+pub(crate) struct ItemBody<'a> {
+    /// The item's name, or `<kind>-<index>`.
+    name: &'a str,
+    /// `rate`, `gap`, `window`, `budget` or `concurrency`.
+    kind: &'static str,
+    /// burst (rate), 1 (gap), limit (window), amount (budget), max (concurrency).
+    limit: u64,
+    /// Units that could pass now, after this decision.
+    remaining: u64,
+    /// Until the item is back to full capacity if nothing else happens; 0 when full.
+    reset_after_ms: u64,
+    /// When denying: the earliest time the same request could pass; null if
+    /// it allows, or if it never can (cost over the burst or limit).
+    retry_after_ms: Option<u64>,
+    allowed: bool,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// A decision: allowed only if every item allows; then every item is debited.
+pub(crate) struct DecisionBody<'a> {
+    allowed: bool,
+    /// In delay mode, how long the caller should wait before acting (0 otherwise).
+    delay_ms: u64,
+    /// Max over denying items; null when allowed or when some item never allows.
+    retry_after_ms: Option<u64>,
+    /// Min over items.
+    remaining: u64,
+    /// That of the item with the least remaining (ties to the larger).
+    reset_after_ms: u64,
+    /// The reservation id when `reserve` held something; null otherwise.
+    reservation: Option<String>,
+    limits: Vec<ItemBody<'a>>,
+}
+
+pub(crate) async fn check<C: Clock + 'static>(
+    State(s): St<C>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = b.map_err(rejected)?;
+    let b: CheckBody = body(Ok(bytes.clone()))?;
+    // Only a caller's id can be repeated; only then is the body hashed.
+    let fp = match (&b.reservation_id, &bytes) {
+        (Some(_), raw) => fingerprint(raw),
+        _ => None,
+    };
+    let target = match (b.policy, b.limits) {
+        (Some(p), None) => CheckTarget::Policy(p),
+        (None, Some(l)) => CheckTarget::Inline(l),
+        _ => {
+            return Err(ApiError::invalid(
+                "policy",
+                "give exactly one of \"policy\" (a name) and \"limits\" (inline items)",
+            ));
+        }
+    };
+    let req = CheckRequest {
+        target,
+        key: b.key,
+        cost: b.cost,
+        reserve: b.reserve,
+        ttl_ms: b.ttl_ms,
+        reservation_id: b.reservation_id,
+        fingerprint: fp,
+    };
+    let out = in_memory_or_blocking(&s, req, Engine::check_in_memory, Engine::check).await?;
+    let d = &out.decision;
+    let items = d
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, f)| ItemBody {
+            name: out.stack.name(i),
+            kind: out.stack.items()[i].kind().as_str(),
+            limit: f.limit,
+            remaining: f.remaining.min(MAX_REPORTED),
+            reset_after_ms: ms(f.reset_after),
+            retry_after_ms: f.retry_after.map(ms),
+            allowed: f.allowed,
+        })
+        .collect();
+    let body = DecisionBody {
+        allowed: d.allowed,
+        delay_ms: ms(d.delay),
+        retry_after_ms: if d.allowed {
+            None
+        } else {
+            d.retry_after.map(ms)
+        },
+        remaining: d.remaining.min(MAX_REPORTED),
+        reset_after_ms: ms(d.reset_after),
+        reservation: out.reservation.clone(),
+        limits: items,
+    };
+    let outcome = match (d.allowed, d.delay > 0) {
+        (false, _) => "denied",
+        (true, true) => "delayed",
+        (true, false) => "allowed",
+    };
+    s.metrics.decisions("/v1/check", outcome, 1);
+    if b.wait && d.delay > 0 && s.options.sleep_on_wait {
+        tokio::time::sleep(std::time::Duration::from_nanos(d.delay)).await;
+    }
+    let status = if d.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut r = (status, Json(body)).into_response();
+    headers::add(r.headers_mut(), &out.stack, d);
+    Ok(r)
+}

@@ -1,0 +1,128 @@
+//! `POST /v1/screen`: candidates decided in order, the eligible ones held
+//! under one reservation.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ApiError;
+use super::St;
+use super::request::*;
+use crate::clock::Clock;
+use crate::engine::{Engine, ScreenCandidate, ScreenRequest};
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+/// A candidate campaign of a screen.
+pub(crate) struct CandidateBody {
+    campaign: String,
+    /// Budget units this impression would cost (default 1); caps count 1.
+    #[serde(default)]
+    #[schemars(range(max = 9007199254740991u64))]
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+/// `POST /v1/screen`.
+pub(crate) struct ScreenBody {
+    /// The user; without one, campaigns with `unknown_user: "deny"` (the
+    /// default) are ineligible.
+    #[serde(default)]
+    user: Option<String>,
+    /// Decided in order, each all-or-nothing over its chain (1 to 10 000 by default).
+    candidates: Vec<Object<CandidateBody>>,
+    /// Hold every eligible candidate under one reservation (default true);
+    /// false is a dry run.
+    #[serde(default = "yes")]
+    reserve: bool,
+    /// The reservation's lifetime, 1..=3 600 000 ms (default 60 000).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 3_600_000))]
+    ttl_ms: Option<u64>,
+    /// The caller's id for the reservation, e.g. its auction id.
+    #[serde(default)]
+    reservation_id: Option<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// The first cap in chain order that denied a candidate.
+pub(crate) struct DeniedBody {
+    /// The campaign in the chain that owns the cap.
+    campaign: Arc<str>,
+    /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`, `unknown_campaign`.
+    cap: String,
+    retry_after_ms: Option<u64>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub(crate) struct ResultBody {
+    campaign: Arc<str>,
+    eligible: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    denied_by: Option<DeniedBody>,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// The screen's answer: one result per candidate, in order.
+pub(crate) struct ScreenAnswer {
+    /// The reservation holding every eligible candidate; null on a dry run or
+    /// when none is eligible.
+    reservation: Option<String>,
+    results: Vec<ResultBody>,
+}
+
+pub(crate) async fn screen<C: Clock + 'static>(
+    State(s): St<C>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<ScreenAnswer>, ApiError> {
+    let bytes = b.map_err(rejected)?;
+    let b: ScreenBody = body(Ok(bytes.clone()))?;
+    let fp = match (&b.reservation_id, &bytes) {
+        (Some(_), raw) => fingerprint(raw),
+        _ => None,
+    };
+    let req = ScreenRequest {
+        user: b.user,
+        candidates: b
+            .candidates
+            .into_iter()
+            .map(|Object(c)| ScreenCandidate {
+                campaign: c.campaign,
+                cost: c.cost,
+            })
+            .collect(),
+        reserve: b.reserve,
+        ttl_ms: b.ttl_ms,
+        reservation_id: b.reservation_id,
+        fingerprint: fp,
+    };
+    let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
+    let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
+    s.metrics.decisions("/v1/screen", "eligible", eligible);
+    s.metrics.decisions(
+        "/v1/screen",
+        "ineligible",
+        out.results.len() as u64 - eligible,
+    );
+    Ok(Json(ScreenAnswer {
+        reservation: out.reservation,
+        results: out
+            .results
+            .into_iter()
+            .map(|r| ResultBody {
+                campaign: r.campaign,
+                eligible: r.eligible,
+                denied_by: r.denied_by.map(|d| DeniedBody {
+                    campaign: d.campaign,
+                    cap: d.cap,
+                    retry_after_ms: d.retry_after.map(ms),
+                }),
+            })
+            .collect(),
+    }))
+}

@@ -1,0 +1,110 @@
+//! `POST /v1/reservations/{id}/commit` and `/release`: ending a reservation.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ApiError;
+use super::St;
+use super::request::*;
+use crate::clock::Clock;
+use crate::engine::CommitRequest;
+
+/// `campaign`: one name or a list.
+#[derive(Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+/// `POST /v1/reservations/{id}/commit`; the body may be empty.
+pub(crate) struct CommitBody {
+    /// A screen's winner(s): committed, the other candidates released. Omitted:
+    /// every eligible candidate is committed.
+    #[serde(default)]
+    campaign: Option<OneOrMany>,
+    /// The final cost (e.g. the clearing price): lower returns the difference,
+    /// higher is charged anyway.
+    #[serde(default)]
+    #[schemars(range(max = 9007199254740991u64))]
+    cost: Option<u64>,
+    /// Makes a late commit idempotent within the dedupe horizon.
+    #[serde(default)]
+    event_id: Option<String>,
+    /// With `campaign` and `cost`, an unknown or expired reservation is
+    /// counted as a late commit.
+    #[serde(default)]
+    user: Option<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// The outcome of a commit or release.
+pub(crate) struct SettledBody {
+    reservation: String,
+    /// `committed`, `released` or `late_commit`.
+    outcome: &'static str,
+    /// The campaigns committed (or released).
+    campaigns: Vec<Arc<str>>,
+}
+
+impl From<crate::engine::CommitOutcome> for SettledBody {
+    fn from(o: crate::engine::CommitOutcome) -> Self {
+        SettledBody {
+            reservation: o.reservation,
+            outcome: o.outcome.as_str(),
+            campaigns: o.campaigns,
+        }
+    }
+}
+
+pub(crate) async fn commit<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath(id): ApiPath<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<SettledBody>, ApiError> {
+    let b: CommitBody = optional_body(b)?;
+    let req = CommitRequest {
+        campaigns: match b.campaign {
+            None => Vec::new(),
+            Some(OneOrMany::One(c)) => vec![c],
+            Some(OneOrMany::Many(v)) => v,
+        },
+        cost: b.cost,
+        event_id: b.event_id,
+        user: b.user,
+    };
+    // A live reservation is settled here and its writes awaited without
+    // parking a thread; a late commit (which may read a cold record) runs on
+    // a blocking thread.
+    let out = match s.engine.commit_in_memory(&id, &req) {
+        Some(pending) => pending?.wait_async().await?,
+        None => {
+            let e = s.engine.clone();
+            blocking(move || e.commit(&id, &req)).await?
+        }
+    };
+    Ok(Json(out.into()))
+}
+
+#[derive(Deserialize, Default, JsonSchema)]
+#[serde(deny_unknown_fields)]
+/// `POST /v1/reservations/{id}/release` takes no fields; the body may be empty.
+pub(crate) struct ReleaseBody {}
+
+pub(crate) async fn release<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath(id): ApiPath<String>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<SettledBody>, ApiError> {
+    let _: ReleaseBody = optional_body(b)?;
+    let e = s.engine.clone();
+    let out = blocking(move || e.release(&id)).await?;
+    Ok(Json(out.into()))
+}

@@ -1,0 +1,122 @@
+//! Reads of state: `GET /v1/users/{user}/campaigns/{id}` (a user's usage of
+//! every cap in a campaign's chain) and `GET /v1/campaigns/{id}/delivery`
+//! (a budget's spend against its pacing line).
+
+use axum::extract::State;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::ApiError;
+use super::St;
+use super::request::*;
+use crate::clock::{Clock, Nanos};
+use crate::model::LimitDef;
+
+#[derive(Serialize, JsonSchema)]
+/// A campaign's budget now.
+pub(crate) struct DeliveryBody {
+    campaign: String,
+    /// Budget per period.
+    amount: u64,
+    /// Committed spend this period.
+    spent: u64,
+    /// Spend held by open reservations.
+    pending: u64,
+    /// What pacing allows to be spent (plus pending) by now.
+    cap_now: u64,
+    /// `asap`, `even` or `{"profile": [...]}`.
+    pacing: serde_json::Value,
+    /// RFC 3339.
+    period_start: String,
+    /// RFC 3339.
+    period_end: String,
+}
+
+pub(crate) fn rfc3339(ns: Nanos) -> String {
+    jiff::Timestamp::from_nanosecond(i128::from(ns))
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+pub(crate) async fn delivery<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<DeliveryBody>, ApiError> {
+    id_param(&s, "id", &id)?;
+    let e = s.engine.clone();
+    let name = id.clone();
+    let d = blocking(move || e.delivery(&name)).await?;
+    let pacing = s
+        .engine
+        .get_campaign(&id)
+        .and_then(|c| c.budget)
+        .and_then(|b| match b.0 {
+            LimitDef::Budget(b) => b
+                .pacing
+                .map(|p| serde_json::to_value(p).unwrap_or_default()),
+            _ => None,
+        })
+        .unwrap_or_else(|| "even".into());
+    Ok(Json(DeliveryBody {
+        campaign: d.campaign,
+        amount: d.amount,
+        spent: d.spent,
+        pending: d.pending,
+        cap_now: d.cap_now,
+        pacing,
+        period_start: rfc3339(d.period_start),
+        period_end: rfc3339(d.period_end),
+    }))
+}
+
+#[derive(Serialize, JsonSchema)]
+/// One cap of the campaign or an ancestor, for the user.
+pub(crate) struct CapBody {
+    /// The owner of the cap in the chain.
+    campaign: String,
+    name: String,
+    scope: crate::model::Scope,
+    kind: &'static str,
+    limit: u64,
+    used: u64,
+    pending: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// `GET /v1/users/{user}/campaigns/{id}`: every cap of the campaign and its ancestors.
+pub(crate) struct UsageBody {
+    user: String,
+    campaign: String,
+    caps: Vec<CapBody>,
+}
+
+pub(crate) async fn usage<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath((user, id)): ApiPath<(String, String)>,
+) -> Result<Json<UsageBody>, ApiError> {
+    id_param(&s, "user", &user)?;
+    id_param(&s, "id", &id)?;
+    let e = s.engine.clone();
+    let (u, c) = (user.clone(), id.clone());
+    let caps = blocking(move || e.user_usage(&u, &c)).await?;
+    Ok(Json(UsageBody {
+        user,
+        campaign: id,
+        caps: caps
+            .into_iter()
+            .map(|c| CapBody {
+                campaign: c.campaign,
+                name: c.name,
+                scope: c.scope,
+                kind: c.kind,
+                limit: c.limit,
+                used: c.used,
+                pending: c.pending,
+                remaining: c.remaining,
+                reset_after_ms: ms(c.reset_after),
+            })
+            .collect(),
+    }))
+}
