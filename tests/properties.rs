@@ -109,6 +109,19 @@ fn scaled_steps(
     prop::collection::vec((gap, op(max_cost)), len)
 }
 
+/// The largest integer a definition or a cost may hold.
+const MAX_INT: u64 = (1 << 53) - 1;
+
+/// Integers of a definition's whole range, often near its ends.
+fn wide_int() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        2 => 1u64..=20,
+        2 => MAX_INT - 1000..=MAX_INT,
+        2 => 1u64..=MAX_INT,
+        1 => select(vec![1u64 << 52, 1_000_000_007, 3, 86_400_000]),
+    ]
+}
+
 // ------------------------------------------------------------- rate (GCRA) ----
 
 const PERS: &[(&str, Nanos)] = &[
@@ -415,6 +428,67 @@ proptest! {
             r#"{{"kind":"window","limit":{limit},"window":"{ws}","precision":"approximate"}}"#
         )]);
         run_window(&stack, limit, &Model::Approx(wn), T0 + start_off, wn / 2, &steps)?;
+    }
+}
+
+/// Approximate windows up to the longest a definition allows.
+const APPROX_WINDOWS: &[(&str, Nanos)] = &[
+    ("7ms", 7 * MS),
+    ("1s", SECOND),
+    ("1m", 60 * SECOND),
+    ("1d", 86_400 * SECOND),
+    ("10000d", 10_000 * 86_400 * SECOND),
+];
+
+proptest! {
+    /// An approximate window's `retry_after` is the earliest instant at which
+    /// the decaying estimate plus n fits (DESIGN §2.6): at now + retry it fits,
+    /// one ns earlier it does not, by an independent model of the estimate
+    /// (the debits bucketed from scratch). Limits and costs span the whole
+    /// range, up to 2^53 − 1.
+    #[test]
+    fn approximate_retry_is_the_earliest_instant_that_fits(
+        limit in wide_int(),
+        w_i in 0..APPROX_WINDOWS.len(),
+        start_off in 0u64..=1000,
+        debits in prop::collection::vec((0u64..=1500, 1u64..=1000), 0..8),
+        probe in 0u64..=1500,
+        n_permille in prop_oneof![1u64..=1000, Just(1000)],
+    ) {
+        let (ws, w) = APPROX_WINDOWS[w_i];
+        let stack = compile(&[format!(
+            r#"{{"kind":"window","limit":{limit},"window":"{ws}","precision":"approximate"}}"#
+        )]);
+        let model = Model::Approx(w);
+        let at = |thousandths: u64| (u128::from(w) * u128::from(thousandths) / 1000) as u64;
+        let cost = |permille: u64| (limit / 1000 * permille).clamp(1, limit);
+        let mut st = stack.fresh_state();
+        let mut evs: Vec<Ev> = Vec::new();
+        let mut now = T0 + at(start_off);
+        for (gap, permille) in debits {
+            now += at(gap);
+            let n = cost(permille);
+            let fits = model.used(&evs, now) + n <= limit;
+            let (d, _) = stack.decide(&mut st, now, n, Hold::Immediate);
+            prop_assert_eq!(d.allowed, fits);
+            if fits {
+                evs.push(Ev { at: now, cost: n, key: model.key(now) });
+            }
+        }
+        now += at(probe);
+        let n = cost(n_permille);
+        let fits_at = |t: Nanos| model.used(&evs, t) + n <= limit;
+        let d = peek(&stack, &mut st, now);
+        prop_assert_eq!(u128::from(d.items[0].remaining), u128::from(limit - model.used(&evs, now).min(limit)));
+        let (d, _) = stack.decide(&mut st, now, n, Hold::Immediate);
+        prop_assert_eq!(d.allowed, fits_at(now));
+        if !d.allowed {
+            let retry = d.items[0].retry_after.map(u128::from).expect("n ≤ limit can pass later");
+            let retry = u64::try_from(retry).unwrap();
+            prop_assert!(retry > 0);
+            prop_assert!(fits_at(now + retry), "n {} does not fit at now + retry {}", n, retry);
+            prop_assert!(!fits_at(now + retry - 1), "n {} fits 1 ns before retry {}", n, retry);
+        }
     }
 }
 

@@ -1140,3 +1140,101 @@ fn stack_release_and_commit_cover_every_item() {
         [ok(5, 3, 2 * S), ok(10, 8, MIN), ok(100, 98, D), ok(1, 1, 0)]
     );
 }
+
+// ------------------------------------------ through the API, on replay ----
+//
+// The figures below are the JSON an HTTP client reads: `freqcap replay` runs
+// the service's router on a virtual clock, so each answer is pinned exactly.
+
+mod replay {
+    use std::sync::Arc;
+
+    use freqcap::api::ApiOptions;
+    use freqcap::engine::EngineOptions;
+    use freqcap::replay::Replayer;
+    use freqcap::store::MemoryStore;
+    use serde_json::{Value, json};
+
+    /// NOW in ms.
+    pub const T: u64 = super::NOW / super::MS;
+    /// The largest reported figure, 2^53 − 1 (DESIGN §2.6, saturation).
+    pub const MAX: u64 = (1 << 53) - 1;
+
+    pub struct Api(Replayer);
+
+    impl Api {
+        pub fn new() -> Api {
+            Api(Replayer::new(
+                Arc::new(MemoryStore::new()),
+                EngineOptions::default(),
+                ApiOptions::default(),
+            )
+            .unwrap())
+        }
+
+        /// One request at `at_ms`: (status, body).
+        pub fn at(&mut self, at_ms: u64, method: &str, path: &str, body: Value) -> (u64, Value) {
+            let line = json!({"at_ms": at_ms, "method": method, "path": path, "body": body});
+            let mut out = self.0.line(&line.to_string());
+            (out["status"].as_u64().unwrap(), out["body"].take())
+        }
+
+        pub fn put_policy(&mut self, at_ms: u64, name: &str, def: Value) {
+            let (status, body) = self.at(at_ms, "PUT", &format!("/v1/policies/{name}"), def);
+            assert_eq!(status, 200, "{body}");
+        }
+
+        /// A check of `cost` on key "k" of policy `p`: (status, body).
+        pub fn check(&mut self, at_ms: u64, p: &str, cost: u64) -> (u64, Value) {
+            self.at(
+                at_ms,
+                "POST",
+                "/v1/check",
+                json!({"policy": p, "key": "k", "cost": cost}),
+            )
+        }
+    }
+
+    /// The decision's figures: (allowed, retry_after_ms, remaining, reset_after_ms).
+    #[track_caller]
+    pub fn figures(body: &Value) -> (bool, Option<u64>, u64, u64) {
+        (
+            body["allowed"].as_bool().unwrap(),
+            body["retry_after_ms"].as_u64(),
+            body["remaining"].as_u64().unwrap(),
+            body["reset_after_ms"].as_u64().unwrap(),
+        )
+    }
+}
+
+#[test]
+fn approximate_retry_into_an_empty_next_bucket_is_exact() {
+    use replay::{Api, T, figures};
+    use serde_json::json;
+    // limit L = 2^53 − 1 per 1 s, approximate; NOW is a whole second.
+    const L: u64 = (1 << 53) - 1;
+    let mut api = Api::new();
+    api.put_policy(
+        T,
+        "approx",
+        json!({"limits": [{"kind": "window", "limit": L, "window": "1s", "precision": "approximate"}]}),
+    );
+    // +100 ms: cost 2^52 in the bucket [NOW, NOW + 1 s). remaining = L − 2^52;
+    // reset = cur_start + 2W − now = 1900 ms.
+    let (status, body) = api.check(T + 100, "approx", 1 << 52);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, L - (1 << 52), 1900));
+    // +1500 ms: prev = 2^52, cur = 0: estimate = floor(2^52 · 500/1000) = 2^51;
+    // cost L does not fit. In this bucket the estimate stays ≥ 1 until its end
+    // (2^52 · 1 ns / 1 s > 1), and the next bucket starts empty: L fits from its
+    // first instant, NOW + 2 s. retry = 500 ms exactly; reset = cur_start + W −
+    // now = 500 ms (the current bucket is empty).
+    let (status, body) = api.check(T + 1500, "approx", L);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(figures(&body), (false, Some(500), L - (1 << 51), 500));
+    assert_eq!(body["limits"][0]["retry_after_ms"], 500);
+    // At the retry instant it passes.
+    let (status, body) = api.check(T + 2000, "approx", L);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, 2000));
+}
