@@ -468,7 +468,7 @@ fn daily_caps_reset_at_local_midnight() {
     let u = e.user_usage("u", "ny").unwrap();
     assert_eq!(
         u[0].reset_after,
-        30 * 60 * SEC,
+        u128::from(30 * 60 * SEC),
         "local midnight is 30 minutes away"
     );
     clock.advance(30 * 60 * SEC - 1);
@@ -491,7 +491,7 @@ fn daily_caps_reset_at_local_midnight() {
         .unwrap();
     assert_eq!(
         e.user_usage("u", "ny").unwrap()[0].reset_after,
-        23 * 3600 * SEC
+        u128::from(23 * 3600 * SEC)
     );
 }
 

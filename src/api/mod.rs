@@ -370,7 +370,7 @@ async fn in_memory_or_blocking<C: Clock + 'static, Q: Send + 'static, T: Send + 
 }
 
 /// A reported duration: ms rounded up, saturating (DESIGN §2.6).
-fn ms(ns: Nanos) -> u64 {
+fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
     ceil_ms(ns).min(MAX_REPORTED)
 }
 
