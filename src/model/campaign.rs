@@ -122,8 +122,9 @@ pub struct CampaignDef {
     /// they name none; default UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
-    /// Caps: rate, gap or window items, each with a scope.
+    /// Caps: rate, gap or window items, each with a scope; at most 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub caps: Vec<CapDef>,
     /// Paced spend per period (campaign scope).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -285,8 +285,8 @@ pub enum OnLimit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyDef {
-    /// At least one item.
-    #[schemars(length(min = 1))]
+    /// At least one item, at most 64.
+    #[schemars(length(min = 1, max = 64))]
     pub limits: Vec<LimitDef>,
     /// Default `reject`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
