@@ -182,7 +182,7 @@ proptest! {
             }
             let ahead = tat.max(now_s) - now_s;
             prop_assert_eq!(u128::from(d.items[0].remaining), (b * per).saturating_sub(ahead) / per);
-            prop_assert_eq!(u128::from(d.items[0].reset_after), ahead.div_ceil(r));
+            prop_assert_eq!(d.items[0].reset_after, ahead.div_ceil(r));
         }
         // Every interval between two admitted events, both ends included.
         let mut prefix = vec![0u64];
@@ -313,18 +313,18 @@ proptest! {
                     let f = &d.items[0];
                     if fits {
                         tat = new;
-                        prop_assert_eq!(f.retry_after.map(u128::from), None);
+                        prop_assert_eq!(f.retry_after, None);
                         if reserve {
                             open.push((p.expect("an allowed reserve holds"), n, new));
                         }
                     } else {
                         let retry = (n <= burst).then(|| (new - tau - now_s).div_ceil(r));
-                        prop_assert_eq!(f.retry_after.map(u128::from), retry);
-                        prop_assert_eq!(d.retry_after.map(u128::from), retry);
+                        prop_assert_eq!(f.retry_after, retry);
+                        prop_assert_eq!(d.retry_after, retry);
                     }
                     let (remaining, reset) = figures(tat, now_s);
                     prop_assert_eq!(u128::from(f.remaining), remaining);
-                    prop_assert_eq!(u128::from(f.reset_after), reset);
+                    prop_assert_eq!(f.reset_after, reset);
                 }
                 WideOp::Release(i) if !open.is_empty() => {
                     let (p, n, tat_r) = open.swap_remove(i % open.len());
@@ -345,7 +345,7 @@ proptest! {
             let d = peek(&stack, &mut st, now);
             let (remaining, reset) = figures(tat, now_s);
             prop_assert_eq!(u128::from(d.items[0].remaining), remaining, "peek at {}", now);
-            prop_assert_eq!(u128::from(d.items[0].reset_after), reset, "peek at {}", now);
+            prop_assert_eq!(d.items[0].reset_after, reset, "peek at {}", now);
         }
     }
 }
@@ -632,7 +632,7 @@ proptest! {
         let (d, _) = stack.decide(&mut st, now, n, Hold::Immediate);
         prop_assert_eq!(d.allowed, fits_at(now));
         if !d.allowed {
-            let retry = d.items[0].retry_after.map(u128::from).expect("n ≤ limit can pass later");
+            let retry = d.items[0].retry_after.expect("n ≤ limit can pass later");
             let retry = u64::try_from(retry).unwrap();
             prop_assert!(retry > 0);
             prop_assert!(fits_at(now + retry), "n {} does not fit at now + retry {}", n, retry);

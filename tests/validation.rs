@@ -656,9 +656,12 @@ fn wrong_types(field_type: &str) -> &'static [&'static str] {
     }
 }
 
+/// A limit kind's fields as (field, type).
+type Fields = &'static [(&'static str, &'static str)];
+
 /// Every field of every limit kind, with a valid item of that kind (JSON
 /// object members without braces) and the field's type.
-const ITEM_FIELDS: &[(&str, &str, &[(&str, &str)])] = &[
+const ITEM_FIELDS: &[(&str, &str, Fields)] = &[
     (
         "rate",
         r#""kind":"rate","rate":5,"per":"1s","burst":10,"name":"r""#,
