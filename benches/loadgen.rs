@@ -114,6 +114,10 @@ struct RunArgs {
     /// load runs (what a liveness probe sees under load).
     #[arg(long)]
     probe_healthz: bool,
+    /// Behave as a well-mannered client: after a 503, wait the 1 s the
+    /// server's `Retry-After` asks before sending on that connection again.
+    #[arg(long)]
+    honour_retry_after: bool,
 }
 
 #[derive(Subcommand)]
@@ -742,6 +746,12 @@ async fn conn_loop(
                     t.shed += 1;
                     let ns = done.duration_since(intended).as_nanos() as u64;
                     shed_hist.borrow_mut().saturating_record(ns.max(1_000));
+                }
+                drop(t);
+                if a.honour_retry_after {
+                    // freqcap's Retry-After on a 503 is always 1 s.
+                    let until = (done + Duration::from_secs(1)).min(sh.end);
+                    tokio::time::sleep_until(until.into()).await;
                 }
             }
             Ok(o) => {

@@ -171,16 +171,24 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     }
 }
 
+/// A reported duration in nanoseconds (`reset_after`, `retry_after`): wider
+/// than [`Nanos`], because a rate item's burst·T reaches 2^113 ns (a burst of
+/// 2^53 − 1 at one per 10 000 days), and such figures must stay exact up to
+/// the 2^53 − 1 ms they are reported with.
+pub type Span = u128;
+
 /// Converts nanoseconds to whole milliseconds, rounding up, as every reported
 /// `*_ms` figure is (DESIGN §2.6), saturating at 2^53 − 1 so it stays exact in JSON.
-pub fn ceil_ms(ns: Nanos) -> u64 {
-    ns.div_ceil(MS).min(MAX_REPORTED)
+pub fn ceil_ms(ns: impl Into<Span>) -> u64 {
+    let ms = ns.into().div_ceil(Span::from(MS));
+    u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_REPORTED)
 }
 
 /// Converts nanoseconds to whole seconds, rounding up (for `Retry-After` and the
-/// `RateLimit` header fields).
-pub fn ceil_secs(ns: Nanos) -> u64 {
-    ns.div_ceil(SECOND).min(MAX_REPORTED)
+/// `RateLimit` header fields), saturating as [`ceil_ms`] does.
+pub fn ceil_secs(ns: impl Into<Span>) -> u64 {
+    let s = ns.into().div_ceil(Span::from(SECOND));
+    u64::try_from(s).unwrap_or(u64::MAX).min(MAX_REPORTED)
 }
 
 /// The largest figure freqcap reports: 2^53 − 1, the largest integer a JSON reader
@@ -234,11 +242,19 @@ mod tests {
 
     #[test]
     fn rounding_up_to_reported_units() {
-        assert_eq!(ceil_ms(0), 0);
-        assert_eq!(ceil_ms(1), 1);
+        assert_eq!(ceil_ms(0u64), 0);
+        assert_eq!(ceil_ms(1u64), 1);
         assert_eq!(ceil_ms(MS), 1);
         assert_eq!(ceil_ms(MS + 1), 2);
-        assert_eq!(ceil_secs(1), 1);
+        assert_eq!(ceil_secs(1u64), 1);
         assert_eq!(ceil_ms(u64::MAX), 18_446_744_073_710);
+        // Past 64 bits of ns, exact up to 2^53 − 1 ms, then saturated.
+        let max = Span::from(MAX_REPORTED);
+        assert_eq!(ceil_ms(max * Span::from(MS)), MAX_REPORTED);
+        assert_eq!(ceil_ms((max - 1) * Span::from(MS) + 1), MAX_REPORTED);
+        assert_eq!(ceil_ms((max - 1) * Span::from(MS)), MAX_REPORTED - 1);
+        assert_eq!(ceil_ms(max * Span::from(MS) + 1), MAX_REPORTED);
+        assert_eq!(ceil_ms(Span::MAX), MAX_REPORTED);
+        assert_eq!(ceil_secs(Span::MAX), MAX_REPORTED);
     }
 }

@@ -332,6 +332,68 @@ fn check_with_policies_reserve_and_idempotent_ids() {
 }
 
 #[test]
+fn a_stack_of_more_than_64_items_is_refused() {
+    // An item's counter is tagged with its index in 8 bits: with 257 items,
+    // items 0 and 256 (same definition, same fingerprint) would share one
+    // counter, so two checks of a "2 per minute" stack would count 4.
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock);
+    let window = r#"{"kind": "window", "limit": 2, "window": "1m", "align": "fixed"}"#;
+    let items = |n: usize| -> Vec<freqcap::model::LimitDef> {
+        (0..n)
+            .map(|i| {
+                let json = if i == 0 || i + 1 == n {
+                    window.to_owned()
+                } else {
+                    format!(r#"{{"kind": "rate", "rate": 1000, "per": "1s", "name": "r{i}"}}"#)
+                };
+                from_json(&json).unwrap()
+            })
+            .collect()
+    };
+    let req = |n: usize| CheckRequest {
+        target: CheckTarget::Inline(items(n)),
+        key: "k".into(),
+        cost: 1,
+        reserve: false,
+        ttl_ms: None,
+        reservation_id: None,
+    };
+    for n in [65, 257] {
+        match e.check(&req(n)) {
+            Err(EngineError::InvalidArgument { field, message }) => {
+                assert_eq!(field, "limits", "{message}");
+                assert!(message.contains("at most 64"), "{message}");
+            }
+            other => panic!("{n} items: {other:?}"),
+        }
+        let p = PolicyDef {
+            limits: items(n),
+            on_limit: None,
+            max_delay_ms: None,
+        };
+        assert!(matches!(
+            e.put_policy("big", p),
+            Err(EngineError::InvalidArgument { ref field, .. }) if field == "limits"
+        ));
+    }
+    // 64 items are fine, each with its own counter: the first and the last
+    // window each count 1 per check, so two checks pass and the third does not.
+    let d: Vec<bool> = (0..3)
+        .map(|_| e.check(&req(64)).unwrap().decision.allowed)
+        .collect();
+    assert_eq!(d, [true, true, false]);
+    let last = e.check(&req(64)).unwrap().decision;
+    assert_eq!((last.items[0].remaining, last.items[63].remaining), (0, 0));
+    let big = PolicyDef {
+        limits: items(64),
+        on_limit: None,
+        max_delay_ms: None,
+    };
+    e.put_policy("big", big).unwrap();
+}
+
+#[test]
 fn definitions_are_validated() {
     let clock = Arc::new(ManualClock::new(T0));
     let e = memory_engine(clock);
@@ -408,7 +470,7 @@ fn daily_caps_reset_at_local_midnight() {
     let u = e.user_usage("u", "ny").unwrap();
     assert_eq!(
         u[0].reset_after,
-        30 * 60 * SEC,
+        u128::from(30 * 60 * SEC),
         "local midnight is 30 minutes away"
     );
     clock.advance(30 * 60 * SEC - 1);
@@ -431,7 +493,7 @@ fn daily_caps_reset_at_local_midnight() {
         .unwrap();
     assert_eq!(
         e.user_usage("u", "ny").unwrap()[0].reset_after,
-        23 * 3600 * SEC
+        u128::from(23 * 3600 * SEC)
     );
 }
 

@@ -109,6 +109,19 @@ fn scaled_steps(
     prop::collection::vec((gap, op(max_cost)), len)
 }
 
+/// The largest integer a definition or a cost may hold.
+const MAX_INT: u64 = (1 << 53) - 1;
+
+/// Integers of a definition's whole range, often near its ends.
+fn wide_int() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        2 => 1u64..=20,
+        2 => MAX_INT - 1000..=MAX_INT,
+        2 => 1u64..=MAX_INT,
+        1 => select(vec![1u64 << 52, 1_000_000_007, 3, 86_400_000]),
+    ]
+}
+
 // ------------------------------------------------------------- rate (GCRA) ----
 
 const PERS: &[(&str, Nanos)] = &[
@@ -165,11 +178,11 @@ proptest! {
                 admitted.push((now, cost));
             } else {
                 let retry = (cost <= burst).then(|| (new - b * per - now_s).div_ceil(r) as u64);
-                prop_assert_eq!(d.retry_after, retry);
+                prop_assert_eq!(d.retry_after, retry.map(u128::from));
             }
             let ahead = tat.max(now_s) - now_s;
             prop_assert_eq!(u128::from(d.items[0].remaining), (b * per).saturating_sub(ahead) / per);
-            prop_assert_eq!(u128::from(d.items[0].reset_after), ahead.div_ceil(r));
+            prop_assert_eq!(d.items[0].reset_after, ahead.div_ceil(r));
         }
         // Every interval between two admitted events, both ends included.
         let mut prefix = vec![0u64];
@@ -184,6 +197,155 @@ proptest! {
                 let bound = b + r * u128::from(tj - ti) / per;
                 prop_assert!(units <= bound, "{} units in [{}, {}], bound {}", units, ti, tj, bound);
             }
+        }
+    }
+}
+
+// ------------------------------------------- rate over the whole range ----
+
+/// Periods from 1 ms to the longest a definition allows (10 000 days).
+const LONG_PERS: &[(&str, Nanos)] = &[
+    ("1ms", MS),
+    ("7s", 7 * SECOND),
+    ("1d", 86_400 * SECOND),
+    ("3w", 21 * 86_400 * SECOND),
+    ("10000d", 10_000 * 86_400 * SECOND),
+];
+
+/// One step of a stream over the whole range.
+#[derive(Debug, Clone, Copy)]
+enum WideOp {
+    Check(u64),
+    Reserve(u64),
+    /// Releases an open reservation (picked modulo the number open).
+    Release(usize),
+    /// Commits an open reservation at any final cost, higher ones included.
+    Commit(usize, u64),
+    Peek,
+}
+
+/// A cost: a fraction of the burst (so many pass), or any in range.
+fn wide_op() -> impl Strategy<Value = WideOp> {
+    // Thousandths of the burst, or (top bit set) a cost taken as is.
+    let cost = prop_oneof![
+        3 => 1u64..=1000,
+        1 => wide_int().prop_map(|c| c | (1 << 63)),
+    ];
+    prop_oneof![
+        4 => cost.clone().prop_map(WideOp::Check),
+        2 => cost.prop_map(WideOp::Reserve),
+        1 => any::<usize>().prop_map(WideOp::Release),
+        2 => (any::<usize>(), wide_int()).prop_map(|(i, c)| WideOp::Commit(i, c)),
+        1 => Just(WideOp::Peek),
+    ]
+}
+
+/// A gap: none, a few ns, a fraction of the emission interval, or up to a
+/// few years, so that streams run until past 2^64 ns only through TATs.
+fn wide_gap() -> impl Strategy<Value = (u64, u64)> {
+    prop_oneof![
+        2 => Just((0u64, 0u64)),
+        1 => (1u64..=1000).prop_map(|ns| (0, ns)),
+        3 => (1u64..=3000).prop_map(|g| (g, 0)),
+        1 => (0u64..=100_000_000_000_000_000).prop_map(|ns| (0, ns)),
+    ]
+}
+
+proptest! {
+    /// Rate items over the whole range definitions allow (rates, bursts and
+    /// costs up to 2^53 − 1, periods up to 10 000 days, commits far past the
+    /// burst) decide and report exactly what DESIGN §2.1 says, computed here
+    /// with TAT·rate in plain `u128` (T = per/rate becomes the integer `per`).
+    /// The TAT runs far past 2^64 ns; nothing may be clipped.
+    #[test]
+    fn rate_is_exact_over_the_whole_range(
+        rate in wide_int(),
+        per_i in 0..LONG_PERS.len(),
+        burst in wide_int(),
+        ops in prop::collection::vec((wide_gap(), wide_op()), 1..60),
+    ) {
+        let (per_s, per_ns) = LONG_PERS[per_i];
+        let stack = compile(&[format!(
+            r#"{{"kind":"rate","rate":{rate},"per":"{per_s}","burst":{burst}}}"#
+        )]);
+        let (r, per, b) = (u128::from(rate), u128::from(per_ns), u128::from(burst));
+        let tau = b * per;
+        let mut st = stack.fresh_state();
+        let mut now = T0;
+        let mut tat: u128 = 0;
+        // Open reservations: (engine's pending, n, tat_r in model units).
+        let mut open: Vec<(Pending, u64, u128)> = Vec::new();
+        // The model's figures at `now_s`: (remaining, reset_after in ns).
+        let figures = |tat: u128, now_s: u128| {
+            let ahead = tat.max(now_s) - now_s;
+            (tau.saturating_sub(ahead) / per, ahead.div_ceil(r))
+        };
+        for ((g, ns), op) in ops {
+            // g thousandths of T = per/rate ns, plus ns.
+            let step = (per * u128::from(g) / (r * 1000)) as u64 + ns;
+            now = now.checked_add(step).filter(|t| *t < 1 << 63).unwrap_or(now);
+            let now_s = u128::from(now) * r;
+            let cost_of = |c: u64| {
+                if c >> 63 == 1 {
+                    c & MAX_INT
+                } else {
+                    // c thousandths of the burst, at least 1.
+                    (burst / 1000 * c).clamp(1, burst)
+                }
+            };
+            let refund = |tat: u128, n: u64, tat_r: u128| {
+                let d = (u128::from(n) * per).min(tat_r.saturating_sub(now_s));
+                tat.saturating_sub(d).max(now_s)
+            };
+            match op {
+                WideOp::Check(c) | WideOp::Reserve(c) => {
+                    let n = cost_of(c);
+                    let reserve = matches!(op, WideOp::Reserve(_));
+                    let hold = if reserve {
+                        Hold::Reserve { deadline: now + HOUR }
+                    } else {
+                        Hold::Immediate
+                    };
+                    let new = tat.max(now_s) + u128::from(n) * per;
+                    let fits = new - now_s <= tau;
+                    let (d, p) = stack.decide(&mut st, now, n, hold);
+                    prop_assert_eq!(d.allowed, fits, "cost {} at {}", n, now);
+                    let f = &d.items[0];
+                    if fits {
+                        tat = new;
+                        prop_assert_eq!(f.retry_after, None);
+                        if reserve {
+                            open.push((p.expect("an allowed reserve holds"), n, new));
+                        }
+                    } else {
+                        let retry = (n <= burst).then(|| (new - tau - now_s).div_ceil(r));
+                        prop_assert_eq!(f.retry_after, retry);
+                        prop_assert_eq!(d.retry_after, retry);
+                    }
+                    let (remaining, reset) = figures(tat, now_s);
+                    prop_assert_eq!(u128::from(f.remaining), remaining);
+                    prop_assert_eq!(f.reset_after, reset);
+                }
+                WideOp::Release(i) if !open.is_empty() => {
+                    let (p, n, tat_r) = open.swap_remove(i % open.len());
+                    stack.release(&mut st, &p, now);
+                    tat = refund(tat, n, tat_r);
+                }
+                WideOp::Commit(i, final_cost) if !open.is_empty() => {
+                    let (p, n, tat_r) = open.swap_remove(i % open.len());
+                    stack.commit(&mut st, &p, final_cost, now);
+                    if final_cost < n {
+                        tat = refund(tat, n - final_cost, tat_r);
+                    } else {
+                        tat = tat.max(now_s) + u128::from(final_cost - n) * per;
+                    }
+                }
+                _ => {}
+            }
+            let d = peek(&stack, &mut st, now);
+            let (remaining, reset) = figures(tat, now_s);
+            prop_assert_eq!(u128::from(d.items[0].remaining), remaining, "peek at {}", now);
+            prop_assert_eq!(d.items[0].reset_after, reset, "peek at {}", now);
         }
     }
 }
@@ -418,6 +580,67 @@ proptest! {
     }
 }
 
+/// Approximate windows up to the longest a definition allows.
+const APPROX_WINDOWS: &[(&str, Nanos)] = &[
+    ("7ms", 7 * MS),
+    ("1s", SECOND),
+    ("1m", 60 * SECOND),
+    ("1d", 86_400 * SECOND),
+    ("10000d", 10_000 * 86_400 * SECOND),
+];
+
+proptest! {
+    /// An approximate window's `retry_after` is the earliest instant at which
+    /// the decaying estimate plus n fits (DESIGN §2.6): at now + retry it fits,
+    /// one ns earlier it does not, by an independent model of the estimate
+    /// (the debits bucketed from scratch). Limits and costs span the whole
+    /// range, up to 2^53 − 1.
+    #[test]
+    fn approximate_retry_is_the_earliest_instant_that_fits(
+        limit in wide_int(),
+        w_i in 0..APPROX_WINDOWS.len(),
+        start_off in 0u64..=1000,
+        debits in prop::collection::vec((0u64..=1500, 1u64..=1000), 0..8),
+        probe in 0u64..=1500,
+        n_permille in prop_oneof![1u64..=1000, Just(1000)],
+    ) {
+        let (ws, w) = APPROX_WINDOWS[w_i];
+        let stack = compile(&[format!(
+            r#"{{"kind":"window","limit":{limit},"window":"{ws}","precision":"approximate"}}"#
+        )]);
+        let model = Model::Approx(w);
+        let at = |thousandths: u64| (u128::from(w) * u128::from(thousandths) / 1000) as u64;
+        let cost = |permille: u64| (limit / 1000 * permille).clamp(1, limit);
+        let mut st = stack.fresh_state();
+        let mut evs: Vec<Ev> = Vec::new();
+        let mut now = T0 + at(start_off);
+        for (gap, permille) in debits {
+            now += at(gap);
+            let n = cost(permille);
+            let fits = model.used(&evs, now) + n <= limit;
+            let (d, _) = stack.decide(&mut st, now, n, Hold::Immediate);
+            prop_assert_eq!(d.allowed, fits);
+            if fits {
+                evs.push(Ev { at: now, cost: n, key: model.key(now) });
+            }
+        }
+        now += at(probe);
+        let n = cost(n_permille);
+        let fits_at = |t: Nanos| model.used(&evs, t) + n <= limit;
+        let d = peek(&stack, &mut st, now);
+        prop_assert_eq!(u128::from(d.items[0].remaining), u128::from(limit - model.used(&evs, now).min(limit)));
+        let (d, _) = stack.decide(&mut st, now, n, Hold::Immediate);
+        prop_assert_eq!(d.allowed, fits_at(now));
+        if !d.allowed {
+            let retry = d.items[0].retry_after.expect("n ≤ limit can pass later");
+            let retry = u64::try_from(retry).unwrap();
+            prop_assert!(retry > 0);
+            prop_assert!(fits_at(now + retry), "n {} does not fit at now + retry {}", n, retry);
+            prop_assert!(!fits_at(now + retry - 1), "n {} fits 1 ns before retry {}", n, retry);
+        }
+    }
+}
+
 /// Time zones with DST: New York and Paris (an hour skipped at 02:00),
 /// Santiago (midnight skipped: a day starts at 01:00).
 const ZONES: &[&str] = &["America/New_York", "Europe/Paris", "America/Santiago"];
@@ -613,9 +836,9 @@ proptest! {
                     }
                     let f = d.items[0];
                     prop_assert_eq!(f.remaining, max - live.len() as u64);
-                    prop_assert_eq!(f.reset_after, live.iter().max().map_or(0, |d| d - now));
+                    prop_assert_eq!(f.reset_after, u128::from(live.iter().max().map_or(0, |d| d - now)));
                     let retry = live.iter().min().map(|d| d - now).filter(|_| !d.allowed);
-                    prop_assert_eq!(f.retry_after, retry);
+                    prop_assert_eq!(f.retry_after, retry.map(u128::from));
                 }
                 Op::Release(i) if !open.is_empty() => {
                     let (p, _) = open.swap_remove(i % open.len());

@@ -99,13 +99,18 @@ fn run(t: &Throttle, key: &str, limit: u64, cases: &[Case]) {
             allowed: c.allowed,
             limit,
             remaining: c.remaining,
-            reset_after: c.reset_after,
-            retry_after: c.retry_after,
+            reset_after: c.reset_after.into(),
+            retry_after: c.retry_after.map(u128::from),
         };
         assert_eq!(d.items.as_slice(), &[want], "case {i}");
         assert_eq!(
             (d.allowed, d.remaining, d.reset_after, d.retry_after),
-            (c.allowed, c.remaining, c.reset_after, c.retry_after),
+            (
+                c.allowed,
+                c.remaining,
+                c.reset_after.into(),
+                c.retry_after.map(u128::from)
+            ),
             "case {i}: decision"
         );
     }
@@ -244,7 +249,7 @@ fn ok(limit: u64, remaining: u64, reset_after: u64) -> ItemFigures {
         allowed: true,
         limit,
         remaining,
-        reset_after,
+        reset_after: reset_after.into(),
         retry_after: None,
     }
 }
@@ -254,7 +259,7 @@ fn no(limit: u64, remaining: u64, reset_after: u64, retry_after: Option<u64>) ->
         allowed: false,
         limit,
         remaining,
-        reset_after,
-        retry_after,
+        reset_after: reset_after.into(),
+        retry_after: retry_after.map(u128::from),
     }
 }

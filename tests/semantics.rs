@@ -118,7 +118,7 @@ fn ok(limit: u64, remaining: u64, reset_after: u64) -> ItemFigures {
         allowed: true,
         limit,
         remaining,
-        reset_after,
+        reset_after: reset_after.into(),
         retry_after: None,
     }
 }
@@ -129,8 +129,8 @@ fn no(limit: u64, remaining: u64, reset_after: u64, retry_after: Option<u64>) ->
         allowed: false,
         limit,
         remaining,
-        reset_after,
-        retry_after,
+        reset_after: reset_after.into(),
+        retry_after: retry_after.map(u128::from),
     }
 }
 
@@ -152,7 +152,13 @@ fn assert_decision(
             d.reset_after,
             d.delay
         ),
-        (allowed, retry_after, remaining, reset_after, delay),
+        (
+            allowed,
+            retry_after.map(u128::from),
+            remaining,
+            reset_after.into(),
+            delay
+        ),
         "decision (allowed, retry_after, remaining, reset_after, delay) of {d:?}"
     );
 }
@@ -1139,4 +1145,224 @@ fn stack_release_and_commit_cover_every_item() {
         l.figures(NOW),
         [ok(5, 3, 2 * S), ok(10, 8, MIN), ok(100, 98, D), ok(1, 1, 0)]
     );
+}
+
+// ------------------------------------------ through the API, on replay ----
+//
+// The figures below are the JSON an HTTP client reads: `freqcap replay` runs
+// the service's router on a virtual clock, so each answer is pinned exactly.
+
+mod replay {
+    use std::sync::Arc;
+
+    use freqcap::api::ApiOptions;
+    use freqcap::engine::EngineOptions;
+    use freqcap::replay::Replayer;
+    use freqcap::store::MemoryStore;
+    use serde_json::{Value, json};
+
+    /// NOW in ms.
+    pub const T: u64 = super::NOW / super::MS;
+    /// The largest reported figure, 2^53 − 1 (DESIGN §2.6, saturation).
+    pub const MAX: u64 = (1 << 53) - 1;
+
+    pub struct Api(Replayer);
+
+    impl Api {
+        pub fn new() -> Api {
+            Api(Replayer::new(
+                Arc::new(MemoryStore::new()),
+                EngineOptions::default(),
+                ApiOptions::default(),
+            )
+            .unwrap())
+        }
+
+        /// One request at `at_ms`: (status, body).
+        pub fn at(&mut self, at_ms: u64, method: &str, path: &str, body: Value) -> (u64, Value) {
+            let line = json!({"at_ms": at_ms, "method": method, "path": path, "body": body});
+            let mut out = self.0.line(&line.to_string());
+            (out["status"].as_u64().unwrap(), out["body"].take())
+        }
+
+        pub fn put_policy(&mut self, at_ms: u64, name: &str, def: Value) {
+            let (status, body) = self.at(at_ms, "PUT", &format!("/v1/policies/{name}"), def);
+            assert_eq!(status, 200, "{body}");
+        }
+
+        /// A check of `cost` on key "k" of policy `p`: (status, body).
+        pub fn check(&mut self, at_ms: u64, p: &str, cost: u64) -> (u64, Value) {
+            self.at(
+                at_ms,
+                "POST",
+                "/v1/check",
+                json!({"policy": p, "key": "k", "cost": cost}),
+            )
+        }
+    }
+
+    /// The decision's figures: (allowed, retry_after_ms, remaining, reset_after_ms).
+    #[track_caller]
+    pub fn figures(body: &Value) -> (bool, Option<u64>, u64, u64) {
+        (
+            body["allowed"].as_bool().unwrap(),
+            body["retry_after_ms"].as_u64(),
+            body["remaining"].as_u64().unwrap(),
+            body["reset_after_ms"].as_u64().unwrap(),
+        )
+    }
+}
+
+#[test]
+fn rate_near_2_53_keeps_its_tat_exact_far_past_the_year_2554() {
+    use replay::{Api, MAX, T, figures};
+    use serde_json::json;
+    // rate 1 per 1d, burst B = 2^53 − 1: T = 1 d = 86_400_000 ms, and
+    // burst·T = B days, about 2.5·10^16 years: the TAT is far past what 64-bit
+    // ns reach (the year 2554).
+    const B: u64 = (1 << 53) - 1;
+    let mut api = Api::new();
+    api.put_policy(
+        T,
+        "huge",
+        json!({"limits": [{"kind": "rate", "rate": 1, "per": "1d", "burst": B}]}),
+    );
+    // Cost B: new − now = B·T = burst·T → allowed; TAT = now + B·T.
+    // remaining = floor((B·T − B·T)/T) = 0; reset_after = B·T = B·86_400_000 ms,
+    // over 2^53 − 1: saturated.
+    let (status, body) = api.check(T, "huge", B);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, MAX));
+    assert_eq!(body["limits"][0]["limit"], B);
+    assert_eq!(body["limits"][0]["reset_after_ms"], MAX);
+    // Cost 1 at the same instant: new − now = (B + 1)·T > B·T → denied;
+    // retry_after = new − B·T − now = T = 86_400_000 ms.
+    let (status, body) = api.check(T, "huge", 1);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(figures(&body), (false, Some(86_400_000), 0, MAX));
+    // A reserve is denied alike and holds nothing.
+    let (status, body) = api.at(
+        T,
+        "POST",
+        "/v1/check",
+        json!({"policy": "huge", "key": "k", "reserve": true, "reservation_id": "r0"}),
+    );
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["reservation"], serde_json::Value::Null);
+    // One day later one unit has come back: new − now = B·T again → allowed.
+    // Reserved and released at once: refund d = min(T, tat_r − now) = T, so
+    // TAT is back at NOW + B·T and the unit can be taken again, once.
+    let day = 86_400_000;
+    let (status, body) = api.at(
+        T + day,
+        "POST",
+        "/v1/check",
+        json!({"policy": "huge", "key": "k", "reserve": true, "reservation_id": "r1"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, MAX));
+    let (status, body) = api.at(
+        T + day,
+        "POST",
+        "/v1/reservations/r1/release",
+        serde_json::Value::Null,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api.check(T + day, "huge", 1);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, MAX));
+    let (status, body) = api.check(T + day, "huge", 1);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(figures(&body), (false, Some(86_400_000), 0, MAX));
+}
+
+#[test]
+fn rate_figures_beyond_64_bit_nanoseconds_are_exact() {
+    use replay::{Api, T, figures};
+    use serde_json::json;
+    let mut api = Api::new();
+    // rate 1 per 1d, burst 300 000: burst·T = 300 000 d = 2.592·10^19 ns, more
+    // than 2^64 ns (1.8·10^19) but far below the saturation of 2^53 − 1 ms.
+    api.put_policy(
+        T,
+        "long",
+        json!({"limits": [{"kind": "rate", "rate": 1, "per": "1d", "burst": 300_000}]}),
+    );
+    let (status, body) = api.check(T, "long", 300_000);
+    assert_eq!(status, 200, "{body}");
+    // reset_after = 300 000 · 86 400 000 ms.
+    assert_eq!(figures(&body), (true, None, 0, 25_920_000_000_000));
+    // A day later: TAT − now = 299 999 d; one unit fits (new − now = burst·T).
+    let day = 86_400_000;
+    let (status, body) = api.check(T + day, "long", 1);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, 25_920_000_000_000));
+
+    // rate 1000 per 1d: T = 86.4 s. Reserve 1 (TAT = NOW + T), commit at cost
+    // 200 000 000: the extra 199 999 999 units advance TAT from max(TAT, now):
+    // TAT = NOW + 200 000 000·T = NOW + 1.728·10^19 ns, past 2^64 ns since the
+    // epoch. (A new replay: its clock cannot go back to NOW.)
+    let mut api = Api::new();
+    api.put_policy(
+        T,
+        "paid",
+        json!({"limits": [{"kind": "rate", "rate": 1000, "per": "1d"}]}),
+    );
+    let (status, body) = api.at(
+        T,
+        "POST",
+        "/v1/check",
+        json!({"policy": "paid", "key": "k", "reserve": true, "reservation_id": "c1"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api.at(
+        T,
+        "POST",
+        "/v1/reservations/c1/commit",
+        json!({"cost": 200_000_000}),
+    );
+    assert_eq!(status, 200, "{body}");
+    // reset_after = 200 000 000 · 86 400 ms = 17 280 000 000 000 ms.
+    let (status, body) = api.check(T, "paid", 0);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, 17_280_000_000_000));
+    // retry_after = TAT + T − 1000·T − now = 199 999 001 · 86 400 ms.
+    let (status, body) = api.check(T, "paid", 1);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(
+        figures(&body),
+        (false, Some(17_279_913_686_400), 0, 17_280_000_000_000)
+    );
+}
+
+#[test]
+fn approximate_retry_into_an_empty_next_bucket_is_exact() {
+    use replay::{Api, T, figures};
+    use serde_json::json;
+    // limit L = 2^53 − 1 per 1 s, approximate; NOW is a whole second.
+    const L: u64 = (1 << 53) - 1;
+    let mut api = Api::new();
+    api.put_policy(
+        T,
+        "approx",
+        json!({"limits": [{"kind": "window", "limit": L, "window": "1s", "precision": "approximate"}]}),
+    );
+    // +100 ms: cost 2^52 in the bucket [NOW, NOW + 1 s). remaining = L − 2^52;
+    // reset = cur_start + 2W − now = 1900 ms.
+    let (status, body) = api.check(T + 100, "approx", 1 << 52);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, L - (1 << 52), 1900));
+    // +1500 ms: prev = 2^52, cur = 0: estimate = floor(2^52 · 500/1000) = 2^51;
+    // cost L does not fit. In this bucket the estimate stays ≥ 1 until its end
+    // (2^52 · 1 ns / 1 s > 1), and the next bucket starts empty: L fits from its
+    // first instant, NOW + 2 s. retry = 500 ms exactly; reset = cur_start + W −
+    // now = 500 ms (the current bucket is empty).
+    let (status, body) = api.check(T + 1500, "approx", L);
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(figures(&body), (false, Some(500), L - (1 << 51), 500));
+    assert_eq!(body["limits"][0]["retry_after_ms"], 500);
+    // At the retry instant it passes.
+    let (status, body) = api.check(T + 2000, "approx", L);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(figures(&body), (true, None, 0, 2000));
 }

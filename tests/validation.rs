@@ -2,7 +2,9 @@
 //! "Anything else is 400"), plus the warnings, TOML parsing and the JSON round
 //! trip of valid definitions.
 
-use freqcap::model::{CompiledPolicy, DefinitionError, PolicyDef, from_json, from_toml};
+use freqcap::model::{
+    CampaignDef, CompiledPolicy, DefinitionError, PolicyDef, from_json, from_toml,
+};
 
 /// Parses and compiles a policy, returning the first error.
 fn compile(json: &str) -> Result<CompiledPolicy, DefinitionError> {
@@ -324,7 +326,7 @@ fn bad_budgets() {
         ),
         (
             r#"{"kind":"budget","amount":100,"pacing":{"adaptive":{"weights":[]}}}"#.to_owned(),
-            "limits[0].pacing",
+            "limits[0].pacing.adaptive.weights",
             "unknown field",
         ),
         (
@@ -636,4 +638,301 @@ max = 10
     assert_eq!(e.field, "limits[0].rate");
     // Broken TOML.
     assert!(from_toml::<PolicyDef>("[[limits]\nkind = ").is_err());
+}
+
+// ------------------------------------------------ wrong types, every field ----
+
+/// A value of the wrong JSON type for each kind of field: an integer field
+/// gets a string, a negative number, a fraction and a boolean; a string field
+/// a number; an enum field a number; an object or list an integer.
+fn wrong_types(field_type: &str) -> &'static [&'static str] {
+    match field_type {
+        "integer" => &[r#""3""#, "-3", "1.5", "true", "[3]"],
+        "string" => &["3", "true", r#"["1s"]"#, r#"{"a":1}"#],
+        "number" => &[r#""0.01""#, "true", "[0.5]"],
+        "pacing" => &["3", "true", "[1]"],
+        "list" => &["3", r#""x""#, r#"{"a":1}"#],
+        other => panic!("no wrong values for {other}"),
+    }
+}
+
+/// A limit kind's fields as (field, type).
+type Fields = &'static [(&'static str, &'static str)];
+
+/// Every field of every limit kind, with a valid item of that kind (JSON
+/// object members without braces) and the field's type.
+const ITEM_FIELDS: &[(&str, &str, Fields)] = &[
+    (
+        "rate",
+        r#""kind":"rate","rate":5,"per":"1s","burst":10,"name":"r""#,
+        &[
+            ("kind", "string"),
+            ("name", "string"),
+            ("rate", "integer"),
+            ("per", "string"),
+            ("burst", "integer"),
+        ],
+    ),
+    (
+        "gap",
+        r#""kind":"gap","min":"1s","name":"g""#,
+        &[("kind", "string"), ("name", "string"), ("min", "string")],
+    ),
+    (
+        "window",
+        r#""kind":"window","limit":3,"window":"1d","align":"rolling","precision":"exact","name":"w""#,
+        &[
+            ("kind", "string"),
+            ("name", "string"),
+            ("limit", "integer"),
+            ("window", "string"),
+            ("align", "string"),
+            ("precision", "string"),
+        ],
+    ),
+    (
+        "calendar window",
+        r#""kind":"window","limit":3,"window":"1d","align":"calendar","tz":"UTC""#,
+        &[("tz", "string")],
+    ),
+    (
+        "budget",
+        r#""kind":"budget","amount":100,"per":"1d","pacing":"even","tolerance":0.01,"tz":"UTC","name":"b""#,
+        &[
+            ("kind", "string"),
+            ("name", "string"),
+            ("amount", "integer"),
+            ("per", "string"),
+            ("pacing", "pacing"),
+            ("tolerance", "number"),
+            ("tz", "string"),
+        ],
+    ),
+    (
+        "concurrency",
+        r#""kind":"concurrency","max":2,"name":"c""#,
+        &[("kind", "string"), ("name", "string"), ("max", "integer")],
+    ),
+];
+
+/// `item` (members without braces) with `field` set to `value`.
+fn with_field(item: &str, field: &str, value: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(&format!("{{{item}}}")).unwrap();
+    let mut m = v.as_object().unwrap().clone();
+    m.insert(field.into(), serde_json::from_str(value).unwrap());
+    serde_json::Value::Object(m).to_string()
+}
+
+#[track_caller]
+fn parse_rejects<T: serde::de::DeserializeOwned + std::fmt::Debug>(json: &str, field: &str) {
+    match from_json::<T>(json) {
+        Ok(v) => panic!("accepted: {json} as {v:?}"),
+        Err(e) => assert_eq!(e.field, field, "field for {json}: {e}"),
+    }
+}
+
+#[test]
+fn a_wrong_type_names_the_innermost_field_of_a_policy_item() {
+    for (kind, item, fields) in ITEM_FIELDS {
+        // The item as given is valid.
+        compile(&one(&format!("{{{item}}}"))).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        for (field, ty) in *fields {
+            for bad in wrong_types(ty) {
+                let json = one(&with_field(item, field, bad));
+                parse_rejects::<PolicyDef>(&json, &format!("limits[0].{field}"));
+                // The second item of a stack is named by its own index.
+                let two = format!(
+                    r#"{{"limits":[{{"kind":"gap","min":"1m","name":"first"}},{}]}}"#,
+                    with_field(item, field, bad)
+                );
+                parse_rejects::<PolicyDef>(&two, &format!("limits[1].{field}"));
+            }
+        }
+    }
+    // The policy's own fields.
+    for (json, field) in [
+        (r#"{"limits":3}"#, "limits"),
+        (r#"{"limits":[3]}"#, "limits[0]"),
+        (
+            r#"{"limits":[{"kind":"gap","min":"1s"}],"on_limit":3}"#,
+            "on_limit",
+        ),
+        (
+            r#"{"limits":[{"kind":"gap","min":"1s"}],"on_limit":"delay","max_delay_ms":"5"}"#,
+            "max_delay_ms",
+        ),
+        (
+            r#"{"limits":[{"kind":"gap","min":"1s"}],"on_limit":"delay","max_delay_ms":-5}"#,
+            "max_delay_ms",
+        ),
+    ] {
+        parse_rejects::<PolicyDef>(json, field);
+    }
+}
+
+/// Pacing profiles: a wrong weight or a wrong shape inside names its place.
+#[test]
+fn a_wrong_type_inside_a_pacing_profile_names_its_place() {
+    let mut w: Vec<String> = vec!["1".into(); 24];
+    w[5] = r#""x""#.into();
+    let bad = w.join(",");
+    let cases = [
+        (format!(r#"{{"profile":[{bad}]}}"#), "pacing.profile[5]"),
+        (r#"{"profile":"x"}"#.to_owned(), "pacing.profile"),
+        (r#"{"profile":[1],"extra":1}"#.to_owned(), "pacing.extra"),
+        (
+            format!(r#"{{"adaptive":{{"profile":[{bad}]}}}}"#),
+            "pacing.adaptive.profile[5]",
+        ),
+        (r#"{"adaptive":3}"#.to_owned(), "pacing.adaptive"),
+        (
+            r#"{"adaptive":{"profile":3}}"#.to_owned(),
+            "pacing.adaptive.profile",
+        ),
+    ];
+    for (pacing, field) in &cases {
+        let item = format!(r#"{{"kind":"budget","amount":100,"pacing":{pacing}}}"#);
+        parse_rejects::<PolicyDef>(&one(&item), &format!("limits[0].{field}"));
+        let campaign = format!(r#"{{"budget":{{"amount":100,"pacing":{pacing}}}}}"#);
+        parse_rejects::<CampaignDef>(&campaign, &format!("budget.{field}"));
+    }
+}
+
+#[test]
+fn a_wrong_type_names_the_innermost_field_of_a_campaign() {
+    // Caps: rate, gap and window items with a scope.
+    for (kind, item, fields) in ITEM_FIELDS {
+        if !["rate", "gap", "window", "calendar window"].contains(kind) {
+            continue;
+        }
+        let item = format!(r#"{item},"scope":"user""#);
+        let valid = format!(r#"{{"caps":[{{{item}}}]}}"#);
+        from_json::<CampaignDef>(&valid)
+            .unwrap()
+            .compile()
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        for (field, ty) in fields.iter().copied().chain([("scope", "string")]) {
+            for bad in wrong_types(ty) {
+                let cap = with_field(&item, field, bad);
+                parse_rejects::<CampaignDef>(
+                    &format!(r#"{{"caps":[{cap}]}}"#),
+                    &format!("caps[0].{field}"),
+                );
+                parse_rejects::<CampaignDef>(
+                    &format!(r#"{{"caps":[{{"kind":"gap","min":"1h","name":"first"}},{cap}]}}"#),
+                    &format!("caps[1].{field}"),
+                );
+            }
+        }
+    }
+    // The budget: a budget item whose kind may be left out.
+    let (_, budget, fields) = ITEM_FIELDS.iter().find(|(k, ..)| *k == "budget").unwrap();
+    from_json::<CampaignDef>(&format!(r#"{{"budget":{{{budget}}}}}"#))
+        .unwrap()
+        .compile()
+        .unwrap();
+    for (field, ty) in *fields {
+        for bad in wrong_types(ty) {
+            let b = with_field(budget, field, bad);
+            parse_rejects::<CampaignDef>(
+                &format!(r#"{{"budget":{b}}}"#),
+                &format!("budget.{field}"),
+            );
+        }
+    }
+    // The campaign's own fields.
+    for (field, ty) in [
+        ("parent", "string"),
+        ("tz", "string"),
+        ("unknown_user", "string"),
+        ("max_in_flight", "integer"),
+        ("caps", "list"),
+        ("budget", "list"),
+    ] {
+        for bad in wrong_types(ty) {
+            // A list is the right type for `caps`; an object for `budget`.
+            if (field, *bad) == ("budget", r#"{"a":1}"#) {
+                continue;
+            }
+            parse_rejects::<CampaignDef>(&format!(r#"{{"{field}":{bad}}}"#), field);
+        }
+    }
+    parse_rejects::<CampaignDef>(r#"{"caps":[3]}"#, "caps[0]");
+    // The issue's cases.
+    for limit in [r#""3""#, "-3"] {
+        let json = format!(
+            r#"{{"caps":[{{"kind":"window","limit":{limit},"window":"1d","scope":"campaign"}}]}}"#
+        );
+        parse_rejects::<CampaignDef>(&json, "caps[0].limit");
+    }
+}
+
+/// Inline limits of a check are read as a policy's items are.
+#[test]
+fn a_wrong_type_in_inline_limits_names_the_field() {
+    use std::sync::Arc;
+    let mut r = freqcap::replay::Replayer::new(
+        Arc::new(freqcap::store::MemoryStore::new()),
+        freqcap::engine::EngineOptions::default(),
+        freqcap::api::ApiOptions::default(),
+    )
+    .unwrap();
+    for (kind, item, fields) in ITEM_FIELDS {
+        for (field, ty) in *fields {
+            for bad in wrong_types(ty) {
+                let body = format!(
+                    r#"{{"key":"k","limits":[{{"kind":"gap","min":"1s","name":"first"}},{}]}}"#,
+                    with_field(item, field, bad)
+                );
+                let line =
+                    format!(r#"{{"at_ms":1000,"method":"POST","path":"/v1/check","body":{body}}}"#);
+                let out = r.line(&line);
+                assert_eq!(out["status"], 400, "{kind}.{field} = {bad}: {out}");
+                let message = out["body"]["error"]["message"].as_str().unwrap();
+                assert!(
+                    message.starts_with(&format!("limits[1].{field}: ")),
+                    "{kind}.{field} = {bad}: {message}"
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ item count ----
+
+#[test]
+fn a_stack_has_at_most_64_items() {
+    // Items are told apart by an index kept in 8 bits; 64 is the cap.
+    let items = |n: usize| {
+        (0..n)
+            .map(|_| r#"{"kind":"rate","rate":1,"per":"1s"}"#)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let p = compile(&format!(r#"{{"limits":[{}]}}"#, items(64))).unwrap();
+    assert_eq!(p.stack.items().len(), 64);
+    for n in [65, 256, 257] {
+        rejects(
+            &format!(r#"{{"limits":[{}]}}"#, items(n)),
+            "limits",
+            "at most 64",
+        );
+    }
+    // Campaign caps alike.
+    let caps = |n: usize| {
+        let v: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"kind":"gap","min":"{}s"}}"#, i + 1))
+            .collect();
+        format!(r#"{{"caps":[{}]}}"#, v.join(","))
+    };
+    from_json::<CampaignDef>(&caps(64))
+        .unwrap()
+        .compile()
+        .unwrap();
+    let e = from_json::<CampaignDef>(&caps(65))
+        .unwrap()
+        .compile()
+        .unwrap_err();
+    assert_eq!(e.field, "caps", "{e}");
+    assert!(e.message.contains("at most 64"), "{e}");
 }

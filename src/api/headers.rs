@@ -3,7 +3,7 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::clock::{Nanos, ceil_secs};
+use crate::clock::{Span, ceil_secs};
 use crate::limits::stack::{Decision, Stack};
 use crate::limits::window::Layout;
 use crate::limits::{Item, calendar};
@@ -13,16 +13,18 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The window (`w`) of an item in ns: the time a rate item takes to refill its
 /// whole burst, a window's or budget's length; `None` for concurrency.
-fn window_ns(item: &Item) -> Option<Nanos> {
-    match item {
-        Item::Rate { rate, .. } => Some(rate.refill_ns()),
-        Item::Window(w) => Some(match &w.layout {
+fn window_ns(item: &Item) -> Option<Span> {
+    let ns = match item {
+        // burst·T may exceed 64 bits of ns.
+        Item::Rate { rate, .. } => return Some(rate.refill_ns()),
+        Item::Window(w) => match &w.layout {
             Layout::Fixed { w } | Layout::Rolling { w } | Layout::Approximate { w } => *w,
             Layout::Calendar(c) => calendar::nominal_nanos(c.unit),
-        }),
-        Item::Budget(b) => Some(calendar::nominal_nanos(b.calendar.unit)),
-        Item::Concurrency(_) => None,
-    }
+        },
+        Item::Budget(b) => calendar::nominal_nanos(b.calendar.unit),
+        Item::Concurrency(_) => return None,
+    };
+    Some(Span::from(ns))
 }
 
 /// Structured-field integers have at most 15 digits (RFC 8941 §3.3.1);

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, AppState};
-use crate::clock::{Clock, MAX_REPORTED, Nanos, ceil_ms};
+use crate::clock::{Clock, MAX_REPORTED, ceil_ms};
 use crate::engine::{Engine, EngineError};
 use crate::model::Warning;
 
@@ -210,7 +210,7 @@ pub(crate) async fn in_memory_or_blocking<
 }
 
 /// A reported duration: ms rounded up, saturating (DESIGN §2.6).
-pub(crate) fn ms(ns: Nanos) -> u64 {
+pub(crate) fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
     ceil_ms(ns).min(MAX_REPORTED)
 }
 

@@ -88,7 +88,7 @@ pub struct DeniedBy {
     /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`,
     /// `unknown_campaign`.
     pub cap: String,
-    pub retry_after: Option<Nanos>,
+    pub retry_after: Option<crate::clock::Span>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

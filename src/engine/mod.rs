@@ -797,7 +797,7 @@ pub struct CapUsage {
     /// Debits of open reservations.
     pub pending: u64,
     pub remaining: u64,
-    pub reset_after: Nanos,
+    pub reset_after: crate::clock::Span,
 }
 
 /// A campaign's budget now (`GET /v1/campaigns/{c}/delivery`).

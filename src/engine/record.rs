@@ -16,6 +16,12 @@ const PRUNE_MIN_SLOTS: usize = 4;
 /// Low bits of a slot tag: the item's index in its owner's definition.
 const INDEX_BITS: u32 = 8;
 
+// Two items of one owner must never share a tag's index bits: validation caps
+// a stack at MAX_ITEMS items and a campaign at MAX_CAPS caps plus its budget
+// and max_in_flight.
+const _: () = assert!(crate::model::limit::MAX_ITEMS <= 1 << INDEX_BITS);
+const _: () = assert!(crate::model::campaign::MAX_CAPS + 2 <= 1 << INDEX_BITS);
+
 /// A slot's tag: the item index in the low byte, its definition's fingerprint
 /// above. A slot whose tag differs from the current definition's belongs to an
 /// older definition and reads as empty (DESIGN §2.6: a changed item starts

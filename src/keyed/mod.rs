@@ -22,7 +22,7 @@ pub mod map;
 
 use std::hash::Hash;
 
-use crate::clock::{Clock, Nanos, SystemClock};
+use crate::clock::{Clock, Nanos, Span, SystemClock};
 use crate::limits::rate::{Rate, RateState};
 use crate::limits::stack::{Decision, OnLimit, Pending, Stack, Verdict};
 use crate::limits::window::Layout;
@@ -104,8 +104,18 @@ impl Record for StackRecord {
 /// 40. Among many keys a lookup costs a cache miss per cache line its entry
 /// touches, and a smaller table keeps more of it in cache, so the entry size is
 /// the speed of a large keyed limiter.
+///
+/// 64 bits of ns reach the year 2554, so it is only used for rates whose
+/// burst·T is at most [`TAT_RECORD_MAX_REFILL`]: decisions then keep the TAT
+/// below 2^64 ns until the year 2407. (A commit charging far beyond the burst
+/// can take the TAT further; it saturates at 2^64 − 1 ns, and the key stays
+/// denied until then. A [`RateRecord`] keeps any TAT exactly.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TatRecord(pub Nanos);
+
+/// The longest burst·T (plus delay-mode wait) a [`TatRecord`] is used for:
+/// 2^62 ns, about 146 years.
+pub const TAT_RECORD_MAX_REFILL: Nanos = 1 << 62;
 
 /// The record of any other one-item `rate` or `gap` policy (`3/s`: the TAT
 /// needs its remainder in 1/q ns): its [`RateState`], 16 bytes, so a `u64`
@@ -163,7 +173,9 @@ fn admit_rate(
     if let (OnLimit::Delay { max_delay }, Some(wait)) = (on_limit, retry_after) {
         // Delay mode: a rate item's wait is its retry_after; the debit takes
         // the future slot the probe computed.
-        if wait <= max_delay {
+        if let Ok(wait) = Nanos::try_from(wait)
+            && wait <= max_delay
+        {
             rate.apply(st, &p, cost);
             return allowed(wait);
         }
@@ -197,15 +209,10 @@ impl Slots for TatRecord {
     }
 
     fn with_states<R>(&mut self, f: impl FnOnce(&mut [ItemState]) -> R) -> R {
-        let mut st = [ItemState::Rate(RateState {
-            tat_ns: self.0,
-            tat_rem: 0,
-        })];
+        let mut st = [ItemState::Rate(RateState::from_ns(self.0))];
         let r = f(&mut st);
         if let [ItemState::Rate(s)] = &st {
-            // A whole-ns rate keeps no remainder (`Rate::set_tat`).
-            debug_assert_eq!(s.tat_rem, 0);
-            self.0 = s.tat_ns;
+            self.0 = s.unit_ns();
         }
         r
     }
@@ -214,12 +221,9 @@ impl Slots for TatRecord {
         let Some(rate) = one_rate(stack) else {
             return self.with_states(|st| stack.admit(st, now, cost));
         };
-        let mut st = RateState {
-            tat_ns: self.0,
-            tat_rem: 0,
-        };
+        let mut st = RateState::from_ns(self.0);
         let v = admit_rate(rate, stack.on_limit(), &mut st, now, cost);
-        self.0 = st.tat_ns;
+        self.0 = st.unit_ns();
         v
     }
 }
@@ -228,11 +232,7 @@ impl Record for TatRecord {
     type Ctx = Stack;
 
     fn idle_at(&self, stack: &Stack) -> Nanos {
-        let st = RateState {
-            tat_ns: self.0,
-            tat_rem: 0,
-        };
-        stack.idle_at(&[ItemState::Rate(st)])
+        stack.idle_at(&[ItemState::Rate(RateState::from_ns(self.0))])
     }
 
     fn heap_bytes(&self) -> usize {
@@ -307,10 +307,24 @@ impl RecordLayout {
     /// The smallest layout that holds `stack`'s states exactly.
     pub fn for_stack(stack: &Stack) -> Self {
         match stack.items() {
-            [Item::Rate { rate, .. }] if rate.whole_ns() => RecordLayout::Tat,
+            [Item::Rate { rate, .. }]
+                if rate.whole_ns()
+                    && rate.refill_ns() + Span::from(max_delay(stack))
+                        <= Span::from(TAT_RECORD_MAX_REFILL) =>
+            {
+                RecordLayout::Tat
+            }
             [Item::Rate { .. }] => RecordLayout::Rate,
             _ => RecordLayout::Stack,
         }
+    }
+}
+
+/// The longest wait `stack`'s delay mode accepts (0 without delay mode).
+fn max_delay(stack: &Stack) -> Nanos {
+    match stack.on_limit() {
+        OnLimit::Delay { max_delay } => max_delay,
+        OnLimit::Reject => 0,
     }
 }
 
@@ -654,7 +668,13 @@ mod tests {
                     assert_eq!(norm(&[ItemState::Rate(rec.0)]), norm(&want));
                     if layout == RecordLayout::Tat {
                         assert_eq!(tat.admit(&stack, now, cost), v, "{rate:?} {mode:?}");
-                        tat.with_states(|s| assert_eq!(norm(s), norm(&want)));
+                        // The same TAT, in ns (the forms differ: a TatRecord
+                        // reads its ns as whole ns, a decision sets it scaled).
+                        let ns = |s: &[ItemState]| match s {
+                            [ItemState::Rate(r)] => r.unit_ns(),
+                            _ => 0,
+                        };
+                        tat.with_states(|s| assert_eq!(ns(s), ns(&want)));
                     }
                 }
             }

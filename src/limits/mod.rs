@@ -20,7 +20,7 @@ pub mod rate;
 pub mod stack;
 pub mod window;
 
-use crate::clock::Nanos;
+use crate::clock::{Nanos, Span};
 use budget::{Budget, BudgetState};
 use concurrency::{Concurrency, ConcurrencyState};
 use rate::{Rate, RatePending, RateProbe, RateState};
@@ -126,16 +126,17 @@ pub enum PendingItem {
 }
 
 /// The figures of one item in a decision (DESIGN §2, §2.6). Times in ns, exact
-/// values rounded up; the API rounds them up again to milliseconds.
+/// values rounded up; the API rounds them up again to milliseconds. A [`Span`],
+/// not [`Nanos`]: a rate item's can exceed 2^64 ns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemFigures {
     pub allowed: bool,
     pub limit: u64,
     pub remaining: u64,
-    pub reset_after: Nanos,
+    pub reset_after: Span,
     /// `None` when the item allows, and when it denies a request that can never
     /// pass.
-    pub retry_after: Option<Nanos>,
+    pub retry_after: Option<Span>,
 }
 
 /// How a debit is held.
@@ -260,9 +261,11 @@ impl Item {
     }
 
     /// `retry_after` for a denied probe (DESIGN §2.1–2.4, §2.6).
-    pub(crate) fn retry(&self, st: &ItemState, probe: &Probe, now: Nanos, n: u64) -> Option<Nanos> {
-        match self {
-            Item::Rate { rate, .. } => probe.rate.and_then(|p| rate.retry_after(&p, now, n)),
+    pub(crate) fn retry(&self, st: &ItemState, probe: &Probe, now: Nanos, n: u64) -> Option<Span> {
+        let wait = match self {
+            Item::Rate { rate, .. } => {
+                return probe.rate.and_then(|p| rate.retry_after(&p, now, n));
+            }
             Item::Window(w) => match &w.layout {
                 Layout::Fixed { .. } | Layout::Calendar(_) => {
                     w.counter_retry(&counter_of(st), now, n)
@@ -275,7 +278,9 @@ impl Item {
             },
             Item::Budget(b) => b.retry(&budget_of(st), now, n),
             Item::Concurrency(c) => c.retry(&conc_of(st), now),
-        }
+        };
+        // Only a rate item's wait can exceed 64 bits of ns.
+        wait.map(Span::from)
     }
 
     /// Debits `n` units (the probe allowed it, or delay mode accepted its future
@@ -337,12 +342,15 @@ impl Item {
     }
 
     /// Figures of the state as it is at `now`: (remaining, reset_after).
-    pub fn figures(&self, st: &ItemState, now: Nanos) -> (u64, Nanos) {
-        match self {
-            Item::Rate { rate, .. } => match st {
-                ItemState::Rate(s) => rate.figures(s, now),
-                _ => (rate.burst(), 0),
-            },
+    pub fn figures(&self, st: &ItemState, now: Nanos) -> (u64, Span) {
+        let (remaining, reset_after) = match self {
+            Item::Rate { rate, .. } => {
+                // Only a rate item's reset can exceed 64 bits of ns.
+                return match st {
+                    ItemState::Rate(s) => rate.figures(s, now),
+                    _ => (rate.burst(), 0),
+                };
+            }
             Item::Window(w) => {
                 let view = match &w.layout {
                     Layout::Fixed { .. } | Layout::Calendar(_) => {
@@ -369,7 +377,8 @@ impl Item {
                 ItemState::Concurrency(s) => c.figures(s, now),
                 _ => (c.max, 0),
             },
-        }
+        };
+        (remaining, Span::from(reset_after))
     }
 
     /// Undoes a pending debit of `n` units as of `now` (DESIGN §2.1–2.5): the debit

@@ -8,8 +8,12 @@
 //!
 //! Bounds: p ≤ 2^60 (durations are at most 10 000 days), q < 2^53, so scaled times
 //! (now·q < 2^117) and spans (burst·p < 2^113) fit in `u128` with room to add.
+//! The TAT itself is kept exact as a scaled `u128` up to [`MAX_TAT`]: it runs far
+//! past 2^64 ns (the year 2554) as soon as burst·T does, e.g. a burst of 2^53 − 1
+//! at 1 per day. Only commits charging far beyond the burst take it further, and
+//! there every figure is saturated already (see [`MAX_TAT`]).
 
-use crate::clock::Nanos;
+use crate::clock::{Nanos, Span};
 
 /// A compiled `rate` (or `gap`) item: everything a decision needs, precomputed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,15 +30,90 @@ pub struct Rate {
 
 /// Per-key state: the theoretical arrival time (TAT), exact.
 ///
-/// Stored as whole nanoseconds plus a remainder in 1/q ns rather than one `u128`,
-/// because `u128` is 16-byte aligned and would pad every record that holds one.
-/// 16 bytes. All zeros is the "empty" state: a TAT in the distant past.
+/// Two 64-bit words rather than one `u128`, because `u128` is 16-byte aligned
+/// and would pad every record that holds one. 16 bytes, in one of two forms:
+///
+/// - *scaled* (every TAT this build sets): TAT·q, the TAT in 1/q ns, as a
+///   127-bit integer: `lo` its low 64 bits, `hi` the rest with [`SCALED`] set.
+///   It holds any TAT up to [`MAX_TAT`], far past 2^64 ns.
+/// - *whole ns plus remainder* (`hi` < 2^63): floor(TAT) in ns in `lo` and the
+///   rest, in 1/q ns (< q < 2^53), in `hi`. Records of format 1
+///   ([`crate::store::codec`]) hold this form, which needs no q to read, and
+///   so does a TAT given in ns ([`RateState::from_ns`]).
+///
+/// All zeros is the "empty" state: a TAT in the distant past.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct RateState {
-    /// floor(TAT) in ns since the epoch.
-    pub tat_ns: u64,
-    /// TAT − floor(TAT), in units of 1/q ns (< q).
-    pub tat_rem: u64,
+    lo: u64,
+    hi: u64,
+}
+
+/// The flag of [`RateState`]'s scaled form, in `hi`. A remainder is below
+/// q < 2^53, so the other form never has it.
+const SCALED: u64 = 1 << 63;
+
+/// The largest TAT kept, in scaled units: 2^127 − 1, where a [`RateState`]'s
+/// scaled form ends. A TAT that far ahead (only commits charging past the burst
+/// take it there) is at least (2^127 − 2^117)/2^53 ns > 2^73 ns ahead of any
+/// `now`, more than the largest reported figure (2^53 − 1 ms), and the largest
+/// refund a release can make (burst·T < 2^113) leaves it so: every answer is
+/// the one the exact TAT would give.
+pub const MAX_TAT: u128 = (1 << 127) - 1;
+
+/// The two forms of a [`RateState`], for storing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateForm {
+    /// TAT·q.
+    Scaled(u128),
+    /// floor(TAT) in ns and the rest in 1/q ns.
+    WholeNs { ns: u64, rem: u64 },
+}
+
+impl RateState {
+    /// A TAT of `ns` nanoseconds since the epoch, for any q.
+    pub fn from_ns(ns: Nanos) -> Self {
+        RateState { lo: ns, hi: 0 }
+    }
+
+    /// A TAT stored as whole ns plus a remainder in 1/q ns (format 1).
+    pub fn from_whole_ns(ns: Nanos, rem: u64) -> Self {
+        // A remainder is below 2^53; a corrupt one must not pass for the
+        // other form.
+        RateState {
+            lo: ns,
+            hi: rem & !SCALED,
+        }
+    }
+
+    /// A TAT of `tat` scaled units (1/q ns), at most [`MAX_TAT`].
+    pub fn from_scaled(tat: u128) -> Self {
+        let tat = tat.min(MAX_TAT);
+        RateState {
+            lo: tat as u64,
+            hi: SCALED | (tat >> 64) as u64,
+        }
+    }
+
+    /// The form this state is in.
+    pub fn form(&self) -> RateForm {
+        if self.hi & SCALED != 0 {
+            RateForm::Scaled((u128::from(self.hi & !SCALED) << 64) | u128::from(self.lo))
+        } else {
+            RateForm::WholeNs {
+                ns: self.lo,
+                rem: self.hi,
+            }
+        }
+    }
+
+    /// The TAT in ns of a rate whose T is whole ns (q = 1, [`Rate::whole_ns`]),
+    /// saturating at `u64::MAX`.
+    pub fn unit_ns(&self) -> Nanos {
+        match self.form() {
+            RateForm::Scaled(tat) => u64::try_from(tat).unwrap_or(u64::MAX),
+            RateForm::WholeNs { ns, .. } => ns,
+        }
+    }
 }
 
 /// What a pending debit on a rate item must remember to be released exactly.
@@ -86,8 +165,9 @@ impl Rate {
     }
 
     /// Whether T is a whole number of ns (q = 1, as for `1000/s` or `100/h`):
-    /// every TAT is then whole ns and [`RateState::tat_rem`] stays 0, so a
-    /// record may keep `tat_ns` alone (8 bytes instead of 16).
+    /// every TAT is then whole ns, so a record may keep it in one `u64`
+    /// ([`RateState::from_ns`], [`RateState::unit_ns`]; 8 bytes instead of 16)
+    /// while it stays below 2^64 ns.
     pub fn whole_ns(&self) -> bool {
         self.q == 1
     }
@@ -99,41 +179,34 @@ impl Rate {
 
     /// Time to refill the whole burst, burst·T, in ns rounded up (the `w` of the
     /// `RateLimit-Policy` header).
-    pub fn refill_ns(&self) -> Nanos {
-        self.unscale_ceil(self.tau)
+    pub fn refill_ns(&self) -> Span {
+        self.span_ceil(self.tau)
     }
 
     fn scale(&self, ns: Nanos) -> u128 {
         u128::from(ns) * u128::from(self.q)
     }
 
-    /// Scaled units to ns, rounded up, saturating.
-    fn unscale_ceil(&self, s: u128) -> Nanos {
-        let ns = if self.q == 1 {
+    /// A scaled span in ns, rounded up: exact, the quotient is below 2^113.
+    fn span_ceil(&self, s: u128) -> Span {
+        if self.q == 1 {
             s
         } else {
             s.div_ceil(u128::from(self.q))
-        };
-        u64::try_from(ns).unwrap_or(u64::MAX)
+        }
     }
 
     fn tat(&self, st: &RateState) -> u128 {
-        self.scale(st.tat_ns) + u128::from(st.tat_rem)
+        match st.form() {
+            RateForm::Scaled(tat) => tat,
+            RateForm::WholeNs { ns, rem } => self.scale(ns) + u128::from(rem),
+        }
     }
 
     fn set_tat(&self, st: &mut RateState, tat: u128) {
-        if self.q == 1 {
-            // Whole nanoseconds: no division (the common case, e.g. 1000/s).
-            st.tat_ns = u64::try_from(tat).unwrap_or(u64::MAX);
-            st.tat_rem = 0;
-            return;
-        }
-        let q = u128::from(self.q);
-        // Saturate instead of wrapping: a TAT past the year 2554 can only come from
-        // absurd commits, and saturating keeps such a key denied rather than free.
-        let ns = u64::try_from(tat / q).unwrap_or(u64::MAX);
-        st.tat_ns = ns;
-        st.tat_rem = if ns == u64::MAX { 0 } else { (tat % q) as u64 };
+        // Kept as is, no division: every TAT a decision can make is below
+        // MAX_TAT, and one a commit pushes past it is clamped there (see MAX_TAT).
+        *st = RateState::from_scaled(tat);
     }
 
     /// Decides whether `n` units fit at `now`, changing nothing.
@@ -149,12 +222,12 @@ impl Rate {
 
     /// `retry_after` of a denied probe: the earliest time the same request could
     /// pass, or `None` if it never can (n > burst).
-    pub fn retry_after(&self, probe: &RateProbe, now: Nanos, n: u64) -> Option<Nanos> {
+    pub fn retry_after(&self, probe: &RateProbe, now: Nanos, n: u64) -> Option<Span> {
         if n > self.burst {
             return None;
         }
         let wait = probe.new_tat.saturating_sub(self.tau + self.scale(now));
-        Some(self.unscale_ceil(wait))
+        Some(self.span_ceil(wait))
     }
 
     /// Applies a probed debit (allowed, or delayed to its future slot) and returns
@@ -168,7 +241,7 @@ impl Rate {
     }
 
     /// `remaining` and `reset_after` for the state as it is at `now`.
-    pub fn figures(&self, st: &RateState, now: Nanos) -> (u64, Nanos) {
+    pub fn figures(&self, st: &RateState, now: Nanos) -> (u64, Span) {
         let now_s = self.scale(now);
         let tat = self.tat(st).max(now_s);
         let ahead = tat - now_s;
@@ -178,7 +251,7 @@ impl Rate {
             // < burst, so it fits in u64.
             div(self.tau - ahead, self.p) as u64
         };
-        (remaining, self.unscale_ceil(ahead))
+        (remaining, self.span_ceil(ahead))
     }
 
     /// Undoes a pending debit of `n` units as of `now` (DESIGN §2.1): refund only
@@ -201,9 +274,10 @@ impl Rate {
         self.set_tat(st, base + u128::from(extra) * u128::from(self.p));
     }
 
-    /// The first instant at which this state is back to full capacity.
+    /// The first instant at which this state is back to full capacity;
+    /// `u64::MAX` (never, as far as a clock can tell) past the year 2554.
     pub fn idle_at(&self, st: &RateState) -> Nanos {
-        self.unscale_ceil(self.tat(st))
+        u64::try_from(self.span_ceil(self.tat(st))).unwrap_or(u64::MAX)
     }
 }
 
@@ -252,5 +326,26 @@ mod tests {
         let later = now + 3 * SECOND / 2;
         r.release(&mut st, &pend, 2, later);
         assert_eq!(r.figures(&st, later), (5, 0));
+    }
+
+    #[test]
+    fn both_forms_of_a_state_read_the_same_tat() {
+        // 3 per second: q = 3; a TAT of 10 s + ⅔ ns is 30·10^9 + 2 in 1/3 ns.
+        let r = Rate::new(3, SECOND, 3);
+        let tat = u128::from(30 * SECOND + 2);
+        let whole = RateState::from_whole_ns((tat / 3) as u64, (tat % 3) as u64);
+        let new = RateState::from_scaled(tat);
+        assert_ne!(whole, new);
+        assert_eq!(r.tat(&whole), tat);
+        assert_eq!(r.tat(&new), tat);
+        assert_eq!(new.form(), RateForm::Scaled(tat));
+        let now = 10 * SECOND;
+        assert_eq!(r.figures(&whole, now), r.figures(&new, now));
+        // Far past 2^64 ns, exactly: 2^100 + 1 scaled units.
+        let far = (1u128 << 100) + 1;
+        assert_eq!(r.tat(&RateState::from_scaled(far)), far);
+        assert_eq!(r.tat(&RateState::from_scaled(u128::MAX)), MAX_TAT);
+        // The empty state is all zeros in either reading.
+        assert_eq!(r.tat(&RateState::default()), 0);
     }
 }

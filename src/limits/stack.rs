@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use crate::clock::Nanos;
+use crate::clock::{Nanos, Span};
 use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem};
 
 /// What to do when a request is denied.
@@ -44,11 +44,11 @@ pub struct Decision {
     /// How long the caller should wait before acting (delay mode), else 0.
     pub delay: Nanos,
     /// For a denial: the max over denying items, `None` if any says never.
-    pub retry_after: Option<Nanos>,
+    pub retry_after: Option<Span>,
     /// The least `remaining` over items.
     pub remaining: u64,
     /// `reset_after` of the item with the least remaining (ties: the larger).
-    pub reset_after: Nanos,
+    pub reset_after: Span,
     /// Per item, in definition order.
     pub items: SmallVec<[ItemFigures; 4]>,
 }
@@ -80,7 +80,7 @@ pub struct Verdict {
     /// How long to wait before acting (delay mode), else 0.
     pub delay: Nanos,
     /// For a denial: when the same request could pass, `None` if never.
-    pub retry_after: Option<Nanos>,
+    pub retry_after: Option<Span>,
 }
 
 impl Verdict {
@@ -250,7 +250,10 @@ impl Stack {
             };
             let shapeable = matches!(item.kind(), Kind::Rate | Kind::Gap);
             match item.retry(st, &p, now, cost) {
-                Some(wait) if shapeable && wait <= max_delay => delay = delay.max(wait),
+                Some(wait) if shapeable && wait <= Span::from(max_delay) => {
+                    // At most max_delay, so it fits in Nanos.
+                    delay = delay.max(Nanos::try_from(wait).unwrap_or(max_delay))
+                }
                 _ => return None,
             }
         }
@@ -270,7 +273,7 @@ impl Stack {
         states: &[ItemState],
         now: Nanos,
         allowed: bool,
-        retry: impl Fn(usize) -> Option<Option<Nanos>>,
+        retry: impl Fn(usize) -> Option<Option<Span>>,
     ) -> Decision {
         let mut items = SmallVec::new();
         let mut retry_after = Some(0);

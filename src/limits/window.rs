@@ -299,9 +299,15 @@ impl Window {
                 return Some((t - u128::from(now)) as Nanos);
             }
         }
-        // Next bucket: cur·(end + W − t)/W < room.
-        let x = room * w;
-        let t = (end + w + 1).saturating_sub(x.div_ceil(cur.max(1)));
+        // Next bucket: cur·(end + W − t)/W < room, i.e. t > end + W − room·W/cur:
+        // the least such integer is end + W − ⌈room·W/cur⌉ + 1. An empty current
+        // bucket leaves nothing to decay: the next bucket starts at 0 and fits
+        // from its first instant (the formula has no cur to divide by).
+        let t = if cur == 0 {
+            end
+        } else {
+            (end + w + 1).saturating_sub((room * w).div_ceil(cur))
+        };
         let t = t.max(end).max(u128::from(now));
         Some((t - u128::from(now)) as Nanos)
     }

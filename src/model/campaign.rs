@@ -7,11 +7,13 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::limits::Item;
 use crate::limits::concurrency::Concurrency;
 use crate::model::error::{DefinitionError, Warning};
-use crate::model::limit::{LimitDef, MAX_INTEGER, check_windows_among};
+use crate::model::limit::{LimitDef, MAX_INTEGER, MAX_ITEMS, check_windows_among};
 
-/// The most caps one campaign may have. A cap's index is kept in one byte of a
-/// stored counter's tag, and no real campaign needs more.
-pub const MAX_CAPS: usize = 64;
+/// The most caps one campaign may have: as many as a policy's items
+/// ([`MAX_ITEMS`]). A campaign's items are its caps, then its budget and
+/// max_in_flight, and an item's index is kept in one byte of a stored
+/// counter's tag.
+pub const MAX_CAPS: usize = MAX_ITEMS;
 
 /// Who a cap counts for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -58,7 +60,7 @@ impl<'de> Deserialize<'de> for CapDef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         // `scope` sits beside the item's own fields; take it out, then read the
-        // rest as a limit item, whose own reader names the field it rejects.
+        // rest as a limit item, naming the field it rejects (`caps[0].limit`).
         let mut value = serde_json::Value::deserialize(d)?;
         let scope = match take(&mut value, "scope") {
             None => None,
@@ -67,7 +69,7 @@ impl<'de> Deserialize<'de> for CapDef {
                     .map_err(|_| D::Error::custom("scope: must be \"user\" or \"campaign\""))?,
             ),
         };
-        let limit = LimitDef::deserialize(value).map_err(D::Error::custom)?;
+        let limit = crate::model::nested_error(value, None)?;
         Ok(CapDef { scope, limit })
     }
 }
@@ -105,9 +107,7 @@ impl<'de> Deserialize<'de> for CampaignBudget {
                 Some(_) => return Err(D::Error::custom("kind: must be \"budget\" or absent")),
             }
         }
-        LimitDef::deserialize(value)
-            .map(CampaignBudget)
-            .map_err(D::Error::custom)
+        crate::model::nested_error(value, None).map(CampaignBudget)
     }
 }
 
@@ -122,8 +122,9 @@ pub struct CampaignDef {
     /// they name none; default UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
-    /// Caps: rate, gap or window items, each with a scope.
+    /// Caps: rate, gap or window items, each with a scope; at most 64.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub caps: Vec<CapDef>,
     /// Paced spend per period (campaign scope).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -24,6 +24,12 @@ use crate::model::error::{DefinitionError, Warning};
 /// any JSON reader that stores numbers as doubles.
 pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 
+/// The most items one stack (a policy, or the inline limits of a check) may
+/// have. An item's index is kept in the low byte of its counter's tag
+/// (`crate::engine::record::tag`), so two items of one stack must never share
+/// an index modulo 256; 64 leaves room and is far more than a real policy needs.
+pub const MAX_ITEMS: usize = 64;
+
 /// The longest item name; names appear in HTTP headers.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -174,14 +180,14 @@ impl<'de> Deserialize<'de> for Pacing {
                 "adaptive" => Ok(Pacing::Mode(PacingMode::Adaptive)),
                 _ => Err(serde::de::Error::custom(format!("{hint}, got {s:?}"))),
             },
+            // An error inside names its field (`profile[3]`), joined to the
+            // outer path by `crate::model::split_path`.
             v @ serde_json::Value::Object(_) if v.get("adaptive").is_some() => {
-                serde_json::from_value(v)
-                    .map(Pacing::Adaptive)
-                    .map_err(|e| serde::de::Error::custom(format!("{hint}: {e}")))
+                crate::model::nested_error(v, Some(hint)).map(Pacing::Adaptive)
             }
-            v @ serde_json::Value::Object(_) => serde_json::from_value(v)
-                .map(Pacing::Profile)
-                .map_err(|e| serde::de::Error::custom(format!("{hint}: {e}"))),
+            v @ serde_json::Value::Object(_) => {
+                crate::model::nested_error(v, Some(hint)).map(Pacing::Profile)
+            }
             other => Err(serde::de::Error::custom(format!("{hint}, got {other}"))),
         }
     }
@@ -279,8 +285,8 @@ pub enum OnLimit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyDef {
-    /// At least one item.
-    #[schemars(length(min = 1))]
+    /// At least one item, at most 64.
+    #[schemars(length(min = 1, max = 64))]
     pub limits: Vec<LimitDef>,
     /// Default `reject`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -651,6 +657,12 @@ pub fn compile_stack(
     on_limit: Option<OnLimit>,
     max_delay_ms: Option<u64>,
 ) -> Result<CompiledPolicy> {
+    if limits.len() > MAX_ITEMS {
+        return Err(err(
+            path,
+            format!("at most {MAX_ITEMS} items, got {}", limits.len()),
+        ));
+    }
     let mut items = Vec::with_capacity(limits.len());
     let mut names: Vec<String> = Vec::with_capacity(limits.len());
     for (i, l) in limits.iter().enumerate() {

@@ -34,16 +34,30 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> 
 }
 
 fn path_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> DefinitionError {
-    let path = e.path().to_string();
+    let (field, message) = split_path(e.path(), e.inner().to_string());
+    // serde_json appends " at line L column C"; keep it, it helps find the spot.
+    DefinitionError::new(field, message)
+}
+
+/// The innermost field of an error: `path` joined with the path its message
+/// may lead with.
+///
+/// Parts read through a `serde_json::Value` (a campaign's caps and budget, a
+/// budget's pacing) deserialize on their own, out of the outer deserializer's
+/// sight, so their errors can only come out as text; [`nested_error`] makes
+/// that text `path: message` and this moves the path back where it belongs.
+/// So does an item's own check ([`raw::FieldError`], `field: message`). serde's
+/// own messages never start with a bare path and a colon ("invalid value:
+/// ..." has a space).
+fn split_path(path: &serde_path_to_error::Path, mut message: String) -> (String, String) {
+    let path = path.to_string();
     // serde_path_to_error writes "." for the root.
     let mut field = if path == "." { String::new() } else { path };
-    let mut message = e.inner().to_string();
-    // An item's own check (raw::FieldError) says which of its fields is wrong as
-    // "field: message"; move that field into the path. serde's own messages never
-    // start with a bare identifier and a colon ("invalid value: ..." has a space).
     if let Some((sub, rest)) = message.split_once(": ")
-        && !sub.is_empty()
-        && sub.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        && sub.starts_with(|c: char| c.is_ascii_lowercase())
+        && sub.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'[' | b']')
+        })
     {
         field = if field.is_empty() {
             sub.to_owned()
@@ -52,8 +66,25 @@ fn path_error<E: std::fmt::Display>(e: &serde_path_to_error::Error<E>) -> Defini
         };
         message = rest.to_owned();
     }
-    // serde_json appends " at line L column C"; keep it, it helps find the spot.
-    DefinitionError::new(field, message)
+    (field, message)
+}
+
+/// Reads a part of a definition held as a `serde_json::Value`, reporting an
+/// error inside it as `path: message` (`rate: invalid type: string "3", ...`),
+/// which [`split_path`] joins to the outer path (`caps[0].rate`). `hint` leads
+/// the message of an error about the value as a whole.
+pub(crate) fn nested_error<T: DeserializeOwned, E: serde::de::Error>(
+    value: serde_json::Value,
+    hint: Option<&str>,
+) -> Result<T, E> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let (field, message) = split_path(e.path(), e.inner().to_string());
+        E::custom(match (field.is_empty(), hint) {
+            (false, _) => format!("{field}: {message}"),
+            (true, Some(h)) => format!("{h}: {message}"),
+            (true, None) => message,
+        })
+    })
 }
 
 /// The JSON Schemas of the definitions, as (file name under `schemas/`, text).

@@ -8,16 +8,25 @@
 //! Stored states mirror [`ItemState`] rather than serializing it directly: the
 //! in-memory layout is tuned for size and may change; the disk format changes
 //! only with [`FORMAT_VERSION`].
+//!
+//! Versions:
+//! - 1: a rate state is `StoredState::Rate { tat_ns, tat_rem }`, the TAT as
+//!   whole ns plus a remainder in 1/q ns; a TAT past 2^64 ns (the year 2554)
+//!   was clipped there.
+//! - 2: a rate state may also be `StoredState::RateScaled { lo, hi }`, the
+//!   TAT·q as a 128-bit integer, exact however far ahead (rates with a large
+//!   burst·T); the variant is new, every other one is laid out as in 1, so a
+//!   value of version 1 decodes as it always did.
 
 use serde::{Deserialize, Serialize};
 
 use crate::limits::ItemState;
 use crate::limits::budget::BudgetState;
-use crate::limits::rate::RateState;
+use crate::limits::rate::{RateForm, RateState};
 use crate::limits::window::{ApproxState, CounterState, Debit, LogState};
 
-/// The newest layout this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+/// The newest layout this build writes and reads (it reads every older one).
+pub const FORMAT_VERSION: u8 = 2;
 
 /// Bytes before the payload.
 const HEADER: usize = 9;
@@ -75,23 +84,57 @@ pub fn decode<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, String>
 
 /// One item state as stored. Reservations are memory-only, so what is stored
 /// is committed state: no concurrency holds, no pending budget.
+///
+/// bincode writes a variant as its index: new variants go last, and none is
+/// ever removed or reordered, so older values keep decoding.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredState {
     Fresh,
-    Rate { tat_ns: u64, tat_rem: u64 },
-    Counter { start: u64, end: u64, used: u64 },
-    Log { debits: Vec<(u64, u64)>, sum: u64 },
-    Approx { cur_start: u64, prev: u64, cur: u64 },
-    Budget { start: u64, end: u64, spent: u64 },
+    /// A TAT as whole ns plus a remainder in 1/q ns (every rate state of
+    /// version 1; in version 2, one read from version 1 and not changed since).
+    Rate {
+        tat_ns: u64,
+        tat_rem: u64,
+    },
+    Counter {
+        start: u64,
+        end: u64,
+        used: u64,
+    },
+    Log {
+        debits: Vec<(u64, u64)>,
+        sum: u64,
+    },
+    Approx {
+        cur_start: u64,
+        prev: u64,
+        cur: u64,
+    },
+    Budget {
+        start: u64,
+        end: u64,
+        spent: u64,
+    },
+    /// Version 2: a TAT·q, exact, as its low and high 64 bits.
+    RateScaled {
+        lo: u64,
+        hi: u64,
+    },
 }
 
 impl From<&ItemState> for StoredState {
     fn from(s: &ItemState) -> Self {
         match s {
             ItemState::Fresh | ItemState::Concurrency(_) => StoredState::Fresh,
-            ItemState::Rate(r) => StoredState::Rate {
-                tat_ns: r.tat_ns,
-                tat_rem: r.tat_rem,
+            ItemState::Rate(r) => match r.form() {
+                RateForm::Scaled(tat) => StoredState::RateScaled {
+                    lo: tat as u64,
+                    hi: (tat >> 64) as u64,
+                },
+                RateForm::WholeNs { ns, rem } => StoredState::Rate {
+                    tat_ns: ns,
+                    tat_rem: rem,
+                },
             },
             ItemState::Counter(c) => StoredState::Counter {
                 start: c.start,
@@ -120,7 +163,12 @@ impl From<StoredState> for ItemState {
     fn from(s: StoredState) -> Self {
         match s {
             StoredState::Fresh => ItemState::Fresh,
-            StoredState::Rate { tat_ns, tat_rem } => ItemState::Rate(RateState { tat_ns, tat_rem }),
+            StoredState::Rate { tat_ns, tat_rem } => {
+                ItemState::Rate(RateState::from_whole_ns(tat_ns, tat_rem))
+            }
+            StoredState::RateScaled { lo, hi } => ItemState::Rate(RateState::from_scaled(
+                (u128::from(hi) << 64) | u128::from(lo),
+            )),
             StoredState::Counter { start, end, used } => {
                 ItemState::Counter(CounterState { start, end, used })
             }
@@ -172,6 +220,86 @@ mod tests {
         newer[0] = FORMAT_VERSION + 1;
         assert!(unframe(&newer).is_err());
         assert!(unframe(&v[..5]).is_err());
+    }
+
+    /// A value written by a build of format version 1, byte by byte: it reads
+    /// back as the same TAT, remainder included.
+    #[test]
+    fn decodes_a_value_of_format_version_1() {
+        use crate::limits::rate::Rate;
+        let v1: Vec<u8> = [
+            // Version 1, expiry 1_767_225_660_000_000_000 (u64 LE).
+            &[1u8, 0, 88, 65, 230, 95, 114, 134, 24][..],
+            // bincode (standard: varints, little endian): a Vec of 2 slots.
+            &[2],
+            // Slot 1: owner 7, tag 0x1201 (251 = a u16 follows), variant 1
+            // (Rate), tat_ns 1_767_225_601_000_000_000 (253 = a u64 follows),
+            // tat_rem 1.
+            &[7, 251, 0x01, 0x12, 1],
+            &[253, 0, 202, 148, 41, 82, 114, 134, 24],
+            &[1],
+            // Slot 2: owner 8, tag 2, variant 2 (Counter) {1, 2, 3}.
+            &[8, 2, 2, 1, 2, 3],
+        ]
+        .concat();
+        let (expires, payload) = unframe(&v1).unwrap();
+        assert_eq!(expires, 1_767_225_660_000_000_000);
+        let slots: Vec<StoredSlot> = decode(payload).unwrap();
+        let tat_ns = 1_767_225_601_000_000_000;
+        assert_eq!(
+            slots,
+            [
+                StoredSlot {
+                    owner: 7,
+                    tag: 0x1201,
+                    state: StoredState::Rate { tat_ns, tat_rem: 1 },
+                },
+                StoredSlot {
+                    owner: 8,
+                    tag: 2,
+                    state: StoredState::Counter {
+                        start: 1,
+                        end: 2,
+                        used: 3
+                    },
+                },
+            ]
+        );
+        // 3 per second (T = 1/3 s, burst 3·T = 1 s): the TAT is 1 s + ⅓ ns
+        // after `now`, so nothing remains and the reset is ⌈1 s + ⅓ ns⌉.
+        let rate = Rate::new(3, 1_000_000_000, 3);
+        let ItemState::Rate(st) = ItemState::from(slots[0].state.clone()) else {
+            panic!("a rate state");
+        };
+        let now = tat_ns - 1_000_000_000;
+        assert_eq!(rate.figures(&st, now), (0, 1_000_000_001));
+        // Written back unchanged, it keeps the version 1 form.
+        assert_eq!(StoredState::from(&ItemState::Rate(st)), slots[0].state);
+    }
+
+    /// Version 2 keeps a TAT far past 2^64 ns exactly.
+    #[test]
+    fn a_scaled_tat_round_trips() {
+        use crate::limits::rate::MAX_TAT;
+        for tat in [0, 1, u128::from(u64::MAX) + 1, (1 << 117) + 12_345, MAX_TAT] {
+            let st = ItemState::Rate(RateState::from_scaled(tat));
+            let stored = StoredState::from(&st);
+            assert_eq!(
+                stored,
+                StoredState::RateScaled {
+                    lo: tat as u64,
+                    hi: (tat >> 64) as u64
+                }
+            );
+            let bytes = encode(&vec![StoredSlot {
+                owner: 1,
+                tag: 1,
+                state: stored.clone(),
+            }]);
+            let back: Vec<StoredSlot> = decode(&bytes).unwrap();
+            assert_eq!(ItemState::from(back[0].state.clone()), st);
+        }
+        assert_eq!(frame(0, b"")[0], 2);
     }
 
     #[test]
