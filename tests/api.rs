@@ -907,6 +907,23 @@ fn a_body_is_exactly_one_json_object() {
         assert_eq!(status, 400, "{path} {body}: {answer}");
         assert_eq!(answer["error"]["code"], "invalid_argument", "{body}");
     }
+    // Inside a definition too, where parts are read as plain JSON values.
+    let mut r = live
+        .agent
+        .put(format!("{}/v1/campaigns/c2", live.base))
+        .header("Content-Type", "application/json")
+        .send(r#"{"caps": [{"kind": "window", "limit": 3, "limit": 5, "window": "1d"}]}"#)
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let answer: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("caps[0].limit: given twice"),
+        "{answer}"
+    );
+    assert_eq!(live.send("GET", "/v1/campaigns/c2", None, None).0, 404);
     // Nothing of the above was counted: the one allowed check passes, and the
     // user has no impression of c.
     assert_eq!(post("/v1/check", r#"{"policy":"p","key":"k"}"#).0, 200);

@@ -62,6 +62,10 @@ pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<D>, ApiError> {
     id_param(&s, D::PARAM, &name)?;
+    if let Ok(raw) = &b {
+        crate::model::check_unique_members(&String::from_utf8_lossy(raw))
+            .map_err(|e| ApiError::invalid(&e.field, e.message))?;
+    }
     let def: D = body(b)?;
     let e = s.engine.clone();
     let stored = def.clone();

@@ -26,6 +26,70 @@ pub fn from_json<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> 
     Ok(value)
 }
 
+/// Refuses JSON in which an object gives a member twice (`{"limit": 3,
+/// "limit": 5}`), naming where. Typed structs refuse that themselves, but
+/// parts of a definition are first read as a plain JSON value (a campaign's
+/// caps, budget and pacing), where the last member would silently win.
+pub fn check_unique_members(text: &str) -> Result<(), DefinitionError> {
+    use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
+    struct Unique;
+    impl<'de> DeserializeSeed<'de> for Unique {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Unique {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(Unique)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if seen.contains(&key) {
+                    return Err(A::Error::custom(format!("{key}: given twice")));
+                }
+                map.next_value_seed(Unique)?;
+                seen.insert(key);
+            }
+            Ok(())
+        }
+    }
+    struct Document;
+    impl<'de> serde::Deserialize<'de> for Document {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(Unique).map(|()| Document)
+        }
+    }
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize::<_, Document>(&mut *de)
+        .map(|_| ())
+        .map_err(|e| path_error(&e))
+}
+
 /// Parses a definition from TOML, naming the field on error as [`from_json`] does.
 pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, DefinitionError> {
     let de = toml::Deserializer::parse(text)
