@@ -62,15 +62,17 @@ fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Option<Value> {
 /// bound every accepted id meets (non-ASCII ids reach it sooner).
 const MAX_ID_LEN: usize = 256;
 
-/// A key, user or event id: any text of 1 to 256 bytes (`max_id_len`).
+/// A key, user or event id, or a reference to a policy or campaign: any
+/// text of 1 to 256 bytes (`max_id_len`). A reference outside
+/// [`name_schema`] is not refused; it names nothing (404, or an ineligible
+/// candidate).
 fn id_schema() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN})
 }
 
-/// A policy name or campaign id, as `PUT` accepts it: 1–256 of
-/// `A-Z a-z 0-9 . _ : -` (and at most `max_id_len` bytes). Nothing else is
-/// ever defined, so a reference outside it names nothing (404, or an
-/// ineligible candidate).
+/// A policy name or campaign id as `PUT` (and a campaign's `parent`)
+/// accepts it: 1–256 of `A-Z a-z 0-9 . _ : -` (and at most `max_id_len`
+/// bytes).
 fn name_schema() -> Value {
     json!({
         "type": "string", "minLength": 1, "maxLength": MAX_ID_LEN,
@@ -87,7 +89,15 @@ fn reservation_id_schema() -> Value {
     })
 }
 
-fn path_params(path: &str) -> Vec<Value> {
+fn path_params(method: &str, path: &str) -> Vec<Value> {
+    // Only PUT defines a name; other methods look it up.
+    let name_or_ref = || {
+        if method == "put" {
+            name_schema()
+        } else {
+            id_schema()
+        }
+    };
     path.split('/')
         .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
         .map(|name| {
@@ -101,11 +111,11 @@ fn path_params(path: &str) -> Vec<Value> {
                     "The reservation id (1–128 of A-Z a-z 0-9 . _ : -).",
                 ),
                 (_, p) if p.starts_with("/v1/policies/") => (
-                    name_schema(),
+                    name_or_ref(),
                     "The policy name (1–256 of A-Z a-z 0-9 . _ : -).",
                 ),
                 _ => (
-                    name_schema(),
+                    name_or_ref(),
                     "The campaign id (1–256 of A-Z a-z 0-9 . _ : -).",
                 ),
             };
@@ -128,15 +138,15 @@ fn refine(schemas: &mut Map<String, Value>) {
     let rid = reservation_id_schema();
     let fields: [(&str, &str, &Value); 17] = [
         ("CheckBody", "key", &id),
-        ("CheckBody", "policy", &name),
+        ("CheckBody", "policy", &id),
         ("CheckBody", "reservation_id", &rid),
         ("ScreenBody", "user", &id),
         ("ScreenBody", "reservation_id", &rid),
-        ("CandidateBody", "campaign", &name),
+        ("CandidateBody", "campaign", &id),
         ("CommitBody", "user", &id),
         ("CommitBody", "event_id", &id),
         ("EventBody", "user", &id),
-        ("EventBody", "campaign", &name),
+        ("EventBody", "campaign", &id),
         ("EventBody", "event_id", &id),
         ("CampaignDef", "parent", &name),
         ("DecisionBody", "reservation", &rid),
@@ -161,8 +171,8 @@ fn refine(schemas: &mut Map<String, Value>) {
     candidates.insert("maxItems".into(), json!(10_000));
     // `campaign` of a commit: one name or a list of names.
     let one_or_many = component(schemas, "OneOrMany");
-    one_or_many["anyOf"][0] = name.clone();
-    one_or_many["anyOf"][1]["items"] = name.clone();
+    one_or_many["anyOf"][0] = id.clone();
+    one_or_many["anyOf"][1]["items"] = id.clone();
     let events = component(schemas, "EventsBody");
     events["anyOf"][1]["minItems"] = json!(1);
     // Exactly one of `policy` and `limits` (null is as good as absent).
@@ -484,7 +494,7 @@ pub fn document() -> Value {
                 "operationId": operation_id(op.method, op.path),
                 "responses": responses,
             });
-            let params = path_params(op.path);
+            let params = path_params(op.method, op.path);
             if !params.is_empty() {
                 o["parameters"] = Value::Array(params);
             }
