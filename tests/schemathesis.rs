@@ -27,10 +27,17 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Generated cases per operation and phase.
 const MAX_EXAMPLES: u32 = 100;
 
-/// The checks run on every answer. Left out: `negative_data_rejection` and
-/// `positive_data_acceptance` (the service's answer to a request depends on
-/// state no generated request sets up, e.g. a policy defined before a check)
-/// and the method and auth checks, which `tests/e2e.rs` covers.
+/// The checks run on every answer. Left out:
+/// - `negative_data_rejection` (a request the document forbids must be
+///   refused), for now: it passes but for bodies that are JSON arrays, which
+///   the handlers read as structs (`PUT /v1/campaigns/0` with `[null, null]`
+///   answers 200 and defines a campaign). Add it once the server refuses
+///   them (pending in src/api, with trailing bytes and duplicate keys).
+/// - `positive_data_acceptance`: a valid request may still be refused for
+///   what no schema states (an unknown time zone, a parent cycle) or for state
+///   (a policy not defined); and serde refuses `1.0` where JSON Schema's
+///   `integer` allows it.
+/// - the method and auth checks, which `tests/e2e.rs` covers.
 const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,\
                       response_headers_conformance,response_schema_conformance";
 
