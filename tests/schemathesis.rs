@@ -120,15 +120,18 @@ fn pinned_version() -> String {
         .to_owned()
 }
 
-/// `st --version`'s answer, or `None` when there is no `st` to run.
+/// The command schemathesis installs (also as `st`, a name other programs use).
+const SCHEMATHESIS: &str = "schemathesis";
+
+/// `schemathesis --version`'s answer, or `None` when there is none to run.
 fn installed_version() -> Option<String> {
-    let out = Command::new("st")
+    let out = Command::new(SCHEMATHESIS)
         .arg("--version")
         .stdin(Stdio::null())
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    // "st, version 4.32.5"
+    // "schemathesis, version 4.32.5"
     let v = text.trim().rsplit(' ').next()?.to_owned();
     (out.status.success() && !v.is_empty()).then_some(v)
 }
@@ -151,14 +154,14 @@ fn the_served_document_describes_every_answer() {
             return;
         }
         panic!(
-            "schemathesis is not installed (no `st` on PATH): run `make pydeps` \
+            "schemathesis is not installed (no `schemathesis` on PATH): run `make pydeps` \
              (pip install -r tests/requirements.txt), or set FREQCAP_SKIP_SCHEMATHESIS=1 \
              to skip this test"
         );
     };
     assert_eq!(
         installed, pinned,
-        "st is schemathesis {installed}, tests/requirements.txt pins {pinned}: run `make pydeps`"
+        "schemathesis is {installed}, tests/requirements.txt pins {pinned}: run `make pydeps`"
     );
 
     let (_server, addr) = start_server();
@@ -179,7 +182,7 @@ fn the_served_document_describes_every_answer() {
     let work = tempfile::tempdir().expect("temp dir");
     let (out_path, err_path) = (work.path().join("stdout"), work.path().join("stderr"));
     let hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis_hooks.py");
-    let mut cmd = Command::new("st");
+    let mut cmd = Command::new(SCHEMATHESIS);
     cmd.arg("run")
         .arg(format!("http://{addr}/openapi.json"))
         .args(["--checks", CHECKS])
@@ -201,10 +204,10 @@ fn the_served_document_describes_every_answer() {
     for path in EXCLUDED_PATHS {
         cmd.args(["--exclude-path", path]);
     }
-    let mut st = Killed(cmd.spawn().expect("st starts"));
+    let mut st = Killed(cmd.spawn().expect("schemathesis starts"));
     let started = Instant::now();
     let status = loop {
-        if let Some(status) = st.0.try_wait().expect("st's status") {
+        if let Some(status) = st.0.try_wait().expect("schemathesis's status") {
             break Some(status);
         }
         if started.elapsed() > RUN_TIMEOUT {
