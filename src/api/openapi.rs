@@ -112,11 +112,11 @@ fn path_params(method: &str, path: &str) -> Vec<Value> {
                 ),
                 (_, p) if p.starts_with("/v1/policies/") => (
                     name_or_ref(),
-                    "The policy name (1–256 of A-Z a-z 0-9 . _ : -).",
+                    "The policy name (a defined one is 1–256 of A-Z a-z 0-9 . _ : -).",
                 ),
                 _ => (
                     name_or_ref(),
-                    "The campaign id (1–256 of A-Z a-z 0-9 . _ : -).",
+                    "The campaign id (a defined one is 1–256 of A-Z a-z 0-9 . _ : -).",
                 ),
             };
             json!({
@@ -131,7 +131,8 @@ fn path_params(method: &str, path: &str) -> Vec<Value> {
 /// the id and name limits the engine checks, the reservation id's alphabet,
 /// list lengths, and `/v1/check`'s "exactly one of `policy` and `limits`".
 /// Panics if a named schema or property is missing, so a renamed field fails
-/// `tests/schemas.rs` rather than silently losing its limits.
+/// `tests/schemas.rs` rather than silently losing its limits. (The field
+/// limits could move to schemars attributes on the body types in `mod.rs`.)
 fn refine(schemas: &mut Map<String, Value>) {
     let id = id_schema();
     let name = name_schema();
