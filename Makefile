@@ -1,7 +1,7 @@
 # Every command sets itself up on a fresh Debian machine (see README.md).
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/freqcap-target
 
-.PHONY: deps test bench schemas run
+.PHONY: deps pydeps test bench schemas run
 
 # Native build dependencies, installed only when missing (needs root or sudo).
 deps:
@@ -11,8 +11,16 @@ deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; fi
 
+# Python test tools (tests/requirements.txt: schemathesis), installed only when
+# a pinned version is missing. PIP_BREAK_SYSTEM_PACKAGES lets pip install into
+# a distribution's own Python too (a CI machine has no other use for it).
+pydeps:
+	@if python3 -m pip freeze 2>/dev/null | grep -vxFf - tests/requirements.txt | grep -q '^[^#]'; then \
+	  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
+	    python3 -m pip install -q -r tests/requirements.txt; fi
+
 # All tests, in the release profile (one profile for tests, benches and the binary).
-test: deps
+test: deps pydeps
 	cargo test --release --all-targets
 	cargo test --release --doc
 

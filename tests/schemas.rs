@@ -80,3 +80,50 @@ fn openapi_lists_every_route_with_its_bodies() {
         );
     }
 }
+
+#[test]
+fn openapi_declares_every_error_and_limit() {
+    let doc = freqcap::api::openapi::document();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            let has = |s: &str| responses.contains_key(s);
+            let what = format!("{method} {path}");
+            assert!(has("405"), "{what} lacks 405");
+            if path.starts_with("/v1/") {
+                for s in ["400", "401", "500", "503"] {
+                    assert!(has(s), "{what} lacks {s}");
+                }
+            }
+            if op.get("requestBody").is_some() {
+                assert!(has("413") && has("415"), "{what} lacks 413 or 415");
+            }
+            // Path parameters carry the engine's limits.
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let max = p["schema"]["maxLength"].as_u64();
+                assert!(
+                    p["schema"]["minLength"] == 1 && max.is_some_and(|m| m <= 256),
+                    "{what}: {} has no length limits",
+                    p["name"]
+                );
+            }
+        }
+    }
+    let schemas = &doc["components"]["schemas"];
+    let rid = "^[A-Za-z0-9._:-]{1,128}$";
+    assert_eq!(
+        schemas["CheckBody"]["properties"]["reservation_id"]["pattern"],
+        rid
+    );
+    assert_eq!(
+        schemas["ScreenBody"]["properties"]["reservation_id"]["pattern"],
+        rid
+    );
+    let commit = &doc["paths"]["/v1/reservations/{id}/commit"]["post"];
+    assert_eq!(commit["parameters"][0]["schema"]["pattern"], rid);
+    assert_eq!(schemas["CheckBody"]["properties"]["key"]["maxLength"], 256);
+    // Exactly one of policy and limits.
+    let one_of = schemas["CheckBody"]["oneOf"].as_array().unwrap();
+    let required: Vec<_> = one_of.iter().map(|s| s["required"][0].clone()).collect();
+    assert_eq!(required, ["policy", "limits"]);
+}

@@ -23,7 +23,8 @@ struct ErrorBody {
 struct ErrorInner {
     /// `invalid_argument` (400), `unauthenticated` (401), `not_found` (404),
     /// `method_not_allowed` (405), `conflict` (409), `too_large` (413),
-    /// `overloaded` (503), `internal` (500).
+    /// `overloaded` (503), `internal` (500); 415 for a body that is not
+    /// `application/json`.
     code: String,
     /// What is wrong; for 400, it starts with the offending field
     /// (`candidates[2].cost: ...`).
@@ -55,16 +56,157 @@ fn schema<T: JsonSchema>(g: &mut SchemaGenerator) -> Option<Value> {
     Some(g.subschema_for::<T>().to_value())
 }
 
-fn path_params(path: &str) -> Vec<Value> {
+/// The limits the engine puts on caller-chosen text (docs/service.md): ids
+/// are 1 to `max_id_len` bytes (256 by default). JSON Schema counts
+/// characters, and a character is at least a byte, so `maxLength` states a
+/// bound every accepted id meets (non-ASCII ids reach it sooner).
+const MAX_ID_LEN: usize = 256;
+
+/// A key, user or event id, or a reference to a policy or campaign: any
+/// text of 1 to 256 bytes (`max_id_len`). A reference outside
+/// [`name_schema`] is not refused; it names nothing (404, or an ineligible
+/// candidate).
+fn id_schema() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN})
+}
+
+/// A policy name or campaign id as `PUT` (and a campaign's `parent`)
+/// accepts it: 1–256 of `A-Z a-z 0-9 . _ : -` (and at most `max_id_len`
+/// bytes).
+fn name_schema() -> Value {
+    json!({
+        "type": "string", "minLength": 1, "maxLength": MAX_ID_LEN,
+        "pattern": format!("^[A-Za-z0-9._:-]{{1,{MAX_ID_LEN}}}$"),
+    })
+}
+
+/// A reservation id (the engine's `check_reservation_id`): 1–128 of
+/// `A-Z a-z 0-9 . _ : -`, the caller's or one the service made.
+fn reservation_id_schema() -> Value {
+    json!({
+        "type": "string", "minLength": 1, "maxLength": 128,
+        "pattern": "^[A-Za-z0-9._:-]{1,128}$",
+    })
+}
+
+fn path_params(method: &str, path: &str) -> Vec<Value> {
+    // Only PUT defines a name; other methods look it up.
+    let name_or_ref = || {
+        if method == "put" {
+            name_schema()
+        } else {
+            id_schema()
+        }
+    };
     path.split('/')
         .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
         .map(|name| {
+            let (schema, what) = match (name, path) {
+                ("user", _) => (
+                    id_schema(),
+                    "The user (1–256 bytes by default: max_id_len).",
+                ),
+                (_, p) if p.starts_with("/v1/reservations/") => (
+                    reservation_id_schema(),
+                    "The reservation id (1–128 of A-Z a-z 0-9 . _ : -).",
+                ),
+                (_, p) if p.starts_with("/v1/policies/") => (
+                    name_or_ref(),
+                    "The policy name (a defined one is 1–256 of A-Z a-z 0-9 . _ : -).",
+                ),
+                _ => (
+                    name_or_ref(),
+                    "The campaign id (a defined one is 1–256 of A-Z a-z 0-9 . _ : -).",
+                ),
+            };
             json!({
                 "name": name, "in": "path", "required": true,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 256}
+                "description": what, "schema": schema,
             })
         })
         .collect()
+}
+
+/// What the derived schemas cannot say, applied to the components by name:
+/// the id and name limits the engine checks, the reservation id's alphabet,
+/// list lengths, and `/v1/check`'s "exactly one of `policy` and `limits`".
+/// Panics if a named schema or property is missing, so a renamed field fails
+/// `tests/schemas.rs` rather than silently losing its limits. (The field
+/// limits could move to schemars attributes on the body types in `mod.rs`.)
+fn refine(schemas: &mut Map<String, Value>) {
+    let id = id_schema();
+    let name = name_schema();
+    let rid = reservation_id_schema();
+    let fields: [(&str, &str, &Value); 17] = [
+        ("CheckBody", "key", &id),
+        ("CheckBody", "policy", &id),
+        ("CheckBody", "reservation_id", &rid),
+        ("ScreenBody", "user", &id),
+        ("ScreenBody", "reservation_id", &rid),
+        ("CandidateBody", "campaign", &id),
+        ("CommitBody", "user", &id),
+        ("CommitBody", "event_id", &id),
+        ("EventBody", "user", &id),
+        ("EventBody", "campaign", &id),
+        ("EventBody", "event_id", &id),
+        ("CampaignDef", "parent", &name),
+        ("DecisionBody", "reservation", &rid),
+        ("ScreenAnswer", "reservation", &rid),
+        ("SettledBody", "reservation", &rid),
+        ("UsageBody", "user", &id),
+        ("UsageBody", "campaign", &name),
+    ];
+    for (schema, field, limits) in fields {
+        let prop = property(schemas, schema, field);
+        // String keywords only: a nullable field stays nullable.
+        for (k, v) in limits.as_object().into_iter().flatten() {
+            if k != "type" {
+                prop.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    property(schemas, "CheckBody", "limits").insert("minItems".into(), json!(1));
+    let candidates = property(schemas, "ScreenBody", "candidates");
+    candidates.insert("minItems".into(), json!(1));
+    // max_candidates, by default.
+    candidates.insert("maxItems".into(), json!(10_000));
+    // `campaign` of a commit: one name or a list of names.
+    let one_or_many = component(schemas, "OneOrMany");
+    one_or_many["anyOf"][0] = id.clone();
+    one_or_many["anyOf"][1]["items"] = id.clone();
+    let events = component(schemas, "EventsBody");
+    events["anyOf"][1]["minItems"] = json!(1);
+    // Exactly one of `policy` and `limits` (null is as good as absent).
+    component(schemas, "CheckBody")["oneOf"] = json!([
+        {
+            "title": "a named policy",
+            "required": ["policy"],
+            "properties": {"policy": {"type": "string"}, "limits": {"type": "null"}},
+        },
+        {
+            "title": "inline limits",
+            "required": ["limits"],
+            "properties": {"limits": {"type": "array"}, "policy": {"type": "null"}},
+        },
+    ]);
+}
+
+fn component<'a>(schemas: &'a mut Map<String, Value>, name: &str) -> &'a mut Value {
+    schemas
+        .get_mut(name)
+        .unwrap_or_else(|| panic!("no component schema {name}"))
+}
+
+fn property<'a>(
+    schemas: &'a mut Map<String, Value>,
+    schema: &str,
+    field: &str,
+) -> &'a mut Map<String, Value> {
+    component(schemas, schema)
+        .get_mut("properties")
+        .and_then(|p| p.get_mut(field))
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("{schema} has no property {field}"))
 }
 
 fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
@@ -93,7 +235,11 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Read a policy definition (either token).",
             admin: false,
             request: None,
-            responses: vec![(200, "the definition", policy), e(404, "no such policy")],
+            responses: vec![
+                (200, "the definition", policy),
+                e(400, "the name is over max_id_len bytes"),
+                e(404, "no such policy"),
+            ],
         },
         Op {
             method: "delete",
@@ -101,7 +247,11 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             summary: "Delete a policy and its state.",
             admin: true,
             request: None,
-            responses: vec![(204, "deleted", None), e(404, "no such policy")],
+            responses: vec![
+                (204, "deleted", None),
+                e(400, "the name is over max_id_len bytes"),
+                e(404, "no such policy"),
+            ],
         },
         Op {
             method: "post",
@@ -136,7 +286,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                     "committed (or the first outcome of a repeated commit)",
                     settled.clone(),
                 ),
-                e(400, "invalid request"),
+                e(400, "invalid reservation id or body, naming the field"),
                 e(404, "unknown or expired reservation, or unknown campaign"),
                 e(409, "the reservation was released"),
             ],
@@ -153,6 +303,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                     "released (or the first outcome of a repeated release)",
                     settled,
                 ),
+                e(400, "invalid reservation id, or a body with fields"),
                 e(404, "unknown or expired reservation"),
                 e(409, "the reservation was committed"),
             ],
@@ -179,6 +330,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             responses: vec![
                 (200, "the definition", campaign),
+                e(400, "the id is over max_id_len bytes"),
                 e(404, "no such campaign"),
             ],
         },
@@ -190,6 +342,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             responses: vec![
                 (204, "deleted", None),
+                e(400, "the id is over max_id_len bytes"),
                 e(404, "no such campaign"),
                 e(409, "the campaign has children"),
             ],
@@ -202,6 +355,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             responses: vec![
                 (200, "delivery", schema::<DeliveryBody>(g)),
+                e(400, "the id is over max_id_len bytes"),
                 e(404, "no such campaign, or it has no budget"),
             ],
         },
@@ -244,6 +398,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             request: None,
             responses: vec![
                 (200, "usage", schema::<UsageBody>(g)),
+                e(400, "the user or id is over max_id_len bytes"),
                 e(404, "no such campaign"),
             ],
         },
@@ -330,16 +485,17 @@ pub fn document() -> Value {
                 }
                 responses.insert(status.to_string(), r);
             }
-            if !super::is_public(op.path) {
-                responses.insert("401".into(), json!({"description": "missing or wrong bearer token", "content": {"application/json": {"schema": err_ref()}}}));
-                responses.insert("503".into(), json!({"description": "overloaded: too many requests in flight; see Retry-After", "content": {"application/json": {"schema": err_ref()}}}));
+            for (status, what) in common_errors(op) {
+                responses
+                    .entry(status.to_string())
+                    .or_insert_with(|| json!({"description": what, "content": {"application/json": {"schema": err_ref()}}}));
             }
             let mut o = json!({
                 "summary": op.summary,
                 "operationId": operation_id(op.method, op.path),
                 "responses": responses,
             });
-            let params = path_params(op.path);
+            let params = path_params(op.method, op.path);
             if !params.is_empty() {
                 o["parameters"] = Value::Array(params);
             }
@@ -360,6 +516,8 @@ pub fn document() -> Value {
         }
         paths.insert((*route).into(), Value::Object(item));
     }
+    let mut schemas = g.take_definitions(true);
+    refine(&mut schemas);
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -370,13 +528,39 @@ pub fn document() -> Value {
         "servers": [{"url": "http://127.0.0.1:8080"}],
         "paths": paths,
         "components": {
-            "schemas": g.take_definitions(true),
+            "schemas": schemas,
             "securitySchemes": {
                 "decision": {"type": "http", "scheme": "bearer", "description": "The decision token (--decision-token)."},
                 "admin": {"type": "http", "scheme": "bearer", "description": "The admin token (--admin-token)."},
             },
         },
     })
+}
+
+/// The errors an operation can answer besides its own: those of the layers
+/// every request passes (authentication, load shedding, method routing,
+/// body reading) and of the server itself.
+fn common_errors(op: &Op) -> Vec<(u16, &'static str)> {
+    let mut errors = Vec::new();
+    if !super::is_public(op.path) {
+        errors.push((401, "missing or wrong bearer token"));
+        errors.push((
+            503,
+            "overloaded: too many requests in flight; see Retry-After",
+        ));
+    }
+    if op.request.is_some() {
+        errors.push((
+            413,
+            "the body is over the size limit (max_body, 1 MiB by default)",
+        ));
+        errors.push((415, "the body's Content-Type is not application/json"));
+    }
+    errors.push((405, "the path does not take this method"));
+    if !matches!(op.path, "/healthz" | "/readyz" | "/openapi.json") {
+        errors.push((500, "internal error: the store failed"));
+    }
+    errors
 }
 
 fn err_ref() -> Value {

@@ -89,13 +89,16 @@ impl JsonSchema for LimitDef {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateDef {
-    /// Reported name (1–64 of `A-Z a-z 0-9 . _ : -`); default `<kind>-<index>`.
+    /// Reported name (1–64 of `A-Z a-z 0-9 . _ : -`, unique in its stack);
+    /// default `<kind>-<index>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// Units per period, 1 ≤ rate < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub rate: u64,
-    /// The period.
+    /// The period (no months: those are calendar periods).
+    #[schemars(extend("not" = {"pattern": "mo$"}))]
     pub per: Duration,
     /// Units that may pass at once after idling; default `rate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,8 +111,10 @@ pub struct RateDef {
 #[serde(deny_unknown_fields)]
 pub struct GapDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
-    /// Minimum interval between two events.
+    /// Minimum interval between two events (no months).
+    #[schemars(extend("not" = {"pattern": "mo$"}))]
     pub min: Duration,
 }
 
@@ -138,8 +143,27 @@ pub enum Precision {
 /// `{"kind": "window", "limit": 3, "window": "1d", "align": "calendar", "tz": "Europe/Paris"}`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+// A calendar window is 1h, 1d, 1w or 1mo and may take a `tz`; the others take
+// no months and no `tz`. Only rolling windows (the default) take a
+// `precision`, and an exact one (the default) allows a limit of at most 4096.
+#[schemars(extend("allOf" = [
+    {
+        "if": {"required": ["align"], "properties": {"align": {"const": "calendar"}}},
+        "then": {"properties": {"window": {"enum": ["1h", "1d", "1w", "1mo"]}}},
+        "else": {"properties": {"window": {"not": {"pattern": "mo$"}}, "tz": {"type": "null"}}},
+    },
+    {
+        "if": {"required": ["align"], "properties": {"align": {"enum": ["fixed", "calendar"]}}},
+        "then": {"properties": {"precision": {"type": "null"}}},
+        "else": {
+            "if": {"required": ["precision"], "properties": {"precision": {"const": "approximate"}}},
+            "else": {"properties": {"limit": {"maximum": 4096}}},
+        },
+    },
+]))]
 pub struct WindowDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// Units per window, 1 ≤ limit < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
@@ -238,12 +262,14 @@ pub struct AdaptiveSpec {
 #[serde(deny_unknown_fields)]
 pub struct BudgetDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// Cost units per period, 1 ≤ amount < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub amount: u64,
     /// Calendar period: 1h, 1d (default), 1w or 1mo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["1h", "1d", "1w", "1mo", null]))]
     pub per: Option<Duration>,
     /// Default `even`. `adaptive` spreads what is left over the rest of the
     /// period (docs/pacing.md).
@@ -264,6 +290,7 @@ pub struct BudgetDef {
 #[serde(deny_unknown_fields)]
 pub struct ConcurrencyDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// Open reservations at once, 1 ≤ max < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
@@ -284,6 +311,12 @@ pub enum OnLimit {
 /// A named policy: a stack of limit items decided all-or-nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+// `max_delay_ms` goes with `on_limit: "delay"`, and only with it.
+#[schemars(extend(
+    "if" = {"required": ["on_limit"], "properties": {"on_limit": {"const": "delay"}}},
+    "then" = {"required": ["max_delay_ms"], "properties": {"max_delay_ms": {"type": "integer"}}},
+    "else" = {"properties": {"max_delay_ms": {"type": "null"}}},
+))]
 pub struct PolicyDef {
     /// At least one item, at most 64.
     #[schemars(length(min = 1, max = 64))]
