@@ -105,6 +105,10 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidArgument { field, message } => ApiError::invalid(&field, message),
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::conflict(m),
+            EngineError::Overloaded(m) => ApiError {
+                message: m,
+                ..ApiError::overloaded()
+            },
             EngineError::NotInMemory => ApiError::internal("a record was not in memory"),
             // Asked of a store that cannot (a checkpoint of memory): the
             // request is wrong for this deployment, nothing is broken.

@@ -2,6 +2,8 @@
 //! key) has, and the pending debits of open reservations on them, under one
 //! lock (DESIGN §6 "records, not loose counters").
 
+use std::collections::HashMap;
+
 use smallvec::SmallVec;
 
 use crate::clock::Nanos;
@@ -47,6 +49,166 @@ pub struct PendingEntry {
     pub n: u64,
 }
 
+/// An entry list of one reservation in one record: most hold one entry (a
+/// campaign record, one candidate), inline.
+type EntryList = SmallVec<[PendingEntry; 1]>;
+
+/// Whether releasing a pending debit of this kind changes what a record
+/// stores: a budget's pending units and a concurrency slot are not stored
+/// (see `codec::StoredState`), so [`SubjectRecord::to_stored`] skips them.
+fn changes_stored(p: &PendingItem) -> bool {
+    !matches!(
+        p,
+        PendingItem::Budget { .. } | PendingItem::Concurrency { .. }
+    )
+}
+
+/// Estimated bytes a reservation's `entries` debits take in one record: its
+/// slot in the record's map (hashbrown runs between 7/16 and 7/8 full, so
+/// 12/7 of a slot on average) and, past one entry, the spilled list.
+pub fn pending_bytes(entries: usize) -> usize {
+    let slot = (std::mem::size_of::<(u64, EntryList)>() + 1) * 12 / 7;
+    slot + if entries > 1 {
+        entries * std::mem::size_of::<PendingEntry>()
+    } else {
+        0
+    }
+}
+
+/// Estimated bytes of a record a reservation keeps in the hot tier (pinned),
+/// with `slots` counters: the map's entry, the pending set's box and the
+/// slots. Counted for each reservation, though reservations of one user share
+/// it: the conservative side.
+pub fn pinned_record_bytes(slots: usize) -> usize {
+    (std::mem::size_of::<([u64; 2], SubjectRecord)>() + 1) * 8 / 7
+        + std::mem::size_of::<PendingSet>()
+        + slots * std::mem::size_of::<Slot>()
+}
+
+/// Heap bytes of an entry list beyond its inline room.
+fn spilled_bytes(l: &EntryList) -> usize {
+    if l.spilled() {
+        l.capacity() * std::mem::size_of::<PendingEntry>()
+    } else {
+        0
+    }
+}
+
+/// The debits of open reservations held in one record, by reservation, with
+/// running sums: settling one reservation takes its entries out by one hash
+/// lookup, and the pending units of a slot are read from a sum, whatever
+/// else is open. (A list scanned on every settle made one budgeted campaign
+/// with 576 000 open reservations expire them at 650 per second, its lock
+/// held all along: a usage read waited 26 s.)
+#[derive(Debug, Default, Clone)]
+pub struct PendingSet {
+    by_res: HashMap<u64, EntryList, foldhash::fast::RandomState>,
+    /// Pending units per slot (owner, tag); a record has few slots.
+    sums: SmallVec<[(u32, u32, u64); 2]>,
+    /// Entries in all, and those whose release changes the stored form.
+    len: usize,
+    stored: usize,
+    /// Heap bytes of entry lists that spilled out of their inline room.
+    spilled: usize,
+}
+
+impl PendingSet {
+    fn sum_mut(&mut self, owner: u32, tag: u32) -> &mut u64 {
+        let pos = match self
+            .sums
+            .iter()
+            .position(|s| s.0 == owner && s.1 == tag)
+        {
+            Some(p) => p,
+            None => {
+                self.sums.push((owner, tag, 0));
+                self.sums.len() - 1
+            }
+        };
+        &mut self.sums[pos].2
+    }
+
+    fn add(&mut self, entry: PendingEntry) {
+        *self.sum_mut(entry.owner, entry.tag) += entry.n;
+        self.len += 1;
+        self.stored += usize::from(changes_stored(&entry.item));
+        let list = self.by_res.entry(entry.res).or_default();
+        let before = spilled_bytes(list);
+        list.push(entry);
+        self.spilled = self.spilled + spilled_bytes(list) - before;
+    }
+
+    /// Accounts for entries leaving the set.
+    fn forget(&mut self, gone: &[PendingEntry]) {
+        for p in gone {
+            let s = self.sum_mut(p.owner, p.tag);
+            *s = s.saturating_sub(p.n);
+            self.len -= 1;
+            self.stored -= usize::from(changes_stored(&p.item));
+        }
+        self.sums.retain(|s| s.2 > 0);
+    }
+
+    fn take(&mut self, res: u64, cand: Option<u32>) -> SmallVec<[PendingEntry; 4]> {
+        let out: SmallVec<[PendingEntry; 4]> = match cand {
+            None => match self.by_res.remove(&res) {
+                Some(list) => {
+                    self.spilled -= spilled_bytes(&list);
+                    list.into_iter().collect()
+                }
+                None => SmallVec::new(),
+            },
+            Some(c) => {
+                let Some(list) = self.by_res.get_mut(&res) else {
+                    return SmallVec::new();
+                };
+                let before = spilled_bytes(list);
+                let mut out = SmallVec::new();
+                list.retain(|p| {
+                    let mine = p.cand == c;
+                    if mine {
+                        out.push(p.clone());
+                    }
+                    !mine
+                });
+                let (empty, after) = (list.is_empty(), spilled_bytes(list));
+                self.spilled = self.spilled + after - before;
+                if empty {
+                    self.by_res.remove(&res);
+                }
+                out
+            }
+        };
+        self.forget(&out);
+        out
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &PendingEntry> {
+        self.by_res.values().flat_map(|l| l.iter())
+    }
+
+    fn heap_bytes(&self) -> usize {
+        // hashbrown: one entry and one control byte per bucket, about 8/7
+        // buckets per unit of capacity.
+        let buckets = self.by_res.capacity() * 8 / 7;
+        std::mem::size_of::<PendingSet>()
+            + buckets * (std::mem::size_of::<(u64, EntryList)>() + 1)
+            + self.spilled
+    }
+
+    /// The same sums with no entries: what reading figures needs.
+    fn sums_only(&self) -> PendingSet {
+        PendingSet {
+            sums: self.sums.clone(),
+            ..PendingSet::default()
+        }
+    }
+}
+
 /// See the module documentation.
 ///
 /// 40 bytes, so a hot-tier entry with its 16-byte key is 56: the slots are an
@@ -58,7 +220,7 @@ pub struct SubjectRecord {
     pub slots: Box<[Slot]>,
     /// Debits of open reservations, so a release or commit finds them and a
     /// snapshot for disk can leave them out (reservations are memory-only).
-    pub pending: Option<Box<Vec<PendingEntry>>>,
+    pub pending: Option<Box<PendingSet>>,
     /// An upper bound of the instant from which every slot equals a fresh one
     /// and nothing is pending: raised on every debit, never lowered except by a
     /// recomputation. An upper bound only keeps a record a little longer.
@@ -120,19 +282,12 @@ impl SubjectRecord {
     }
 
     /// Takes out the pending entries of reservation `res` (of candidate `cand`,
-    /// or of all candidates when `None`).
+    /// or of all candidates when `None`): one lookup, whatever else is open.
     pub fn take_pending(&mut self, res: u64, cand: Option<u32>) -> SmallVec<[PendingEntry; 4]> {
-        let mut out = SmallVec::new();
         let Some(pending) = self.pending.as_mut() else {
-            return out;
+            return SmallVec::new();
         };
-        pending.retain(|p| {
-            let mine = p.res == res && cand.is_none_or(|c| c == p.cand);
-            if mine {
-                out.push(p.clone());
-            }
-            !mine
-        });
+        let out = pending.take(res, cand);
         if pending.is_empty() {
             self.pending = None;
         }
@@ -143,34 +298,67 @@ impl SubjectRecord {
     pub fn add_pending(&mut self, entry: PendingEntry) {
         self.pending
             .get_or_insert_with(Default::default)
-            .push(entry);
+            .add(entry);
     }
 
-    /// Makes room for `n` more pending debits at once (a screen reserving
-    /// many candidates), instead of growing one push at a time. Call
-    /// [`SubjectRecord::drop_empty_pending`] after: an empty list left in
-    /// place would pin the record as if something were pending.
-    pub fn reserve_pending(&mut self, n: usize) {
-        self.pending.get_or_insert_with(Default::default).reserve(n);
+    /// Makes room for `n` more pending debits of reservation `res` at once (a
+    /// screen reserving many candidates), instead of growing one push at a
+    /// time. Call [`SubjectRecord::drop_empty_pending`] after: an empty list
+    /// left in place would pin the record as if something were pending.
+    pub fn reserve_pending(&mut self, res: u64, n: usize) {
+        let p = self.pending.get_or_insert_with(Default::default);
+        let list = p.by_res.entry(res).or_default();
+        let before = spilled_bytes(list);
+        list.reserve(n);
+        p.spilled = p.spilled + spilled_bytes(list) - before;
     }
 
-    pub fn drop_empty_pending(&mut self) {
-        if self.pending.as_ref().is_some_and(|p| p.is_empty()) {
+    /// Drops the list [`SubjectRecord::reserve_pending`] made for `res` if
+    /// nothing was put in it.
+    pub fn drop_empty_pending(&mut self, res: u64) {
+        let Some(p) = self.pending.as_mut() else {
+            return;
+        };
+        if p.by_res.get(&res).is_some_and(|l| l.is_empty())
+            && let Some(l) = p.by_res.remove(&res)
+        {
+            p.spilled -= spilled_bytes(&l);
+        }
+        if p.is_empty() {
             self.pending = None;
         }
     }
 
-    /// Every pending debit.
+    /// Every pending debit (in no particular order).
     pub fn pending(&self) -> impl Iterator<Item = &PendingEntry> {
         self.pending.iter().flat_map(|p| p.iter())
     }
 
-    /// Pending units on slot (`owner`, `tag`).
+    /// Pending units on slot (`owner`, `tag`): a running sum.
     pub fn pending_on(&self, owner: u32, tag: u32) -> u64 {
-        self.pending()
-            .filter(|p| p.owner == owner && p.tag == tag)
-            .map(|p| p.n)
-            .sum()
+        self.pending.as_ref().map_or(0, |p| {
+            p.sums
+                .iter()
+                .find(|s| s.0 == owner && s.1 == tag)
+                .map_or(0, |s| s.2)
+        })
+    }
+
+    /// Open reservations with debits in this record.
+    pub fn pending_reservations(&self) -> usize {
+        self.pending.as_ref().map_or(0, |p| p.by_res.len())
+    }
+
+    /// A copy for reading figures: the slots and the pending sums, without
+    /// the pending entries (a copy of those would cost one per open
+    /// reservation).
+    pub fn figures_copy(&self) -> SubjectRecord {
+        SubjectRecord {
+            slots: self.slots.clone(),
+            pending: self.pending.as_ref().map(|p| Box::new(p.sums_only())),
+            idle_at: self.idle_at,
+            write_seq: self.write_seq,
+        }
     }
 
     /// The value to store: committed state only (every pending debit released
@@ -182,7 +370,48 @@ impl SubjectRecord {
         // Only a record with pending debits needs a copy to release them
         // from; the others (most, and all of an event's) encode in place.
         let mut slots = std::borrow::Cow::Borrowed(&self.slots[..]);
-        for p in self.pending() {
+        // Budget and concurrency debits are released a slot at a time, all of
+        // them at once, from the running sums: a campaign with a budget is
+        // written at every commit, and walking its open reservations' debits
+        // each time made a commit's median 5.98 ms with 262 000 open (0.32 ms
+        // with none). Releasing them all leaves no pending units in the
+        // budget's period and no held slot, whatever their order.
+        if let Some(p) = &self.pending {
+            for &(owner, tag, _) in &p.sums {
+                let Some(item) = def(owner, tag) else {
+                    continue;
+                };
+                if !matches!(item, Item::Budget(_) | Item::Concurrency(_)) {
+                    continue;
+                }
+                let Some(s) = slots
+                    .to_mut()
+                    .iter_mut()
+                    .find(|s| s.owner == owner && s.tag == tag)
+                else {
+                    continue;
+                };
+                match &s.state {
+                    ItemState::Budget(b) => {
+                        let all = PendingItem::Budget {
+                            period_start: b.start,
+                        };
+                        item.release(&mut s.state, &all, u64::MAX, now);
+                    }
+                    ItemState::Concurrency(_) => {
+                        s.state = ItemState::Concurrency(Default::default());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // The other kinds are released debit by debit (a rate's refund
+        // depends on each debit's time), walked only when there are some.
+        let walk = self.pending.as_ref().is_some_and(|p| p.stored > 0);
+        for p in self.pending().filter(|_| walk) {
+            if !changes_stored(&p.item) {
+                continue;
+            }
             let Some(item) = def(p.owner, p.tag) else {
                 continue;
             };
@@ -293,10 +522,7 @@ impl Record for SubjectRecord {
 
     fn heap_bytes(&self) -> usize {
         std::mem::size_of_val::<[Slot]>(&self.slots)
-            + self.pending.as_ref().map_or(0, |p| {
-                std::mem::size_of::<Vec<PendingEntry>>()
-                    + p.capacity() * std::mem::size_of::<PendingEntry>()
-            })
+            + self.pending.as_ref().map_or(0, |p| p.heap_bytes())
             + self
                 .slots
                 .iter()
