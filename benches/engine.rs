@@ -28,9 +28,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use freqcap::engine::{
     CommitRequest, Engine, EngineOptions, Event, ScreenCandidate, ScreenRequest,
 };
-use freqcap::{ManualClock, SystemClock};
 use freqcap::model::CampaignDef;
 use freqcap::store::{Durability, MemoryStore, RocksStore, Store};
+use freqcap::{ManualClock, SystemClock};
 
 fn campaign(json: &str) -> CampaignDef {
     freqcap::model::from_json(json).expect("bench campaign is valid")
@@ -217,7 +217,10 @@ fn open_many<C: freqcap::Clock>(e: &Engine<C>, prefix: &str, n: usize, ttl_ms: u
     for i in 0..n {
         let mut req = screen_req(&format!("{prefix}{i}"), &camps, true);
         req.ttl_ms = Some(ttl_ms);
-        e.screen(&req).expect("screened").reservation.expect("eligible");
+        e.screen(&req)
+            .expect("screened")
+            .reservation
+            .expect("eligible");
     }
 }
 
@@ -269,8 +272,8 @@ fn expiry_rate() {
     let n = 500_000;
     let t0 = 1_700_000_000_000_000_000;
     let clock = Arc::new(ManualClock::new(t0));
-    let e = Engine::open(Arc::new(MemoryStore::new()), clock.clone(), roomy())
-        .expect("engine opens");
+    let e =
+        Engine::open(Arc::new(MemoryStore::new()), clock.clone(), roomy()).expect("engine opens");
     e.put_campaign("b", campaign(BUDGETED)).expect("stored");
     open_many(&e, "exp-", n, 1000);
     clock.advance(2_000_000_000);

@@ -114,11 +114,7 @@ pub struct PendingSet {
 
 impl PendingSet {
     fn sum_mut(&mut self, owner: u32, tag: u32) -> &mut u64 {
-        let pos = match self
-            .sums
-            .iter()
-            .position(|s| s.0 == owner && s.1 == tag)
-        {
+        let pos = match self.sums.iter().position(|s| s.0 == owner && s.1 == tag) {
             Some(p) => p,
             None => {
                 self.sums.push((owner, tag, 0));
@@ -296,9 +292,7 @@ impl SubjectRecord {
 
     /// Adds a pending debit.
     pub fn add_pending(&mut self, entry: PendingEntry) {
-        self.pending
-            .get_or_insert_with(Default::default)
-            .add(entry);
+        self.pending.get_or_insert_with(Default::default).add(entry);
     }
 
     /// Makes room for `n` more pending debits of reservation `res` at once (a

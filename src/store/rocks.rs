@@ -101,7 +101,10 @@ fn held_lock(kind: rocksdb::ErrorKind, msg: &str) -> bool {
         match r.rsplit_once(": ") {
             Some((file, why)) => (
                 file,
-                matches!(why, "Resource temporarily unavailable" | "Permission denied"),
+                matches!(
+                    why,
+                    "Resource temporarily unavailable" | "Permission denied"
+                ),
             ),
             None => return false,
         }
@@ -545,12 +548,30 @@ mod tests {
             assert!(held_lock(IOError, m), "{m}");
         }
         let not = [
-            (Corruption, "Corruption: block checksum mismatch: stored = 1, computed = 2"),
-            (IOError, "IO error: No such file or directory: While opening a file for sequentially reading: /srv/lock/data/CURRENT: No such file or directory"),
-            (IOError, "IO error: While lock file: /tmp/x/LOCK: No space left on device"),
-            (IOError, "IO error: while open a file for lock: /tmp/x/LOCK: Permission denied"),
-            (Corruption, "Corruption: While lock file: /tmp/x/LOCK: Resource temporarily unavailable"),
-            (IOError, "IO error: While lock file: /tmp/lock/MANIFEST: Resource temporarily unavailable"),
+            (
+                Corruption,
+                "Corruption: block checksum mismatch: stored = 1, computed = 2",
+            ),
+            (
+                IOError,
+                "IO error: No such file or directory: While opening a file for sequentially reading: /srv/lock/data/CURRENT: No such file or directory",
+            ),
+            (
+                IOError,
+                "IO error: While lock file: /tmp/x/LOCK: No space left on device",
+            ),
+            (
+                IOError,
+                "IO error: while open a file for lock: /tmp/x/LOCK: Permission denied",
+            ),
+            (
+                Corruption,
+                "Corruption: While lock file: /tmp/x/LOCK: Resource temporarily unavailable",
+            ),
+            (
+                IOError,
+                "IO error: While lock file: /tmp/lock/MANIFEST: Resource temporarily unavailable",
+            ),
         ];
         for (k, m) in not {
             assert!(!held_lock(k, m), "{m}");
