@@ -1317,6 +1317,8 @@ fn many_open_reservations_on_one_budget_settle_exactly() {
     let usage = e.user_usage("u3", "b").unwrap();
     assert_eq!((usage[0].pending, usage[0].used), (2, 0));
     clock.advance(2 * SEC);
+    // A request expires a batch of what is due; the sweeper, the rest.
+    e.sweep();
     let d = e.delivery("b").unwrap();
     assert_eq!((d.spent, d.pending), (q * 9, 0));
     assert_eq!(e.open_reservations(), 0);
@@ -1517,4 +1519,40 @@ fn only_a_held_lock_is_reported_as_in_use() {
         Err(StoreError::Io(m)) => assert!(m.contains("cannot open"), "{m}"),
         other => panic!("expected Io, got {:?}", other.map(|_| ())),
     }
+}
+
+/// A backlog of due reservations is expired a batch per request (and wholly
+/// by the sweeper), so no request waits for all of it; a reservation still in
+/// the backlog is expired when it is committed or released, never settled.
+#[test]
+fn a_backlog_of_due_reservations_is_expired_a_batch_per_request() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock.clone());
+    e.put_campaign("b", campaign(BUDGETED)).unwrap();
+    let batch = freqcap::engine::decide::EXPIRE_BATCH as u64;
+    let n = 3 * batch;
+    let ids: Vec<String> = (0..n)
+        .map(|u| {
+            e.screen(&screen(Some(&format!("u{u}")), &["b"], true))
+                .unwrap()
+                .reservation
+                .unwrap()
+        })
+        .collect();
+    clock.advance(2 * SEC);
+    assert_eq!(e.delivery("b").unwrap().pending, n - batch);
+    assert_eq!(e.open_reservations() as u64, n - batch);
+    // The last one is still open in the table, past its deadline.
+    let last = ids.last().unwrap();
+    match e.commit(last, &commit_one("b")) {
+        Err(EngineError::NotFound(_)) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(matches!(e.release(last), Err(EngineError::NotFound(_))));
+    let u = format!("u{}", n - 1);
+    assert_eq!(e.user_usage(&u, "b").unwrap()[0].pending, 0);
+    e.sweep();
+    assert_eq!(e.open_reservations(), 0);
+    assert_eq!(e.delivery("b").unwrap().pending, 0);
+    assert_eq!(e.stats.expired.load(Ordering::Relaxed), n);
 }

@@ -732,7 +732,7 @@ impl<C: Clock> Engine<C> {
     pub fn user_usage(&self, user: &str, campaign: &str) -> Result<Vec<CapUsage>, EngineError> {
         self.check_id("user", user)?;
         let now = self.now();
-        self.expire(now);
+        self.expire_step(now);
         let reg = self.registry();
         let Some(c) = reg.campaigns.get(campaign) else {
             return Err(EngineError::NotFound(format!(
@@ -785,7 +785,7 @@ impl<C: Clock> Engine<C> {
     /// A campaign's budget delivery now.
     pub fn delivery(&self, campaign: &str) -> Result<Delivery, EngineError> {
         let now = self.now();
-        self.expire(now);
+        self.expire_step(now);
         let reg = self.registry();
         let Some(c) = reg.campaigns.get(campaign) else {
             return Err(EngineError::NotFound(format!(

@@ -588,6 +588,52 @@ mod tests {
         assert_eq!(held.slots.len(), 5);
     }
 
+    fn entry(res: u64, cand: u32, owner: u32, n: u64) -> PendingEntry {
+        PendingEntry {
+            res,
+            cand,
+            owner,
+            tag: 0,
+            item: PendingItem::Budget { period_start: 0 },
+            n,
+        }
+    }
+
+    /// Settling takes one reservation's entries (or one candidate's) and
+    /// keeps the sums and byte count as they would be from scratch.
+    #[test]
+    fn pending_sets_take_by_reservation_and_keep_their_sums() {
+        let mut r = record(vec![counter(0), counter(0)]);
+        let empty = r.heap_bytes();
+        for res in 1..=1000 {
+            r.add_pending(entry(res, 0, 0, 2));
+            r.add_pending(entry(res, 1, 1, 3));
+        }
+        r.add_pending(entry(7, 2, 0, 5));
+        assert_eq!((r.pending_on(0, 0), r.pending_on(1, 0)), (2005, 3000));
+        assert_eq!(r.pending_reservations(), 1000);
+        let taken = r.take_pending(7, Some(2));
+        assert_eq!(taken.as_slice(), &[entry(7, 2, 0, 5)]);
+        let taken = r.take_pending(7, None);
+        assert_eq!(taken.len(), 2);
+        assert!(r.take_pending(7, None).is_empty());
+        assert_eq!((r.pending_on(0, 0), r.pending_on(1, 0)), (1998, 2997));
+        let figures = r.figures_copy();
+        assert_eq!(figures.pending_on(1, 0), 2997);
+        assert_eq!(figures.pending().count(), 0, "a copy without the entries");
+        for res in 1..=1000 {
+            r.take_pending(res, Some(1));
+            r.take_pending(res, Some(0));
+        }
+        assert!(r.pending.is_none(), "an empty set is dropped");
+        assert_eq!(r.heap_bytes(), empty);
+        // A reserved list left empty is dropped too.
+        r.reserve_pending(5, 50);
+        assert!(r.heap_bytes() > empty);
+        r.drop_empty_pending(5);
+        assert!(r.pending.is_none());
+    }
+
     #[test]
     fn sizes_are_as_documented() {
         assert_eq!(std::mem::size_of::<Slot>(), 40);

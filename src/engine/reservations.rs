@@ -239,6 +239,14 @@ pub enum Settle {
     Rejected(EngineError),
     /// Unknown or forgotten id.
     Unknown,
+    /// Open, but its deadline has passed and expiry has not got to it yet (a
+    /// backlog): taken out as expiry would, for the caller to release as of
+    /// `deadline`; then the id is unknown.
+    Expired {
+        holds: Arc<Holds>,
+        seq: u64,
+        deadline: Nanos,
+    },
 }
 
 impl Reservations {
@@ -326,12 +334,33 @@ impl Reservations {
         &self,
         id: &str,
         commit: bool,
+        now: Nanos,
         outcome: impl FnOnce(&Holds) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
     ) -> Settle {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else {
             return Settle::Unknown;
         };
+        if r.deadline <= now && matches!(r.state, State::Open(_)) {
+            let deadline = r.deadline;
+            let taken = t.by_id.remove(id);
+            t.deadlines.remove(&(deadline, id.to_owned()));
+            return match taken {
+                Some(r) => {
+                    self.uncount(r.footprint);
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    match r.holds {
+                        Some(holds) => Settle::Expired {
+                            holds,
+                            seq: r.seq,
+                            deadline,
+                        },
+                        None => Settle::Unknown,
+                    }
+                }
+                None => Settle::Unknown,
+            };
+        }
         match &r.state {
             State::Open(_) => {
                 let Some(holds) = r.holds.clone() else {
@@ -376,18 +405,22 @@ impl Reservations {
         }
     }
 
-    /// Takes every reservation whose deadline is ≤ `now` out of the table and
-    /// returns those still open, with their deadlines, for release.
-    pub fn take_due(&self, now: Nanos) -> Vec<(Arc<Holds>, u64, Nanos)> {
+    /// Takes up to `most` reservations whose deadline is ≤ `now` out of the
+    /// table (the earliest first) and returns those still open, with their
+    /// deadlines, for release. The lock is held for those only: taking all of
+    /// 500 000 due at once held it for 0.4 s, and every request waited.
+    pub fn take_due(&self, now: Nanos, most: usize) -> Vec<(Arc<Holds>, u64, Nanos)> {
         if self.next_deadline.load(Ordering::Acquire) > now {
             return Vec::new();
         }
         let mut t = self.lock();
         let mut due = Vec::new();
+        let mut taken = 0;
         while let Some((deadline, id)) = t.deadlines.first().cloned() {
-            if deadline > now {
+            if deadline > now || taken >= most {
                 break;
             }
+            taken += 1;
             t.deadlines.pop_first();
             if let Some(r) = t.by_id.remove(&id) {
                 self.uncount(r.footprint);
