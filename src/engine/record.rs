@@ -402,7 +402,8 @@ impl SubjectRecord {
         // The other kinds are released debit by debit (a rate's refund
         // depends on each debit's time), walked only when there are some.
         let walk = self.pending.as_ref().is_some_and(|p| p.stored > 0);
-        for p in self.pending().filter(|_| walk) {
+        let walked = if walk { self.pending.as_deref() } else { None };
+        for p in walked.into_iter().flat_map(PendingSet::iter) {
             if !changes_stored(&p.item) {
                 continue;
             }
