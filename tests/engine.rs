@@ -1556,3 +1556,167 @@ fn a_backlog_of_due_reservations_is_expired_a_batch_per_request() {
     assert_eq!(e.delivery("b").unwrap().pending, 0);
     assert_eq!(e.stats.expired.load(Ordering::Relaxed), n);
 }
+
+// ---- measurements (ignored by default; run by name with --ignored) ----
+
+/// Resident set size of this process, bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of the files in `dir` whose names end with `suffix`.
+fn bytes_of(dir: &std::path::Path, suffix: &str) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|f| f.file_name().to_string_lossy().ends_with(suffix))
+                .filter_map(|f| f.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Unique event ids through the engine on RocksDB: ids per second and RSS
+/// growth per id. Leaves the data dir for `loadgen restart`.
+/// `FREQCAP_MEASURE_DIR=/tmp/ids FREQCAP_MEASURE_N=3000000 engine-test
+/// measure_event_ids --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, run by name"]
+fn measure_event_ids() {
+    let Ok(dir) = std::env::var("FREQCAP_MEASURE_DIR") else {
+        return;
+    };
+    let n: u64 = std::env::var("FREQCAP_MEASURE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3_000_000);
+    let store = Arc::new(RocksStore::open(dir.as_ref(), Durability::Wal).unwrap());
+    let e = Engine::open(store, freqcap::SystemClock::new(), EngineOptions::default()).unwrap();
+    e.put_campaign(
+        "c",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 1000000000000, "window": "1d", "align": "calendar", "scope": "campaign"}]}"#),
+    )
+    .unwrap();
+    let before = rss();
+    let start = std::time::Instant::now();
+    let batch = 1000;
+    for b in 0..n / batch {
+        let evs: Vec<Event> = (0..batch)
+            .map(|i| Event {
+                user: None,
+                campaign: "c".into(),
+                cost: 1,
+                event_id: Some(format!("m-{}", b * batch + i)),
+            })
+            .collect();
+        assert_eq!(e.events(&evs).unwrap(), batch as usize);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after = rss();
+    e.flush().unwrap();
+    println!(
+        "{n} unique event ids in batches of {batch}: {:.0} ids/s; RSS {} -> {} MB, {:.1} B per id; \
+         data dir {} MB ({} MB of write-ahead log)",
+        n as f64 / secs,
+        before >> 20,
+        after >> 20,
+        after.saturating_sub(before) as f64 / n as f64,
+        (bytes_of(dir.as_ref(), ".sst") + bytes_of(dir.as_ref(), ".log")) >> 20,
+        bytes_of(dir.as_ref(), ".log") >> 20,
+    );
+}
+
+/// 2 000 000 distinct keys checked (inline rate limit) with a 32 MiB budget
+/// on RocksDB at the default sizes: RSS and what the data dir holds.
+/// `FREQCAP_MEASURE_DIR=/tmp/keys engine-test measure_distinct_keys
+/// --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, run by name"]
+fn measure_distinct_keys() {
+    let Ok(dir) = std::env::var("FREQCAP_MEASURE_DIR") else {
+        return;
+    };
+    let n: u64 = std::env::var("FREQCAP_MEASURE_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
+    let store = Arc::new(RocksStore::open(dir.as_ref(), Durability::Wal).unwrap());
+    let options = EngineOptions {
+        memory_budget: 32 << 20,
+        ..EngineOptions::default()
+    };
+    let e = Engine::open(store, freqcap::SystemClock::new(), options).unwrap();
+    let limits = vec![from_json(r#"{"kind": "rate", "rate": 10, "per": "1h"}"#).unwrap()];
+    let start = std::time::Instant::now();
+    for k in 0..n {
+        let req = CheckRequest {
+            target: CheckTarget::Inline(limits.clone()),
+            key: format!("key-{k}"),
+            cost: 1,
+            reserve: false,
+            ttl_ms: None,
+            reservation_id: None,
+        };
+        assert!(e.check(&req).unwrap().decision.allowed);
+    }
+    e.flush().unwrap();
+    let d: &std::path::Path = dir.as_ref();
+    println!(
+        "{n} distinct keys in {:.1?}: RSS {} MB (hot tier {} MB); data dir: {} MB of tables, \
+         {} MB of write-ahead log; memtables {} MB",
+        start.elapsed(),
+        rss() >> 20,
+        e.hot_bytes() >> 20,
+        bytes_of(d, ".sst") >> 20,
+        bytes_of(d, ".log") >> 20,
+        e.store().stats().memtable_bytes >> 20,
+    );
+}
+
+/// RSS per open reservation: one-candidate screens of unique users on one
+/// budgeted campaign, against what the engine accounts for them.
+/// `FREQCAP_MEASURE_N=500000 engine-test measure_reservation_bytes
+/// --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, run by name"]
+fn measure_reservation_bytes() {
+    let Some(n) = std::env::var("FREQCAP_MEASURE_N")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let options = EngineOptions {
+        memory_budget: 8 << 30,
+        max_open_reservations: 10_000_000,
+        ..EngineOptions::default()
+    };
+    let e = Engine::open(
+        Arc::new(MemoryStore::new()),
+        freqcap::SystemClock::new(),
+        options,
+    )
+    .unwrap();
+    e.put_campaign("b", campaign(BUDGETED)).unwrap();
+    let before = rss();
+    for u in 0..n {
+        let mut req = screen(Some(&format!("user-{u}")), &["b"], true);
+        req.ttl_ms = Some(3_600_000);
+        e.screen(&req).unwrap().reservation.unwrap();
+    }
+    let grown = rss().saturating_sub(before);
+    println!(
+        "{n} open reservations: RSS +{} MB, {:.0} B each; accounted {:.0} B each \
+         (hot tier {} MB)",
+        grown >> 20,
+        grown as f64 / n as f64,
+        e.reservation_bytes() as f64 / n as f64,
+        e.hot_bytes() >> 20
+    );
+}

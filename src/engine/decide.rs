@@ -13,7 +13,10 @@ use crate::model::Scope;
 use crate::model::limit::{LimitDef, compile_stack};
 use crate::store::{Batch, Op, Receipt, Space, codec};
 
-use super::record::{PendingEntry, SubjectRecord, pending_bytes, pinned_record_bytes};
+use super::record::{
+    ALLOC_OVERHEAD, PendingEntry, SubjectRecord, list_entry_bytes, map_entry_bytes,
+    pinned_record_bytes,
+};
 use super::registry::{CampaignEntry, Chain, Registry, stack_tags};
 use super::reservations::{Begin, Footprint, Settle, Settled, entry_bytes};
 use super::{Engine, EngineError, campaign_disk_key, invalid, ms, policy_disk_key, user_disk_key};
@@ -322,7 +325,9 @@ pub enum Holds {
 /// their chains' items).
 fn footprint(id: &str, answer: &Answer, holds: &Holds) -> Footprint {
     use std::mem::size_of;
-    let mut outside = entry_bytes(id.len()) + size_of::<Holds>() + 2 * size_of::<usize>();
+    // The id's three copies, the answer's list, the holds' `Arc` and list.
+    let mut outside =
+        entry_bytes(id.len()) + size_of::<Holds>() + 2 * size_of::<usize>() + 6 * ALLOC_OVERHEAD;
     outside += match answer {
         Answer::Check(c) => {
             size_of::<CheckOutcome>()
@@ -345,7 +350,7 @@ fn footprint(id: &str, answer: &Answer, holds: &Holds) -> Footprint {
     match holds {
         Holds::Check { tags, .. } => {
             outside += tags.capacity() * size_of::<u32>();
-            inside += pending_bytes(tags.len()) + pinned_record_bytes(tags.len());
+            inside += list_entry_bytes(tags.len()) + pinned_record_bytes(tags.len());
         }
         Holds::Screen { user, cands } => {
             outside += cands.capacity() * size_of::<(u32, Arc<str>, Chain)>();
@@ -354,7 +359,7 @@ fn footprint(id: &str, answer: &Answer, holds: &Holds) -> Footprint {
                 for e in chain.iter() {
                     for cap in &e.compiled.items {
                         match cap.scope {
-                            Scope::Campaign => outside += pending_bytes(1),
+                            Scope::Campaign => outside += map_entry_bytes(),
                             Scope::User if user.is_some() => user_entries += 1,
                             Scope::User => {}
                         }
@@ -362,7 +367,7 @@ fn footprint(id: &str, answer: &Answer, holds: &Holds) -> Footprint {
                 }
             }
             if user_entries > 0 {
-                inside += pending_bytes(user_entries) + pinned_record_bytes(user_entries);
+                inside += list_entry_bytes(user_entries) + pinned_record_bytes(user_entries);
             }
         }
     }
