@@ -202,7 +202,7 @@ fn memory(_: &mut Criterion) {
 const BUDGETED: &str = r#"{"budget": {"amount": 1000000000000, "per": "1d", "pacing": "asap"},
     "caps": [{"kind": "window", "limit": 5, "window": "1d", "align": "calendar"}]}"#;
 
-/// Room for 500 000 open reservations (about 1.2 kB each are accounted).
+/// Room for 500 000 open reservations (about 1.4 kB each are accounted).
 fn roomy() -> EngineOptions {
     EngineOptions {
         memory_budget: 4 << 30,

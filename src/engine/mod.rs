@@ -91,7 +91,11 @@ impl Default for EngineOptions {
     }
 }
 
-/// The default of [`EngineOptions::max_open_reservations`].
+/// The default of [`EngineOptions::max_open_reservations`]. A
+/// one-candidate screen's reservation measured 1 512 bytes of RSS (1 429
+/// accounted), so with the default 1 GiB budget the budget's half binds
+/// first (about 375 000); this bound holds for larger budgets: 1 000 000 open
+/// is about 1.5 GB, and expires in about 1.4 s (700 000/s measured).
 pub const DEFAULT_MAX_OPEN_RESERVATIONS: usize = 1_000_000;
 
 /// Why a request failed. Each maps to one HTTP status (DESIGN §4).
