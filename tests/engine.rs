@@ -1720,3 +1720,38 @@ fn measure_reservation_bytes() {
         e.hot_bytes() >> 20
     );
 }
+
+/// The memory store keeps event ids for one horizon, as RocksDB's compaction
+/// filter does: with ids now looked up in the store, it is their only copy.
+#[test]
+fn the_memory_store_forgets_event_ids_past_their_horizon() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let options = EngineOptions {
+        dedupe_horizon: 10 * SEC,
+        ..EngineOptions::default()
+    };
+    let store = Arc::new(MemoryStore::new());
+    let e = Engine::open(store.clone(), clock.clone(), options).unwrap();
+    e.put_campaign("c", campaign(BUDGETED)).unwrap();
+    let ev = |i: u64| Event {
+        user: None,
+        campaign: "c".into(),
+        cost: 1,
+        event_id: Some(format!("e{i}")),
+    };
+    assert_eq!(
+        e.events(&(0..100).map(ev).collect::<Vec<_>>()).unwrap(),
+        100
+    );
+    clock.advance(5 * SEC);
+    assert_eq!(
+        e.events(&(50..150).map(ev).collect::<Vec<_>>()).unwrap(),
+        50
+    );
+    assert_eq!(store.scan(Space::Dedupe).unwrap().len(), 150);
+    clock.advance(6 * SEC);
+    // The first hundred are past their horizon: gone, and counted again.
+    assert_eq!(e.events(&[ev(0)]).unwrap(), 1);
+    assert_eq!(store.scan(Space::Dedupe).unwrap().len(), 51);
+    assert_eq!(e.events(&[ev(120)]).unwrap(), 0);
+}
