@@ -1596,7 +1596,12 @@ fn measure_event_ids() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3_000_000);
-    let store = Arc::new(RocksStore::open(dir.as_ref(), Durability::Wal).unwrap());
+    // `memory`: the memory store instead.
+    let store: Arc<dyn Store> = if dir == "memory" {
+        Arc::new(MemoryStore::new())
+    } else {
+        Arc::new(RocksStore::open(dir.as_ref(), Durability::Wal).unwrap())
+    };
     let e = Engine::open(store, freqcap::SystemClock::new(), EngineOptions::default()).unwrap();
     e.put_campaign(
         "c",
