@@ -98,6 +98,18 @@ struct ServeArgs {
     /// Requests handled at once before 503 overloaded.
     #[arg(long, env = "FREQCAP_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
+    /// Open reservations at once; past it a reserving request gets 503 overloaded.
+    #[arg(long, env = "FREQCAP_MAX_OPEN_RESERVATIONS")]
+    max_open_reservations: Option<usize>,
+    /// RocksDB's block cache, in bytes.
+    #[arg(long, env = "FREQCAP_BLOCK_CACHE_BYTES")]
+    block_cache_bytes: Option<usize>,
+    /// RocksDB memtable size of the state and dedupe column families, in bytes.
+    #[arg(long, env = "FREQCAP_WRITE_BUFFER_BYTES")]
+    write_buffer_bytes: Option<usize>,
+    /// Total size of RocksDB's write-ahead log files, in bytes.
+    #[arg(long, env = "FREQCAP_MAX_WAL_BYTES")]
+    max_wal_bytes: Option<u64>,
     /// Bearer token for decision endpoints.
     #[arg(long, env = "FREQCAP_DECISION_TOKEN", hide_env_values = true)]
     decision_token: Option<String>,
@@ -171,6 +183,18 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_in_flight {
             c.max_in_flight = v;
+        }
+        if let Some(v) = self.max_open_reservations {
+            c.max_open_reservations = v;
+        }
+        if let Some(v) = self.block_cache_bytes {
+            c.block_cache_bytes = v;
+        }
+        if let Some(v) = self.write_buffer_bytes {
+            c.write_buffer_bytes = v;
+        }
+        if let Some(v) = self.max_wal_bytes {
+            c.max_wal_bytes = v;
         }
         if self.decision_token.is_some() {
             c.decision_token = self.decision_token;

@@ -12,7 +12,7 @@ use crate::api::{self, ApiOptions, ConnCounters};
 use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineOptions};
 use crate::server::{self, ConnLimits};
-use crate::store::{Durability, MemoryStore, RocksStore, Store};
+use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 
 /// Every option of the service. The TOML file uses these names; each has a
 /// `FREQCAP_<NAME>` environment variable and a `--<name>` flag (flags win over
@@ -42,6 +42,14 @@ pub struct ServeConfig {
     pub dedupe_horizon_secs: u64,
     /// How long an idle record stays in memory, seconds.
     pub idle_grace_secs: u64,
+    /// Open reservations at once; a reserving request past it gets 503.
+    pub max_open_reservations: usize,
+    /// RocksDB's block cache, bytes (shared by every column family).
+    pub block_cache_bytes: usize,
+    /// RocksDB memtable size of the state and dedupe column families, bytes.
+    pub write_buffer_bytes: usize,
+    /// Total size of RocksDB's write-ahead log files, bytes.
+    pub max_wal_bytes: u64,
     /// Bearer token for decision endpoints (unset: open).
     pub decision_token: Option<String>,
     /// Bearer token for definitions and admin endpoints (unset: open).
@@ -72,6 +80,7 @@ impl Default for ServeConfig {
         let e = EngineOptions::default();
         let a = ApiOptions::default();
         let c = ConnLimits::default();
+        let r = RocksOptions::default();
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("./freqcap-data"),
@@ -84,6 +93,10 @@ impl Default for ServeConfig {
             max_in_flight: a.max_in_flight,
             dedupe_horizon_secs: e.dedupe_horizon / 1_000_000_000,
             idle_grace_secs: e.idle_grace / 1_000_000_000,
+            max_open_reservations: e.max_open_reservations,
+            block_cache_bytes: r.block_cache_bytes,
+            write_buffer_bytes: r.write_buffer_bytes,
+            max_wal_bytes: r.max_wal_bytes,
             decision_token: None,
             admin_token: None,
             header_timeout_secs: c.header_timeout.as_secs(),
@@ -169,7 +182,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let store: Arc<dyn Store> = if config.memory {
         Arc::new(MemoryStore::new())
     } else {
-        Arc::new(RocksStore::open(&config.data_dir, config.durability).map_err(|e| e.to_string())?)
+        let sizes = RocksOptions {
+            block_cache_bytes: config.block_cache_bytes,
+            write_buffer_bytes: config.write_buffer_bytes,
+            max_wal_bytes: config.max_wal_bytes,
+        };
+        Arc::new(
+            RocksStore::open_with(&config.data_dir, config.durability, sizes)
+                .map_err(|e| e.to_string())?,
+        )
     };
     let options = EngineOptions {
         memory_budget: config.memory_budget,
@@ -177,6 +198,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         max_id_len: config.max_id_len,
         dedupe_horizon: config.dedupe_horizon_secs.saturating_mul(1_000_000_000),
         idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
+        max_open_reservations: config.max_open_reservations,
         ..EngineOptions::default()
     };
     let engine =

@@ -143,6 +143,7 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidArgument { field, message } => ApiError::invalid(&field, message),
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::conflict(m),
+            EngineError::Overloaded(m) => ApiError::overloaded(m),
             EngineError::NotInMemory => ApiError::internal("a record was not in memory"),
             // Asked of a store that cannot (a checkpoint of memory): the
             // request is wrong for this deployment, nothing is broken.

@@ -109,7 +109,13 @@ async fn guarded<C: Clock + 'static>(s: &AppState<C>, req: Request, next: Next) 
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    next.run(req).await
+    let response = next.run(req).await;
+    // A handler answers 503 only when the engine refuses a reservation past
+    // its cap (max_open_reservations, or half the memory budget).
+    if response.status() == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+        s.metrics.overloaded("reservations");
+    }
+    response
 }
 
 /// Reads the body of a POST or PUT whole, before the handler runs: over

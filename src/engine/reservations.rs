@@ -1,9 +1,20 @@
 //! Open reservations: by id, with their deadlines in an ordered set keyed by
 //! (deadline, id), so expiry takes the due ones from the front and never scans
 //! the rest (as mini-redis keeps its expirations).
+//!
+//! **Memory.** Each reservation's bytes are counted (an estimate from its
+//! parts: see [`Footprint`]) for as long as the table holds it, open or
+//! remembered as settled, together with the debits it holds in records and
+//! the user record it keeps in memory. They count against the engine's
+//! memory budget: reservations may use up to half of it, and the part that
+//! lies outside the hot tier (this table, debits in campaign records)
+//! shrinks what the hot tier may use, so the two together stay within the
+//! budget. Past that share, or past `max_open_reservations`, a new
+//! reservation is refused ([`Begin::Overloaded`]; HTTP 503) rather than
+//! allocated.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::clock::Nanos;
@@ -102,8 +113,31 @@ pub struct Reservation {
     /// Hash of the request body, to tell a repeat from a different request.
     pub body: u64,
     pub state: State,
-    /// What it holds; shared with whoever settles it.
+    /// What it holds; shared with whoever settles it. Dropped once settled.
     pub holds: Option<Arc<Holds>>,
+    /// The bytes counted for it now.
+    pub footprint: Footprint,
+}
+
+/// Bytes a reservation accounts for: `total` in all, of which `outside` lie
+/// outside the hot tier (its entry here, its debits in campaign records); the
+/// rest (debits in user and policy-key records, the records they pin) the
+/// hot tier holds and counts itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    pub total: usize,
+    pub outside: usize,
+}
+
+/// Bytes of a table entry apart from its answer and what it holds: the map's
+/// slot (at hashbrown's 7/8 load), the ordered set's (B-tree nodes are about
+/// two-thirds full), the id three times (map key, set key, outcome) and the
+/// settle latch.
+pub fn entry_bytes(id_len: usize) -> usize {
+    (std::mem::size_of::<(String, Reservation)>() + 1) * 8 / 7
+        + std::mem::size_of::<(Nanos, String)>() * 3 / 2
+        + 3 * id_len
+        + std::mem::size_of::<Settled>()
 }
 
 #[derive(Default)]
@@ -114,6 +148,14 @@ struct Table {
 
 /// See the module documentation.
 pub struct Reservations {
+    /// Most reservations open at once.
+    max_open: usize,
+    /// Most bytes reservations may account for.
+    max_bytes: usize,
+    /// Bytes accounted for by every reservation in the table.
+    bytes: AtomicUsize,
+    /// The part of `bytes` outside the hot tier; the hot tier reads it.
+    outside: Arc<AtomicUsize>,
     /// One std mutex: every operation is a map lookup or an ordered-set step,
     /// and it is never held while records are locked.
     table: Mutex<Table>,
@@ -126,12 +168,40 @@ pub struct Reservations {
 
 impl Default for Reservations {
     fn default() -> Self {
+        Self::new(usize::MAX, usize::MAX, Arc::default())
+    }
+}
+
+impl Reservations {
+    /// A table of at most `max_open` open reservations using at most
+    /// `max_bytes`, whose bytes outside the hot tier are published in
+    /// `outside`.
+    pub fn new(max_open: usize, max_bytes: usize, outside: Arc<AtomicUsize>) -> Self {
         Reservations {
+            max_open,
+            max_bytes,
+            bytes: AtomicUsize::new(0),
+            outside,
             table: Mutex::new(Table::default()),
             next_deadline: AtomicU64::new(u64::MAX),
             next_seq: AtomicU64::new(1),
             open: AtomicU64::new(0),
         }
+    }
+
+    fn count(&self, f: Footprint) {
+        self.bytes.fetch_add(f.total, Ordering::Relaxed);
+        self.outside.fetch_add(f.outside, Ordering::Relaxed);
+    }
+
+    fn uncount(&self, f: Footprint) {
+        self.bytes.fetch_sub(f.total, Ordering::Relaxed);
+        self.outside.fetch_sub(f.outside, Ordering::Relaxed);
+    }
+
+    /// Bytes accounted for by reservations (open and remembered).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -144,6 +214,8 @@ pub enum Begin {
     Repeat(Answer),
     /// The id is taken by another request, or settled.
     Conflict(String),
+    /// No room for another reservation (open count or memory): why.
+    Overloaded(String),
 }
 
 /// What [`Reservations::settle`] found.
@@ -167,6 +239,14 @@ pub enum Settle {
     Rejected(EngineError),
     /// Unknown or forgotten id.
     Unknown,
+    /// Open, but its deadline has passed and expiry has not got to it yet (a
+    /// backlog): taken out as expiry would, for the caller to release as of
+    /// `deadline`; then the id is unknown.
+    Expired {
+        holds: Arc<Holds>,
+        seq: u64,
+        deadline: Nanos,
+    },
 }
 
 impl Reservations {
@@ -198,6 +278,20 @@ impl Reservations {
                 }
             };
         }
+        let open = self.open();
+        if open >= self.max_open {
+            return Begin::Overloaded(format!(
+                "{open} reservations are open, the most max_open_reservations allows; \
+                 commit or release some, or retry shortly"
+            ));
+        }
+        let bytes = self.bytes();
+        if bytes >= self.max_bytes {
+            return Begin::Overloaded(format!(
+                "open reservations use {bytes} bytes, their share (half) of the memory \
+                 budget; commit or release some, or retry shortly"
+            ));
+        }
         let seq = self.next_seq();
         t.by_id.insert(
             id.to_owned(),
@@ -207,17 +301,21 @@ impl Reservations {
                 body,
                 state: State::Deciding,
                 holds: None,
+                footprint: Footprint::default(),
             },
         );
         Begin::New { seq }
     }
 
-    /// Records the answer of a reservation that now holds debits.
-    pub fn finish(&self, id: &str, answer: Answer, holds: Holds) {
+    /// Records the answer of a reservation that now holds debits, and the
+    /// bytes it accounts for.
+    pub fn finish(&self, id: &str, answer: Answer, holds: Holds, footprint: Footprint) {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else { return };
         r.state = State::Open(answer);
         r.holds = Some(Arc::new(holds));
+        r.footprint = footprint;
+        self.count(footprint);
         let deadline = r.deadline;
         t.deadlines.insert((deadline, id.to_owned()));
         self.open.fetch_add(1, Ordering::Relaxed);
@@ -236,12 +334,33 @@ impl Reservations {
         &self,
         id: &str,
         commit: bool,
+        now: Nanos,
         outcome: impl FnOnce(&Holds) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
     ) -> Settle {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else {
             return Settle::Unknown;
         };
+        if r.deadline <= now && matches!(r.state, State::Open(_)) {
+            let deadline = r.deadline;
+            let taken = t.by_id.remove(id);
+            t.deadlines.remove(&(deadline, id.to_owned()));
+            return match taken {
+                Some(r) => {
+                    self.uncount(r.footprint);
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    match r.holds {
+                        Some(holds) => Settle::Expired {
+                            holds,
+                            seq: r.seq,
+                            deadline,
+                        },
+                        None => Settle::Unknown,
+                    }
+                }
+                None => Settle::Unknown,
+            };
+        }
         match &r.state {
             State::Open(_) => {
                 let Some(holds) = r.holds.clone() else {
@@ -251,6 +370,18 @@ impl Reservations {
                     Ok(x) => x,
                     Err(e) => return Settle::Rejected(e),
                 };
+                // Remembered until the deadline is the outcome only: what it
+                // held goes (its debits leave the records as this settles).
+                r.holds = None;
+                let settled_bytes = entry_bytes(id.len())
+                    + o.campaigns.capacity() * std::mem::size_of::<Arc<str>>();
+                let now_counted = Footprint {
+                    total: settled_bytes,
+                    outside: settled_bytes,
+                };
+                self.uncount(r.footprint);
+                self.count(now_counted);
+                r.footprint = now_counted;
                 let settled = Arc::new(Settled::default());
                 r.state = if commit {
                     State::Committed(o.clone(), settled.clone())
@@ -274,24 +405,29 @@ impl Reservations {
         }
     }
 
-    /// Takes every reservation whose deadline is ≤ `now` out of the table and
-    /// returns those still open, with their deadlines, for release.
-    pub fn take_due(&self, now: Nanos) -> Vec<(Arc<Holds>, u64, Nanos)> {
+    /// Takes up to `most` reservations whose deadline is ≤ `now` out of the
+    /// table (the earliest first) and returns those still open, with their
+    /// deadlines, for release. The lock is held for those only: taking all of
+    /// 500 000 due at once held it for 0.4 s, and every request waited.
+    pub fn take_due(&self, now: Nanos, most: usize) -> Vec<(Arc<Holds>, u64, Nanos)> {
         if self.next_deadline.load(Ordering::Acquire) > now {
             return Vec::new();
         }
         let mut t = self.lock();
         let mut due = Vec::new();
+        let mut taken = 0;
         while let Some((deadline, id)) = t.deadlines.first().cloned() {
-            if deadline > now {
+            if deadline > now || taken >= most {
                 break;
             }
+            taken += 1;
             t.deadlines.pop_first();
-            if let Some(r) = t.by_id.remove(&id)
-                && let (State::Open(_), Some(h)) = (&r.state, r.holds)
-            {
-                self.open.fetch_sub(1, Ordering::Relaxed);
-                due.push((h, r.seq, deadline));
+            if let Some(r) = t.by_id.remove(&id) {
+                self.uncount(r.footprint);
+                if let (State::Open(_), Some(h)) = (&r.state, r.holds) {
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    due.push((h, r.seq, deadline));
+                }
             }
         }
         let next = t.deadlines.first().map_or(u64::MAX, |d| d.0);

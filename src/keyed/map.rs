@@ -35,7 +35,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
@@ -171,6 +171,9 @@ pub struct ShardedMap<K, V> {
     max_len: usize,
     /// Bytes one shard may use (table plus record heap).
     shard_budget: usize,
+    /// Bytes used outside the map that count against the same budget (the
+    /// engine's open reservations): each shard's share shrinks by its part.
+    outside: Arc<AtomicUsize>,
     stats: MapStats,
 }
 
@@ -231,8 +234,16 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             mask: n - 1,
             max_len,
             shard_budget,
+            outside: Arc::default(),
             stats: MapStats::default(),
         }
+    }
+
+    /// The counter of bytes used outside the map against its budget: whoever
+    /// holds it adds and subtracts what it uses; shards evict accordingly
+    /// (at their next insert or growth).
+    pub fn outside(&self) -> Arc<AtomicUsize> {
+        self.outside.clone()
     }
 
     fn shard_of(&self, hash: u64) -> usize {
@@ -355,7 +366,8 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         } else {
             buckets_for(t.len() + 1)
         };
-        table_bytes::<K, V>(buckets) + shard.heap + extra > self.shard_budget
+        let outside = self.outside.load(Ordering::Relaxed) / self.shards.len();
+        table_bytes::<K, V>(buckets) + shard.heap + extra + outside > self.shard_budget
     }
 
     /// Makes room in a full shard, and for the `extra` heap bytes of the record

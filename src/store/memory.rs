@@ -1,8 +1,10 @@
 //! A store in memory: for tests, replay and `freqcap serve --memory`. Every batch
 //! is applied at submit, so it is "durable" as soon as it is submitted (for as
-//! long as the process lives).
+//! long as the process lives). Event ids (the dedupe space) are dropped once
+//! past their horizon, as RocksDB's compaction filter drops them, so they
+//! take memory for one horizon's ids; state is dropped only by `compact`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -12,7 +14,6 @@ use super::{Batch, KeyValues, Op, Receipt, Space, Store, StoreError, StoreStats}
 type Entries = BTreeMap<(Space, Vec<u8>), Vec<u8>>;
 
 /// See the module documentation.
-#[derive(Default)]
 pub struct MemoryStore {
     /// One ordered map per space. A std mutex: held for a map operation, never
     /// across a wait.
@@ -20,6 +21,25 @@ pub struct MemoryStore {
     seq: AtomicU64,
     batches: AtomicU64,
     now: AtomicU64,
+    /// Dedupe keys in the order written, with their expiry. The horizon is
+    /// fixed, so this is expiry order (up to clock steps), and expired ids
+    /// leave from the front.
+    dedupe_order: Mutex<VecDeque<(u64, Vec<u8>)>>,
+    /// The front's expiry (`u64::MAX` when empty), read without a lock.
+    next_expiry: AtomicU64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            spaces: Mutex::default(),
+            seq: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            now: AtomicU64::new(0),
+            dedupe_order: Mutex::default(),
+            next_expiry: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl MemoryStore {
@@ -47,6 +67,18 @@ impl Store for MemoryStore {
         for op in batch {
             match op {
                 Op::Put(s, k, v) => {
+                    if s == Space::Dedupe
+                        && let Some(exp) = super::codec::expiry_of(&v)
+                    {
+                        let mut order = self
+                            .dedupe_order
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner);
+                        if order.is_empty() {
+                            self.next_expiry.store(exp, Ordering::Relaxed);
+                        }
+                        order.push_back((exp, k.clone()));
+                    }
                     m.insert((s, k), v);
                 }
                 Op::Delete(s, k) => {
@@ -68,6 +100,31 @@ impl Store for MemoryStore {
 
     fn set_now(&self, now: u64) {
         self.now.fetch_max(now, Ordering::Relaxed);
+        if self.next_expiry.load(Ordering::Relaxed) > now {
+            return;
+        }
+        let mut m = self.spaces.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut order = self
+            .dedupe_order
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while let Some((exp, _)) = order.front() {
+            if *exp > now {
+                break;
+            }
+            if let Some((_, k)) = order.pop_front() {
+                let key = (Space::Dedupe, k);
+                // Written again since (a later horizon): keep it.
+                if m.get(&key)
+                    .and_then(|v| super::codec::expiry_of(v))
+                    .is_some_and(|e| e <= now)
+                {
+                    m.remove(&key);
+                }
+            }
+        }
+        let next = order.front().map_or(u64::MAX, |f| f.0);
+        self.next_expiry.store(next, Ordering::Relaxed);
     }
 
     fn compact(&self) -> Result<(), StoreError> {

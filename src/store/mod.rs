@@ -14,7 +14,7 @@ pub mod rocks;
 use std::path::PathBuf;
 
 pub use memory::MemoryStore;
-pub use rocks::RocksStore;
+pub use rocks::{RocksOptions, RocksStore};
 
 /// The key spaces (RocksDB column families).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

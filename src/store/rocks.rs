@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 use rocksdb::compaction_filter::Decision;
 use rocksdb::{
-    BlockBasedOptions, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions, ReadTier,
-    WriteBatch, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, IteratorMode, Options, ReadOptions,
+    ReadTier, WriteBatch, WriteOptions,
 };
 
 use super::codec::{FORMAT_VERSION, expiry_of};
@@ -31,6 +31,96 @@ const MAX_GROUP: usize = 4096;
 
 /// Meta key of the format version byte.
 const FORMAT_KEY: &[u8] = b"format";
+
+/// Memtables each of the state and dedupe column families may have at once
+/// (one filling, one being flushed): RocksDB's default, stated because the
+/// memory formula (docs/engine.md, "Memory") counts on it.
+pub const MAX_WRITE_BUFFERS: usize = 2;
+
+/// Write buffer of the definitions and meta column families: they hold a few
+/// kilobytes, and a memtable allocates its arena in blocks of an eighth of it.
+const SMALL_WRITE_BUFFER: usize = 1 << 20;
+
+/// RocksDB's own informational LOG files kept in the data directory, and the
+/// size at which one is rolled: at most 5 x 8 MiB (the default keeps 1000).
+const KEEP_INFO_LOGS: usize = 5;
+const INFO_LOG_BYTES: usize = 8 << 20;
+
+/// RocksDB's memory and disk beyond the engine's own budget: every figure
+/// the memory formula of docs/engine.md needs. Config knobs of the same
+/// names in `ServeConfig`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocksOptions {
+    /// One LRU cache shared by every column family, for data blocks and also
+    /// for index and filter blocks (so those are inside the bound too; the
+    /// first level's stay pinned while their file lives).
+    pub block_cache_bytes: usize,
+    /// Memtable size of the state and dedupe column families; each may have
+    /// [`MAX_WRITE_BUFFERS`] at once.
+    pub write_buffer_bytes: usize,
+    /// Total size of the write-ahead log files: past it, RocksDB flushes the
+    /// column families whose data keeps the oldest log alive, and deletes
+    /// it. Also bounds what a restart replays.
+    pub max_wal_bytes: u64,
+}
+
+impl Default for RocksOptions {
+    fn default() -> Self {
+        RocksOptions {
+            // 64 MiB: the filters and indexes of 2 000 000 state keys take
+            // about 3 MiB (10 bits of bloom filter per key), and RocksDB's
+            // default was a separate 32 MiB cache per column family.
+            block_cache_bytes: 64 << 20,
+            // 32 MiB: half RocksDB's default, so memtables take at most
+            // 2 x 2 x 32 MiB = 128 MiB instead of 256 MiB.
+            write_buffer_bytes: 32 << 20,
+            // 64 MiB: one full memtable of each big column family. Without a
+            // bound, the definitions and meta column families (written once at
+            // start, so never flushed) kept every log alive: 116 MB of logs in
+            // a 150 MB data dir after 2 000 000 keys.
+            max_wal_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Whether a failed open failed because another process (or this one) holds
+/// the directory's lock. RocksDB says so as an IO error naming the LOCK
+/// file: `IO error: While lock file: <dir>/LOCK: Resource temporarily
+/// unavailable` from another process (fcntl answers EAGAIN or EACCES), `IO
+/// error: lock hold by current process, ...: <dir>/LOCK: No locks available`
+/// from this one. Nothing else counts: a path or a corruption message that
+/// merely contains "lock" (`block checksum mismatch`) is another error.
+fn held_lock(kind: rocksdb::ErrorKind, msg: &str) -> bool {
+    if kind != rocksdb::ErrorKind::IOError {
+        return false;
+    }
+    let Some(rest) = msg.strip_prefix("IO error: ") else {
+        return false;
+    };
+    let (file, why) = if let Some(r) = rest.strip_prefix("While lock file: ") {
+        match r.rsplit_once(": ") {
+            Some((file, why)) => (
+                file,
+                matches!(
+                    why,
+                    "Resource temporarily unavailable" | "Permission denied"
+                ),
+            ),
+            None => return false,
+        }
+    } else if rest.starts_with("lock hold by current process") {
+        match rest.rsplit_once(": ") {
+            Some((head, "No locks available")) => match head.rsplit_once(": ") {
+                Some((_, file)) => (file, true),
+                None => return false,
+            },
+            _ => return false,
+        }
+    } else {
+        return false;
+    };
+    why && file.ends_with("/LOCK")
+}
 
 /// Work for the writer thread.
 enum Job {
@@ -79,10 +169,20 @@ fn io(e: rocksdb::Error) -> StoreError {
 }
 
 impl RocksStore {
-    /// Opens (or creates) the store in `dir`. Fails with [`StoreError::Locked`]
-    /// when another process has it open, and [`StoreError::UnknownFormat`] when it
-    /// was written by a newer build.
+    /// Opens (or creates) the store in `dir` with the default
+    /// [`RocksOptions`]. Fails with [`StoreError::Locked`] when another
+    /// process has it open, and [`StoreError::UnknownFormat`] when it was
+    /// written by a newer build.
     pub fn open(dir: &Path, durability: Durability) -> Result<Self, StoreError> {
+        Self::open_with(dir, durability, RocksOptions::default())
+    }
+
+    /// [`RocksStore::open`] with RocksDB's memory and disk sized by `sizes`.
+    pub fn open_with(
+        dir: &Path,
+        durability: Durability,
+        sizes: RocksOptions,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
         let shared = Arc::new(Shared::default());
@@ -90,6 +190,14 @@ impl RocksStore {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.increase_parallelism(2);
+        opts.set_max_total_wal_size(sizes.max_wal_bytes);
+        // WAL files are not recycled: RocksDB's own note on recycling under
+        // point-in-time recovery (our mode) reports a hole in recovered data,
+        // and an acknowledged commit must survive kill -9. The total bound
+        // above is what limits the logs.
+        opts.set_keep_log_file_num(KEEP_INFO_LOGS);
+        opts.set_max_log_file_size(INFO_LOG_BYTES);
+        let cache = Cache::new_lru_cache(sizes.block_cache_bytes);
         // Flushes and compactions run at the lowest CPU and I/O priority:
         // they can wait, a decision cannot. On a machine with few cores they
         // would otherwise take time slices from the threads serving requests
@@ -106,7 +214,28 @@ impl RocksStore {
         }
         let cfs = Space::ALL.iter().map(|&s| {
             let mut o = Options::default();
+            let mut t = BlockBasedOptions::default();
+            t.set_block_cache(&cache);
+            // Index and filter blocks count in the cache's bound rather than
+            // growing with the data outside it; those of the first level (the
+            // newest, most read files) stay pinned, so lookups of new keys keep
+            // answering from memory (`Store::get_cached`).
+            t.set_cache_index_and_filter_blocks(true);
+            t.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            // Partitioned: a file's index and filter are cached in blocks of
+            // 4 KiB, under a small top level that stays pinned. A whole filter
+            // is one block of 1.25 bytes per key, which past the cache's
+            // shard size (64 MiB / 64 shards) cannot stay cached: every
+            // lookup of a new key read it from disk again, and 6 000 000
+            // unique event ids took minutes instead of seconds.
+            t.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+            t.set_partition_filters(true);
+            t.set_metadata_block_size(4096);
+            t.set_pin_top_level_index_and_filter(true);
+            o.set_max_write_buffer_number(MAX_WRITE_BUFFERS as i32);
+            o.set_write_buffer_size(SMALL_WRITE_BUFFER);
             if matches!(s, Space::State | Space::Dedupe) {
+                o.set_write_buffer_size(sizes.write_buffer_bytes);
                 // Values carry their expiry up front (codec); dead ones are dropped
                 // when compaction passes them, judged by the engine's clock.
                 let shared = shared.clone();
@@ -121,21 +250,19 @@ impl RocksStore {
                 // Most reads of a new key find nothing: a bloom filter answers
                 // them from memory (see `Store::get_cached`) instead of
                 // reading a block of every file that might hold the key.
-                let mut t = BlockBasedOptions::default();
                 t.set_bloom_filter(10.0, false);
-                // Filters stay in the table readers' memory (RocksDB's default,
-                // not the block cache), so `get_cached` can always consult them.
-                o.set_block_based_table_factory(&t);
                 // The same for the memtables, where a miss would otherwise
                 // walk a skip list of every key written lately.
                 o.set_memtable_whole_key_filtering(true);
                 o.set_memtable_prefix_bloom_ratio(0.1);
             }
+            o.set_block_based_table_factory(&t);
             ColumnFamilyDescriptor::new(s.name(), o)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
+            let kind = e.kind();
             let msg = e.into_string();
-            if msg.contains("lock") || msg.contains("Resource temporarily unavailable") {
+            if held_lock(kind, &msg) {
                 StoreError::Locked {
                     dir: dir.to_path_buf(),
                 }
@@ -416,6 +543,50 @@ impl Drop for RocksStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only RocksDB's own lock errors mean "in use".
+    #[test]
+    fn only_the_lock_files_error_means_held() {
+        use rocksdb::ErrorKind::{Corruption, IOError};
+        let held = [
+            "IO error: While lock file: /var/lib/freqcap/data/LOCK: Resource temporarily unavailable",
+            "IO error: While lock file: /tmp/a: b/LOCK: Permission denied",
+            "IO error: lock hold by current process, acquire time 1700000000 acquiring thread \
+             1234: /tmp/x/LOCK: No locks available",
+        ];
+        for m in held {
+            assert!(held_lock(IOError, m), "{m}");
+        }
+        let not = [
+            (
+                Corruption,
+                "Corruption: block checksum mismatch: stored = 1, computed = 2",
+            ),
+            (
+                IOError,
+                "IO error: No such file or directory: While opening a file for sequentially reading: /srv/lock/data/CURRENT: No such file or directory",
+            ),
+            (
+                IOError,
+                "IO error: While lock file: /tmp/x/LOCK: No space left on device",
+            ),
+            (
+                IOError,
+                "IO error: while open a file for lock: /tmp/x/LOCK: Permission denied",
+            ),
+            (
+                Corruption,
+                "Corruption: While lock file: /tmp/x/LOCK: Resource temporarily unavailable",
+            ),
+            (
+                IOError,
+                "IO error: While lock file: /tmp/lock/MANIFEST: Resource temporarily unavailable",
+            ),
+        ];
+        for (k, m) in not {
+            assert!(!held_lock(k, m), "{m}");
+        }
+    }
 
     /// A group keeps the last op on each key, whatever came before it.
     #[test]
