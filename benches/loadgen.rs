@@ -739,46 +739,49 @@ async fn conn_loop(
         seq += 1;
         let outcome = one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await;
         let done = Instant::now();
-        let mut t = tally.borrow_mut();
-        match outcome {
-            Ok(o) if o.shed => {
-                if measured {
-                    t.shed += 1;
-                    let ns = done.duration_since(intended).as_nanos() as u64;
-                    shed_hist.borrow_mut().saturating_record(ns.max(1_000));
-                }
-                drop(t);
-                if a.honour_retry_after {
-                    // freqcap's Retry-After on a 503 is always 1 s.
-                    let until = (done + Duration::from_secs(1)).min(sh.end);
-                    tokio::time::sleep_until(until.into()).await;
-                }
-            }
-            Ok(o) => {
-                if measured {
-                    t.ops += 1;
-                    t.requests += o.requests;
-                    t.commits += o.committed.is_some() as u64;
-                    t.none_eligible += o.none_eligible as u64;
-                    t.denied += o.denied as u64;
-                    let ns = done.duration_since(intended).as_nanos() as u64;
-                    hist.borrow_mut().saturating_record(ns.max(1_000));
-                }
-                if let Some(key) = o.committed {
-                    *t.committed.entry(key).or_default() += 1;
-                }
-                if o.error {
-                    t.errors += 1;
-                    if t.first_error.is_none() {
-                        t.first_error = Some(String::from_utf8_lossy(&o.error_body).into_owned());
+        let outcome_shed = outcome.as_ref().ok().map(|o| o.shed);
+        {
+            let mut t = tally.borrow_mut();
+            match outcome {
+                Ok(o) if o.shed => {
+                    if measured {
+                        t.shed += 1;
+                        let ns = done.duration_since(intended).as_nanos() as u64;
+                        shed_hist.borrow_mut().saturating_record(ns.max(1_000));
                     }
                 }
+                Ok(o) => {
+                    if measured {
+                        t.ops += 1;
+                        t.requests += o.requests;
+                        t.commits += o.committed.is_some() as u64;
+                        t.none_eligible += o.none_eligible as u64;
+                        t.denied += o.denied as u64;
+                        let ns = done.duration_since(intended).as_nanos() as u64;
+                        hist.borrow_mut().saturating_record(ns.max(1_000));
+                    }
+                    if let Some(key) = o.committed {
+                        *t.committed.entry(key).or_default() += 1;
+                    }
+                    if o.error {
+                        t.errors += 1;
+                        if t.first_error.is_none() {
+                            t.first_error =
+                                Some(String::from_utf8_lossy(&o.error_body).into_owned());
+                        }
+                    }
+                }
+                Err(e) => {
+                    t.errors += 1;
+                    t.first_error.get_or_insert(e.to_string());
+                    return Ok(());
+                }
             }
-            Err(e) => {
-                t.errors += 1;
-                t.first_error.get_or_insert(e.to_string());
-                return Ok(());
-            }
+        }
+        if outcome_shed == Some(true) && a.honour_retry_after {
+            // freqcap's Retry-After on a 503 is always 1 s.
+            let until = (done + Duration::from_secs(1)).min(sh.end);
+            tokio::time::sleep_until(until.into()).await;
         }
     }
     Ok(())
