@@ -262,6 +262,17 @@ fn run(cli: Cli) -> Result<(), String> {
                 .init();
             let config = args.config()?;
             let rt = tokio::runtime::Builder::new_multi_thread()
+                // Fairness under saturation. A worker's local queue holds 256
+                // tasks; the connections woken past that wait in the global
+                // queue, which tokio's adaptive interval visits about once
+                // per 200 µs of work: with 2048 busy connections on one
+                // core, a probe's connection waited 100-500 ms there (9 % of
+                // requests, freqcap_queue_delay_seconds) while the rest
+                // waited 1-5 ms. Visiting it every other task bounds that
+                // wait by the queue's length: /healthz's worst case went
+                // from 190-325 ms to 81-100 ms (benches/shed.sh setup,
+                // noisy runs; BENCHMARKS.md "Overload").
+                .global_queue_interval(2)
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot start the runtime: {e}"))?;
