@@ -270,8 +270,9 @@ fn run(cli: Cli) -> Result<(), String> {
                 // requests, freqcap_queue_delay_seconds) while the rest
                 // waited 1-5 ms. Visiting it every other task bounds that
                 // wait by the queue's length: /healthz's worst case went
-                // from 190-325 ms to 81-100 ms (benches/shed.sh setup,
-                // noisy runs; BENCHMARKS.md "Overload").
+                // from 151-341 ms to 81-100 ms (2048 connections, the
+                // benches/shed.sh setup, noisy runs; BENCHMARKS.md
+                // "Overload").
                 .global_queue_interval(2)
                 .enable_all()
                 .build()

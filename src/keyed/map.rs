@@ -1,5 +1,5 @@
 //! A sharded, memory-bounded map from key to record: the structure under
-//! [`super::KeyedLimiter`] and, later, under the engine's hot tier.
+//! [`super::KeyedLimiter`] and under the engine's hot tier.
 //!
 //! Design:
 //! - **Shards, each a `std::sync::Mutex` around a hashbrown `HashTable`.** A
@@ -98,7 +98,7 @@ struct Shard<K, V> {
 }
 
 /// A shard behind its lock, with where its table lies for prefetching.
-struct Slot<K, V> {
+struct ShardCell<K, V> {
     shard: Mutex<Shard<K, V>>,
     /// The table's control bytes (null before it allocates). hashbrown keeps
     /// bucket `i`'s entry just below them, at `ctrl - (i + 1) * size_of::<(K, V)>()`
@@ -110,8 +110,8 @@ struct Slot<K, V> {
     mask: AtomicUsize,
 }
 
-/// A slot alone on its cache line(s).
-type ShardSlot<K, V> = CachePadded<Slot<K, V>>;
+/// A shard cell alone on its cache line(s).
+type PaddedCell<K, V> = CachePadded<ShardCell<K, V>>;
 
 /// Asks the CPU to start loading the cache line at `p` without waiting for it.
 /// A hint only: it never faults, whatever the address.
@@ -127,7 +127,7 @@ fn prefetch(p: *const u8) {
     let _ = p;
 }
 
-impl<K, V> Slot<K, V> {
+impl<K, V> ShardCell<K, V> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Shard<K, V>> {
         self.shard.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -163,7 +163,7 @@ impl<K, V> Slot<K, V> {
 
 /// See the module documentation.
 pub struct ShardedMap<K, V> {
-    shards: Box<[ShardSlot<K, V>]>,
+    shards: Box<[PaddedCell<K, V>]>,
     hasher: foldhash::fast::RandomState,
     /// `shards.len() - 1`; the shard count is a power of two.
     mask: usize,
@@ -218,7 +218,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         let max_len = (buckets / 8 * 7).max(1);
         let shards = (0..n)
             .map(|_| {
-                CachePadded::new(Slot {
+                CachePadded::new(ShardCell {
                     shard: Mutex::new(Shard {
                         table: HashTable::new(),
                         heap: 0,
@@ -286,15 +286,55 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let loaded = self.try_with_now(key, now, ctx, || Ok::<V, std::convert::Infallible>(fresh()), f);
+        match loaded {
+            Ok(r) => r,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Like [`ShardedMap::with`], for records that must be loaded (from a
+    /// store, say) when absent, which may fail: `load` runs under the shard's
+    /// lock on a miss, and its error is returned without calling `f` or
+    /// inserting anything.
+    pub fn try_with<Q, R, E>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        ctx: &V::Ctx,
+        load: impl FnOnce() -> Result<V, E>,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.try_with_now(key, || now, ctx, load, |v, _| f(v))
+    }
+
+    /// The one body of the lookups above.
+    #[inline(always)]
+    fn try_with_now<Q, R, E>(
+        &self,
+        key: &Q,
+        now: impl FnOnce() -> Nanos,
+        ctx: &V::Ctx,
+        load: impl FnOnce() -> Result<V, E>,
+        f: impl FnOnce(&mut V, Nanos) -> R,
+    ) -> Result<R, E>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
-        let slot = &self.shards[self.shard_of(hash)];
-        slot.prefetch(hash);
+        let cell = &self.shards[self.shard_of(hash)];
+        cell.prefetch(hash);
         let now = now();
-        let mut shard = slot.lock();
+        let mut shard = cell.lock();
         let eq = |e: &(K, V)| e.0.borrow() == key;
         if let Some((_, v)) = shard.table.find_mut(hash, eq) {
             if V::heap_fixed(ctx) {
-                return f(v, now);
+                return Ok(f(v, now));
             }
             let before = v.heap_bytes();
             let r = f(v, now);
@@ -305,9 +345,9 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
                 // share as an insert can.
                 self.evict(&mut shard, now, ctx, 0);
             }
-            return r;
+            return Ok(r);
         }
-        let mut v = fresh();
+        let mut v = load()?;
         let r = f(&mut v, now);
         if v.idle_at(ctx) > now {
             let add = v.heap_bytes();
@@ -332,9 +372,9 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             shard.heap += add;
             let e = shard.table.insert_unique(hash, (key.to_owned(), v), rehash);
             let (index, entry) = (e.bucket_index(), std::ptr::from_ref(e.get()));
-            slot.locate(shard.table.num_buckets(), index, entry);
+            cell.locate(shard.table.num_buckets(), index, entry);
         }
-        r
+        Ok(r)
     }
 
     /// Runs `f` on the record for `key` if present, without creating one.
@@ -344,9 +384,9 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let slot = &self.shards[self.shard_of(hash)];
-        slot.prefetch(hash);
-        let shard = slot.lock();
+        let cell = &self.shards[self.shard_of(hash)];
+        cell.prefetch(hash);
+        let shard = cell.lock();
         shard
             .table
             .find(hash, |e| e.0.borrow() == key)
@@ -522,10 +562,10 @@ mod tests {
         }
         let size = std::mem::size_of::<(u64, Words<N>)>();
         let (mut home, mut total) = (0usize, 0usize);
-        for slot in map.shards.iter() {
-            let shard = slot.lock();
-            let ctrl = slot.ctrl.load(Ordering::Relaxed);
-            let mask = slot.mask.load(Ordering::Relaxed);
+        for cell in map.shards.iter() {
+            let shard = cell.lock();
+            let ctrl = cell.ctrl.load(Ordering::Relaxed);
+            let mask = cell.mask.load(Ordering::Relaxed);
             assert_eq!(mask + 1, shard.table.num_buckets());
             for (k, _) in shard.table.iter() {
                 let hash = map.hasher.hash_one(k);
