@@ -1,7 +1,7 @@
 //! Time as the engine sees it: nanoseconds since the Unix epoch, never going backwards.
 //!
 //! Limit algorithms never read a clock themselves; they take `now` as an argument
-//! (DESIGN §6: "the clock is injected"). A [`Clock`] is what the edges (the keyed
+//! (docs/semantics.md §1.1: the clock is injected). A [`Clock`] is what the edges (the keyed
 //! limiter, later the engine and the HTTP service) use to produce that argument.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +38,7 @@ pub trait Clock: Send + Sync {
 /// again and moves the offset *forward* if the wall clock has stepped ahead (a VM
 /// resumed, a manual correction). If the wall clock steps back, the offset stays:
 /// time keeps running at its real pace instead of jumping back — the engine never
-/// sees time go backwards (DESIGN §2).
+/// sees time go backwards (docs/semantics.md §1.1).
 #[derive(Debug)]
 pub struct SystemClock {
     /// Wall time minus monotonic time, in ns, as last synced. Only grows.
@@ -178,7 +178,7 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
 pub type Span = u128;
 
 /// Converts nanoseconds to whole milliseconds, rounding up, as every reported
-/// `*_ms` figure is (DESIGN §2.6), saturating at 2^53 − 1 so it stays exact in JSON.
+/// `*_ms` figure is (docs/semantics.md §1.5), saturating at 2^53 − 1 so it stays exact in JSON.
 pub fn ceil_ms(ns: impl Into<Span>) -> u64 {
     let ms = ns.into().div_ceil(Span::from(MS));
     u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_REPORTED)

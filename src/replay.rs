@@ -1,4 +1,4 @@
-//! `freqcap replay`: the HTTP API on a virtual clock (DESIGN §5).
+//! `freqcap replay`: the HTTP API on a virtual clock (docs/semantics.md §9).
 //!
 //! Each input line is one request at a stated time; each output line is its
 //! answer. The requests go through the very router `freqcap serve` uses,

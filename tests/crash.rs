@@ -1,4 +1,4 @@
-//! An acknowledged commit survives `kill -9` (issue 3 §7, DESIGN §6).
+//! An acknowledged commit survives `kill -9` (docs/engine.md, Durability).
 //!
 //! The test runs this same test binary again as a child process (the ignored
 //! test `crash_child`, selected by name), which commits and counts events on

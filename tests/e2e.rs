@@ -1,4 +1,4 @@
-//! End-to-end tests of `freqcap serve` (DESIGN §2.5, §2.6, §3, §4, §7): the real
+//! End-to-end tests of `freqcap serve` (docs/semantics.md §4–§8, docs/service.md): the real
 //! binary, started on `127.0.0.1:0` with a temporary data directory, spoken to
 //! over HTTP.
 //!
@@ -67,7 +67,7 @@ impl Resp {
 /// Which `Authorization` header a request carries.
 #[derive(Debug, Clone, Copy)]
 enum Auth {
-    /// The token DESIGN assigns to the endpoint (none if the server has none).
+    /// The token docs/semantics.md §8.6 assigns to the endpoint (none if the server has none).
     Right,
     /// No header.
     Missing,
@@ -646,7 +646,7 @@ fn ad_flow_screen_commit_release_and_caps() {
     assert_eq!((&d["spent"], &d["pending"]), (&json!(16), &json!(0)), "{d}");
 }
 
-/// DESIGN §4: every error is `{"error": {"code", "message"}}`, also when a path
+/// docs/semantics.md §8.5: every error is `{"error": {"code", "message"}}`, also when a path
 /// segment cannot be read at all.
 #[test]
 fn undecodable_path_segments_answer_in_the_error_shape() {

@@ -1,4 +1,4 @@
-//! Property tests over random request streams (DESIGN §2).
+//! Property tests over random request streams (docs/semantics.md §2).
 //!
 //! Each limit kind is replayed against an independent model of its semantics
 //! (exact integer arithmetic throughout), and the stack's rules are checked on
@@ -150,7 +150,7 @@ fn rate_case() -> impl Strategy<Value = RateCase> {
 proptest! {
     /// A rate item never admits more than burst + rate·elapsed/per in any
     /// interval [t_i, t_j] of admitted events, and every decision and figure
-    /// matches an exact model of GCRA (DESIGN §2.1) kept in units of 1/rate ns.
+    /// matches an exact model of GCRA (docs/semantics.md §2.1) kept in units of 1/rate ns.
     #[test]
     fn rate_never_exceeds_burst_plus_rate_times_elapsed(
         (rate, per_i, burst, events) in rate_case(),
@@ -254,7 +254,7 @@ fn wide_gap() -> impl Strategy<Value = (u64, u64)> {
 proptest! {
     /// Rate items over the whole range definitions allow (rates, bursts and
     /// costs up to 2^53 − 1, periods up to 10 000 days, commits far past the
-    /// burst) decide and report exactly what DESIGN §2.1 says, computed here
+    /// burst) decide and report exactly what docs/semantics.md §2.1 says, computed here
     /// with TAT·rate in plain `u128` (T = per/rate becomes the integer `per`).
     /// The TAT runs far past 2^64 ns; nothing may be clipped.
     #[test]
@@ -361,7 +361,7 @@ struct Ev {
     key: (i64, i64, i64),
 }
 
-/// An independent model of a window item's counting (DESIGN §2.2).
+/// An independent model of a window item's counting (docs/semantics.md §2.2).
 enum Model {
     Fixed(Nanos),
     Rolling(Nanos),
@@ -591,7 +591,7 @@ const APPROX_WINDOWS: &[(&str, Nanos)] = &[
 
 proptest! {
     /// An approximate window's `retry_after` is the earliest instant at which
-    /// the decaying estimate plus n fits (DESIGN §2.6): at now + retry it fits,
+    /// the decaying estimate plus n fits (docs/semantics.md §2.2): at now + retry it fits,
     /// one ns earlier it does not, by an independent model of the estimate
     /// (the debits bucketed from scratch). Limits and costs span the whole
     /// range, up to 2^53 − 1.
@@ -711,7 +711,7 @@ fn ny_period(unit: &str, t: Nanos) -> (Nanos, Nanos) {
 }
 
 proptest! {
-    /// A budget allows exactly while spent + pending + n ≤ cap(now) (DESIGN
+    /// A budget allows exactly while spent + pending + n ≤ cap(now) (docs/semantics.md
     /// §2.3): cap = amount (asap) or min(amount, ceil(amount·f) + allowance)
     /// with f the share of the period elapsed (even); reservations count as
     /// pending in the period they were made in, and a release or commit only
@@ -802,7 +802,7 @@ proptest! {
 // ------------------------------------------------------------- concurrency ----
 
 proptest! {
-    /// A concurrency item counts open reservations exactly (DESIGN §2.4, §2.6):
+    /// A concurrency item counts open reservations exactly (docs/semantics.md §2.4, §4.4):
     /// a reserve is allowed iff fewer than `max` are open (a deadline ≤ now has
     /// expired), an immediate check iff one is free and holds nothing; commit
     /// and release free the slot; remaining, reset_after and retry_after follow

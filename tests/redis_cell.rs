@@ -10,7 +10,7 @@
 //! **Mapping.** redis-cell's tolerance is T·(max_burst + 1) and it reports
 //! `limit = max_burst + 1`: its `max_burst` counts the units that may come *on top
 //! of* the one an idle key always gets. freqcap's `burst` is the number of units
-//! that pass at once after idling (DESIGN §2.1), which is redis-cell's reported
+//! that pass at once after idling (docs/semantics.md §2.1), which is redis-cell's reported
 //! limit. So `CL.THROTTLE k B C P Q` is the policy
 //! `{"kind": "rate", "rate": C, "per": "<P>s", "burst": B + 1}` decided for key `k`
 //! with cost `Q`, and both report the same `limit`. The response maps to

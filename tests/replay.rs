@@ -1,4 +1,4 @@
-//! Replay (DESIGN §5): the API on a virtual clock. One answer per line,
+//! Replay (docs/semantics.md §9): the API on a virtual clock. One answer per line,
 //! deterministic, reservations expiring by the virtual clock, calendar days in
 //! a campaign's time zone, and the same answers as the live server.
 

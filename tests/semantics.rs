@@ -1,8 +1,8 @@
-//! Exact figures of every limit kind, computed by hand from DESIGN §2 and checked
+//! Exact figures of every limit kind, computed by hand from docs/semantics.md §2 and checked
 //! through the public API: a policy parsed from JSON, compiled to a [`Stack`], and
 //! decided over a state vector.
 //!
-//! Every expected number is derived in a comment from the formulas of DESIGN §2
+//! Every expected number is derived in a comment from the formulas of docs/semantics.md §2
 //! (not from the code). Times are nanoseconds since the Unix epoch; `NOW` is
 //! 2026-01-01T00:00:00Z, a Thursday, which is aligned to every whole second,
 //! minute, hour and day. Reported nanosecond figures are exact values rounded up
@@ -1163,7 +1163,7 @@ mod replay {
 
     /// NOW in ms.
     pub const T: u64 = super::NOW / super::MS;
-    /// The largest reported figure, 2^53 − 1 (DESIGN §2.6, saturation).
+    /// The largest reported figure, 2^53 − 1 (docs/semantics.md §1.5, saturation).
     pub const MAX: u64 = (1 << 53) - 1;
 
     pub struct Api(Replayer);

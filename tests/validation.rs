@@ -1,4 +1,4 @@
-//! Definitions that must be rejected, each naming the offending field (DESIGN §2.6:
+//! Definitions that must be rejected, each naming the offending field (docs/semantics.md §5.1:
 //! "Anything else is 400"), plus the warnings, TOML parsing and the JSON round
 //! trip of valid definitions.
 

@@ -55,7 +55,7 @@ impl Definition for CampaignDef {
     }
 }
 
-/// PUT: answers the stored definition (DESIGN §2.6).
+/// PUT: answers the stored definition (docs/semantics.md §8.4).
 pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,

@@ -1,4 +1,4 @@
-//! The error body of every endpoint (DESIGN §4): `{"error": {"code", "message"}}`.
+//! The error body of every endpoint (docs/semantics.md §8.5): `{"error": {"code", "message"}}`.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -1,5 +1,5 @@
 //! `RateLimit-Policy`, `RateLimit` (IETF httpapi ratelimit-headers draft-10,
-//! structured fields) and `Retry-After` (DESIGN §2.6 "Headers").
+//! structured fields) and `Retry-After` (docs/semantics.md §3.5).
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 

@@ -1,4 +1,4 @@
-//! Where HTTP enters (DESIGN §4): the axum router, request and response
+//! Where HTTP enters (docs/semantics.md §8): the axum router, request and response
 //! bodies, authentication and load shedding. Handlers translate JSON to engine
 //! calls and back; every decision is the engine's.
 
@@ -169,7 +169,7 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
     })
 }
 
-/// The router of DESIGN §4 over `engine`.
+/// The router of docs/semantics.md §8.1 over `engine`.
 pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -> Router {
     let max_body = options.max_body;
     let figures_of = engine.clone();

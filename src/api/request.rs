@@ -106,7 +106,7 @@ impl<T: JsonSchema> JsonSchema for Object<T> {
 }
 
 /// A fingerprint of a body as sent: its JSON value, members in any order
-/// (DESIGN: "the same body" is the same JSON value after parsing). A repeat
+/// (docs/semantics.md §4.5: "the same body" is the same JSON value after parsing). A repeat
 /// of a reserve under a live id is recognised by it, so a member added at
 /// its default value (`"cost": 1`) is a different body, not a repeat.
 pub(crate) fn fingerprint(bytes: &[u8]) -> Option<u64> {
@@ -209,7 +209,7 @@ pub(crate) async fn in_memory_or_blocking<
     blocking(move || there(&e, &req)).await
 }
 
-/// A reported duration: ms rounded up, saturating (DESIGN §2.6).
+/// A reported duration: ms rounded up, saturating (docs/semantics.md §1.5).
 pub(crate) fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
     ceil_ms(ns).min(MAX_REPORTED)
 }

@@ -1,4 +1,4 @@
-//! `budget`: spend paced through a calendar period (DESIGN §2.3).
+//! `budget`: spend paced through a calendar period (docs/semantics.md §2.3).
 //!
 //! cap(now) = min(amount, ceil(amount·f(now)) + allowance), where f is the share of
 //! the period that has elapsed: of real time (`even`), of the traffic profile's
@@ -386,7 +386,7 @@ impl Budget {
         (t < end).then_some(t)
     }
 
-    /// retry_after of a denied request of `n` (DESIGN §2.3 and §2.6): when this
+    /// retry_after of a denied request of `n` (docs/semantics.md §2.3): when this
     /// period's cap reaches spent + pending + n; else when the next period's cap
     /// reaches n; never if n > amount.
     pub fn retry(&self, st: &BudgetState, now: Nanos, n: u64) -> Option<Nanos> {

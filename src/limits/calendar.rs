@@ -1,5 +1,5 @@
 //! Calendar periods in an IANA time zone: the local hour, day, ISO week (from
-//! Monday) or month containing an instant (DESIGN §2.2, §2.6 "Calendar").
+//! Monday) or month containing an instant (docs/semantics.md §2.2, §5.2).
 //!
 //! jiff does the time-zone arithmetic. A period starts at the first instant whose
 //! local date (or hour) is the period's: a day whose midnight does not exist starts

@@ -1,4 +1,4 @@
-//! `concurrency`: how many reservations may be open at once (DESIGN §2.4).
+//! `concurrency`: how many reservations may be open at once (docs/semantics.md §2.4).
 
 use crate::clock::Nanos;
 
@@ -18,7 +18,7 @@ pub struct ConcurrencyState {
 }
 
 impl Concurrency {
-    /// Open reservations at `now`: a deadline ≤ now has expired (DESIGN §2.6).
+    /// Open reservations at `now`: a deadline ≤ now has expired (docs/semantics.md §4.4).
     pub fn open(&self, st: &ConcurrencyState, now: Nanos) -> u64 {
         let expired = st.deadlines.partition_point(|&d| d <= now);
         (st.deadlines.len() - expired) as u64

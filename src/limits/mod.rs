@@ -99,7 +99,7 @@ impl ItemState {
 }
 
 /// What a pending debit on one item must remember to be released or committed
-/// exactly (DESIGN §2.5).
+/// exactly (docs/semantics.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PendingItem {
     Rate(RatePending),
@@ -125,7 +125,7 @@ pub enum PendingItem {
     },
 }
 
-/// The figures of one item in a decision (DESIGN §2, §2.6). Times in ns, exact
+/// The figures of one item in a decision (docs/semantics.md §3.3). Times in ns, exact
 /// values rounded up; the API rounds them up again to milliseconds. A [`Span`],
 /// not [`Nanos`]: a rate item's can exceed 2^64 ns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +158,7 @@ pub(crate) struct Probe {
 
 // Typed views of an item's state. A state of the wrong variant can only come from
 // an item whose definition changed without its state being reset; reading it as
-// fresh is the documented rule for a changed item (DESIGN §2.6).
+// fresh is the documented rule for a changed item (docs/semantics.md §5.3).
 macro_rules! state_as {
     ($fn:ident, $fn_mut:ident, $variant:ident, $ty:ty) => {
         // The exact rolling log is read in place, never copied, so its reader
@@ -260,7 +260,7 @@ impl Item {
         }
     }
 
-    /// `retry_after` for a denied probe (DESIGN §2.1–2.4, §2.6).
+    /// `retry_after` for a denied probe (docs/semantics.md §2.1–§2.4, §5.5).
     pub(crate) fn retry(&self, st: &ItemState, probe: &Probe, now: Nanos, n: u64) -> Option<Span> {
         let wait = match self {
             Item::Rate { rate, .. } => {
@@ -328,7 +328,7 @@ impl Item {
                 }
             }
             Item::Concurrency(c) => {
-                // An immediate check holds nothing (DESIGN §2.4).
+                // An immediate check holds nothing (docs/semantics.md §2.4).
                 let deadline = match hold {
                     Hold::Reserve { deadline } => {
                         c.hold(conc_mut(st), deadline, now);
@@ -381,7 +381,7 @@ impl Item {
         (remaining, Span::from(reset_after))
     }
 
-    /// Undoes a pending debit of `n` units as of `now` (DESIGN §2.1–2.5): the debit
+    /// Undoes a pending debit of `n` units as of `now` (docs/semantics.md §4.3): the debit
     /// goes back to the window or period it was charged in, if that is still
     /// current; a rate refund covers only what time has not already paid back.
     pub fn release(&self, st: &mut ItemState, pending: &PendingItem, n: u64, now: Nanos) {
@@ -404,7 +404,7 @@ impl Item {
         }
     }
 
-    /// Makes a pending debit of `n` permanent at `final_cost` (DESIGN §2.5): a
+    /// Makes a pending debit of `n` permanent at `final_cost` (docs/semantics.md §4.2): a
     /// lower cost returns the difference, a higher one is charged even past the
     /// limit, always in the window or period the reservation was charged in.
     pub fn commit(

@@ -1,4 +1,4 @@
-//! `rate` and `gap`: GCRA, the token bucket seen as a meter (DESIGN §2.1).
+//! `rate` and `gap`: GCRA, the token bucket seen as a meter (docs/semantics.md §2.1).
 //!
 //! The emission interval T = per / rate is a rational number of nanoseconds. To keep
 //! it exact, time is measured here in *scaled units* of 1/q ns, where T = p/q is
@@ -121,7 +121,7 @@ impl RateState {
 pub struct RatePending {
     /// Units debited.
     pub n: u64,
-    /// TAT right after the debit, in scaled units (DESIGN §2.1 `tat_r`).
+    /// TAT right after the debit, in scaled units (docs/semantics.md §2.1 `tat_r`).
     pub tat_r: u128,
 }
 
@@ -254,7 +254,7 @@ impl Rate {
         (remaining, self.span_ceil(ahead))
     }
 
-    /// Undoes a pending debit of `n` units as of `now` (DESIGN §2.1): refund only
+    /// Undoes a pending debit of `n` units as of `now` (docs/semantics.md §2.1): refund only
     /// the part of the debit that time has not already paid back, and never leave
     /// the TAT before now, so a release never creates capacity the reservation did
     /// not take.

@@ -1,5 +1,5 @@
 //! The stack evaluator: a request is allowed only if every item allows it, and then
-//! every item is debited; a denied request debits nothing (DESIGN §2, §2.6).
+//! every item is debited; a denied request debits nothing (docs/semantics.md §3).
 
 use smallvec::SmallVec;
 

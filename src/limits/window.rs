@@ -1,4 +1,4 @@
-//! `window`: counters over fixed, calendar and rolling windows (DESIGN §2.2).
+//! `window`: counters over fixed, calendar and rolling windows (docs/semantics.md §2.2).
 
 use std::collections::VecDeque;
 

@@ -1,4 +1,4 @@
-//! Campaign definitions (DESIGN §3): caps per user or per campaign, a paced
+//! Campaign definitions (docs/semantics.md §6): caps per user or per campaign, a paced
 //! budget, a bound on reservations in flight, and a parent whose caps apply too.
 
 use schemars::JsonSchema;
@@ -146,7 +146,7 @@ pub struct CompiledCap {
     pub name: String,
     pub item: Item,
     /// A hash of the item's definition: a counter whose stored fingerprint
-    /// differs belongs to an older definition and starts empty (DESIGN §2.6).
+    /// differs belongs to an older definition and starts empty (docs/semantics.md §5.3).
     pub fingerprint: u32,
 }
 

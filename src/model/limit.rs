@@ -33,7 +33,7 @@ pub const MAX_ITEMS: usize = 64;
 /// The longest item name; names appear in HTTP headers.
 pub const MAX_NAME_LEN: usize = 64;
 
-/// One limit item. `kind` selects the algorithm (DESIGN §2).
+/// One limit item. `kind` selects the algorithm (docs/semantics.md §2).
 ///
 /// Serialized with `kind` as a tag; deserialized through the flat
 /// [`super::raw::RawLimit`] so that an error inside an item names its field
@@ -79,7 +79,7 @@ impl JsonSchema for LimitDef {
         let mut schema = LimitSchema::json_schema(generator);
         schema.insert(
             "description".into(),
-            "One limit item; `kind` selects the algorithm (DESIGN §2).".into(),
+            "One limit item; `kind` selects the algorithm (docs/semantics.md §2).".into(),
         );
         schema
     }

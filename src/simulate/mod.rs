@@ -1,5 +1,5 @@
 //! `freqcap simulate`: a day or a week of ad requests through the real engine
-//! on a virtual clock, and a report a person can read (DESIGN §1 "Operators",
+//! on a virtual clock, and a report a person can read (docs/semantics.md §10.1,
 //! issue 5). See docs/pacing.md.
 //!
 //! - [`traffic`]: requests from a JSONL log or a seeded synthetic generator.
