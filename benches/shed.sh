@@ -24,7 +24,9 @@ OUT=${1:-${TMPDIR:-/tmp}/freqcap-shed/$(date -u +%Y%m%dT%H%M%SZ)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/freqcap-target}
 
 if [ -z "${FREQCAP_BIN:-}" ]; then cargo build --release --bin freqcap; fi
-LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
+# LOADGEN_BIN: a load generator binary to use instead of building one.
+LOADGEN=${LOADGEN_BIN:-}
+[ -n "$LOADGEN" ] || LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
