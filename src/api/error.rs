@@ -142,9 +142,9 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::InvalidArgument { field, message } => ApiError::invalid(&field, message),
             EngineError::NotFound(m) => ApiError::not_found(m),
-            EngineError::Conflict(m) => ApiError::conflict(m),
+            // Every conflict is one 409; its variant says which.
+            EngineError::Conflict(c) => ApiError::conflict(c.to_string()),
             EngineError::Overloaded(m) => ApiError::overloaded(m),
-            EngineError::NotInMemory => ApiError::internal("a record was not in memory"),
             // Asked of a store that cannot (a checkpoint of memory): the
             // request is wrong for this deployment, nothing is broken.
             EngineError::Store(crate::store::StoreError::Unsupported(m)) => {

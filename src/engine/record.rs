@@ -1,6 +1,6 @@
 //! A subject's record: every counter one subject (a user, a campaign, a policy
 //! key) has, and the pending debits of open reservations on them, under one
-//! lock (DESIGN §6 "records, not loose counters").
+//! lock (docs/semantics.md §10.2).
 
 use std::collections::HashMap;
 
@@ -9,13 +9,13 @@ use smallvec::SmallVec;
 use crate::clock::Nanos;
 use crate::keyed::Record;
 use crate::limits::{Item, ItemState, PendingItem};
-use crate::store::codec::{self, StoredSlot, StoredState};
+use crate::store::codec::{self, StoredCounter, StoredState};
 
-/// Fewest slots a record has before the sweeper looks for empty ones in it
+/// Fewest counters a record has before the sweeper looks for empty ones in it
 /// (see [`SubjectRecord`]'s `prune`): below it, the bytes to win are few.
-const PRUNE_MIN_SLOTS: usize = 4;
+const PRUNE_MIN_COUNTERS: usize = 4;
 
-/// Low bits of a slot tag: the item's index in its owner's definition.
+/// Low bits of a counter tag: the item's index in its owner's definition.
 const INDEX_BITS: u32 = 8;
 
 // Two items of one owner must never share a tag's index bits: validation caps
@@ -24,10 +24,10 @@ const INDEX_BITS: u32 = 8;
 const _: () = assert!(crate::model::limit::MAX_ITEMS <= 1 << INDEX_BITS);
 const _: () = assert!(crate::model::campaign::MAX_CAPS + 2 <= 1 << INDEX_BITS);
 
-/// A slot's tag: the item index in the low byte, its definition's fingerprint
-/// above. A slot whose tag differs from the current definition's belongs to an
-/// older definition and reads as empty (DESIGN §2.6: a changed item starts
-/// empty; an unchanged one at the same index keeps its state).
+/// A counter's tag: the item index in the low byte, its definition's fingerprint
+/// above. A counter whose tag differs from the current definition's belongs to an
+/// older definition and reads as empty (docs/semantics.md §5.3: a changed item
+/// starts empty; an unchanged one at the same index keeps its state).
 pub fn tag(index: usize, fingerprint: u32) -> u32 {
     (fingerprint << INDEX_BITS) | (index as u32 & ((1 << INDEX_BITS) - 1))
 }
@@ -35,13 +35,13 @@ pub fn tag(index: usize, fingerprint: u32) -> u32 {
 /// One counter: the state of item `tag` of `owner` (a campaign's or policy's
 /// id; 0 for inline limits). 40 bytes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Slot {
+pub struct Counter {
     pub owner: u32,
     pub tag: u32,
     pub state: ItemState,
 }
 
-/// A pending debit of an open reservation on one slot.
+/// A pending debit of an open reservation on one counter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingEntry {
     /// The reservation's sequence number.
@@ -60,7 +60,7 @@ pub struct PendingEntry {
 type EntryList = SmallVec<[PendingEntry; 1]>;
 
 /// Whether releasing a pending debit of this kind changes what a record
-/// stores: a budget's pending units and a concurrency slot are not stored
+/// stores: a budget's pending units and a concurrency hold are not stored
 /// (see `codec::StoredState`), so [`SubjectRecord::to_stored`] skips them.
 fn changes_stored(p: &PendingItem) -> bool {
     !matches!(
@@ -70,8 +70,8 @@ fn changes_stored(p: &PendingItem) -> bool {
 }
 
 /// Estimated bytes a reservation's debit takes in a record holding many
-/// (a campaign's): its slot in the record's map (hashbrown runs between 7/16
-/// and 7/8 full, so 12/7 of a slot on average).
+/// (a campaign's): its entry in the record's map (hashbrown runs between 7/16
+/// and 7/8 full, so 12/7 of a counter on average).
 pub fn map_entry_bytes() -> usize {
     (std::mem::size_of::<(u64, EntryList)>() + 1) * 12 / 7
 }
@@ -83,15 +83,15 @@ pub fn list_entry_bytes(entries: usize) -> usize {
 }
 
 /// Estimated bytes of a record a reservation keeps in the hot tier (pinned),
-/// with `slots` counters: the map's entry, the pending set's box and the
-/// slots. Counted for each reservation, though reservations of one user share
+/// with `counters` counters: the map's entry, the pending set's box and the
+/// counters. Counted for each reservation, though reservations of one user share
 /// it: the conservative side.
-pub fn pinned_record_bytes(slots: usize) -> usize {
+pub fn pinned_record_bytes(counters: usize) -> usize {
     // The hot tier's tables run between 7/16 and 7/8 full: 12/7 of an entry.
     (std::mem::size_of::<([u64; 2], SubjectRecord)>() + 1) * 12 / 7
         + std::mem::size_of::<PendingSet>()
-        + slots * std::mem::size_of::<Slot>()
-        // The record's slots, pending set and its list.
+        + counters * std::mem::size_of::<Counter>()
+        // The record's counters, pending set and its list.
         + 3 * ALLOC_OVERHEAD
 }
 
@@ -121,7 +121,7 @@ type ResMap = HashMap<u64, EntryList, foldhash::fast::RandomState>;
 
 /// The debits of open reservations held in one record, with running sums:
 /// settling one reservation takes its entries out by one hash lookup (or a
-/// scan of at most [`LIST_MAX`]), and the pending units of a slot are read
+/// scan of at most [`LIST_MAX`]), and the pending units of a counter are read
 /// from a sum, whatever else is open. (A list scanned on every settle made
 /// one budgeted campaign with 576 000 open reservations expire them at 650
 /// per second, its lock held all along: a usage read waited 26 s.)
@@ -133,7 +133,7 @@ pub struct PendingSet {
     /// Past that, all of them: by reservation, each reservation's in the
     /// order they came.
     map: Option<ResMap>,
-    /// Pending units per slot (owner, tag); a record has few slots.
+    /// Pending units per counter (owner, tag); a record has few counters.
     sums: SmallVec<[(u32, u32, u64); 2]>,
     /// Entries in all, and those whose release changes the stored form.
     len: usize,
@@ -312,17 +312,17 @@ impl PendingSet {
 
 /// See the module documentation.
 ///
-/// 40 bytes, so a hot-tier entry with its 16-byte key is 56: the slots are an
+/// 40 bytes, so a hot-tier entry with its 16-byte key is 56: the counters are an
 /// exact-size boxed slice (a new counter is rare next to decisions on existing
 /// ones, so re-allocating then costs less than a `Vec`'s spare capacity on
 /// every record), and pending debits, absent most of the time, are boxed.
 #[derive(Debug, Default, Clone)]
 pub struct SubjectRecord {
-    pub slots: Box<[Slot]>,
+    pub counters: Box<[Counter]>,
     /// Debits of open reservations, so a release or commit finds them and a
     /// snapshot for disk can leave them out (reservations are memory-only).
     pub pending: Option<Box<PendingSet>>,
-    /// An upper bound of the instant from which every slot equals a fresh one
+    /// An upper bound of the instant from which every counter equals a fresh one
     /// and nothing is pending: raised on every debit, never lowered except by a
     /// recomputation. An upper bound only keeps a record a little longer.
     pub idle_at: Nanos,
@@ -335,24 +335,24 @@ pub struct SubjectRecord {
 impl SubjectRecord {
     /// The state of `owner`'s item `tag`, if it has one of that definition.
     pub fn state(&self, owner: u32, tag: u32) -> Option<&ItemState> {
-        self.slots
+        self.counters
             .iter()
             .find(|s| s.owner == owner && s.tag == tag)
             .map(|s| &s.state)
     }
 
-    /// The state of `owner`'s item `tag`, made (empty) if absent; a slot of an
+    /// The state of `owner`'s item `tag`, made (empty) if absent; a counter of an
     /// older definition of the same item index is reset.
     pub fn state_mut(&mut self, owner: u32, tag: u32) -> &mut ItemState {
         let index = tag & ((1 << INDEX_BITS) - 1);
         let pos = self
-            .slots
+            .counters
             .iter()
             .position(|s| s.owner == owner && s.tag & ((1 << INDEX_BITS) - 1) == index);
         let pos = match pos {
             Some(p) => {
-                if self.slots[p].tag != tag {
-                    self.slots[p] = Slot {
+                if self.counters[p].tag != tag {
+                    self.counters[p] = Counter {
                         owner,
                         tag,
                         state: ItemState::Fresh,
@@ -361,21 +361,21 @@ impl SubjectRecord {
                 p
             }
             None => {
-                let mut v = std::mem::take(&mut self.slots).into_vec();
+                let mut v = std::mem::take(&mut self.counters).into_vec();
                 v.reserve_exact(1);
-                v.push(Slot {
+                v.push(Counter {
                     owner,
                     tag,
                     state: ItemState::Fresh,
                 });
-                self.slots = v.into_boxed_slice();
-                self.slots.len() - 1
+                self.counters = v.into_boxed_slice();
+                self.counters.len() - 1
             }
         };
-        &mut self.slots[pos].state
+        &mut self.counters[pos].state
     }
 
-    /// Raises `idle_at` to cover `item`'s state in slot (`owner`, `tag`).
+    /// Raises `idle_at` to cover `item`'s state in counter (`owner`, `tag`).
     pub fn touch(&mut self, owner: u32, tag: u32, item: &Item) {
         if let Some(st) = self.state(owner, tag) {
             self.idle_at = self.idle_at.max(item.idle_at(st));
@@ -427,7 +427,7 @@ impl SubjectRecord {
         self.pending.iter().flat_map(|p| p.iter())
     }
 
-    /// Pending units on slot (`owner`, `tag`): a running sum.
+    /// Pending units on counter (`owner`, `tag`): a running sum.
     pub fn pending_on(&self, owner: u32, tag: u32) -> u64 {
         self.pending.as_ref().map_or(0, |p| {
             p.sums
@@ -442,12 +442,12 @@ impl SubjectRecord {
         self.pending.as_ref().map_or(0, |p| p.reservations())
     }
 
-    /// A copy for reading figures: the slots and the pending sums, without
+    /// A copy for reading figures: the counters and the pending sums, without
     /// the pending entries (a copy of those would cost one per open
     /// reservation).
     pub fn figures_copy(&self) -> SubjectRecord {
         SubjectRecord {
-            slots: self.slots.clone(),
+            counters: self.counters.clone(),
             pending: self.pending.as_ref().map(|p| Box::new(p.sums_only())),
             idle_at: self.idle_at,
             write_seq: self.write_seq,
@@ -457,18 +457,18 @@ impl SubjectRecord {
     /// The value to store: committed state only (every pending debit released
     /// as of `now`, as a crash would), framed with the record's idle instant so
     /// compaction drops it once it is dead. `def(owner, tag)` gives the item a
-    /// pending entry's slot belongs to; without it the debit stays counted (the
+    /// pending entry's counter belongs to; without it the debit stays counted (the
     /// conservative side).
     pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
         // Only a record with pending debits needs a copy to release them
         // from; the others (most, and all of an event's) encode in place.
-        let mut slots = std::borrow::Cow::Borrowed(&self.slots[..]);
-        // Budget and concurrency debits are released a slot at a time, all of
+        let mut counters = std::borrow::Cow::Borrowed(&self.counters[..]);
+        // Budget and concurrency debits are released a counter at a time, all of
         // them at once, from the running sums: a campaign with a budget is
         // written at every commit, and walking its open reservations' debits
         // each time made a commit's median 5.98 ms with 262 000 open (0.32 ms
         // with none). Releasing them all leaves no pending units in the
-        // budget's period and no held slot, whatever their order.
+        // budget's period and no held concurrency, whatever their order.
         if let Some(p) = &self.pending {
             for &(owner, tag, _) in &p.sums {
                 let Some(item) = def(owner, tag) else {
@@ -477,7 +477,7 @@ impl SubjectRecord {
                 if !matches!(item, Item::Budget(_) | Item::Concurrency(_)) {
                     continue;
                 }
-                let Some(s) = slots
+                let Some(s) = counters
                     .to_mut()
                     .iter_mut()
                     .find(|s| s.owner == owner && s.tag == tag)
@@ -509,7 +509,7 @@ impl SubjectRecord {
             let Some(item) = def(p.owner, p.tag) else {
                 continue;
             };
-            if let Some(s) = slots
+            if let Some(s) = counters
                 .to_mut()
                 .iter_mut()
                 .find(|s| s.owner == p.owner && s.tag == p.tag)
@@ -518,7 +518,7 @@ impl SubjectRecord {
             }
         }
         let mut idle = 0;
-        let stored: Vec<StoredSlot> = slots
+        let stored: Vec<StoredCounter> = counters
             .iter()
             .filter_map(|s| {
                 if let Some(item) = def(s.owner, s.tag) {
@@ -531,7 +531,7 @@ impl SubjectRecord {
                     idle = idle.max(self.idle_at);
                 }
                 let state = StoredState::from(&s.state);
-                (state != StoredState::Fresh).then_some(StoredSlot {
+                (state != StoredState::Fresh).then_some(StoredCounter {
                     owner: s.owner,
                     tag: s.tag,
                     state,
@@ -544,11 +544,11 @@ impl SubjectRecord {
     /// A record read back from the store.
     pub fn from_stored(value: &[u8]) -> Result<Self, String> {
         let (idle_at, payload) = codec::unframe(value)?;
-        let slots: Vec<StoredSlot> = codec::decode(payload)?;
+        let counters: Vec<StoredCounter> = codec::decode(payload)?;
         Ok(SubjectRecord {
-            slots: slots
+            counters: counters
                 .into_iter()
-                .map(|s| Slot {
+                .map(|s| Counter {
                     owner: s.owner,
                     tag: s.tag,
                     state: s.state.into(),
@@ -589,36 +589,36 @@ impl Record for SubjectRecord {
         self.pending.is_some() || self.write_seq > *written
     }
 
-    /// Drops empty slots ([`ItemState::is_empty`]): a user screened against
+    /// Drops empty counters ([`ItemState::is_empty`]): a user screened against
     /// 50 campaigns and shown one keeps 49 counters at 0 after the release,
     /// 40 bytes each plus a rolling log's box, for as long as the user stays
     /// active. Dropping them on each release instead made screen + commit
-    /// 5.6× slower (the slots are re-made by the next screen); once per sweep
-    /// it costs little. Records with few slots, or with open reservations
-    /// (whose debits name their slots), are left alone: only inline fields
+    /// 5.6× slower (the counters are re-made by the next screen); once per sweep
+    /// it costs little. Records with few counters, or with open reservations
+    /// (whose debits name their counters), are left alone: only inline fields
     /// are read for them.
     fn prune(&mut self, _: &u64) -> usize {
-        if self.slots.len() < PRUNE_MIN_SLOTS || self.pending.is_some() {
+        if self.counters.len() < PRUNE_MIN_COUNTERS || self.pending.is_some() {
             return 0;
         }
-        if !self.slots.iter().any(|s| s.state.is_empty()) {
+        if !self.counters.iter().any(|s| s.state.is_empty()) {
             return 0;
         }
         let before = self.heap_bytes();
-        let kept: Vec<Slot> = std::mem::take(&mut self.slots)
+        let kept: Vec<Counter> = std::mem::take(&mut self.counters)
             .into_vec()
             .into_iter()
             .filter(|s| !s.state.is_empty())
             .collect();
-        self.slots = kept.into_boxed_slice();
+        self.counters = kept.into_boxed_slice();
         before - self.heap_bytes()
     }
 
     fn heap_bytes(&self) -> usize {
-        std::mem::size_of_val::<[Slot]>(&self.slots)
+        std::mem::size_of_val::<[Counter]>(&self.counters)
             + self.pending.as_ref().map_or(0, |p| p.heap_bytes())
             + self
-                .slots
+                .counters
                 .iter()
                 .map(|s| state_heap_bytes(&s.state))
                 .sum::<usize>()
@@ -639,10 +639,10 @@ mod tests {
 
     fn record(states: Vec<ItemState>) -> SubjectRecord {
         SubjectRecord {
-            slots: states
+            counters: states
                 .into_iter()
                 .enumerate()
-                .map(|(i, state)| Slot {
+                .map(|(i, state)| Counter {
                     owner: i as u32,
                     tag: 0,
                     state,
@@ -665,8 +665,11 @@ mod tests {
         let before = r.heap_bytes();
         let freed = r.prune(&0);
         assert_eq!(before - freed, r.heap_bytes(), "reports what it freed");
-        assert_eq!(r.slots.len(), 1);
-        assert_eq!((r.slots[0].owner, &r.slots[0].state), (1, &counter(2)));
+        assert_eq!(r.counters.len(), 1);
+        assert_eq!(
+            (r.counters[0].owner, &r.counters[0].state),
+            (1, &counter(2))
+        );
         assert_eq!(r.prune(&0), 0, "nothing left to drop");
     }
 
@@ -674,7 +677,7 @@ mod tests {
     fn prune_leaves_small_records_and_open_reservations_alone() {
         let mut small = record(vec![counter(0), counter(0), counter(1)]);
         assert_eq!(small.prune(&0), 0);
-        assert_eq!(small.slots.len(), 3);
+        assert_eq!(small.counters.len(), 3);
         let mut held = record(vec![counter(0); 5]);
         held.add_pending(PendingEntry {
             res: 1,
@@ -685,7 +688,7 @@ mod tests {
             n: 1,
         });
         assert_eq!(held.prune(&0), 0);
-        assert_eq!(held.slots.len(), 5);
+        assert_eq!(held.counters.len(), 5);
     }
 
     fn entry(res: u64, cand: u32, owner: u32, n: u64) -> PendingEntry {
@@ -736,7 +739,7 @@ mod tests {
 
     #[test]
     fn sizes_are_as_documented() {
-        assert_eq!(std::mem::size_of::<Slot>(), 40);
+        assert_eq!(std::mem::size_of::<Counter>(), 40);
         assert_eq!(std::mem::size_of::<SubjectRecord>(), 40);
         assert_eq!(std::mem::size_of::<([u64; 2], SubjectRecord)>(), 56);
     }

@@ -23,7 +23,7 @@ pub struct PolicyEntry {
     pub name: String,
     pub def: PolicyDef,
     pub stack: Arc<Stack>,
-    /// Slot tag of each item (index and definition fingerprint).
+    /// Counter tag of each item (index and definition fingerprint).
     pub tags: Vec<u32>,
 }
 
@@ -36,7 +36,7 @@ pub struct CampaignEntry {
     pub name: Arc<str>,
     pub def: CampaignDef,
     pub compiled: CompiledCampaign,
-    /// Slot tag of each compiled item.
+    /// Counter tag of each compiled item.
     pub tags: Vec<u32>,
     /// Its campaign-scope counters. Shared by every child (through the chain)
     /// and kept across redefinitions (the `Arc` moves to the new entry). A std
@@ -64,7 +64,7 @@ pub struct Registry {
     pub campaigns: Map<String, Arc<CampaignEntry>>,
     pub campaigns_by_id: Map<u32, Arc<CampaignEntry>>,
     /// Policies by id: writing a policy key's record looks up the item of
-    /// each of its slots, on every decision.
+    /// each of its counters, on every decision.
     pub policies_by_id: Map<u32, Arc<PolicyEntry>>,
     /// Every campaign's chain, resolved once per snapshot.
     pub chains: Map<String, Chain>,
@@ -72,7 +72,7 @@ pub struct Registry {
     pub max_id: u32,
 }
 
-/// Slot tags of a stack's items.
+/// Counter tags of a stack's items.
 pub fn stack_tags(stack_defs: &[crate::model::LimitDef]) -> Vec<u32> {
     stack_defs
         .iter()

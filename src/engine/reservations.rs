@@ -18,9 +18,109 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use crate::clock::Nanos;
+use crate::limits::stack::Stack;
+use crate::model::Scope;
 
-use super::EngineError;
-use super::decide::{Answer, CommitOutcome, Holds};
+use super::record::{ALLOC_OVERHEAD, list_entry_bytes, map_entry_bytes, pinned_record_bytes};
+use super::registry::Chain;
+use super::request::{CandidateResult, CheckOutcome, CommitOutcome, DeniedBy, ScreenOutcome};
+use super::{Conflict, EngineError};
+
+/// The first answer of a reservation, returned again to a repeat.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Boxed: a decision with its figures is several times a screen's size.
+    Check(Box<CheckOutcome>),
+    Screen(ScreenOutcome),
+}
+
+/// What a reservation has reserved, to settle it: where its pending debits
+/// are and the definitions they were made under. (Not to be confused with
+/// [`crate::limits::Hold`], how one item is debited.)
+#[derive(Debug)]
+pub enum Reserved {
+    Check {
+        /// The policy key's (or inline key's) hashed id.
+        key: u128,
+        owner: u32,
+        stack: Arc<Stack>,
+        tags: Vec<u32>,
+    },
+    Screen {
+        user: Option<u128>,
+        /// The eligible candidates.
+        candidates: Vec<HeldCandidate>,
+    },
+}
+
+/// An eligible candidate of a reserving screen.
+#[derive(Debug, Clone)]
+pub struct HeldCandidate {
+    /// Its index in the request: tags its pending debits.
+    pub index: u32,
+    pub campaign: Arc<str>,
+    pub chain: Chain,
+}
+
+/// The bytes a reservation accounts for while open (see [`Footprint`]): its
+/// table entry, its answer and what it reserved, and its debits in every
+/// record, with the user or key record they pin. An estimate from the
+/// parts' sizes, made once per reservation in O(its candidates and their
+/// chains' items).
+pub fn footprint(id: &str, answer: &Answer, reserved: &Reserved) -> Footprint {
+    use std::mem::size_of;
+    // The id's three copies, the answer's list, the `Arc` and list of what
+    // is reserved.
+    let mut outside =
+        entry_bytes(id.len()) + size_of::<Reserved>() + 2 * size_of::<usize>() + 6 * ALLOC_OVERHEAD;
+    outside += match answer {
+        Answer::Check(c) => {
+            size_of::<CheckOutcome>()
+                + if c.decision.items.spilled() {
+                    c.decision.items.capacity() * size_of::<crate::limits::ItemFigures>()
+                } else {
+                    0
+                }
+        }
+        Answer::Screen(o) => {
+            o.results.capacity() * size_of::<CandidateResult>()
+                + o.results
+                    .iter()
+                    .filter_map(|r| r.denied_by.as_ref())
+                    .map(|d| size_of::<DeniedBy>() + d.cap.capacity())
+                    .sum::<usize>()
+        }
+    };
+    let mut inside = 0;
+    match reserved {
+        Reserved::Check { tags, .. } => {
+            outside += tags.capacity() * size_of::<u32>();
+            inside += list_entry_bytes(tags.len()) + pinned_record_bytes(tags.len());
+        }
+        Reserved::Screen { user, candidates } => {
+            outside += candidates.capacity() * size_of::<HeldCandidate>();
+            let mut user_entries = 0;
+            for c in candidates {
+                for e in c.chain.iter() {
+                    for cap in &e.compiled.items {
+                        match cap.scope {
+                            Scope::Campaign => outside += map_entry_bytes(),
+                            Scope::User if user.is_some() => user_entries += 1,
+                            Scope::User => {}
+                        }
+                    }
+                }
+            }
+            if user_entries > 0 {
+                inside += list_entry_bytes(user_entries) + pinned_record_bytes(user_entries);
+            }
+        }
+    }
+    Footprint {
+        total: outside + inside,
+        outside,
+    }
+}
 
 /// Where a reservation is in its life.
 #[derive(Debug, Clone)]
@@ -31,7 +131,7 @@ pub enum State {
     /// Holding pending debits; the stored first answer.
     Open(Answer),
     /// Settled: remembered until the original deadline so a repeat gets the
-    /// first outcome (DESIGN §2.6). A repeat waits on the [`Settled`] latch,
+    /// first outcome (docs/semantics.md §4.5). A repeat waits on the [`Settled`] latch,
     /// so it is not acknowledged before the first one's write is durable.
     Committed(CommitOutcome, Arc<Settled>),
     Released(CommitOutcome, Arc<Settled>),
@@ -97,9 +197,7 @@ impl Settled {
             .unwrap_or_else(PoisonError::into_inner);
         match r.as_ref() {
             Some(r) => r.clone(),
-            None => Err(EngineError::Conflict(
-                "the reservation is still being settled; retry".into(),
-            )),
+            None => Err(EngineError::Conflict(Conflict::StillSettling)),
         }
     }
 }
@@ -113,8 +211,8 @@ pub struct Reservation {
     /// Hash of the request body, to tell a repeat from a different request.
     pub body: u64,
     pub state: State,
-    /// What it holds; shared with whoever settles it. Dropped once settled.
-    pub holds: Option<Arc<Holds>>,
+    /// What it reserved; shared with whoever settles it. Dropped once settled.
+    pub reserved: Option<Arc<Reserved>>,
     /// The bytes counted for it now.
     pub footprint: Footprint,
 }
@@ -205,6 +303,13 @@ impl Reservations {
     }
 }
 
+/// A reservation id a request claimed ([`Begin::New`]), and its internal
+/// number.
+pub struct Claim {
+    pub id: String,
+    pub seq: u64,
+}
+
 /// What [`Reservations::begin`] found.
 pub enum Begin {
     /// The id is new: decide, then [`Reservations::finish`] or
@@ -213,7 +318,7 @@ pub enum Begin {
     /// The same request again: its first answer.
     Repeat(Answer),
     /// The id is taken by another request, or settled.
-    Conflict(String),
+    Conflict(Conflict),
     /// No room for another reservation (open count or memory): why.
     Overloaded(String),
 }
@@ -223,7 +328,7 @@ pub enum Settle {
     /// Was open: now settled by this call, which must apply it and then set
     /// `settled`.
     Apply {
-        holds: Arc<Holds>,
+        reserved: Arc<Reserved>,
         seq: u64,
         outcome: CommitOutcome,
         /// Candidates to commit (a screen's winners).
@@ -233,8 +338,8 @@ pub enum Settle {
     /// Settled before by the same operation: its outcome, to give once the
     /// latch says the first call succeeded.
     Repeat(CommitOutcome, Arc<Settled>),
-    /// Settled before by the other operation.
-    Conflict(String),
+    /// Settled before by the other operation, or still being decided.
+    Conflict(Conflict),
     /// The request does not fit the reservation (left open).
     Rejected(EngineError),
     /// Unknown or forgotten id.
@@ -243,10 +348,17 @@ pub enum Settle {
     /// backlog): taken out as expiry would, for the caller to release as of
     /// `deadline`; then the id is unknown.
     Expired {
-        holds: Arc<Holds>,
+        reserved: Arc<Reserved>,
         seq: u64,
         deadline: Nanos,
     },
+}
+
+/// A reservation taken out of the table at its deadline, to release.
+pub struct Due {
+    pub reserved: Arc<Reserved>,
+    pub seq: u64,
+    pub deadline: Nanos,
 }
 
 impl Reservations {
@@ -269,12 +381,10 @@ impl Reservations {
         if let Some(r) = t.by_id.get(id) {
             return match &r.state {
                 State::Open(a) if r.body == body => Begin::Repeat(a.clone()),
-                State::Open(_) => Begin::Conflict(format!(
-                    "reservation {id:?} exists with a different request"
-                )),
-                State::Deciding => Begin::Conflict(format!("reservation {id:?} is being decided")),
+                State::Open(_) => Begin::Conflict(Conflict::DifferentRequest { id: id.into() }),
+                State::Deciding => Begin::Conflict(Conflict::BeingDecided { id: id.into() }),
                 State::Committed(..) | State::Released(..) => {
-                    Begin::Conflict(format!("reservation {id:?} is already settled"))
+                    Begin::Conflict(Conflict::AlreadySettled { id: id.into() })
                 }
             };
         }
@@ -300,7 +410,7 @@ impl Reservations {
                 deadline,
                 body,
                 state: State::Deciding,
-                holds: None,
+                reserved: None,
                 footprint: Footprint::default(),
             },
         );
@@ -309,11 +419,11 @@ impl Reservations {
 
     /// Records the answer of a reservation that now holds debits, and the
     /// bytes it accounts for.
-    pub fn finish(&self, id: &str, answer: Answer, holds: Holds, footprint: Footprint) {
+    pub fn finish(&self, id: &str, answer: Answer, reserved: Reserved, footprint: Footprint) {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else { return };
         r.state = State::Open(answer);
-        r.holds = Some(Arc::new(holds));
+        r.reserved = Some(Arc::new(reserved));
         r.footprint = footprint;
         self.count(footprint);
         let deadline = r.deadline;
@@ -328,14 +438,14 @@ impl Reservations {
     }
 
     /// Settles `id` as committed (`commit`) or released, if open. `outcome`
-    /// computes, from what the reservation holds, the outcome to remember and
+    /// computes, from what the reservation reserved, the outcome to remember and
     /// the candidates to commit; an error from it leaves the reservation open.
     pub fn settle(
         &self,
         id: &str,
         commit: bool,
         now: Nanos,
-        outcome: impl FnOnce(&Holds) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
+        outcome: impl FnOnce(&Reserved) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
     ) -> Settle {
         let mut t = self.lock();
         let Some(r) = t.by_id.get_mut(id) else {
@@ -349,9 +459,9 @@ impl Reservations {
                 Some(r) => {
                     self.uncount(r.footprint);
                     self.open.fetch_sub(1, Ordering::Relaxed);
-                    match r.holds {
-                        Some(holds) => Settle::Expired {
-                            holds,
+                    match r.reserved {
+                        Some(reserved) => Settle::Expired {
+                            reserved,
                             seq: r.seq,
                             deadline,
                         },
@@ -363,16 +473,16 @@ impl Reservations {
         }
         match &r.state {
             State::Open(_) => {
-                let Some(holds) = r.holds.clone() else {
+                let Some(reserved) = r.reserved.clone() else {
                     return Settle::Unknown;
                 };
-                let (o, chosen) = match outcome(&holds) {
+                let (o, chosen) = match outcome(&reserved) {
                     Ok(x) => x,
                     Err(e) => return Settle::Rejected(e),
                 };
                 // Remembered until the deadline is the outcome only: what it
                 // held goes (its debits leave the records as this settles).
-                r.holds = None;
+                r.reserved = None;
                 let settled_bytes = entry_bytes(id.len())
                     + o.campaigns.capacity() * std::mem::size_of::<Arc<str>>();
                 let now_counted = Footprint {
@@ -390,7 +500,7 @@ impl Reservations {
                 };
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 Settle::Apply {
-                    holds,
+                    reserved,
                     seq: r.seq,
                     outcome: o,
                     chosen,
@@ -399,9 +509,15 @@ impl Reservations {
             }
             State::Committed(o, s) if commit => Settle::Repeat(o.clone(), s.clone()),
             State::Released(o, s) if !commit => Settle::Repeat(o.clone(), s.clone()),
-            State::Committed(..) => Settle::Conflict(format!("reservation {id:?} was committed")),
-            State::Released(..) => Settle::Conflict(format!("reservation {id:?} was released")),
-            State::Deciding => Settle::Conflict(format!("reservation {id:?} is being decided")),
+            State::Committed(..) => Settle::Conflict(Conflict::SettledOtherwise {
+                id: id.into(),
+                outcome: super::Outcome::Committed,
+            }),
+            State::Released(..) => Settle::Conflict(Conflict::SettledOtherwise {
+                id: id.into(),
+                outcome: super::Outcome::Released,
+            }),
+            State::Deciding => Settle::Conflict(Conflict::BeingDecided { id: id.into() }),
         }
     }
 
@@ -409,7 +525,7 @@ impl Reservations {
     /// table (the earliest first) and returns those still open, with their
     /// deadlines, for release. The lock is held for those only: taking all of
     /// 500 000 due at once held it for 0.4 s, and every request waited.
-    pub fn take_due(&self, now: Nanos, most: usize) -> Vec<(Arc<Holds>, u64, Nanos)> {
+    pub fn take_due(&self, now: Nanos, most: usize) -> Vec<Due> {
         if self.next_deadline.load(Ordering::Acquire) > now {
             return Vec::new();
         }
@@ -424,9 +540,13 @@ impl Reservations {
             t.deadlines.pop_first();
             if let Some(r) = t.by_id.remove(&id) {
                 self.uncount(r.footprint);
-                if let (State::Open(_), Some(h)) = (&r.state, r.holds) {
+                if let (State::Open(_), Some(reserved)) = (&r.state, r.reserved) {
                     self.open.fetch_sub(1, Ordering::Relaxed);
-                    due.push((h, r.seq, deadline));
+                    due.push(Due {
+                        reserved,
+                        seq: r.seq,
+                        deadline,
+                    });
                 }
             }
         }

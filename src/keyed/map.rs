@@ -286,7 +286,13 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let loaded = self.try_with_now(key, now, ctx, || Ok::<V, std::convert::Infallible>(fresh()), f);
+        let loaded = self.try_with_now(
+            key,
+            now,
+            ctx,
+            || Ok::<V, std::convert::Infallible>(fresh()),
+            f,
+        );
         match loaded {
             Ok(r) => r,
             Err(never) => match never {},

@@ -202,7 +202,7 @@ impl From<StoredState> for ItemState {
 /// One counter of a subject: which item of which owner (campaign or policy) it
 /// belongs to, and its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredSlot {
+pub struct StoredCounter {
     pub owner: u32,
     pub tag: u32,
     pub state: StoredState,
@@ -230,31 +230,31 @@ mod tests {
         let v1: Vec<u8> = [
             // Version 1, expiry 1_767_225_660_000_000_000 (u64 LE).
             &[1u8, 0, 88, 65, 230, 95, 114, 134, 24][..],
-            // bincode (standard: varints, little endian): a Vec of 2 slots.
+            // bincode (standard: varints, little endian): a Vec of 2 counters.
             &[2],
-            // Slot 1: owner 7, tag 0x1201 (251 = a u16 follows), variant 1
+            // Counter 1: owner 7, tag 0x1201 (251 = a u16 follows), variant 1
             // (Rate), tat_ns 1_767_225_601_000_000_000 (253 = a u64 follows),
             // tat_rem 1.
             &[7, 251, 0x01, 0x12, 1],
             &[253, 0, 202, 148, 41, 82, 114, 134, 24],
             &[1],
-            // Slot 2: owner 8, tag 2, variant 2 (Counter) {1, 2, 3}.
+            // Counter 2: owner 8, tag 2, variant 2 (Counter) {1, 2, 3}.
             &[8, 2, 2, 1, 2, 3],
         ]
         .concat();
         let (expires, payload) = unframe(&v1).unwrap();
         assert_eq!(expires, 1_767_225_660_000_000_000);
-        let slots: Vec<StoredSlot> = decode(payload).unwrap();
+        let counters: Vec<StoredCounter> = decode(payload).unwrap();
         let tat_ns = 1_767_225_601_000_000_000;
         assert_eq!(
-            slots,
+            counters,
             [
-                StoredSlot {
+                StoredCounter {
                     owner: 7,
                     tag: 0x1201,
                     state: StoredState::Rate { tat_ns, tat_rem: 1 },
                 },
-                StoredSlot {
+                StoredCounter {
                     owner: 8,
                     tag: 2,
                     state: StoredState::Counter {
@@ -268,13 +268,13 @@ mod tests {
         // 3 per second (T = 1/3 s, burst 3·T = 1 s): the TAT is 1 s + ⅓ ns
         // after `now`, so nothing remains and the reset is ⌈1 s + ⅓ ns⌉.
         let rate = Rate::new(3, 1_000_000_000, 3);
-        let ItemState::Rate(st) = ItemState::from(slots[0].state.clone()) else {
+        let ItemState::Rate(st) = ItemState::from(counters[0].state.clone()) else {
             panic!("a rate state");
         };
         let now = tat_ns - 1_000_000_000;
         assert_eq!(rate.figures(&st, now), (0, 1_000_000_001));
         // Written back unchanged, it keeps the version 1 form.
-        assert_eq!(StoredState::from(&ItemState::Rate(st)), slots[0].state);
+        assert_eq!(StoredState::from(&ItemState::Rate(st)), counters[0].state);
     }
 
     /// Version 2 keeps a TAT far past 2^64 ns exactly.
@@ -291,12 +291,12 @@ mod tests {
                     hi: (tat >> 64) as u64
                 }
             );
-            let bytes = encode(&vec![StoredSlot {
+            let bytes = encode(&vec![StoredCounter {
                 owner: 1,
                 tag: 1,
                 state: stored.clone(),
             }]);
-            let back: Vec<StoredSlot> = decode(&bytes).unwrap();
+            let back: Vec<StoredCounter> = decode(&bytes).unwrap();
             assert_eq!(ItemState::from(back[0].state.clone()), st);
         }
         assert_eq!(frame(0, b"")[0], 2);
@@ -304,8 +304,8 @@ mod tests {
 
     #[test]
     fn states_round_trip() {
-        let slots = vec![
-            StoredSlot {
+        let counters = vec![
+            StoredCounter {
                 owner: 7,
                 tag: 0x1234_5601,
                 state: StoredState::Log {
@@ -313,7 +313,7 @@ mod tests {
                     sum: 6,
                 },
             },
-            StoredSlot {
+            StoredCounter {
                 owner: 8,
                 tag: 2,
                 state: StoredState::Budget {
@@ -323,9 +323,9 @@ mod tests {
                 },
             },
         ];
-        let bytes = encode(&slots);
-        assert_eq!(decode::<Vec<StoredSlot>>(&bytes), Ok(slots.clone()));
-        let st: ItemState = slots[0].state.clone().into();
-        assert_eq!(StoredState::from(&st), slots[0].state);
+        let bytes = encode(&counters);
+        assert_eq!(decode::<Vec<StoredCounter>>(&bytes), Ok(counters.clone()));
+        let st: ItemState = counters[0].state.clone().into();
+        assert_eq!(StoredState::from(&st), counters[0].state);
     }
 }

@@ -1,0 +1,201 @@
+//! `POST /v1/check`: a request decided against a named policy or inline
+//! limits, debited at once or reserved.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::clock::Clock;
+use crate::limits::stack::{Pending, Stack};
+use crate::limits::{Hold, ItemState};
+use crate::model::limit::compile_stack;
+
+use super::chain::Defs;
+use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::persist::{Ack, Changes};
+use super::record::PendingEntry;
+use super::registry::stack_tags;
+use super::request::{
+    CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id,
+    check_ttl,
+};
+use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
+use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
+
+/// What a check is decided by: the stack, whose counters they are, and
+/// their tags.
+struct Target {
+    stack: Arc<Stack>,
+    owner: u32,
+    tags: Vec<u32>,
+    /// Hash namespace of the key: named policy or inline limits.
+    namespace: u8,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Decides a request against a named policy or inline limits
+    /// (docs/semantics.md §3; reserving: §4.1).
+    pub fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, EngineError> {
+        waited(self.check_with(req, Reads::MayWait))
+    }
+
+    /// [`Engine::check`] if it can be decided without waiting on disk (the
+    /// key's record is in memory, as it is for any key used lately, or the
+    /// store can answer from memory, as RocksDB's bloom filters do for a new
+    /// key); `None` otherwise, having changed nothing — call `check` then,
+    /// where waiting on disk is fine. An async server decides on its
+    /// executor this way and moves only misses to a blocking thread.
+    pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
+        if_in_memory(self.check_with(req, Reads::MemoryOnly))
+    }
+
+    fn check_with(&self, req: &CheckRequest, reads: Reads) -> Result<CheckOutcome, Halt> {
+        self.check_id("key", &req.key)?;
+        check_cost("cost", req.cost)?;
+        let lifetime = check_ttl(req.ttl_ms)?;
+        if let Some(id) = &req.reservation_id {
+            check_reservation_id(id)?;
+        }
+        let now = self.now();
+        self.expire_step(now, reads);
+        let Target {
+            stack,
+            owner,
+            tags,
+            namespace,
+        } = self.target(&req.target)?;
+        let key = self.hash(namespace, owner, &req.key);
+        // A zero-cost reserve is a peek: no reservation (docs/semantics.md
+        // §4.1).
+        let claim = if req.reserve && req.cost > 0 {
+            let id = match &req.reservation_id {
+                Some(id) => id.clone(),
+                None => self.new_reservation_id(),
+            };
+            let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
+            match self.reservations.begin(&id, body, now + lifetime) {
+                Begin::New { seq } => Some(Claim { id, seq }),
+                Begin::Repeat(Answer::Check(a)) => return Ok(*a),
+                Begin::Repeat(Answer::Screen(_)) => {
+                    return Err(EngineError::Conflict(Conflict::BelongsTo {
+                        id,
+                        kind: ReservationKind::Screen,
+                    })
+                    .into());
+                }
+                Begin::Conflict(c) => return Err(EngineError::Conflict(c).into()),
+                Begin::Overloaded(m) => return Err(EngineError::Overloaded(m).into()),
+            }
+        } else {
+            None
+        };
+        let record = RecordKey::PolicyKey(key);
+        let decided = self.with_record(record, now, reads, |rec| {
+            let hold = match &claim {
+                Some(_) => Hold::Reserve {
+                    deadline: now + lifetime,
+                },
+                None => Hold::Immediate,
+            };
+            let mut states: SmallVec<[ItemState; 4]> = tags
+                .iter()
+                .map(|&t| std::mem::take(rec.state_mut(owner, t)))
+                .collect();
+            let (decision, pending) = stack.decide(&mut states, now, req.cost, hold);
+            for (&t, s) in tags.iter().zip(states) {
+                *rec.state_mut(owner, t) = s;
+            }
+            for (item, &t) in stack.items().iter().zip(&tags) {
+                rec.touch(owner, t, item);
+            }
+            if let (Some(Pending { cost, items }), Some(claim)) = (pending, &claim) {
+                for (p, &t) in items.into_iter().zip(&tags) {
+                    rec.add_pending(PendingEntry {
+                        res: claim.seq,
+                        cand: 0,
+                        owner,
+                        tag: t,
+                        item: p,
+                        n: cost,
+                    });
+                }
+                rec.idle_at = rec.idle_at.max(now + lifetime);
+            } else if decision.allowed && req.cost > 0 {
+                // An immediate debit is written behind: no one waits for it.
+                let mut changes = Changes::new();
+                changes.record(record, rec);
+                let defs = Defs::Stack {
+                    owner,
+                    stack: &stack,
+                    tags: &tags,
+                };
+                self.persist(changes, defs, now, Ack::WriteBehind);
+            }
+            decision
+        });
+        let decision = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
+                }
+                return Err(e);
+            }
+        };
+        let out = CheckOutcome {
+            reservation: claim
+                .as_ref()
+                .filter(|_| decision.allowed)
+                .map(|c| c.id.clone()),
+            decision,
+            stack: stack.clone(),
+        };
+        match claim {
+            Some(c) if out.decision.allowed => {
+                let answer = Answer::Check(Box::new(out.clone()));
+                let reserved = Reserved::Check {
+                    key,
+                    owner,
+                    stack,
+                    tags,
+                };
+                let bytes = footprint(&c.id, &answer, &reserved);
+                self.reservations.finish(&c.id, answer, reserved, bytes);
+            }
+            // A denied reserve creates nothing.
+            Some(c) => self.reservations.abandon(&c.id),
+            None => {}
+        }
+        Ok(out)
+    }
+
+    /// The stack a check's target names, or the inline one compiled.
+    fn target(&self, target: &CheckTarget) -> Result<Target, EngineError> {
+        match target {
+            CheckTarget::Policy(name) => {
+                let reg = self.registry();
+                let Some(p) = reg.policies.get(name) else {
+                    return Err(EngineError::NotFound(format!("no policy named {name:?}")));
+                };
+                Ok(Target {
+                    stack: p.stack.clone(),
+                    owner: p.id,
+                    tags: p.tags.clone(),
+                    namespace: b'p',
+                })
+            }
+            CheckTarget::Inline(limits) => {
+                if limits.is_empty() {
+                    return Err(invalid("limits", "at least one limit is needed"));
+                }
+                let c = compile_stack("limits", limits, None, None)?;
+                Ok(Target {
+                    stack: Arc::new(c.stack),
+                    owner: 0,
+                    tags: stack_tags(limits),
+                    namespace: b'i',
+                })
+            }
+        }
+    }
+}

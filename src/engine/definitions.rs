@@ -1,0 +1,202 @@
+//! Policies and campaigns: put, get and delete, and loading them (with the
+//! campaigns' counters) when the engine opens.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Clock;
+use crate::model::campaign::CampaignDef;
+use crate::model::limit::PolicyDef;
+use crate::model::{CompiledCampaign, Warning};
+use crate::store::{Op, Space, Store, StoreError, codec};
+
+use super::hot::RecordKey;
+use super::record::{SubjectRecord, tag};
+use super::registry::{CampaignEntry, PolicyEntry, Registry, stack_tags};
+use super::request::check_def_name;
+use super::{Conflict, Engine, EngineError, corrupt, invalid};
+
+/// A definition as stored: its id and what the user wrote.
+#[derive(Serialize, Deserialize)]
+struct StoredDef<T> {
+    id: u32,
+    def: T,
+}
+
+/// The definitions in `store`, with every campaign's counters.
+pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
+    let mut reg = Registry::default();
+    for (k, v) in store.scan(Space::Definitions)? {
+        let (_, payload) = codec::unframe(&v).map_err(|m| corrupt(&k, m))?;
+        let name = String::from_utf8_lossy(&k[2..]).into_owned();
+        if k.starts_with(b"p/") {
+            let d: StoredDef<PolicyDef> =
+                serde_json::from_slice(payload).map_err(|e| corrupt(&k, e.to_string()))?;
+            let compiled = d.def.compile().map_err(|e| corrupt(&k, e.to_string()))?;
+            reg.max_id = reg.max_id.max(d.id);
+            reg.insert_policy(PolicyEntry {
+                id: d.id,
+                name,
+                tags: stack_tags(&d.def.limits),
+                def: d.def,
+                stack: Arc::new(compiled.stack),
+            });
+        } else if k.starts_with(b"c/") {
+            let d: StoredDef<CampaignDef> =
+                serde_json::from_slice(payload).map_err(|e| corrupt(&k, e.to_string()))?;
+            let compiled = d.def.compile().map_err(|e| corrupt(&k, e.to_string()))?;
+            let record = match store.get(Space::State, &RecordKey::Campaign(d.id).disk_key())? {
+                Some(v) => SubjectRecord::from_stored(&v).map_err(|m| corrupt(&k, m))?,
+                None => SubjectRecord::default(),
+            };
+            reg.max_id = reg.max_id.max(d.id);
+            let entry = CampaignEntry {
+                id: d.id,
+                tags: campaign_tags(&compiled),
+                name: Arc::from(name.as_str()),
+                def: d.def,
+                compiled,
+                record: Arc::new(Mutex::new(record)),
+                chain: Vec::new(),
+            };
+            let e = Arc::new(entry);
+            reg.campaigns_by_id.insert(e.id, e.clone());
+            reg.campaigns.insert(name, e);
+        }
+    }
+    reg.rechain();
+    Ok(reg)
+}
+
+impl<C: Clock> Engine<C> {
+    /// Stores a policy (replacing any of that name) and returns its warnings.
+    /// Counters of items whose definition is unchanged at the same index carry
+    /// on; a changed item's counters start empty.
+    pub fn put_policy(&self, name: &str, def: PolicyDef) -> Result<Vec<Warning>, EngineError> {
+        check_def_name("name", name)?;
+        let compiled = def.compile()?;
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut reg = (*self.registry()).clone();
+        let id = match reg.policies.get(name) {
+            Some(p) => p.id,
+            None => reg.max_id + 1,
+        };
+        let value = codec::frame(
+            0,
+            &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
+        );
+        self.write_durably(vec![Op::Put(Space::Definitions, def_key(b"p/", name), value)])?;
+        reg.max_id = reg.max_id.max(id);
+        reg.insert_policy(PolicyEntry {
+            id,
+            name: name.to_owned(),
+            tags: stack_tags(&def.limits),
+            def,
+            stack: Arc::new(compiled.stack),
+        });
+        self.publish(reg);
+        Ok(compiled.warnings)
+    }
+
+    pub fn get_policy(&self, name: &str) -> Option<PolicyDef> {
+        self.registry().policies.get(name).map(|p| p.def.clone())
+    }
+
+    pub fn delete_policy(&self, name: &str) -> Result<(), EngineError> {
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut reg = (*self.registry()).clone();
+        if reg.remove_policy(name).is_none() {
+            return Err(EngineError::NotFound(format!("no policy named {name:?}")));
+        }
+        self.write_durably(vec![Op::Delete(Space::Definitions, def_key(b"p/", name))])?;
+        self.publish(reg);
+        Ok(())
+    }
+
+    /// Stores a campaign. Its parent must exist and must not make a cycle; a
+    /// rejected put leaves the old definition. Counters follow the policy rule
+    /// (unchanged items keep theirs); a new parent's caps apply from now on.
+    pub fn put_campaign(&self, name: &str, def: CampaignDef) -> Result<Vec<Warning>, EngineError> {
+        check_def_name("id", name)?;
+        let compiled = def.compile()?;
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut reg = (*self.registry()).clone();
+        reg.chain_from(name, def.parent.as_deref())
+            .map_err(|m| invalid("parent", m))?;
+        let id = match reg.campaigns.get(name) {
+            Some(c) => c.id,
+            None => reg.max_id + 1,
+        };
+        let value = codec::frame(
+            0,
+            &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
+        );
+        self.write_durably(vec![Op::Put(Space::Definitions, def_key(b"c/", name), value)])?;
+        let warnings = compiled.warnings.clone();
+        reg.insert_campaign(CampaignEntry {
+            id,
+            name: Arc::from(name),
+            tags: campaign_tags(&compiled),
+            def,
+            compiled,
+            record: Arc::new(Mutex::new(SubjectRecord::default())),
+            chain: Vec::new(),
+        });
+        self.publish(reg);
+        Ok(warnings)
+    }
+
+    pub fn get_campaign(&self, name: &str) -> Option<CampaignDef> {
+        self.registry().campaigns.get(name).map(|c| c.def.clone())
+    }
+
+    /// Deletes a campaign without children (409 otherwise) and its counters.
+    pub fn delete_campaign(&self, name: &str) -> Result<(), EngineError> {
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut reg = (*self.registry()).clone();
+        if !reg.campaigns.contains_key(name) {
+            return Err(EngineError::NotFound(format!("no campaign named {name:?}")));
+        }
+        if reg.has_children(name) {
+            return Err(EngineError::Conflict(Conflict::HasChildren {
+                name: name.to_owned(),
+            }));
+        }
+        let Some(e) = reg.remove_campaign(name) else {
+            return Err(EngineError::NotFound(format!("no campaign named {name:?}")));
+        };
+        self.write_durably(vec![
+            Op::Delete(Space::Definitions, def_key(b"c/", name)),
+            Op::Delete(Space::State, RecordKey::Campaign(e.id).disk_key()),
+        ])?;
+        self.publish(reg);
+        Ok(())
+    }
+}
+
+fn def_key(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn campaign_tags(c: &CompiledCampaign) -> Vec<u32> {
+    c.items
+        .iter()
+        .enumerate()
+        .map(|(i, x)| tag(i, x.fingerprint))
+        .collect()
+}

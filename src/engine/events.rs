@@ -1,0 +1,376 @@
+//! `POST /v1/events`: impressions that happened without a reservation,
+//! counted unchecked and deduplicated by event id within a horizon.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::{Hold, Kind};
+use crate::model::Scope;
+use crate::store::{Op, Receipt, Space, codec};
+
+use super::chain::{Defs, Locking, guard_of, lock_chain, units};
+use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::persist::{Ack, Changes};
+use super::record::SubjectRecord;
+use super::registry::{CampaignEntry, Registry};
+use super::request::{Event, check_cost};
+use super::{Engine, EngineError};
+
+/// Event ids claimed whose write may not be on disk yet. The ids seen
+/// within the horizon live in the store's dedupe space, each written in the
+/// same batch as the event it counts, and are looked up there when an id
+/// comes (RocksDB's bloom filters answer a new id from memory): nothing is
+/// loaded at open, and memory holds only the ids between their claim and
+/// their write, a writer queue's worth. (Kept in memory for the whole
+/// horizon, ids cost 76 bytes each of RSS — 612 MB after 30 s of unique-id
+/// batches — and a restart with 5 million of them spent 7.7 s loading them
+/// before it listened.)
+///
+/// Sharded by the id's hash, so lookups of different ids rarely wait on
+/// each other; a lookup reads the store under its shard's lock, so of two
+/// batches claiming the same id, exactly one finds it free.
+pub(crate) struct Dedupe {
+    shards: Box<[Mutex<DedupeShard>]>,
+}
+
+/// Claimed ids not yet known written: by hash, the sequence of the batch
+/// that writes it ([`UNSUBMITTED`] until submitted), and in that order.
+#[derive(Default)]
+struct DedupeShard {
+    claimed: HashMap<u128, u64>,
+    order: VecDeque<(u64, u128)>,
+}
+
+/// The batch sequence of an id claimed but not yet submitted.
+const UNSUBMITTED: u64 = u64::MAX;
+
+/// Shards of [`Dedupe`].
+const DEDUPE_SHARDS: usize = 64;
+
+impl Dedupe {
+    pub(crate) fn new() -> Self {
+        Dedupe {
+            shards: (0..DEDUPE_SHARDS)
+                .map(|_| Mutex::new(DedupeShard::default()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, h: u128) -> std::sync::MutexGuard<'_, DedupeShard> {
+        self.shards[(h as usize) % DEDUPE_SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl DedupeShard {
+    /// Forgets claims whose batch is written: from now on the store has them.
+    fn prune(&mut self, written: u64) {
+        while let Some(&(seq, h)) = self.order.front() {
+            if seq > written {
+                break;
+            }
+            self.order.pop_front();
+            if self.claimed.get(&h) == Some(&seq) {
+                self.claimed.remove(&h);
+            }
+        }
+    }
+}
+
+/// Events counted in memory whose writes are queued
+/// ([`Engine::events_deferred`]). Unlike a commit, nothing answers a repeat
+/// from it (a repeated event id is a duplicate at once), so dropping it
+/// unwaited leaves nothing hanging.
+#[must_use = "events are acknowledged only once their writes are durable"]
+pub struct PendingEvents<'e> {
+    counted: usize,
+    receipts: Vec<Receipt>,
+    /// Counted once durable: `events`.
+    counter: &'e AtomicU64,
+}
+
+impl PendingEvents<'_> {
+    /// Blocks until the events are durable; returns how many were counted.
+    pub fn wait(mut self) -> Result<usize, EngineError> {
+        for r in std::mem::take(&mut self.receipts) {
+            r.wait()?;
+        }
+        Ok(self.durable())
+    }
+
+    /// [`PendingEvents::wait`] without parking a thread.
+    pub async fn wait_async(self) -> Result<usize, EngineError> {
+        for r in &self.receipts {
+            r.wait_async().await?;
+        }
+        Ok(self.durable())
+    }
+
+    fn durable(&self) -> usize {
+        self.counter
+            .fetch_add(self.counted as u64, Ordering::Relaxed);
+        self.counted
+    }
+}
+
+/// An event of a batch that is not a duplicate: its user's hash, and its
+/// id's hash if it has an id (claimed).
+struct NewEvent<'a> {
+    event: &'a Event,
+    user: Option<u128>,
+    id: Option<u128>,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Counts impressions that happened without a reservation
+    /// (docs/semantics.md §7.1): no check, idempotent by `event_id` within
+    /// the dedupe horizon. A batch with any invalid event applies nothing.
+    /// Durable before it returns. Returns how many events were counted
+    /// (duplicates are not).
+    pub fn events(&self, events: &[Event]) -> Result<usize, EngineError> {
+        self.events_deferred(events)?.wait()
+    }
+
+    /// [`Engine::events`] up to the writes: counts the events in memory and
+    /// queues their writes; the returned [`PendingEvents`] waits for them to
+    /// be durable, blocking or async.
+    pub fn events_deferred(&self, events: &[Event]) -> Result<PendingEvents<'_>, EngineError> {
+        waited(self.events_with(events, Reads::MayWait))
+    }
+
+    /// [`Engine::events_deferred`] if every user's record is in memory;
+    /// `None`, having changed nothing, if one must be read from disk. See
+    /// [`Engine::check_in_memory`].
+    pub fn events_in_memory(
+        &self,
+        events: &[Event],
+    ) -> Option<Result<PendingEvents<'_>, EngineError>> {
+        if_in_memory(self.events_with(events, Reads::MemoryOnly))
+    }
+
+    fn events_with(&self, events: &[Event], reads: Reads) -> Result<PendingEvents<'_>, Halt> {
+        let reg = self.registry();
+        self.check_events(&reg, events)?;
+        let now = self.now();
+        self.expire_step(now, reads);
+        // Every user's record is read before anything is claimed or counted,
+        // so a record that cannot be read (or, in a memory-only call, is on
+        // disk) fails the batch with nothing applied.
+        let users: Vec<Option<u128>> = events
+            .iter()
+            .map(|e| e.user.as_ref().map(|u| self.hash(b'u', 0, u)))
+            .collect();
+        for &k in users.iter().flatten() {
+            self.with_record(RecordKey::User(k), now, reads, |_| ())?;
+        }
+        // Claim the ids: of two concurrent batches with the same id, one
+        // counts it. Still memory-only in such a call: an id the store cannot
+        // look up from memory gives back every claim and fails the batch
+        // with nothing applied.
+        let expiry = now.saturating_add(self.options.dedupe_horizon);
+        let mut new = Vec::with_capacity(events.len());
+        let mut duplicates = 0;
+        for (event, &user) in events.iter().zip(&users) {
+            let Some(id) = &event.event_id else {
+                new.push(NewEvent {
+                    event,
+                    user,
+                    id: None,
+                });
+                continue;
+            };
+            let h = self.hash(b'e', 0, id);
+            match self.claim_event_id(h, now, reads) {
+                Ok(true) => new.push(NewEvent {
+                    event,
+                    user,
+                    id: Some(h),
+                }),
+                Ok(false) => duplicates += 1,
+                Err(err) => {
+                    self.unclaim_event_ids(&new);
+                    return Err(err);
+                }
+            }
+        }
+        self.stats
+            .duplicate_events
+            .fetch_add(duplicates, Ordering::Relaxed);
+        // From here on a miss reads the store even in a memory-only call: a
+        // record just read may have been dropped again (an idle one is not
+        // kept), and reading it anew, from memory as it just was, is better
+        // than stopping with half the batch applied.
+        let reads = Reads::MayWait;
+        let mut receipts = Vec::with_capacity(new.len());
+        for (i, n) in new.iter().enumerate() {
+            let Some(chain) = reg.chain(&n.event.campaign) else {
+                self.unclaim_event_ids(&new[i..=i]);
+                continue;
+            };
+            let dedupe = n.id.map(|h| {
+                Op::Put(
+                    Space::Dedupe,
+                    h.to_be_bytes().to_vec(),
+                    codec::frame(expiry, &[]),
+                )
+            });
+            let cost = n.event.cost;
+            let counted = match n.user {
+                Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec| {
+                    self.count_event(&reg, chain, Some((k, rec)), cost, now, dedupe)
+                }),
+                None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe)),
+            };
+            match counted {
+                Ok(r) => {
+                    if let Some(h) = n.id {
+                        self.submitted_event_id(h, r.seq);
+                    }
+                    receipts.push(r);
+                }
+                Err(err) => {
+                    self.unclaim_event_ids(&new[i..]);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(PendingEvents {
+            counted: new.len(),
+            receipts,
+            counter: &self.stats.events,
+        })
+    }
+
+    /// Checks every event of a batch (field names indexed in a batch of
+    /// several).
+    fn check_events(&self, reg: &Registry, events: &[Event]) -> Result<(), EngineError> {
+        for (i, e) in events.iter().enumerate() {
+            let f = |x: &str| {
+                if events.len() == 1 {
+                    x.to_owned()
+                } else {
+                    format!("[{i}].{x}")
+                }
+            };
+            if let Some(u) = &e.user {
+                self.check_id(&f("user"), u)?;
+            }
+            self.check_id(&f("campaign"), &e.campaign)?;
+            check_cost(&f("cost"), e.cost)?;
+            if let Some(id) = &e.event_id {
+                self.check_id(&f("event_id"), id)?;
+            }
+            if !reg.campaigns.contains_key(&e.campaign) {
+                return Err(EngineError::NotFound(format!(
+                    "{}: no campaign named {:?}",
+                    f("campaign"),
+                    e.campaign
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims event id `h` unless it was seen within the horizon (`false`:
+    /// a duplicate): claimed by a batch not yet written, or in the store.
+    /// Under [`Reads::MemoryOnly`], stops where the store would have to read
+    /// the disk to tell.
+    fn claim_event_id(&self, h: u128, now: Nanos, reads: Reads) -> Result<bool, Halt> {
+        let mut shard = self.dedupe.shard(h);
+        // Pruned only once written, so what leaves here is in the store.
+        shard.prune(self.store.written_seq());
+        if shard.claimed.contains_key(&h) {
+            return Ok(false);
+        }
+        let key = h.to_be_bytes();
+        let stored = match reads {
+            Reads::MemoryOnly => self
+                .store
+                .get_cached(Space::Dedupe, &key)
+                .ok_or(Halt::NotInMemory)??,
+            Reads::MayWait => self.store.get(Space::Dedupe, &key)?,
+        };
+        // Compaction drops expired ids when it passes them; until then they
+        // are still read, and are past their horizon.
+        if stored
+            .and_then(|v| codec::expiry_of(&v))
+            .is_some_and(|exp| exp > now)
+        {
+            return Ok(false);
+        }
+        shard.claimed.insert(h, UNSUBMITTED);
+        Ok(true)
+    }
+
+    /// Notes the batch that writes claimed id `h`: once it is written, the
+    /// store answers for the id.
+    fn submitted_event_id(&self, h: u128, seq: u64) {
+        let mut guard = self.dedupe.shard(h);
+        let shard = &mut *guard;
+        if let Some(s) = shard.claimed.get_mut(&h) {
+            *s = seq;
+            shard.order.push_back((seq, h));
+        }
+    }
+
+    /// Gives back the claims of events that were not submitted.
+    fn unclaim_event_ids(&self, new: &[NewEvent<'_>]) {
+        for h in new.iter().filter_map(|n| n.id) {
+            let mut shard = self.dedupe.shard(h);
+            if shard.claimed.get(&h) == Some(&UNSUBMITTED) {
+                shard.claimed.remove(&h);
+            }
+        }
+    }
+
+    /// Debits one impression on every item of a chain, unchecked, and writes
+    /// the records it changed with the event's id.
+    fn count_event(
+        &self,
+        reg: &Registry,
+        chain: &[Arc<CampaignEntry>],
+        mut user: Option<(u128, &mut SubjectRecord)>,
+        cost: u64,
+        now: Nanos,
+        dedupe: Option<Op>,
+    ) -> Receipt {
+        let mut guards = lock_chain(chain, Locking::Deciding);
+        for e in chain {
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                // An impression holds no place of max_in_flight.
+                if cap.item.kind() == Kind::Concurrency {
+                    continue;
+                }
+                let t = e.tags[i];
+                let rec: &mut SubjectRecord = match cap.scope {
+                    Scope::User => match user.as_mut() {
+                        Some((_, u)) => u,
+                        None => continue,
+                    },
+                    Scope::Campaign => match guard_of(&mut guards, e.id) {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                let st = rec.state_mut(e.id, t);
+                cap.item
+                    .apply(st, now, units(&cap.item, cost), Hold::Immediate);
+                rec.touch(e.id, t, &cap.item);
+            }
+        }
+        let mut changes = Changes::new();
+        if let Some(op) = dedupe {
+            changes.op(op);
+        }
+        for (id, g) in guards.iter_mut() {
+            changes.record(RecordKey::Campaign(*id), g);
+        }
+        if let Some((k, u)) = user {
+            changes.record(RecordKey::User(k), u);
+        }
+        self.persist(changes, Defs::Registry(reg), now, Ack::Durable)
+    }
+}

@@ -1,0 +1,235 @@
+//! What callers send the engine and what it answers, and the one set of
+//! validators every operation checks its fields with (cost, ttl, ids,
+//! reservation ids, definition names).
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use crate::clock::{MS, Nanos};
+use crate::limits::stack::{Decision, Stack};
+use crate::model::limit::LimitDef;
+
+use super::{EngineError, invalid};
+
+/// Default and largest reservation lifetimes (docs/semantics.md §4.1).
+pub const DEFAULT_TTL_MS: u64 = 60_000;
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
+/// Largest cost: below 2^53 (docs/semantics.md §1.3).
+pub(crate) const MAX_COST: u64 = (1 << 53) - 1;
+
+/// What a check is decided against.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckTarget {
+    Policy(String),
+    Inline(Vec<LimitDef>),
+}
+
+/// `POST /v1/check`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckRequest {
+    pub target: CheckTarget,
+    pub key: String,
+    pub cost: u64,
+    pub reserve: bool,
+    pub ttl_ms: Option<u64>,
+    pub reservation_id: Option<String>,
+    /// The request as its caller sent it, hashed (the HTTP layer hashes the
+    /// JSON value of the body): a repeat of a reserve under a live id is the
+    /// same request only if this matches. `None`: the fields above are
+    /// compared instead.
+    pub fingerprint: Option<u64>,
+}
+
+/// A check's answer: the decision, its stack (for names and kinds), and the
+/// reservation made, if any.
+#[derive(Debug, Clone)]
+pub struct CheckOutcome {
+    pub decision: Decision,
+    pub stack: Arc<Stack>,
+    pub reservation: Option<String>,
+}
+
+/// One candidate of a screen.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScreenCandidate {
+    pub campaign: String,
+    /// Cost charged to budgets (caps count 1). Default 1.
+    pub cost: Option<u64>,
+}
+
+/// `POST /v1/screen`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScreenRequest {
+    pub user: Option<String>,
+    pub candidates: Vec<ScreenCandidate>,
+    pub reserve: bool,
+    pub ttl_ms: Option<u64>,
+    pub reservation_id: Option<String>,
+    /// As [`CheckRequest::fingerprint`].
+    pub fingerprint: Option<u64>,
+}
+
+/// Why a candidate is not eligible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedBy {
+    /// The campaign of the chain whose cap denied.
+    pub campaign: Arc<str>,
+    /// The cap's name, or `budget`, `max_in_flight`, `unknown_user`,
+    /// `unknown_campaign`.
+    pub cap: String,
+    pub retry_after: Option<crate::clock::Span>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CandidateResult {
+    /// Shared with the definition (see `CampaignEntry::name`): a screen of
+    /// thousands of candidates copies no names.
+    pub campaign: Arc<str>,
+    pub eligible: bool,
+    pub denied_by: Option<DeniedBy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScreenOutcome {
+    pub reservation: Option<String>,
+    pub results: Vec<CandidateResult>,
+}
+
+/// `POST /v1/reservations/{id}/commit`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitRequest {
+    /// Winning campaign(s) of a screen; the rest are released. May be empty
+    /// when the screen had exactly one eligible candidate.
+    pub campaigns: Vec<String>,
+    /// Final cost (the clearing price), charged to budgets instead of the
+    /// reserved cost.
+    pub cost: Option<u64>,
+    pub event_id: Option<String>,
+    /// With `campaigns` (one) and `cost`, makes a commit of an unknown or
+    /// expired id a late commit.
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Released,
+    LateCommit,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Committed => "committed",
+            Outcome::Released => "released",
+            Outcome::LateCommit => "late_commit",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitOutcome {
+    pub reservation: String,
+    pub outcome: Outcome,
+    /// Campaigns committed (for a release: those released). Shared names
+    /// (see `CampaignEntry::name`): a release of a large screen copies none.
+    pub campaigns: Vec<Arc<str>>,
+}
+
+/// An impression that happened without a reservation (`POST /v1/events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub user: Option<String>,
+    pub campaign: String,
+    pub cost: u64,
+    pub event_id: Option<String>,
+}
+
+/// A hash of a request body, to tell a repeat of a reservation from another
+/// request under the same id. Only caller-supplied ids need it (a made id is
+/// never sent twice), so the slow Debug rendering is paid only then.
+pub(crate) fn body_hash<T: std::fmt::Debug>(
+    x: &T,
+    caller_id: bool,
+    fingerprint: Option<u64>,
+) -> u64 {
+    if !caller_id {
+        return 0;
+    }
+    if let Some(f) = fingerprint {
+        return f;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{x:?}").hash(&mut h);
+    h.finish()
+}
+
+/// A cost (`field` names it): 0 to 2^53 - 1.
+pub(crate) fn check_cost(field: &str, cost: u64) -> Result<(), EngineError> {
+    if cost > MAX_COST {
+        return Err(invalid(
+            field,
+            format!("must be from 0 to 2^53 - 1, got {cost}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A reservation's lifetime from its `ttl_ms` field (default
+/// [`DEFAULT_TTL_MS`]), in ns.
+pub(crate) fn check_ttl(ttl_ms: Option<u64>) -> Result<Nanos, EngineError> {
+    let t = ttl_ms.unwrap_or(DEFAULT_TTL_MS);
+    if t == 0 || t > MAX_TTL_MS {
+        return Err(invalid(
+            "ttl_ms",
+            format!("must be from 1 to {MAX_TTL_MS}, got {t}"),
+        ));
+    }
+    Ok(t.saturating_mul(MS))
+}
+
+/// Whether `s` is 1 to `max` characters of `A-Z a-z 0-9 . _ : -`.
+fn is_name(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Checks a reservation id: 1-128 characters of `A-Z a-z 0-9 . _ : -`.
+pub fn check_reservation_id(id: &str) -> Result<(), EngineError> {
+    if is_name(id, 128) {
+        Ok(())
+    } else {
+        Err(invalid(
+            "reservation_id",
+            "must be 1-128 characters of A-Z a-z 0-9 . _ : -",
+        ))
+    }
+}
+
+/// Checks a policy or campaign name: 1-256 characters of
+/// `A-Z a-z 0-9 . _ : -`.
+pub(crate) fn check_def_name(field: &str, name: &str) -> Result<(), EngineError> {
+    if is_name(name, 256) {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!("must be 1-256 characters of A-Z a-z 0-9 . _ : -, got {name:?}"),
+        ))
+    }
+}
+
+/// Checks a key, user, campaign or event id: 1 to `max_len` bytes
+/// ([`super::EngineOptions::max_id_len`]).
+pub(crate) fn check_id(field: &str, id: &str, max_len: usize) -> Result<(), EngineError> {
+    if id.is_empty() || id.len() > max_len {
+        return Err(invalid(
+            field,
+            format!("must be 1 to {max_len} bytes, got {}", id.len()),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,290 @@
+//! `POST /v1/screen`: a user's candidates, each decided over its campaign
+//! chain, all-or-nothing; eligible ones reserved under one id.
+
+use std::sync::Arc;
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::Hold;
+use crate::model::Scope;
+
+use super::chain::{FRESH, Locking, guard_of, lock_chain, units};
+use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::record::{PendingEntry, SubjectRecord};
+use super::registry::{CampaignEntry, Registry};
+use super::request::{
+    CandidateResult, DeniedBy, MAX_COST, ScreenOutcome, ScreenRequest, body_hash, check_cost,
+    check_reservation_id, check_ttl,
+};
+use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
+use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
+
+/// A reservation being made: its internal number and deadline.
+#[derive(Debug, Clone, Copy)]
+struct Reserving {
+    seq: u64,
+    deadline: Nanos,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Screens candidates for a user (docs/semantics.md §6.4): each candidate
+    /// is decided in order, all-or-nothing over its whole chain; eligible
+    /// ones hold pending debits under one reservation when `reserve`.
+    pub fn screen(&self, req: &ScreenRequest) -> Result<ScreenOutcome, EngineError> {
+        waited(self.screen_with(req, Reads::MayWait))
+    }
+
+    /// [`Engine::screen`] if the user's record is in memory; `None` (having
+    /// changed nothing) if it must be read from the store. See
+    /// [`Engine::check_in_memory`].
+    pub fn screen_in_memory(
+        &self,
+        req: &ScreenRequest,
+    ) -> Option<Result<ScreenOutcome, EngineError>> {
+        if_in_memory(self.screen_with(req, Reads::MemoryOnly))
+    }
+
+    fn screen_with(&self, req: &ScreenRequest, reads: Reads) -> Result<ScreenOutcome, Halt> {
+        self.check_screen(req)?;
+        let lifetime = check_ttl(req.ttl_ms)?;
+        if let Some(id) = &req.reservation_id {
+            check_reservation_id(id)?;
+        }
+        let now = self.now();
+        self.expire_step(now, reads);
+        let reg = self.registry();
+        let deadline = now + lifetime;
+        let claim = if req.reserve {
+            let id = match &req.reservation_id {
+                Some(id) => id.clone(),
+                None => self.new_reservation_id(),
+            };
+            let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
+            match self.reservations.begin(&id, body, deadline) {
+                Begin::New { seq } => Some(Claim { id, seq }),
+                Begin::Repeat(Answer::Screen(a)) => return Ok(a),
+                Begin::Repeat(Answer::Check(_)) => {
+                    return Err(EngineError::Conflict(Conflict::BelongsTo {
+                        id,
+                        kind: ReservationKind::Check,
+                    })
+                    .into());
+                }
+                Begin::Conflict(c) => return Err(EngineError::Conflict(c).into()),
+                Begin::Overloaded(m) => return Err(EngineError::Overloaded(m).into()),
+            }
+        } else {
+            None
+        };
+        let reserving = claim.as_ref().map(|c| Reserving {
+            seq: c.seq,
+            deadline,
+        });
+        let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
+        let run = |user_rec: Option<&mut SubjectRecord>| {
+            screen_candidates(&reg, req, user_rec, now, reserving)
+        };
+        let decided = match user {
+            Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec| run(Some(rec))),
+            None => Ok(run(None)),
+        };
+        let (results, candidates) = match decided {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
+                }
+                return Err(e);
+            }
+        };
+        let reservation = match claim {
+            Some(c) if !candidates.is_empty() => {
+                let out = ScreenOutcome {
+                    reservation: Some(c.id.clone()),
+                    results,
+                };
+                let answer = Answer::Screen(out.clone());
+                let reserved = Reserved::Screen { user, candidates };
+                let bytes = footprint(&c.id, &answer, &reserved);
+                self.reservations.finish(&c.id, answer, reserved, bytes);
+                return Ok(out);
+            }
+            Some(c) => {
+                self.reservations.abandon(&c.id);
+                None
+            }
+            None => None,
+        };
+        Ok(ScreenOutcome {
+            reservation,
+            results,
+        })
+    }
+
+    /// Checks a screen's user and candidates.
+    fn check_screen(&self, req: &ScreenRequest) -> Result<(), EngineError> {
+        if let Some(u) = &req.user {
+            self.check_id("user", u)?;
+        }
+        if req.candidates.is_empty() {
+            return Err(invalid("candidates", "at least one candidate is needed"));
+        }
+        if req.candidates.len() > self.options.max_candidates {
+            return Err(invalid(
+                "candidates",
+                format!(
+                    "at most {} candidates, got {}",
+                    self.options.max_candidates,
+                    req.candidates.len()
+                ),
+            ));
+        }
+        // Field names are formatted only for an error: this loop runs for every
+        // candidate of every screen.
+        let max = self.options.max_id_len;
+        for (i, c) in req.candidates.iter().enumerate() {
+            if c.campaign.is_empty() || c.campaign.len() > max {
+                self.check_id(&format!("candidates[{i}].campaign"), &c.campaign)?;
+            }
+            if c.cost.is_some_and(|n| n > MAX_COST) {
+                check_cost(&format!("candidates[{i}].cost"), c.cost.unwrap_or(0))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The body of a screen, under the user's record lock: every candidate's
+/// result, and the eligible ones when reserving.
+fn screen_candidates(
+    reg: &Registry,
+    req: &ScreenRequest,
+    mut user_rec: Option<&mut SubjectRecord>,
+    now: Nanos,
+    reserving: Option<Reserving>,
+) -> (Vec<CandidateResult>, Vec<HeldCandidate>) {
+    let mut results = Vec::with_capacity(req.candidates.len());
+    let mut held = Vec::new();
+    if let Some(r) = reserving {
+        held.reserve(req.candidates.len());
+        if let Some(u) = user_rec.as_deref_mut() {
+            u.reserve_pending(r.seq, req.candidates.len());
+        }
+    }
+    for (ci, cand) in req.candidates.iter().enumerate() {
+        let Some(chain) = reg.chain(&cand.campaign) else {
+            let name: Arc<str> = Arc::from(cand.campaign.as_str());
+            results.push(CandidateResult {
+                campaign: name.clone(),
+                eligible: false,
+                denied_by: Some(DeniedBy {
+                    campaign: name,
+                    cap: "unknown_campaign".into(),
+                    retry_after: None,
+                }),
+            });
+            continue;
+        };
+        let cost = cand.cost.unwrap_or(1);
+        let index = ci as u32;
+        let denied = decide_chain(chain, user_rec.as_deref_mut(), now, cost, index, reserving);
+        // The chain starts with the candidate's own entry.
+        let name = chain[0].name.clone();
+        if denied.is_none() && reserving.is_some() {
+            held.push(HeldCandidate {
+                index,
+                campaign: name.clone(),
+                chain: chain.clone(),
+            });
+        }
+        results.push(CandidateResult {
+            campaign: name,
+            eligible: denied.is_none(),
+            denied_by: denied,
+        });
+    }
+    if let (Some(u), Some(r)) = (user_rec, reserving) {
+        u.drop_empty_pending(r.seq);
+    }
+    (results, held)
+}
+
+/// Decides candidate `cand` over its chain, all-or-nothing; when
+/// `reserving`, debits it as pending. Returns the first denying cap in
+/// chain order.
+fn decide_chain(
+    chain: &[Arc<CampaignEntry>],
+    mut user: Option<&mut SubjectRecord>,
+    now: Nanos,
+    cost: u64,
+    cand: u32,
+    reserving: Option<Reserving>,
+) -> Option<DeniedBy> {
+    if user.is_none()
+        && let Some(e) = chain
+            .iter()
+            .find(|e| e.compiled.unknown_user == crate::model::UnknownUser::Deny)
+    {
+        return Some(DeniedBy {
+            campaign: e.name.clone(),
+            cap: "unknown_user".into(),
+            retry_after: None,
+        });
+    }
+    let mut guards = lock_chain(chain, Locking::Deciding);
+    // Probe every item first; nothing changes unless all allow.
+    for e in chain {
+        for (i, cap) in e.compiled.items.iter().enumerate() {
+            let t = e.tags[i];
+            let rec: &SubjectRecord = match cap.scope {
+                Scope::User => match user.as_deref() {
+                    Some(u) => u,
+                    None => continue,
+                },
+                Scope::Campaign => match guard_of(&mut guards, e.id) {
+                    Some(r) => r,
+                    None => continue,
+                },
+            };
+            let st = rec.state(e.id, t).unwrap_or(&FRESH);
+            let n = units(&cap.item, cost);
+            let p = cap.item.probe(st, now, n);
+            if !p.allowed {
+                return Some(DeniedBy {
+                    campaign: e.name.clone(),
+                    cap: cap.name.clone(),
+                    retry_after: cap.item.retry(st, &p, now, n),
+                });
+            }
+        }
+    }
+    let Reserving { seq, deadline } = reserving?;
+    for e in chain {
+        for (i, cap) in e.compiled.items.iter().enumerate() {
+            let t = e.tags[i];
+            let rec: &mut SubjectRecord = match cap.scope {
+                Scope::User => match user.as_deref_mut() {
+                    Some(u) => u,
+                    None => continue,
+                },
+                Scope::Campaign => match guard_of(&mut guards, e.id) {
+                    Some(r) => r,
+                    None => continue,
+                },
+            };
+            let n = units(&cap.item, cost);
+            let st = rec.state_mut(e.id, t);
+            let p = cap.item.apply(st, now, n, Hold::Reserve { deadline });
+            rec.add_pending(PendingEntry {
+                res: seq,
+                cand,
+                owner: e.id,
+                tag: t,
+                item: p,
+                n,
+            });
+            rec.touch(e.id, t, &cap.item);
+            rec.idle_at = rec.idle_at.max(deadline);
+        }
+    }
+    None
+}

@@ -1,0 +1,581 @@
+//! Settling reservations: commit (with late commits), release, and expiry
+//! at the deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use smallvec::SmallVec;
+
+use crate::clock::{Clock, Nanos};
+use crate::store::Receipt;
+
+use super::chain::{Defs, Locking, Repriced, Settling, guard_of, lock_chain, lock_entries, settle_entries};
+use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::persist::{Ack, Changes};
+use super::record::SubjectRecord;
+use super::request::{
+    CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
+};
+use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
+use super::{Engine, EngineError, invalid};
+
+/// Most reservations a request expires before it is handled (the sweeper
+/// expires the rest): see [`Engine::expire_step`].
+pub const EXPIRE_BATCH: usize = 16;
+
+/// Reservations the sweeper takes out of the table per hold of its lock.
+pub const SWEEP_BATCH: usize = 64;
+
+/// A commit settled in memory, its writes queued: [`PendingCommit::wait`] or
+/// [`PendingCommit::wait_async`] gives the outcome once they are durable.
+/// Dropped unwaited (a client that went away), it still waits, blocking, so
+/// that a repeat of the commit learns whether the writes made it.
+#[must_use = "a commit is acknowledged only once its writes are durable"]
+pub struct PendingCommit<'e> {
+    outcome: CommitOutcome,
+    wait: CommitWait,
+    /// Counted once durable: `commits` or `late_commits`.
+    counter: Option<&'e AtomicU64>,
+}
+
+enum CommitWait {
+    /// Nothing left to wait for (a late commit waited for its event).
+    Done,
+    /// This call applied the commit: its batch (none if it wrote nothing),
+    /// then the latch that answers repeats of it.
+    Write(Option<Receipt>, Arc<Settled>),
+    /// A repeat: the first call's result.
+    Repeat(Arc<Settled>),
+}
+
+impl PendingCommit<'_> {
+    /// Blocks until the commit is durable.
+    pub fn wait(mut self) -> Result<CommitOutcome, EngineError> {
+        match std::mem::replace(&mut self.wait, CommitWait::Done) {
+            CommitWait::Done => {}
+            CommitWait::Write(receipt, settled) => {
+                let written = receipt.map_or(Ok(()), |r| r.wait().map_err(EngineError::from));
+                settled.set(written.clone());
+                written?;
+            }
+            CommitWait::Repeat(settled) => settled.wait()?,
+        }
+        self.done()
+    }
+
+    /// Awaits the commit's durability without parking a thread.
+    pub async fn wait_async(mut self) -> Result<CommitOutcome, EngineError> {
+        match std::mem::replace(&mut self.wait, CommitWait::Done) {
+            CommitWait::Done => {}
+            CommitWait::Write(receipt, settled) => {
+                // The receipt stays in `self` while awaited: should this
+                // future be dropped mid-way, `Drop` waits for it.
+                self.wait = CommitWait::Write(receipt, settled.clone());
+                let mut written = Ok(());
+                if let CommitWait::Write(Some(r), _) = &self.wait
+                    && let Err(e) = r.wait_async().await
+                {
+                    written = Err(EngineError::from(e));
+                }
+                settled.set(written.clone());
+                self.wait = CommitWait::Done;
+                written?;
+            }
+            CommitWait::Repeat(settled) => settled.wait_async().await?,
+        }
+        self.done()
+    }
+
+    fn done(mut self) -> Result<CommitOutcome, EngineError> {
+        if let Some(c) = self.counter.take() {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(std::mem::replace(
+            &mut self.outcome,
+            CommitOutcome {
+                reservation: String::new(),
+                outcome: Outcome::Committed,
+                campaigns: Vec::new(),
+            },
+        ))
+    }
+}
+
+impl Drop for PendingCommit<'_> {
+    fn drop(&mut self) {
+        if let CommitWait::Write(receipt, settled) =
+            std::mem::replace(&mut self.wait, CommitWait::Done)
+            && !settled.is_set()
+        {
+            let written = receipt.map_or(Ok(()), |r| r.wait().map_err(EngineError::from));
+            if written.is_ok()
+                && let Some(c) = self.counter.take()
+            {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            settled.set(written);
+        }
+    }
+}
+
+/// How a reservation is settled.
+#[derive(Debug, Clone, Copy)]
+enum Settlement<'a> {
+    /// Committed: a check's debits, or a screen's `winners` (candidate
+    /// indexes; the rest are released), at the final cost if given.
+    Commit {
+        winners: &'a [u32],
+        final_cost: Option<u64>,
+    },
+    Release,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Releases every reservation whose deadline has passed, as of its
+    /// deadline (the sweeper's call): [`SWEEP_BATCH`] at a time, so the
+    /// table's lock is held for one batch (about 50 µs) at a time.
+    pub fn expire(&self, now: Nanos) {
+        while self.expire_up_to(now, SWEEP_BATCH, Reads::MayWait) == SWEEP_BATCH {}
+    }
+
+    /// Releases up to [`EXPIRE_BATCH`] reservations whose deadline has
+    /// passed: what a request does first. Expiry of one costs about 1.4 µs
+    /// (500 000 due at once: 0.71 s), so a request pays at most about 25 µs
+    /// for a backlog, which the sweeper drains; a commit or release of one
+    /// still in the backlog expires it first ([`Settle::Expired`]), so no
+    /// reservation is settled past its deadline.
+    pub(crate) fn expire_step(&self, now: Nanos, reads: Reads) -> usize {
+        self.expire_up_to(now, EXPIRE_BATCH, reads)
+    }
+
+    fn expire_up_to(&self, now: Nanos, most: usize, reads: Reads) -> usize {
+        let due = self.reservations.take_due(now, most);
+        let n = due.len();
+        for d in due {
+            self.expire_one(d, reads);
+        }
+        n
+    }
+
+    /// A settle that found its reservation past the deadline expires it (as
+    /// the sweeper would have) and then answers as for an unknown id.
+    fn expired_is_unknown(&self, settled: Settle, reads: Reads) -> Settle {
+        match settled {
+            Settle::Expired {
+                reserved,
+                seq,
+                deadline,
+            } => {
+                self.expire_one(
+                    Due {
+                        reserved,
+                        seq,
+                        deadline,
+                    },
+                    reads,
+                );
+                Settle::Unknown
+            }
+            s => s,
+        }
+    }
+
+    fn expire_one(&self, due: Due, reads: Reads) {
+        self.stats.expired.fetch_add(1, Ordering::Relaxed);
+        // A failed write of a release is not fatal: the disk copy never
+        // holds pending debits. (Its records hold pending debits, so they
+        // are in memory whatever `reads` says.)
+        let _ = self.settle_reserved(
+            &due.reserved,
+            due.seq,
+            Settlement::Release,
+            due.deadline,
+            reads,
+        );
+    }
+
+    /// Commits a reservation (docs/semantics.md §4.2, §6.5): the named
+    /// winners' debits become permanent, at the final cost if given; the
+    /// rest are released. Durable before it returns.
+    pub fn commit(&self, id: &str, req: &CommitRequest) -> Result<CommitOutcome, EngineError> {
+        self.commit_deferred(id, req)?.wait()
+    }
+
+    /// [`Engine::commit`] in two steps: this settles the reservation in
+    /// memory and queues its writes; the returned [`PendingCommit`] waits for
+    /// them to be durable, blocking or async. Nothing is acknowledged (to
+    /// this caller or to a repeat of the same commit) before that.
+    pub fn commit_deferred(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+    ) -> Result<PendingCommit<'_>, EngineError> {
+        waited(self.commit_with(id, req, Reads::MayWait))
+    }
+
+    /// [`Engine::commit_deferred`] if it needs no read of the store (the
+    /// reservation is live, or settled and remembered); `None`, having
+    /// changed nothing, for a late commit, which may read a cold record — call
+    /// `commit` then, where waiting on disk is fine.
+    pub fn commit_in_memory(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+    ) -> Option<Result<PendingCommit<'_>, EngineError>> {
+        if_in_memory(self.commit_with(id, req, Reads::MemoryOnly))
+    }
+
+    fn commit_with(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+        reads: Reads,
+    ) -> Result<PendingCommit<'_>, Halt> {
+        check_reservation_id(id)?;
+        if let Some(c) = req.cost {
+            check_cost("cost", c)?;
+        }
+        if let Some(e) = &req.event_id {
+            self.check_id("event_id", e)?;
+        }
+        // A winner that names no campaign at all is 404 (docs/semantics.md
+        // §6.5), before anything is settled; one that exists but was not
+        // eligible is 400.
+        {
+            let reg = self.registry();
+            if let Some(name) = req
+                .campaigns
+                .iter()
+                .find(|c| !reg.campaigns.contains_key(*c))
+            {
+                return Err(EngineError::NotFound(format!("no campaign named {name:?}")).into());
+            }
+        }
+        let now = self.now();
+        self.expire_step(now, reads);
+        let settled = self.reservations.settle(id, true, now, |reserved| {
+            let (chosen, campaigns) = winners(reserved, &req.campaigns, id)?;
+            let outcome = CommitOutcome {
+                reservation: id.to_owned(),
+                outcome: Outcome::Committed,
+                campaigns,
+            };
+            Ok((outcome, chosen))
+        });
+        match self.expired_is_unknown(settled, reads) {
+            Settle::Apply {
+                reserved,
+                seq,
+                outcome,
+                chosen,
+                settled,
+            } => {
+                // The reservation's user record holds its pending debits, so
+                // it is pinned in memory: this never reads the store.
+                let how = Settlement::Commit {
+                    winners: &chosen,
+                    final_cost: req.cost,
+                };
+                match self.settle_reserved(&reserved, seq, how, now, reads) {
+                    Ok(receipt) => Ok(PendingCommit {
+                        outcome,
+                        wait: CommitWait::Write(receipt, settled),
+                        counter: Some(&self.stats.commits),
+                    }),
+                    Err(e) => {
+                        let e = e.into_error();
+                        // A repeat of this commit answers only with this result.
+                        settled.set(Err(e.clone()));
+                        Err(e.into())
+                    }
+                }
+            }
+            Settle::Rejected(e) => Err(e.into()),
+            // Not acknowledged before the first commit is durable.
+            Settle::Repeat(outcome, settled) => Ok(PendingCommit {
+                outcome,
+                wait: CommitWait::Repeat(settled),
+                counter: None,
+            }),
+            Settle::Conflict(c) => Err(EngineError::Conflict(c).into()),
+            // A late commit counts an event, which may read a cold user
+            // record: a memory-only call refuses it (nothing was settled).
+            Settle::Unknown | Settle::Expired { .. } if reads == Reads::MemoryOnly => {
+                Err(Halt::NotInMemory)
+            }
+            Settle::Unknown | Settle::Expired { .. } => Ok(self.late_commit(id, req)?),
+        }
+    }
+
+    /// A commit of an unknown or expired id: the impression happened
+    /// although its reservation is gone (docs/semantics.md §4.6).
+    fn late_commit(&self, id: &str, req: &CommitRequest) -> Result<PendingCommit<'_>, EngineError> {
+        let (Some(user), [campaign], Some(cost)) = (&req.user, req.campaigns.as_slice(), req.cost)
+        else {
+            return Err(EngineError::NotFound(format!(
+                "no open reservation {id:?} (unknown or expired); a commit with \
+                 user, one campaign and cost is counted as a late commit"
+            )));
+        };
+        // Without an event id, the reservation id dedupes it: a retried late
+        // commit is counted once (docs/semantics.md §4.6).
+        let event_id = req
+            .event_id
+            .clone()
+            .unwrap_or_else(|| format!("late-commit:{id}"));
+        self.events(&[Event {
+            user: Some(user.clone()),
+            campaign: campaign.clone(),
+            cost,
+            event_id: Some(event_id),
+        }])?;
+        Ok(PendingCommit {
+            outcome: CommitOutcome {
+                reservation: id.to_owned(),
+                outcome: Outcome::LateCommit,
+                campaigns: vec![Arc::from(campaign.as_str())],
+            },
+            wait: CommitWait::Done,
+            counter: Some(&self.stats.late_commits),
+        })
+    }
+
+    /// Releases a reservation: its pending debits are undone
+    /// (docs/semantics.md §4.3).
+    pub fn release(&self, id: &str) -> Result<CommitOutcome, EngineError> {
+        check_reservation_id(id)?;
+        let now = self.now();
+        self.expire_step(now, Reads::MayWait);
+        let settled = self.reservations.settle(id, false, now, |reserved| {
+            let campaigns = match reserved {
+                Reserved::Check { .. } => Vec::new(),
+                Reserved::Screen { candidates, .. } => {
+                    candidates.iter().map(|c| c.campaign.clone()).collect()
+                }
+            };
+            let outcome = CommitOutcome {
+                reservation: id.to_owned(),
+                outcome: Outcome::Released,
+                campaigns,
+            };
+            Ok((outcome, Vec::new()))
+        });
+        match self.expired_is_unknown(settled, Reads::MayWait) {
+            Settle::Apply {
+                reserved,
+                seq,
+                outcome,
+                settled,
+                ..
+            } => {
+                let applied = waited(self.settle_reserved(
+                    &reserved,
+                    seq,
+                    Settlement::Release,
+                    now,
+                    Reads::MayWait,
+                ))
+                .map(drop);
+                settled.set(applied.clone());
+                applied?;
+                self.stats.releases.fetch_add(1, Ordering::Relaxed);
+                Ok(outcome)
+            }
+            Settle::Rejected(e) => Err(e),
+            Settle::Repeat(o, settled) => settled.wait().map(|()| o),
+            Settle::Conflict(c) => Err(EngineError::Conflict(c)),
+            Settle::Unknown | Settle::Expired { .. } => Err(EngineError::NotFound(format!(
+                "no open reservation {id:?} (unknown or expired)"
+            ))),
+        }
+    }
+
+    /// Settles what a reservation reserved, as of `at`; a commit's changed
+    /// records are written in one batch, whose receipt it returns.
+    fn settle_reserved(
+        &self,
+        reserved: &Reserved,
+        seq: u64,
+        how: Settlement<'_>,
+        at: Nanos,
+        reads: Reads,
+    ) -> Result<Option<Receipt>, Halt> {
+        let now = self.now();
+        match reserved {
+            Reserved::Check {
+                key,
+                owner,
+                stack,
+                tags,
+            } => {
+                let record = RecordKey::PolicyKey(*key);
+                let defs = Defs::Stack {
+                    owner: *owner,
+                    stack,
+                    tags,
+                };
+                self.with_record(record, now, reads, |rec| {
+                    let entries = rec.take_pending(seq, None);
+                    let Settlement::Commit { final_cost, .. } = how else {
+                        settle_entries(rec, entries, defs, Settling::Release, at);
+                        return None;
+                    };
+                    let settling = Settling::Commit {
+                        final_cost,
+                        repriced: Repriced::EveryItem,
+                    };
+                    settle_entries(rec, entries, defs, settling, at);
+                    let mut changes = Changes::new();
+                    changes.record(record, rec);
+                    Some(self.persist(changes, defs, now, Ack::Durable))
+                })
+            }
+            Reserved::Screen { user, candidates } => {
+                let settle = |user_rec: Option<&mut SubjectRecord>| {
+                    self.settle_candidates(*user, user_rec, candidates, seq, how, at, now)
+                };
+                match user {
+                    Some(k) => match self.with_record(RecordKey::User(*k), now, reads, |rec| {
+                        settle(Some(rec))
+                    }) {
+                        // Not in memory, in a memory-only call: then it holds
+                        // nothing of this reservation (pending debits pin a
+                        // record), and its copy on disk is unchanged by
+                        // settling it. Settle the rest.
+                        Err(Halt::NotInMemory) => Ok(settle(None)),
+                        r => r,
+                    },
+                    None => Ok(settle(None)),
+                }
+            }
+        }
+    }
+
+    /// Settles a screen's candidates, under the user's record lock: the
+    /// winners' debits committed, the others released; then writes, in one
+    /// batch, every campaign record of a winner's chain and the user's.
+    #[allow(clippy::too_many_arguments)]
+    fn settle_candidates(
+        &self,
+        user: Option<u128>,
+        mut user_rec: Option<&mut SubjectRecord>,
+        candidates: &[HeldCandidate],
+        seq: u64,
+        how: Settlement<'_>,
+        at: Nanos,
+        now: Nanos,
+    ) -> Option<Receipt> {
+        let (winners, final_cost) = match how {
+            Settlement::Commit {
+                winners,
+                final_cost,
+            } => (winners, final_cost),
+            Settlement::Release => (&[][..], None),
+        };
+        let settling = |win: bool| match win {
+            true => Settling::Commit {
+                final_cost,
+                repriced: Repriced::Budgets,
+            },
+            false => Settling::Release,
+        };
+        // The user's entries of this reservation, taken in one pass; a
+        // screen pushed them in candidate order.
+        let mut mine = match user_rec.as_deref_mut() {
+            Some(u) => u.take_pending(seq, None),
+            None => SmallVec::new(),
+        };
+        mine.sort_by_key(|p| p.cand);
+        // Every chain's records at once, each once, in the lock order: the
+        // winners' are then written together, each encoded once.
+        let mut guards = match candidates {
+            [one] => lock_chain(&one.chain, Locking::Settling),
+            _ => lock_entries(
+                candidates.iter().flat_map(|c| c.chain.iter()),
+                Locking::Settling,
+            ),
+        };
+        let mut written: SmallVec<[u32; 8]> = SmallVec::new();
+        let mut next = 0;
+        for c in candidates {
+            let win = winners.contains(&c.index);
+            let defs = Defs::Chain(&c.chain);
+            let end = next + mine[next..].partition_point(|p| p.cand <= c.index);
+            if let Some(u) = user_rec.as_deref_mut() {
+                let entries = mine[next..end].iter().cloned();
+                settle_entries(u, entries, defs, settling(win), at);
+            }
+            next = end;
+            for e in c.chain.iter() {
+                if let Some(g) = guard_of(&mut guards, e.id) {
+                    let entries = g.take_pending(seq, Some(c.index));
+                    settle_entries(g, entries, defs, settling(win), at);
+                }
+                if win && !written.contains(&e.id) {
+                    written.push(e.id);
+                }
+            }
+        }
+        if written.is_empty() {
+            return None;
+        }
+        let reg = self.registry();
+        let mut changes = Changes::new();
+        for (id, g) in guards.iter_mut() {
+            if written.contains(id) {
+                changes.record(RecordKey::Campaign(*id), g);
+            }
+        }
+        if let (Some(u), Some(k)) = (user_rec, user) {
+            changes.record(RecordKey::User(k), u);
+        }
+        Some(self.persist(changes, Defs::Registry(&reg), now, Ack::Durable))
+    }
+}
+
+/// The candidates a commit naming `campaigns` commits: for each name, the first
+/// eligible candidate of that campaign not already chosen (a campaign listed
+/// twice in a screen can win twice); every eligible one when none is named.
+/// Returns their indexes and names, or which name fits none.
+fn winners(
+    reserved: &Reserved,
+    campaigns: &[String],
+    id: &str,
+) -> Result<(Vec<u32>, Vec<Arc<str>>), EngineError> {
+    let Reserved::Screen { candidates, .. } = reserved else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    if campaigns.is_empty() {
+        return Ok(candidates
+            .iter()
+            .map(|c| (c.index, c.campaign.clone()))
+            .unzip());
+    }
+    let mut chosen = Vec::with_capacity(campaigns.len());
+    let mut names = Vec::with_capacity(campaigns.len());
+    for (i, name) in campaigns.iter().enumerate() {
+        match candidates
+            .iter()
+            .find(|c| *c.campaign == **name && !chosen.contains(&c.index))
+        {
+            Some(c) => {
+                chosen.push(c.index);
+                names.push(c.campaign.clone());
+            }
+            None => {
+                let field = if campaigns.len() == 1 {
+                    "campaign".to_owned()
+                } else {
+                    format!("campaign[{i}]")
+                };
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((chosen, names))
+}

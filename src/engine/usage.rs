@@ -1,0 +1,134 @@
+//! What a user has used of a campaign's caps, and a campaign's budget
+//! delivery: figures read without deciding anything.
+
+use std::sync::PoisonError;
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::Item;
+
+use super::chain::FRESH;
+use super::hot::{Reads, RecordKey};
+use super::record::SubjectRecord;
+use super::{Engine, EngineError};
+
+/// One cap's usage for a user (`GET /v1/users/{u}/campaigns/{c}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapUsage {
+    /// The campaign in the chain that owns the cap.
+    pub campaign: String,
+    pub name: String,
+    pub scope: crate::model::Scope,
+    pub kind: &'static str,
+    pub limit: u64,
+    /// Committed debits counted now.
+    pub used: u64,
+    /// Debits of open reservations.
+    pub pending: u64,
+    pub remaining: u64,
+    pub reset_after: crate::clock::Span,
+}
+
+/// A campaign's budget now (`GET /v1/campaigns/{c}/delivery`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub campaign: String,
+    pub amount: u64,
+    pub spent: u64,
+    pub pending: u64,
+    /// What the pacing allows to have been spent by now in this period.
+    pub cap_now: u64,
+    pub period_start: Nanos,
+    pub period_end: Nanos,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Each cap of `campaign` and its ancestors for `user` (docs/semantics.md §7.2).
+    pub fn user_usage(&self, user: &str, campaign: &str) -> Result<Vec<CapUsage>, EngineError> {
+        self.check_id("user", user)?;
+        let now = self.now();
+        self.expire_step(now, Reads::MayWait);
+        let reg = self.registry();
+        let Some(c) = reg.campaigns.get(campaign) else {
+            return Err(EngineError::NotFound(format!(
+                "no campaign named {campaign:?}"
+            )));
+        };
+        let user_rec = self.record_figures(RecordKey::User(self.hash(b'u', 0, user)))?;
+        let mut out = Vec::new();
+        for id in &c.chain {
+            let Some(e) = reg.campaign_by_id(*id) else {
+                continue;
+            };
+            let camp = e.record.lock().unwrap_or_else(PoisonError::into_inner);
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                if !matches!(cap.item, Item::Rate { .. } | Item::Window(_)) {
+                    continue;
+                }
+                let rec: &SubjectRecord = match cap.scope {
+                    crate::model::Scope::User => &user_rec,
+                    crate::model::Scope::Campaign => &camp,
+                };
+                let t = e.tags[i];
+                let st = rec.state(e.id, t).unwrap_or(&FRESH);
+                let (remaining, reset_after) = cap.item.figures(st, now);
+                let limit = cap.item.limit();
+                let pending = rec.pending_on(e.id, t);
+                out.push(CapUsage {
+                    campaign: e.name.to_string(),
+                    name: cap.name.clone(),
+                    scope: cap.scope,
+                    kind: cap.item.kind().as_str(),
+                    limit,
+                    used: limit.saturating_sub(remaining).saturating_sub(pending),
+                    pending,
+                    remaining,
+                    reset_after,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A campaign's budget delivery now (docs/semantics.md §7.3).
+    pub fn delivery(&self, campaign: &str) -> Result<Delivery, EngineError> {
+        let now = self.now();
+        self.expire_step(now, Reads::MayWait);
+        let reg = self.registry();
+        let Some(c) = reg.campaigns.get(campaign) else {
+            return Err(EngineError::NotFound(format!(
+                "no campaign named {campaign:?}"
+            )));
+        };
+        let Some((i, cap)) = c
+            .compiled
+            .items
+            .iter()
+            .enumerate()
+            .find(|(_, x)| matches!(x.item, Item::Budget(_)))
+        else {
+            return Err(EngineError::NotFound(format!(
+                "campaign {campaign:?} has no budget"
+            )));
+        };
+        let Item::Budget(b) = &cap.item else {
+            return Err(EngineError::NotFound(format!(
+                "campaign {campaign:?} has no budget"
+            )));
+        };
+        let rec = c.record.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = match rec.state(c.id, c.tags[i]) {
+            Some(crate::limits::ItemState::Budget(s)) => **s,
+            _ => Default::default(),
+        };
+        let v = b.view(&st, now);
+        Ok(Delivery {
+            campaign: c.name.to_string(),
+            amount: cap.item.limit(),
+            spent: v.spent,
+            pending: v.pending,
+            cap_now: v.cap,
+            period_start: v.period.0,
+            period_end: v.period.1,
+        })
+    }
+}
