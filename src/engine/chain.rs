@@ -117,7 +117,11 @@ impl<'a> Defs<'a> {
                 let i = e.tags.iter().position(|&t| t == tag)?;
                 Some(&e.compiled.items[i].item)
             }
-            Defs::Stack { owner: o, stack, tags } => {
+            Defs::Stack {
+                owner: o,
+                stack,
+                tags,
+            } => {
                 if owner != o {
                     return None;
                 }

@@ -16,8 +16,7 @@ use super::persist::{Ack, Changes};
 use super::record::PendingEntry;
 use super::registry::stack_tags;
 use super::request::{
-    CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id,
-    check_ttl,
+    CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};

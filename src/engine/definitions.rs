@@ -89,7 +89,11 @@ impl<C: Clock> Engine<C> {
             0,
             &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
         );
-        self.write_durably(vec![Op::Put(Space::Definitions, def_key(b"p/", name), value)])?;
+        self.write_durably(vec![Op::Put(
+            Space::Definitions,
+            def_key(b"p/", name),
+            value,
+        )])?;
         reg.max_id = reg.max_id.max(id);
         reg.insert_policy(PolicyEntry {
             id,
@@ -141,7 +145,11 @@ impl<C: Clock> Engine<C> {
             0,
             &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
         );
-        self.write_durably(vec![Op::Put(Space::Definitions, def_key(b"c/", name), value)])?;
+        self.write_durably(vec![Op::Put(
+            Space::Definitions,
+            def_key(b"c/", name),
+            value,
+        )])?;
         let warnings = compiled.warnings.clone();
         reg.insert_campaign(CampaignEntry {
             id,

@@ -128,15 +128,16 @@ impl<C: Clock> Engine<C> {
     ) -> Result<R, Halt> {
         let written = self.store.written_seq();
         let load = || self.load_record(key, reads);
-        self.hot.try_with(&key.hot_key(), now, &written, load, |rec| {
-            let r = f(rec);
-            // Until its last batch is written, the copy on disk is older: keep
-            // the record at least until then (see `SubjectRecord::write_seq`).
-            if rec.write_seq > written {
-                rec.idle_at = rec.idle_at.max(now + 1);
-            }
-            r
-        })
+        self.hot
+            .try_with(&key.hot_key(), now, &written, load, |rec| {
+                let r = f(rec);
+                // Until its last batch is written, the copy on disk is older: keep
+                // the record at least until then (see `SubjectRecord::write_seq`).
+                if rec.write_seq > written {
+                    rec.idle_at = rec.idle_at.max(now + 1);
+                }
+                r
+            })
     }
 
     /// A record read from the store (a fresh one if it has none).

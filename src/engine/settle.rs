@@ -9,7 +9,9 @@ use smallvec::SmallVec;
 use crate::clock::{Clock, Nanos};
 use crate::store::Receipt;
 
-use super::chain::{Defs, Locking, Repriced, Settling, guard_of, lock_chain, lock_entries, settle_entries};
+use super::chain::{
+    Defs, Locking, Repriced, Settling, guard_of, lock_chain, lock_entries, settle_entries,
+};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
@@ -435,9 +437,9 @@ impl<C: Clock> Engine<C> {
                     self.settle_candidates(*user, user_rec, candidates, seq, how, at, now)
                 };
                 match user {
-                    Some(k) => match self.with_record(RecordKey::User(*k), now, reads, |rec| {
-                        settle(Some(rec))
-                    }) {
+                    Some(k) => match self
+                        .with_record(RecordKey::User(*k), now, reads, |rec| settle(Some(rec)))
+                    {
                         // Not in memory, in a memory-only call: then it holds
                         // nothing of this reservation (pending debits pin a
                         // record), and its copy on disk is unchanged by

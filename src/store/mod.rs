@@ -1,11 +1,13 @@
-//! Persistence behind a small trait (DESIGN §6): an in-memory store for tests,
-//! replay and `--memory`, and RocksDB for the service.
+//! Persistence behind a small trait (docs/semantics.md §10.2): an in-memory
+//! store for tests, replay and `--memory`, and RocksDB for the service.
 //!
 //! The engine never waits on disk while it decides. It hands the store batches
 //! of puts and deletes in the order it made them ([`Store::submit`], called while
 //! it still holds the records the batch snapshots, so two snapshots of one record
 //! reach the store in the order they were taken) and, for commits and events,
-//! waits on the returned [`Receipt`] after letting go of its locks.
+//! waits on the returned [`Receipt`] after letting go of its locks. Only one
+//! place in the engine submits (`engine::persist`), so a new kind of store
+//! needs no change to decision code.
 
 pub mod codec;
 pub mod memory;
@@ -104,13 +106,60 @@ pub enum StoreError {
     Corrupt { key: String, message: String },
     #[error("the store's writer has stopped")]
     Closed,
+    /// A failure described in words only: a data directory that cannot be
+    /// opened (not because another process holds it: that is
+    /// [`StoreError::Locked`]), a missing column family.
     #[error("storage error: {0}")]
     Io(String),
+    /// RocksDB failed.
+    #[error("storage error: {source}")]
+    Rocks {
+        #[source]
+        source: rocksdb::Error,
+    },
+    /// The operating system refused (a directory, a thread).
+    #[error("storage error: {context}: {source}")]
+    Os {
+        context: String,
+        #[source]
+        source: OsError,
+    },
     /// The store cannot do this at all (a checkpoint of memory, say): the
     /// request is wrong for this deployment, not the store broken.
     #[error("{0}")]
     Unsupported(&'static str),
 }
+
+/// A [`std::io::Error`] that can be cloned (a failed write's error goes to
+/// every waiter of its group) and compared (by kind and text).
+#[derive(Debug, Clone)]
+pub struct OsError(pub std::sync::Arc<std::io::Error>);
+
+impl From<std::io::Error> for OsError {
+    fn from(e: std::io::Error) -> Self {
+        OsError(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for OsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for OsError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for OsError {}
 
 /// Waits for a submitted batch to be durable (per the store's [`Durability`]).
 #[derive(Debug)]
@@ -293,9 +342,41 @@ pub struct StoreStats {
     pub estimated_keys: u64,
 }
 
-/// What the engine needs from persistence.
+/// What the engine needs from persistence, and what a store promises.
+///
+/// - **Values** are opaque bytes framed by [`codec`] (format version and
+///   expiry up front); keys are grouped in [`Space`]s. The engine writes
+///   whole records: a batch never patches part of a value.
+/// - **Batches** ([`Store::submit`]) are applied atomically (all of a batch
+///   or none of it, also across a crash) and in the order they were
+///   submitted: each gets the next sequence number ([`Receipt::seq`]), and
+///   a batch is never visible, nor durable, before those submitted before
+///   it. The engine submits while it holds the locks of the records in the
+///   batch, so the submit order of two batches holding one record is the
+///   order their snapshots were taken.
+/// - **Durability on acknowledgement**: with `acknowledge`, the receipt's
+///   wait returns `Ok` only once the batch (and every batch before it) is
+///   as durable as the store's [`Durability`] says, and never `Ok` for a
+///   batch that was not written. Without it, the batch is written with a
+///   later group and may be lost in a crash. [`Store::written_seq`] is the
+///   highest sequence written so far (all before it too): a record whose
+///   last batch is above it stays in the engine's memory.
+/// - **Reads**: [`Store::get`] returns the value as of at least every
+///   written batch (up to [`Store::written_seq`]); it may or may not
+///   include batches still queued. The engine reads a key only when it
+///   holds no newer copy of it in memory, so it never needs those. [`Store::get_cached`] is the same read if it can be
+///   answered without waiting on disk, and `None` otherwise (never a
+///   different answer).
+///
+/// A store of versioned records with compare-and-set (a replicated or
+/// clustered key-value store) fits this as it is: it applies each batch as
+/// one transaction, versions each key by the batch's sequence, and sets a
+/// key only if its version is older, so a batch that arrives late never
+/// overwrites a newer one; [`Store::written_seq`] is then the highest
+/// sequence below which every batch is applied.
 pub trait Store: Send + Sync + 'static {
-    /// The value under `key`, as of every batch submitted before this call.
+    /// The value under `key`, as of at least every written batch (see the
+    /// trait's documentation).
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Every (key, value) of a space (definitions and dedupe ids at start).

@@ -164,8 +164,8 @@ pub struct RocksStore {
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn io(e: rocksdb::Error) -> StoreError {
-    StoreError::Io(e.into_string())
+fn io(source: rocksdb::Error) -> StoreError {
+    StoreError::Rocks { source }
 }
 
 impl RocksStore {
@@ -183,8 +183,10 @@ impl RocksStore {
         durability: Durability,
         sizes: RocksOptions,
     ) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::Io(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Os {
+            context: format!("cannot create {}", dir.display()),
+            source: e.into(),
+        })?;
         let shared = Arc::new(Shared::default());
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -260,14 +262,13 @@ impl RocksStore {
             ColumnFamilyDescriptor::new(s.name(), o)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
-            let kind = e.kind();
-            let msg = e.into_string();
-            if held_lock(kind, &msg) {
+            if held_lock(e.kind(), &e.to_string()) {
                 StoreError::Locked {
                     dir: dir.to_path_buf(),
                 }
             } else {
-                StoreError::Io(format!("cannot open {}: {msg}", dir.display()))
+                // In words: callers match `Io` for a store that cannot open.
+                StoreError::Io(format!("cannot open {}: {e}", dir.display()))
             }
         })?;
         let db = Arc::new(db);
@@ -278,7 +279,10 @@ impl RocksStore {
             std::thread::Builder::new()
                 .name("freqcap-writer".into())
                 .spawn(move || writer_loop(&db, &rx, &shared, durability))
-                .map_err(|e| StoreError::Io(format!("cannot start the writer thread: {e}")))?
+                .map_err(|e| StoreError::Os {
+                    context: "cannot start the writer thread".into(),
+                    source: e.into(),
+                })?
         };
         Ok(RocksStore {
             db,
