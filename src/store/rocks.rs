@@ -262,7 +262,7 @@ impl RocksStore {
             ColumnFamilyDescriptor::new(s.name(), o)
         });
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| {
-            if held_lock(e.kind(), &e.to_string()) {
+            if held_lock(e.kind(), e.as_ref()) {
                 StoreError::Locked {
                     dir: dir.to_path_buf(),
                 }
