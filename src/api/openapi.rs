@@ -165,7 +165,9 @@ fn refine(schemas: &mut Map<String, Value>) {
             }
         }
     }
-    property(schemas, "CheckBody", "limits").insert("minItems".into(), json!(1));
+    let inline = property(schemas, "CheckBody", "limits");
+    inline.insert("minItems".into(), json!(1));
+    inline.insert("maxItems".into(), json!(crate::model::limit::MAX_ITEMS));
     let candidates = property(schemas, "ScreenBody", "candidates");
     candidates.insert("minItems".into(), json!(1));
     // max_candidates, by default.
