@@ -635,6 +635,33 @@ fn store_refuses_a_held_directory_and_newer_formats() {
     }
 }
 
+/// A directory of an older format is marked with this build's format when
+/// opened, so an older build refuses it whole rather than a value at a time.
+#[test]
+fn an_older_format_is_raised_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let put_format = |s: &RocksStore, v: u8| {
+        s.submit(
+            vec![freqcap::store::Op::Put(
+                freqcap::store::Space::Meta,
+                b"format".to_vec(),
+                vec![v],
+            )],
+            true,
+        )
+        .wait()
+        .unwrap();
+    };
+    let first = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+    put_format(&first, 1);
+    drop(first);
+    let again = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+    assert_eq!(
+        again.get(freqcap::store::Space::Meta, b"format").unwrap(),
+        Some(vec![freqcap::store::codec::FORMAT_VERSION])
+    );
+}
+
 #[test]
 fn expired_state_leaves_memory_and_disk() {
     let dir = tempfile::tempdir().unwrap();

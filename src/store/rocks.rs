@@ -299,7 +299,21 @@ impl RocksStore {
     fn check_format(db: &DB, dir: &Path) -> Result<(), StoreError> {
         let meta = cf(db, Space::Meta)?;
         match db.get_cf(meta, FORMAT_KEY).map_err(io)? {
-            Some(v) if v.len() == 1 && v[0] <= FORMAT_VERSION => Ok(()),
+            Some(v) if v.len() == 1 && v[0] == FORMAT_VERSION => Ok(()),
+            // An older directory: this build reads its values and writes new
+            // ones in its own format, so the marker goes up now. An older
+            // build then refuses the directory at open, naming the format,
+            // instead of failing later on a value it cannot read.
+            Some(v) if v.len() == 1 && v[0] < FORMAT_VERSION => {
+                db.put_cf_opt(meta, FORMAT_KEY, [FORMAT_VERSION], &sync_opts())
+                    .map_err(io)?;
+                tracing::info!(
+                    dir = %dir.display(),
+                    "data directory upgraded from format {} to {FORMAT_VERSION}; older builds will refuse it",
+                    v[0]
+                );
+                Ok(())
+            }
             Some(v) => Err(StoreError::UnknownFormat {
                 dir: dir.to_path_buf(),
                 found: v.first().copied().unwrap_or(0),
