@@ -179,6 +179,12 @@ fn metrics_count_requests_decisions_and_engine_figures() {
     ] {
         assert!(sample(&text, name).is_some(), "{name} missing:\n{text}");
     }
+    // Three checks of one key: the first read the record, the others found it
+    // in memory.
+    assert!(
+        sample(&text, "freqcap_hot_hits_total").unwrap() >= 2.0,
+        "{text}"
+    );
     assert_eq!(
         live.send("POST", "/v1/reservations/r1/commit", None, None)
             .0,

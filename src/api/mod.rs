@@ -133,7 +133,7 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
         writer_batches: store.batches,
         hot_records: engine.hot_len() as u64,
         hot_bytes: engine.hot_bytes() as u64,
-        hot_hits: get(&st.hot_hits),
+        hot_hits: engine.hot_hits(),
         hot_misses: get(&st.hot_misses),
         disk_live_bytes: store.disk_bytes,
         rocksdb_memtable_bytes: store.memtable_bytes,

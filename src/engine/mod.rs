@@ -32,10 +32,10 @@ mod definitions;
 mod events;
 mod hot;
 mod persist;
-pub mod record;
-pub mod registry;
-pub mod request;
-pub mod reservations;
+pub(crate) mod record;
+pub(crate) mod registry;
+pub(crate) mod request;
+pub(crate) mod reservations;
 mod screen;
 mod settle;
 mod usage;
@@ -61,13 +61,6 @@ pub use request::{
 };
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};
 pub use usage::{CapUsage, Delivery};
-
-/// The old path of [`EXPIRE_BATCH`] (the decisions lived in one `decide`
-/// module); kept for code that names it so.
-#[doc(hidden)]
-pub mod decide {
-    pub use super::settle::EXPIRE_BATCH;
-}
 
 /// Sizing and limits of an [`Engine`].
 #[derive(Debug, Clone)]
@@ -213,8 +206,7 @@ pub struct EngineStats {
     pub expired: AtomicU64,
     pub events: AtomicU64,
     pub duplicate_events: AtomicU64,
-    /// Hot-tier lookups that found the record in memory / had to ask the store.
-    pub hot_hits: AtomicU64,
+    /// Hot-tier lookups that had to ask the store (hits: [`Engine::hot_hits`]).
     pub hot_misses: AtomicU64,
 }
 
@@ -372,6 +364,11 @@ impl<C: Clock> Engine<C> {
 
     pub fn hot_bytes(&self) -> usize {
         self.hot.memory_bytes()
+    }
+
+    /// Record lookups served from memory (the hot tier's hits).
+    pub fn hot_hits(&self) -> u64 {
+        self.hot.hits()
     }
 
     pub fn hot_stats(&self) -> &crate::keyed::MapStats {

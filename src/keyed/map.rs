@@ -95,6 +95,9 @@ struct Shard<K, V> {
     table: HashTable<(K, V)>,
     /// Sum of `heap_bytes()` over the shard's records.
     heap: usize,
+    /// Lookups that found their key in memory: counted under the shard's
+    /// lock, so the hot path pays no shared atomic for it.
+    hits: u64,
 }
 
 /// A shard behind its lock, with where its table lies for prefetching.
@@ -222,6 +225,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
                     shard: Mutex::new(Shard {
                         table: HashTable::new(),
                         heap: 0,
+                        hits: 0,
                     }),
                     ctrl: AtomicPtr::new(std::ptr::null_mut()),
                     mask: AtomicUsize::new(0),
@@ -338,7 +342,9 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         let now = now();
         let mut shard = cell.lock();
         let eq = |e: &(K, V)| e.0.borrow() == key;
-        if let Some((_, v)) = shard.table.find_mut(hash, eq) {
+        let sh = &mut *shard;
+        if let Some((_, v)) = sh.table.find_mut(hash, eq) {
+            sh.hits += 1;
             if V::heap_fixed(ctx) {
                 return Ok(f(v, now));
             }
@@ -483,6 +489,11 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
     /// Number of records held.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().table.len()).sum()
+    }
+
+    /// Lookups that found their key in memory, since the map was made.
+    pub fn hits(&self) -> u64 {
+        self.shards.iter().map(|s| s.lock().hits).sum()
     }
 
     pub fn is_empty(&self) -> bool {
