@@ -179,10 +179,12 @@ fn metrics_count_requests_decisions_and_engine_figures() {
     ] {
         assert!(sample(&text, name).is_some(), "{name} missing:\n{text}");
     }
-    // Three checks of one key: the first read the record, the others found it
-    // in memory.
-    assert!(
-        sample(&text, "freqcap_hot_hits_total").unwrap() >= 2.0,
+    // Two checks of `k`: the second found its record in memory; `other` was
+    // new (a miss, as the first check of `k`).
+    assert_eq!(sample(&text, "freqcap_hot_hits_total"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(&text, "freqcap_hot_misses_total"),
+        Some(2.0),
         "{text}"
     );
     assert_eq!(
