@@ -92,10 +92,7 @@ pub(crate) async fn check<C: Clock + 'static>(
     let bytes = b.map_err(rejected)?;
     let b: CheckBody = body(Ok(bytes.clone()))?;
     // Only a caller's id can be repeated; only then is the body hashed.
-    let fp = match (&b.reservation_id, &bytes) {
-        (Some(_), raw) => fingerprint(raw),
-        _ => None,
-    };
+    let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let target = match (b.policy, b.limits) {
         (Some(p), None) => CheckTarget::Policy(p),
         (None, Some(l)) => CheckTarget::Inline(l),

@@ -82,10 +82,7 @@ pub(crate) async fn screen<C: Clock + 'static>(
 ) -> Result<Json<ScreenAnswer>, ApiError> {
     let bytes = b.map_err(rejected)?;
     let b: ScreenBody = body(Ok(bytes.clone()))?;
-    let fp = match (&b.reservation_id, &bytes) {
-        (Some(_), raw) => fingerprint(raw),
-        _ => None,
-    };
+    let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let req = ScreenRequest {
         user: b.user,
         candidates: b

@@ -70,6 +70,25 @@ pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
 }
 
 impl<C: Clock> Engine<C> {
+    /// Writes a definition under `prefix` + `name` with its id, durably.
+    fn write_definition<T: serde::Serialize>(
+        &self,
+        prefix: &[u8],
+        name: &str,
+        id: u32,
+        def: &T,
+    ) -> Result<(), EngineError> {
+        let value = codec::frame(
+            0,
+            &serde_json::to_vec(&StoredDef { id, def }).unwrap_or_default(),
+        );
+        self.write_durably(vec![Op::Put(
+            Space::Definitions,
+            def_key(prefix, name),
+            value,
+        )])
+    }
+
     /// Stores a policy (replacing any of that name) and returns its warnings.
     /// Counters of items whose definition is unchanged at the same index carry
     /// on; a changed item's counters start empty.
@@ -85,15 +104,7 @@ impl<C: Clock> Engine<C> {
             Some(p) => p.id,
             None => reg.max_id + 1,
         };
-        let value = codec::frame(
-            0,
-            &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
-        );
-        self.write_durably(vec![Op::Put(
-            Space::Definitions,
-            def_key(b"p/", name),
-            value,
-        )])?;
+        self.write_definition(b"p/", name, id, &def)?;
         reg.max_id = reg.max_id.max(id);
         reg.insert_policy(PolicyEntry {
             id,
@@ -141,15 +152,7 @@ impl<C: Clock> Engine<C> {
             Some(c) => c.id,
             None => reg.max_id + 1,
         };
-        let value = codec::frame(
-            0,
-            &serde_json::to_vec(&StoredDef { id, def: &def }).unwrap_or_default(),
-        );
-        self.write_durably(vec![Op::Put(
-            Space::Definitions,
-            def_key(b"c/", name),
-            value,
-        )])?;
+        self.write_definition(b"c/", name, id, &def)?;
         let warnings = compiled.warnings.clone();
         reg.insert_campaign(CampaignEntry {
             id,
