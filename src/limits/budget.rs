@@ -9,10 +9,12 @@
 //! F < 2^72 and amount·F < 2^125 (amount < 2^53) fit in `u128`: both even and
 //! profile pacing are exact to the nanosecond.
 //!
-//! `adaptive` re-plans once per local hour (a *slice*). At the first touch of
-//! the state in a slice (its *anchor* a; b is the committed spend there, or the
-//! previous plan's line at a if that is lower, so that running ahead by the
-//! allowance does not add up from hour to hour) it spreads
+//! `adaptive` re-plans once per local hour (a *slice*). The plan's *anchor* a is
+//! the slice's start (or the period's, if later); b is the committed spend when
+//! the slice is first touched (nothing is written in a slice before its plan,
+//! so that is the spend at a), or the previous plan's line at a if that is
+//! lower, so that running ahead by the allowance does not add up from hour to
+//! hour. It spreads
 //! what is left, amount − b, over the rest of the period's weighted time:
 //! cap(t) = min(amount, allowance + b + ceil((amount − b)·(F(t) − F(a)) /
 //! (F(end) − F(a)))). Spend that did not happen in a quiet hour is not banked as
@@ -190,7 +192,14 @@ impl Budget {
         if matches!(self.pacing, Pacing::Adaptive(_))
             && (cur.anchor < cur.start || now >= self.slice_end(cur.anchor, cur.end))
         {
-            let at = now.max(cur.start);
+            // The plan is anchored at the start of the local hour, not at
+            // the instant of the first request in it: reads (a peek, a
+            // denied request) then see the same plan a write keeps, and a
+            // request later in the hour sees the line grown since. Anchored
+            // at its own instant, every request of an hour without a write
+            // saw the line at its base and, with no allowance, was denied
+            // until something else wrote (docs/semantics.md §2.3).
+            let at = self.hours.bounds(now).0.max(cur.start);
             // Spend ahead of the old plan's line (by at most the allowance) is
             // not taken as the new base: the new plan starts from the line, so
             // the allowance does not add up from one hour to the next. Spend
@@ -582,6 +591,25 @@ mod adaptive_tests {
         st = b.current(&st, now + H);
         assert_eq!((st.anchor, st.base), (now + H, 100));
         assert_eq!(b.view(&st, now + 2 * H - 1).cap, 100 + 210); // ceil(2300·(3600e9−1)/39600e9)
+    }
+
+    /// Requests of an hour in which nothing has written a plan yet: each is
+    /// judged under the plan anchored at the hour's start, so a request at
+    /// 12:30 sees half an hour of line even with no allowance (anchored at
+    /// its own instant, every such request saw a cap of `base` and, denied,
+    /// kept no plan: the budget never spent).
+    #[test]
+    fn a_plan_is_anchored_at_its_hour_so_reads_see_the_line() {
+        let b = adaptive(2400, None, 0);
+        let st = BudgetState::default();
+        let at = DAY0 + 12 * H + H / 2;
+        // 2400 over the 12 hours from 12:00: 100 by 12:30.
+        assert_eq!(b.view(&st, at).cap, 100);
+        assert_eq!(b.view(&st, at + 1).cap, 101);
+        // A write at 12:30 keeps the same plan the reads saw.
+        let kept = b.current(&st, at);
+        assert_eq!((kept.anchor, kept.base), (DAY0 + 12 * H, 0));
+        assert_eq!(b.view(&kept, at).cap, 100);
     }
 
     #[test]
