@@ -860,13 +860,20 @@ fn tiny_hot_tier_loses_nothing() {
     }
 }
 
-/// A store around `inner` that tests can break: acknowledged writes fail
-/// while `failing` is set (a disk that stopped taking writes), and it answers
-/// nothing from memory (`get_cached` is the trait's default), as RocksDB
-/// with nothing cached after a restart with a large data set.
+/// A store around `inner` that tests can break and that counts what the
+/// engine asks of it: acknowledged writes fail while `failing` is set (a disk
+/// that stopped taking writes); made with `new` it answers nothing from
+/// memory, as RocksDB with nothing cached after a restart with a large data
+/// set; made with `counting` it answers as `inner` does.
 struct Doctored<S> {
     inner: S,
     failing: std::sync::atomic::AtomicBool,
+    /// Whether it answers from memory what the inner store can.
+    cached: bool,
+    /// Scans of the dedupe space (event ids must not be loaded at open).
+    dedupe_scans: AtomicU64,
+    /// Batches submitted to be acknowledged (commits, events, definitions).
+    acknowledged: AtomicU64,
 }
 
 impl<S: Store> Doctored<S> {
@@ -874,6 +881,17 @@ impl<S: Store> Doctored<S> {
         Doctored {
             inner,
             failing: std::sync::atomic::AtomicBool::new(false),
+            cached: false,
+            dedupe_scans: AtomicU64::new(0),
+            acknowledged: AtomicU64::new(0),
+        }
+    }
+
+    /// A store that only counts: it answers from memory as the inner one does.
+    fn counting(inner: S) -> Self {
+        Doctored {
+            cached: true,
+            ..Doctored::new(inner)
         }
     }
 }
@@ -883,11 +901,17 @@ impl<S: Store> Store for Doctored<S> {
         self.inner.get(space, key)
     }
     fn scan(&self, space: Space) -> Result<freqcap::store::KeyValues, StoreError> {
+        if space == Space::Dedupe {
+            self.dedupe_scans.fetch_add(1, Ordering::Relaxed);
+        }
         self.inner.scan(space)
     }
     fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
         if acknowledge && self.failing.load(Ordering::SeqCst) {
             return freqcap::store::Receipt::failed(0, StoreError::Io("disk gone".into()));
+        }
+        if acknowledge {
+            self.acknowledged.fetch_add(1, Ordering::Relaxed);
         }
         self.inner.submit(batch, acknowledge)
     }
@@ -908,6 +932,13 @@ impl<S: Store> Store for Doctored<S> {
     }
     fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
         self.inner.checkpoint(dir)
+    }
+    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        if self.cached {
+            self.inner.get_cached(space, key)
+        } else {
+            None
+        }
     }
 }
 
@@ -1422,69 +1453,12 @@ fn many_open_reservations_on_one_budget_settle_exactly() {
     assert_eq!(e.stats.expired.load(Ordering::Relaxed), q);
 }
 
-/// Counts what the engine asks of a store.
-struct Counting<S> {
-    inner: S,
-    dedupe_scans: AtomicU64,
-    /// Batches submitted to be acknowledged (commits, events, definitions).
-    acknowledged: AtomicU64,
-}
-
-impl<S> Counting<S> {
-    fn new(inner: S) -> Self {
-        Counting {
-            inner,
-            dedupe_scans: AtomicU64::new(0),
-            acknowledged: AtomicU64::new(0),
-        }
-    }
-}
-
-impl<S: Store> Store for Counting<S> {
-    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(space, key)
-    }
-    fn scan(&self, space: Space) -> Result<freqcap::store::KeyValues, StoreError> {
-        if space == Space::Dedupe {
-            self.dedupe_scans.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.scan(space)
-    }
-    fn submit(&self, batch: freqcap::store::Batch, acknowledge: bool) -> freqcap::store::Receipt {
-        if acknowledge {
-            self.acknowledged.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.submit(batch, acknowledge)
-    }
-    fn written_seq(&self) -> u64 {
-        self.inner.written_seq()
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn set_now(&self, now: u64) {
-        self.inner.set_now(now)
-    }
-    fn stats(&self) -> freqcap::store::StoreStats {
-        self.inner.stats()
-    }
-    fn compact(&self) -> Result<(), StoreError> {
-        self.inner.compact()
-    }
-    fn checkpoint(&self, dir: &std::path::Path) -> Result<(), StoreError> {
-        self.inner.checkpoint(dir)
-    }
-    fn get_cached(&self, space: Space, key: &[u8]) -> Option<Result<Option<Vec<u8>>, StoreError>> {
-        self.inner.get_cached(space, key)
-    }
-}
-
 /// A commit naming several winners writes one batch: the user record and
 /// every winner's campaign records together (each encoded once), so it is
 /// durable whole or not at all.
 #[test]
 fn a_commit_of_several_winners_is_one_batch() {
-    let store = Arc::new(Counting::new(MemoryStore::new()));
+    let store = Arc::new(Doctored::counting(MemoryStore::new()));
     let clock = Arc::new(ManualClock::new(T0));
     let e = Engine::open(store.clone(), clock, EngineOptions::default()).unwrap();
     let camp: CampaignDef = from_json(
@@ -1601,7 +1575,7 @@ fn restart_loads_no_event_ids_and_each_still_counts_once() {
         ..EngineOptions::default()
     };
     let open = |clock: Arc<ManualClock>| {
-        let store = Arc::new(Counting::new(
+        let store = Arc::new(Doctored::counting(
             RocksStore::open(dir.path(), Durability::Wal).unwrap(),
         ));
         let e = Engine::open(store.clone(), clock, options.clone()).unwrap();

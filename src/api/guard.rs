@@ -57,7 +57,9 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
     let started = Instant::now();
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
     let endpoint = endpoint_label(route);
-    let response = guarded(&s, req, next).await;
+    // `other` (no route matched) needs the decision token, as any unknown route.
+    let access = access(req.method(), Some(endpoint));
+    let response = guarded(&s, access, req, next).await;
     s.metrics.request(
         endpoint,
         response.status().as_u16(),
@@ -66,12 +68,15 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
     response
 }
 
-async fn guarded<C: Clock + 'static>(s: &AppState<C>, req: Request, next: Next) -> Response {
+async fn guarded<C: Clock + 'static>(
+    s: &AppState<C>,
+    access: Access,
+    req: Request,
+    next: Next,
+) -> Response {
     if let Err(e) = host_allowed(&s.options, req.headers()) {
         return e.into_response();
     }
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
-    let access = access(req.method(), route);
     let conn = req.extensions().get::<Conn>().cloned();
     if let Some(c) = &conn {
         s.metrics.queue_delay(c.queue_delay().as_secs_f64());
