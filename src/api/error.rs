@@ -83,6 +83,18 @@ impl ApiError {
         }
     }
 
+    /// 503 `unavailable`, with `Retry-After: 1`: the shared store's shard
+    /// holding the request's record cannot be reached now (docs/cluster.md);
+    /// nothing was applied, or, for a write whose answer was lost, it is
+    /// safe to retry (every write is idempotent).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unavailable",
+            message: message.into(),
+        }
+    }
+
     /// 403 `forbidden`: a request this service will not answer whoever sends
     /// it (a `Host` it does not serve).
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -149,6 +161,9 @@ impl From<EngineError> for ApiError {
             // request is wrong for this deployment, nothing is broken.
             EngineError::Store(crate::store::StoreError::Unsupported(m)) => {
                 ApiError::invalid("", m)
+            }
+            EngineError::Store(e @ crate::store::StoreError::Unavailable(_)) => {
+                ApiError::unavailable(e.to_string())
             }
             EngineError::Store(e) => ApiError::internal(format_args!("store failed: {e}")),
         }

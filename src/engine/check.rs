@@ -19,6 +19,7 @@ use super::request::{
     CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
+use super::shared::{Held, HeldKind};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// What a check is decided by: the stack, whose counters they are, and
@@ -64,15 +65,21 @@ impl<C: Clock> Engine<C> {
             namespace,
         } = self.target(&req.target)?;
         let key = self.hash(namespace, owner, &req.key);
+        let record = RecordKey::PolicyKey(key);
+        let shared = self.shared().is_some();
+        if shared {
+            self.check_shareable(&stack, owner, req.reserve && req.cost > 0)?;
+        }
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).
         let claim = if req.reserve && req.cost > 0 {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
-                None => self.new_reservation_id(),
+                None => self.new_reservation_id(shared.then_some(record)),
             };
             let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
-            match self.reservations.begin(&id, body, now + lifetime) {
+            let seq = shared.then(|| self.res_of(&id));
+            match self.reservations.begin(&id, body, now + lifetime, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
                 Begin::Repeat(Answer::Check(a)) => return Ok(*a),
                 Begin::Repeat(Answer::Screen(_)) => {
@@ -88,8 +95,7 @@ impl<C: Clock> Engine<C> {
         } else {
             None
         };
-        let record = RecordKey::PolicyKey(key);
-        let decided = self.with_record(record, now, reads, |rec| {
+        let decided = self.with_record(record, now, reads, |rec, now| {
             let hold = match &claim {
                 Some(_) => Hold::Reserve {
                     deadline: now + lifetime,
@@ -119,6 +125,13 @@ impl<C: Clock> Engine<C> {
                     });
                 }
                 rec.idle_at = rec.idle_at.max(now + lifetime);
+                if shared {
+                    rec.shared_meta_mut().held.push(Held {
+                        res: claim.seq,
+                        deadline: now + lifetime,
+                        kind: HeldKind::Check { policy: owner },
+                    });
+                }
             } else if decision.allowed && req.cost > 0 {
                 // An immediate debit is written behind: no one waits for it.
                 let mut changes = Changes::new();

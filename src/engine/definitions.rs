@@ -1,6 +1,7 @@
 //! Policies and campaigns: put, get and delete, and loading them (with the
 //! campaigns' counters) when the engine opens.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -8,13 +9,14 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Clock;
 use crate::model::campaign::CampaignDef;
 use crate::model::limit::PolicyDef;
-use crate::model::{CompiledCampaign, Warning};
+use crate::model::{CompiledCampaign, Scope, Warning};
 use crate::store::{Op, Space, Store, StoreError, codec};
 
 use super::hot::RecordKey;
 use super::record::{SubjectRecord, tag};
 use super::registry::{CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
+use super::shared::needs_lease;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 
 /// A definition as stored: its id and what the user wrote.
@@ -69,7 +71,67 @@ pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
     Ok(reg)
 }
 
+/// Refuses, with a shared store, a campaign whose state would be
+/// cluster-wide: campaign-scope caps, budgets and max_in_flight need leases
+/// (docs/cluster.md, "Not yet").
+fn check_shareable_campaign(def: &CampaignDef) -> Result<(), EngineError> {
+    const WHY: &str = "campaign-scope state (campaign caps, budgets, max_in_flight) is not supported with a shared (redis-cluster) store yet";
+    if let Some(i) = def.caps.iter().position(|c| c.scope() == Scope::Campaign) {
+        return Err(invalid(format!("caps[{i}].scope"), WHY));
+    }
+    if def.budget.is_some() {
+        return Err(invalid("budget", WHY));
+    }
+    if def.max_in_flight.is_some() {
+        return Err(invalid("max_in_flight", WHY));
+    }
+    Ok(())
+}
+
 impl<C: Clock> Engine<C> {
+    /// A copy of the definitions to change, taken under `defs_write`: with
+    /// a shared store, read anew, so that a change another node made a
+    /// moment ago is not undone.
+    fn registry_to_change(&self) -> Result<Registry, EngineError> {
+        if self.shared().is_some() {
+            return Ok(load_registry(&*self.store)?);
+        }
+        Ok((*self.registry()).clone())
+    }
+
+    /// An id for a new definition: above every id in use, and with a shared
+    /// store one no other node hands out.
+    fn new_definition_id(&self, reg: &Registry) -> Result<u32, EngineError> {
+        match self.shared() {
+            Some(shared) => Ok(shared.new_id(reg.max_id)?),
+            None => Ok(reg.max_id + 1),
+        }
+    }
+
+    /// With a shared store: applies the definitions other nodes changed, if
+    /// any changed since the last call (the sweeper calls it every 250 ms,
+    /// so a change reaches every node within a second). Returns whether it
+    /// applied a change.
+    pub fn refresh_definitions(&self) -> Result<bool, EngineError> {
+        let Some(shared) = self.shared() else {
+            return Ok(false);
+        };
+        let version = shared.definitions_version()?;
+        if version == self.defs_version.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Read after the version: a change made between the two is applied
+        // now and again at the next call, never missed.
+        let reg = load_registry(&*self.store)?;
+        self.publish(reg);
+        self.defs_version.store(version, Ordering::Release);
+        Ok(true)
+    }
+
     /// Writes a definition under `prefix` + `name` with its id, durably.
     fn write_definition<T: serde::Serialize>(
         &self,
@@ -99,10 +161,18 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut reg = (*self.registry()).clone();
+        if self.shared().is_some()
+            && let Some(i) = compiled.stack.items().iter().position(needs_lease)
+        {
+            return Err(invalid(
+                format!("limits[{i}].kind"),
+                "budget and concurrency items are not supported with a shared (redis-cluster) store yet",
+            ));
+        }
+        let mut reg = self.registry_to_change()?;
         let id = match reg.policies.get(name) {
             Some(p) => p.id,
-            None => reg.max_id + 1,
+            None => self.new_definition_id(&reg)?,
         };
         self.write_definition(b"p/", name, id, &def)?;
         reg.max_id = reg.max_id.max(id);
@@ -126,7 +196,7 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut reg = (*self.registry()).clone();
+        let mut reg = self.registry_to_change()?;
         if reg.remove_policy(name).is_none() {
             return Err(EngineError::NotFound(format!("no policy named {name:?}")));
         }
@@ -145,12 +215,15 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut reg = (*self.registry()).clone();
+        if self.shared().is_some() {
+            check_shareable_campaign(&def)?;
+        }
+        let mut reg = self.registry_to_change()?;
         reg.chain_from(name, def.parent.as_deref())
             .map_err(|m| invalid("parent", m))?;
         let id = match reg.campaigns.get(name) {
             Some(c) => c.id,
-            None => reg.max_id + 1,
+            None => self.new_definition_id(&reg)?,
         };
         self.write_definition(b"c/", name, id, &def)?;
         let warnings = compiled.warnings.clone();
@@ -177,7 +250,7 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let mut reg = (*self.registry()).clone();
+        let mut reg = self.registry_to_change()?;
         if !reg.campaigns.contains_key(name) {
             return Err(EngineError::NotFound(format!("no campaign named {name:?}")));
         }

@@ -46,6 +46,14 @@ struct DedupeShard {
 /// The batch sequence of an id claimed but not yet submitted.
 const UNSUBMITTED: u64 = u64::MAX;
 
+/// An event id's key in a shared store.
+fn event_key(h: u128) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(b'e');
+    k.extend_from_slice(&h.to_be_bytes());
+    k
+}
+
 /// Shards of [`Dedupe`].
 const DEDUPE_SHARDS: usize = 64;
 
@@ -164,7 +172,7 @@ impl<C: Clock> Engine<C> {
             .map(|e| e.user.as_ref().map(|u| self.hash(b'u', 0, u)))
             .collect();
         for &k in users.iter().flatten() {
-            self.with_record(RecordKey::User(k), now, reads, |_| ())?;
+            self.with_record(RecordKey::User(k), now, reads, |_, _| ())?;
         }
         // Claim the ids: of two concurrent batches with the same id, one
         // counts it. Still memory-only in such a call: an id the store cannot
@@ -210,7 +218,8 @@ impl<C: Clock> Engine<C> {
                 self.unclaim_event_ids(&new[i..=i]);
                 continue;
             };
-            let dedupe = n.id.map(|h| {
+            // A shared store claimed the id already, cluster-wide.
+            let dedupe = n.id.filter(|_| self.shared().is_none()).map(|h| {
                 Op::Put(
                     Space::Dedupe,
                     h.to_be_bytes().to_vec(),
@@ -219,8 +228,8 @@ impl<C: Clock> Engine<C> {
             });
             let cost = n.event.cost;
             let counted = match n.user {
-                Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec| {
-                    self.count_event(&reg, chain, Some((k, rec)), cost, now, dedupe)
+                Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
+                    self.count_event(&reg, chain, Some((k, rec)), cost, now, dedupe.clone())
                 }),
                 None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe)),
             };
@@ -279,6 +288,14 @@ impl<C: Clock> Engine<C> {
     /// Under [`Reads::MemoryOnly`], stops where the store would have to read
     /// the disk to tell.
     fn claim_event_id(&self, h: u128, now: Nanos, reads: Reads) -> Result<bool, Halt> {
+        if let Some(shared) = self.shared() {
+            // Cluster-wide: set if absent, expiring with the horizon.
+            if reads == Reads::MemoryOnly {
+                return Err(Halt::NotInMemory);
+            }
+            let expiry = now.saturating_add(self.options.dedupe_horizon);
+            return Ok(shared.claim(&event_key(h), expiry)?);
+        }
         let mut shard = self.dedupe.shard(h);
         // Pruned only once written, so what leaves here is in the store.
         shard.prune(self.store.written_seq());
@@ -318,6 +335,14 @@ impl<C: Clock> Engine<C> {
 
     /// Gives back the claims of events that were not submitted.
     fn unclaim_event_ids(&self, new: &[NewEvent<'_>]) {
+        if let Some(shared) = self.shared() {
+            for h in new.iter().filter_map(|n| n.id) {
+                // Best effort: a claim left behind makes a retry of an event
+                // that was not counted a duplicate (docs/cluster.md).
+                let _ = shared.unclaim(&event_key(h));
+            }
+            return;
+        }
         for h in new.iter().filter_map(|n| n.id) {
             let mut shard = self.dedupe.shard(h);
             if shard.claimed.get(&h) == Some(&UNSUBMITTED) {

@@ -106,7 +106,7 @@ impl RecordKey {
     /// The key in the hot tier (users and policy keys; campaigns are not
     /// there): the 128-bit hash split in two words (a `u128` would make every
     /// entry 16-byte aligned: 64 bytes, not 56).
-    fn hot_key(self) -> [u64; 2] {
+    pub(crate) fn hot_key(self) -> [u64; 2] {
         let h = match self {
             RecordKey::User(h) | RecordKey::PolicyKey(h) => h,
             RecordKey::Campaign(id) => u128::from(id),
@@ -119,18 +119,30 @@ impl<C: Clock> Engine<C> {
     /// Runs `f` on the hot-tier record `key` (a user or policy key) under its
     /// shard's lock, loading it from the store on a miss as `reads` allows.
     /// A record that cannot be loaded is not decided on: `f` is not called.
+    ///
+    /// `f` gets the record and the time to decide at: `now`, or on a shared
+    /// store the record's last decision if that is later (see
+    /// [`super::shared`], where `f` may run again after a conflict).
     pub(crate) fn with_record<R>(
         &self,
         key: RecordKey,
         now: Nanos,
         reads: Reads,
-        f: impl FnOnce(&mut SubjectRecord) -> R,
+        mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
+        if let Some(shared) = self.shared() {
+            // Every shared read and write is a network call: never on the
+            // executor (the API moves such calls to a blocking thread).
+            if reads == Reads::MemoryOnly {
+                return Err(Halt::NotInMemory);
+            }
+            return self.with_shared_record(shared, key, now, f);
+        }
         let written = self.store.written_seq();
         let load = || self.load_record(key, reads);
         self.hot
             .try_with(&key.hot_key(), now, &written, load, |rec| {
-                let r = f(rec);
+                let r = f(rec, now);
                 // Until its last batch is written, the copy on disk is older: keep
                 // the record at least until then (see `SubjectRecord::write_seq`).
                 if rec.write_seq > written {
@@ -160,6 +172,9 @@ impl<C: Clock> Engine<C> {
     /// A copy of record `key` for reading figures, from the hot tier if it is
     /// there (kept there only if it is), else from the store.
     pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
+        if let Some(shared) = self.shared() {
+            return self.shared_figures(shared, key);
+        }
         if let Some(r) = self.hot.get(&key.hot_key(), SubjectRecord::figures_copy) {
             return Ok(r);
         }

@@ -38,6 +38,7 @@ pub(crate) mod request;
 pub(crate) mod reservations;
 mod screen;
 mod settle;
+mod shared;
 mod usage;
 
 use std::hash::{BuildHasher, Hasher};
@@ -92,6 +93,10 @@ pub struct EngineOptions {
     /// names a new reservation; replay fixes it so the same input gives the
     /// same output.
     pub id_nonce: Option<u32>,
+    /// With a shared store: a screen whose user's record cannot be reached
+    /// answers every known campaign eligible (reserving nothing) instead of
+    /// 503. For ad servers that prefer serving to refusing (docs/cluster.md).
+    pub fail_open: bool,
 }
 
 impl Default for EngineOptions {
@@ -105,6 +110,7 @@ impl Default for EngineOptions {
             max_candidates: 10_000,
             max_id_len: 256,
             id_nonce: None,
+            fail_open: false,
         }
     }
 }
@@ -208,6 +214,13 @@ pub struct EngineStats {
     pub duplicate_events: AtomicU64,
     /// Hot-tier lookups that had to ask the store (hits: [`Engine::hot_hits`]).
     pub hot_misses: AtomicU64,
+    /// With a shared store: records written by compare-and-set, and those
+    /// writes that met another node's first (decided again).
+    pub cas: AtomicU64,
+    pub cas_conflicts: AtomicU64,
+    /// Screens answered eligible without their user's record, which could
+    /// not be reached (`fail_open`).
+    pub failed_open: AtomicU64,
 }
 
 const META_HASH_KEY: &[u8] = b"hash_key";
@@ -241,6 +254,9 @@ pub struct Engine<C: Clock> {
     registry: RwLock<Arc<Registry>>,
     /// Serializes definition changes (validate, persist, publish).
     defs_write: Mutex<()>,
+    /// With a shared store, the definitions' version last applied
+    /// ([`Engine::refresh_definitions`]).
+    defs_version: AtomicU64,
     /// User and policy-key records (see [`hot`]).
     hot: ShardedMap<[u64; 2], SubjectRecord>,
     reservations: Reservations,
@@ -275,8 +291,22 @@ impl<C: Clock> Engine<C> {
                 let k = random_key();
                 let put = Op::Put(Space::Meta, META_HASH_KEY.to_vec(), k.to_vec());
                 persist::write_durably(&*store, vec![put])?;
-                k
+                // A shared store keeps the first node's key (nodes starting
+                // together each write one; the store sets it only if absent),
+                // so read back the one that is there.
+                match store.get(Space::Meta, META_HASH_KEY)? {
+                    Some(v) if v.len() == 16 => {
+                        let mut stored = [0u8; 16];
+                        stored.copy_from_slice(&v);
+                        stored
+                    }
+                    _ => k,
+                }
             }
+        };
+        let defs_version = match store.shared() {
+            Some(s) => s.definitions_version()?,
+            None => 0,
         };
         let reg = definitions::load_registry(&*store)?;
         let hot = ShardedMap::new(options.memory_budget, options.shards);
@@ -292,6 +322,7 @@ impl<C: Clock> Engine<C> {
             store,
             registry: RwLock::new(Arc::new(reg)),
             defs_write: Mutex::new(()),
+            defs_version: AtomicU64::new(defs_version),
             reservations,
             dedupe: Dedupe::new(),
             hash_key,
@@ -346,9 +377,16 @@ impl<C: Clock> Engine<C> {
         h.finish128().as_u128()
     }
 
-    /// A new reservation id: `r-<process nonce>-<sequence>`.
-    pub(crate) fn new_reservation_id(&self) -> String {
-        format!("r-{:08x}-{:x}", self.id_nonce, self.reservations.next_seq())
+    /// A new reservation id: `r-<process nonce>-<sequence>`; with a shared
+    /// store, `record` (the one holding it) is named at the end, so any node
+    /// finds it (docs/cluster.md).
+    pub(crate) fn new_reservation_id(&self, record: Option<hot::RecordKey>) -> String {
+        let suffix = record.map(Self::id_suffix).unwrap_or_default();
+        format!(
+            "r-{:08x}-{:x}{suffix}",
+            self.id_nonce,
+            self.reservations.next_seq()
+        )
     }
 
     /// Checks a key, user, campaign or event id against

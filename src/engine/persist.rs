@@ -66,6 +66,12 @@ impl<C: Clock> Engine<C> {
         ack: Ack,
     ) -> Receipt {
         let Changes { mut records, ops } = changes;
+        if self.shared().is_some() {
+            // A shared store's records were written by compare-and-set as
+            // they were decided (`super::shared`); campaign records hold
+            // nothing there (their state is leased, docs/cluster.md).
+            return self.store.submit(ops, ack == Ack::Durable);
+        }
         let mut batch = ops;
         batch.reserve(records.len());
         for (key, rec) in records.iter() {

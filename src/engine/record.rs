@@ -141,6 +141,10 @@ pub struct PendingSet {
     /// Heap bytes of the map's entry lists that spilled out of their inline
     /// room.
     spilled: usize,
+    /// With a shared store only: the reservations these debits belong to
+    /// and the ids settled here, which other nodes must see
+    /// (`super::shared`).
+    pub(crate) shared: Option<Box<super::shared::SharedMeta>>,
 }
 
 impl PendingSet {
@@ -268,7 +272,7 @@ impl PendingSet {
     }
 
     fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len == 0 && self.shared.is_none()
     }
 
     fn iter(&self) -> impl Iterator<Item = &PendingEntry> {
@@ -299,6 +303,7 @@ impl PendingSet {
                 m.capacity() * 8 / 7 * (std::mem::size_of::<(u64, EntryList)>() + 1)
                     + self.spilled
             })
+            + self.shared.as_ref().map_or(0, |m| m.heap_bytes())
     }
 
     /// The same sums with no entries: what reading figures needs.
@@ -328,7 +333,9 @@ pub struct SubjectRecord {
     pub idle_at: Nanos,
     /// Sequence number of the last store batch holding this record: until the
     /// store has written it, the copy on disk is older and the record must not
-    /// be evicted.
+    /// be evicted. With a shared store (`super::shared`), records are never
+    /// queued; this is then the version of the shared copy this one equals
+    /// (`super::shared::STALE`: unknown, read it again before deciding).
     pub write_seq: u64,
 }
 
@@ -419,6 +426,31 @@ impl SubjectRecord {
         p.drop_empty(res);
         if p.is_empty() {
             self.pending = None;
+        }
+    }
+
+    /// The shared-store metadata of this record (`super::shared`), if any.
+    pub(crate) fn shared_meta(&self) -> Option<&super::shared::SharedMeta> {
+        self.pending.as_ref().and_then(|p| p.shared.as_deref())
+    }
+
+    /// The shared-store metadata, made empty if absent.
+    pub(crate) fn shared_meta_mut(&mut self) -> &mut super::shared::SharedMeta {
+        self.pending
+            .get_or_insert_with(Default::default)
+            .shared
+            .get_or_insert_with(Default::default)
+    }
+
+    /// Drops the shared-store metadata once it holds nothing.
+    pub(crate) fn drop_empty_shared_meta(&mut self) {
+        if let Some(p) = self.pending.as_mut() {
+            if p.shared.as_ref().is_some_and(|m| m.is_empty()) {
+                p.shared = None;
+            }
+            if p.is_empty() {
+                self.pending = None;
+            }
         }
     }
 

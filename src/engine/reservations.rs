@@ -375,8 +375,10 @@ impl Reservations {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Claims `id` for a new reservation with `deadline`.
-    pub fn begin(&self, id: &str, body: u64, deadline: Nanos) -> Begin {
+    /// Claims `id` for a new reservation with `deadline`, numbered `seq`
+    /// (with a shared store, the id's hash, the same on every node) or a
+    /// fresh number.
+    pub fn begin(&self, id: &str, body: u64, deadline: Nanos, seq: Option<u64>) -> Begin {
         let mut t = self.lock();
         if let Some(r) = t.by_id.get(id) {
             return match &r.state {
@@ -402,7 +404,7 @@ impl Reservations {
                  budget; commit or release some, or retry shortly"
             ));
         }
-        let seq = self.next_seq();
+        let seq = seq.unwrap_or_else(|| self.next_seq());
         t.by_id.insert(
             id.to_owned(),
             Reservation {
@@ -430,6 +432,11 @@ impl Reservations {
         t.deadlines.insert((deadline, id.to_owned()));
         self.open.fetch_add(1, Ordering::Relaxed);
         self.next_deadline.fetch_min(deadline, Ordering::AcqRel);
+    }
+
+    /// What open reservation `id` reserved, if this node made it.
+    pub fn reserved(&self, id: &str) -> Option<Arc<Reserved>> {
+        self.lock().by_id.get(id).and_then(|r| r.reserved.clone())
     }
 
     /// Forgets a claim whose request reserved nothing (denied, or failed).

@@ -2,10 +2,12 @@
 //! chain, all-or-nothing; eligible ones reserved under one id.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::clock::{Clock, Nanos};
 use crate::limits::Hold;
 use crate::model::Scope;
+use crate::store::StoreError;
 
 use super::chain::{FRESH, Locking, guard_of, lock_chain, units};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
@@ -16,6 +18,7 @@ use super::request::{
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
+use super::shared::{Held, HeldKind};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// A reservation being made: its internal number and deadline.
@@ -53,13 +56,16 @@ impl<C: Clock> Engine<C> {
         self.expire_step(now, reads);
         let reg = self.registry();
         let deadline = now + lifetime;
+        let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
+        let shared = self.shared().is_some();
         let claim = if req.reserve {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
-                None => self.new_reservation_id(),
+                None => self.new_reservation_id(user.filter(|_| shared).map(RecordKey::User)),
             };
             let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
-            match self.reservations.begin(&id, body, deadline) {
+            let seq = shared.then(|| self.res_of(&id));
+            match self.reservations.begin(&id, body, deadline, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
                 Begin::Repeat(Answer::Screen(a)) => return Ok(a),
                 Begin::Repeat(Answer::Check(_)) => {
@@ -79,16 +85,43 @@ impl<C: Clock> Engine<C> {
             seq: c.seq,
             deadline,
         });
-        let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
-        let run = |user_rec: Option<&mut SubjectRecord>| {
+        let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
             screen_candidates(&reg, req, user_rec, now, reserving)
         };
         let decided = match user {
-            Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec| run(Some(rec))),
-            None => Ok(run(None)),
+            Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
+                let (results, held) = run(Some(&mut *rec), now);
+                if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
+                    // Other nodes must know what the debits belong to.
+                    rec.shared_meta_mut().held.push(Held {
+                        res: r.seq,
+                        deadline: r.deadline,
+                        kind: HeldKind::Screen {
+                            candidates: held.iter().map(|c| (c.index, c.chain[0].id)).collect(),
+                        },
+                    });
+                }
+                (results, held)
+            }),
+            None => Ok(run(None, now)),
         };
         let (results, candidates) = match decided {
             Ok(x) => x,
+            Err(Halt::Failed(EngineError::Store(StoreError::Unavailable(why))))
+                if self.options.fail_open =>
+            {
+                // An ad server that prefers serving: every known campaign is
+                // eligible, nothing is reserved (docs/cluster.md, faults).
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
+                }
+                self.stats.failed_open.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("screen failed open: {why}");
+                return Ok(ScreenOutcome {
+                    reservation: None,
+                    results: failed_open(&reg, req),
+                });
+            }
             Err(e) => {
                 if let Some(c) = &claim {
                     self.reservations.abandon(&c.id);
@@ -151,6 +184,30 @@ impl<C: Clock> Engine<C> {
         }
         Ok(())
     }
+}
+
+/// A screen's answer when its user's record cannot be reached and
+/// `fail_open` is set: every candidate of a known campaign eligible.
+fn failed_open(reg: &Registry, req: &ScreenRequest) -> Vec<CandidateResult> {
+    req.candidates
+        .iter()
+        .map(|cand| {
+            let name: Arc<str> = match reg.chain(&cand.campaign) {
+                Some(chain) => chain[0].name.clone(),
+                None => Arc::from(cand.campaign.as_str()),
+            };
+            let known = reg.chain(&cand.campaign).is_some();
+            CandidateResult {
+                campaign: name.clone(),
+                eligible: known,
+                denied_by: (!known).then(|| DeniedBy {
+                    campaign: name,
+                    cap: "unknown_campaign".into(),
+                    retry_after: None,
+                }),
+            }
+        })
+        .collect()
 }
 
 /// The body of a screen, under the user's record lock: every candidate's

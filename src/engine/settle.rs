@@ -19,6 +19,8 @@ use super::request::{
     CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
 };
 use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
+use super::shared::{SettledHere, SharedSettle};
+use crate::store::Shared;
 use super::{Engine, EngineError, invalid};
 
 /// Most reservations a request expires before it is handled (the sweeper
@@ -184,6 +186,12 @@ impl<C: Clock> Engine<C> {
 
     fn expire_one(&self, due: Due, reads: Reads) {
         self.stats.expired.fetch_add(1, Ordering::Relaxed);
+        // With a shared store, a reservation's debits are in its record,
+        // and whichever node next touches it releases them as of the
+        // deadline (`super::shared`); one without a record holds nothing.
+        if self.shared().is_some() {
+            return;
+        }
         // A failed write of a release is not fatal: the disk copy never
         // holds pending debits. (Its records hold pending debits, so they
         // are in memory whatever `reads` says.)
@@ -252,6 +260,31 @@ impl<C: Clock> Engine<C> {
             {
                 return Err(EngineError::NotFound(format!("no campaign named {name:?}")).into());
             }
+        }
+        if let Some((shared, key)) = self.shared_record_of(id, req.user.as_deref()) {
+            if reads == Reads::MemoryOnly {
+                return Err(Halt::NotInMemory);
+            }
+            let how = SharedSettle::Commit {
+                campaigns: &req.campaigns,
+                final_cost: req.cost,
+            };
+            let (outcome, counter) = match self.settle_shared(shared, key, id, how)? {
+                SettledHere::Done(o, campaigns) => {
+                    ((o, campaigns), Some(&self.stats.commits))
+                }
+                SettledHere::Repeat(o, campaigns) => ((o, campaigns), None),
+                SettledHere::Unknown => return Ok(self.late_commit(id, req)?),
+            };
+            return Ok(PendingCommit {
+                outcome: CommitOutcome {
+                    reservation: id.to_owned(),
+                    outcome: outcome.0,
+                    campaigns: outcome.1,
+                },
+                wait: CommitWait::Done,
+                counter,
+            });
         }
         let now = self.now();
         self.expire_step(now, reads);
@@ -346,6 +379,26 @@ impl<C: Clock> Engine<C> {
     /// (docs/semantics.md §4.3).
     pub fn release(&self, id: &str) -> Result<CommitOutcome, EngineError> {
         check_reservation_id(id)?;
+        if let Some((shared, key)) = self.shared_record_of(id, None) {
+            return match self.settle_shared(shared, key, id, SharedSettle::Release)? {
+                SettledHere::Done(outcome, campaigns) => {
+                    self.stats.releases.fetch_add(1, Ordering::Relaxed);
+                    Ok(CommitOutcome {
+                        reservation: id.to_owned(),
+                        outcome,
+                        campaigns,
+                    })
+                }
+                SettledHere::Repeat(outcome, campaigns) => Ok(CommitOutcome {
+                    reservation: id.to_owned(),
+                    outcome,
+                    campaigns,
+                }),
+                SettledHere::Unknown => Err(EngineError::NotFound(format!(
+                    "no open reservation {id:?} (unknown or expired)"
+                ))),
+            };
+        }
         let now = self.now();
         self.expire_step(now, Reads::MayWait);
         let settled = self.reservations.settle(id, false, now, |reserved| {
@@ -392,6 +445,26 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// With a shared store, the record holding reservation `id`: named in a
+    /// node-made id, else known to this node's table, else the user a
+    /// commit names (a client-chosen id reserved on another node). `None`
+    /// on one node, and for a reservation without a record (a screen with
+    /// no user holds nothing in a shared store).
+    fn shared_record_of(&self, id: &str, user: Option<&str>) -> Option<(&dyn Shared, RecordKey)> {
+        let shared = self.shared()?;
+        let key = match Self::record_in_id(id) {
+            Some(k) => k,
+            None => match self.reservations.reserved(id) {
+                Some(r) => match &*r {
+                    Reserved::Check { key, .. } => RecordKey::PolicyKey(*key),
+                    Reserved::Screen { user, .. } => RecordKey::User((*user)?),
+                },
+                None => RecordKey::User(self.hash(b'u', 0, user?)),
+            },
+        };
+        Some((shared, key))
+    }
+
     /// Settles what a reservation reserved, as of `at`; a commit's changed
     /// records are written in one batch, whose receipt it returns.
     fn settle_reserved(
@@ -416,7 +489,7 @@ impl<C: Clock> Engine<C> {
                     stack,
                     tags,
                 };
-                self.with_record(record, now, reads, |rec| {
+                self.with_record(record, now, reads, |rec, now| {
                     let entries = rec.take_pending(seq, None);
                     let Settlement::Commit { final_cost, .. } = how else {
                         settle_entries(rec, entries, defs, Settling::Release, at);
@@ -438,7 +511,7 @@ impl<C: Clock> Engine<C> {
                 };
                 match user {
                     Some(k) => match self
-                        .with_record(RecordKey::User(*k), now, reads, |rec| settle(Some(rec)))
+                        .with_record(RecordKey::User(*k), now, reads, |rec, _| settle(Some(rec)))
                     {
                         // Not in memory, in a memory-only call: then it holds
                         // nothing of this reservation (pending debits pin a

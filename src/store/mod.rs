@@ -12,11 +12,13 @@
 pub mod codec;
 pub mod memory;
 pub mod rocks;
+pub mod shared;
 
 use std::path::PathBuf;
 
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
+pub use shared::{Cas, Shared, SharedMemory};
 
 /// The key spaces (RocksDB column families).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -124,6 +126,11 @@ pub enum StoreError {
         #[source]
         source: OsError,
     },
+    /// A shared store's server for this key cannot be reached now (down,
+    /// failing over, or past the call's deadline): nothing may be assumed
+    /// applied or not (docs/cluster.md).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     /// The store cannot do this at all (a checkpoint of memory, say): the
     /// request is wrong for this deployment, not the store broken.
     #[error("{0}")]
@@ -417,6 +424,14 @@ pub trait Store: Send + Sync + 'static {
         _space: Space,
         _key: &[u8],
     ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
+        None
+    }
+
+    /// The shared side of a store several nodes use at once (docs/cluster.md):
+    /// user and policy-key records are then read and written through it, by
+    /// compare-and-set, and never through [`Store::submit`]. `None` (the
+    /// default) for a store one engine owns.
+    fn shared(&self) -> Option<&dyn Shared> {
         None
     }
 }

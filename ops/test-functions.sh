@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# Tests the Redis Functions library src/cluster/functions.lua against a real,
+# throwaway redis-server (7.0+) that this script starts on 127.0.0.1 and stops
+# by PID on exit, whatever happens.
+#
+#   ops/test-functions.sh [PORT]        # default 7300
+#
+# Every check compares exact replies (types included, via redis-cli --no-raw)
+# and the script stops at the first mismatch with a nonzero exit. Needs
+# redis-server and redis-cli (`apt-get install redis-server`, or run
+# `ops/redis-cluster.sh start DIR` once, which installs them).
+set -euo pipefail
+
+PORT=${1:-7300}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+LIB=$HERE/../src/cluster/functions.lua
+
+die() { echo "test-functions: $*" >&2; exit 1; }
+
+[[ $PORT =~ ^[0-9]+$ ]] && (( PORT > 0 && PORT < 65536 )) || die "bad port: $PORT"
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+  die "redis-server/redis-cli not found: apt-get install redis-server"
+[[ -r $LIB ]] || die "library not found: $LIB"
+
+rc()  { redis-cli -h 127.0.0.1 -p "$PORT" --no-raw "$@"; }  # typed replies, for exact checks
+raw() { redis-cli -h 127.0.0.1 -p "$PORT" --raw "$@"; }     # bare values, for arithmetic
+
+# Someone else's server on the port would be tested (and its data touched):
+# refuse instead.
+if raw PING >/dev/null 2>&1; then die "something already answers on 127.0.0.1:$PORT"; fi
+
+WORK=$(mktemp -d)
+PID=
+
+# Stops our server by its PID (never by name), bounded: SIGTERM, up to 5 s,
+# then SIGKILL; then reaps it and removes the scratch directory.
+cleanup() {
+  local status=$?
+  if [[ -n $PID ]] && kill -0 "$PID" 2>/dev/null; then
+    kill -TERM "$PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$PID" 2>/dev/null && kill -KILL "$PID" 2>/dev/null || true
+    wait "$PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --save '' and --appendonly no: nothing of the test outlives it.
+redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize no --dir "$WORK" --logfile "$WORK/redis.log" &
+PID=$!
+
+# Wait (at most 10 s) until it answers; fail early if it died (e.g. the port
+# is taken by something that does not speak Redis).
+for _ in $(seq 100); do
+  kill -0 "$PID" 2>/dev/null || die "redis-server exited at start: $(tail -n 3 "$WORK/redis.log" 2>/dev/null)"
+  [[ $(raw PING 2>/dev/null) == PONG ]] && break
+  sleep 0.1
+done
+[[ $(raw PING 2>/dev/null) == PONG ]] || die "redis-server did not answer on $PORT within 10 s"
+echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') pid $PID on 127.0.0.1:$PORT"
+
+PASS=0
+ok() { PASS=$((PASS + 1)); echo "ok   $1"; }
+fail() {
+  local name=$1; shift
+  echo "FAIL $name" >&2
+  printf '     %s\n' "$@" >&2
+  exit 1
+}
+# expect NAME EXPECTED ACTUAL: exact string comparison.
+expect() {
+  if [[ $2 == "$3" ]]; then ok "$1"; else
+    fail "$1" "expected: $(printf '%q' "$2")" "got:      $(printf '%q' "$3")"
+  fi
+}
+# expect_true NAME DESCRIPTION CONDITION...: for relations (>, ranges).
+expect_true() {
+  local name=$1 what=$2; shift 2
+  if "$@"; then ok "$name"; else fail "$name" "$what"; fi
+}
+
+now_us() { local t=$EPOCHREALTIME; echo "${t/./}"; }
+now_ms() { echo $(( $(now_us) / 1000 )); }
+# within_10s VALUE NOW: the server clock and ours are the same machine's.
+within_10s() { local d=$(( $1 - $2 )); (( d < 0 )) && d=$(( -d )); (( d <= 10 * $3 )); }
+
+# Strips redis-cli's "N) (integer) " so a lease reply reads "g s spent total now".
+ints() { sed -E 's/^ *[0-9]+\) \(integer\) //' | tr '\n' ' ' | sed 's/ $//'; }
+
+echo "== load"
+expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
+  "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
+expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
+  "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
+expect "FUNCTION LIST shows the three functions" \
+  $'fc_cas_v1\nfc_lease_read_v1\nfc_lease_v1' \
+  "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
+
+###############################################################################
+echo "== fc_cas_v1"
+K='fc:{u:test}'
+
+out=$(rc FCALL fc_cas_v1 1 "$K" 0 'hello world' 0)
+V1=$(sed -n 2p <<<"$out" | ints)
+expect "cas on absent key with 0: written" \
+  $'1) (integer) 1\n2) (integer) '"$V1" "$out"
+expect_true "first version is the server time in µs ($V1)" "V1=$V1 now=$(now_us)" \
+  within_10s "$V1" "$(now_us)" 1000000
+expect "blob stored" '"hello world"' "$(rc HGET "$K" b)"
+expect "no expiry when expire_at_ms is 0" '(integer) -1' "$(rc PTTL "$K")"
+
+expect "cas with 0 on existing key: conflict with current version and blob" \
+  $'1) (integer) 0\n2) (integer) '"$V1"$'\n3) "hello world"' \
+  "$(rc FCALL fc_cas_v1 1 "$K" 0 other 0)"
+expect "cas with a stale version: conflict" \
+  $'1) (integer) 0\n2) (integer) '"$V1"$'\n3) "hello world"' \
+  "$(rc FCALL fc_cas_v1 1 "$K" $((V1 - 1)) other 0)"
+expect "conflict wrote nothing" '"hello world"' "$(rc HGET "$K" b)"
+expect "conflict on absent key: version 0, nil blob" \
+  $'1) (integer) 0\n2) (integer) 0\n3) (nil)' \
+  "$(rc FCALL fc_cas_v1 1 'fc:{u:absent}' 7 x 0)"
+expect "conflict did not create the key" '(integer) 0' "$(rc EXISTS 'fc:{u:absent}')"
+
+out=$(rc FCALL fc_cas_v1 1 "$K" "$V1" $'bin\n\xff\x01' 0)
+V2=$(sed -n 2p <<<"$out" | ints)
+expect "cas with the current version: written" $'1) (integer) 1\n2) (integer) '"$V2" "$out"
+expect_true "version monotonic ($V1 < $V2)" "V1=$V1 V2=$V2" test "$V2" -gt "$V1"
+expect "binary blob round trip" '"bin\n\xff\x01"' "$(rc HGET "$K" b)"
+
+E=$(( $(now_ms) + 100000 ))
+out=$(rc FCALL fc_cas_v1 1 "$K" "$V2" blob3 "$E")
+V3=$(sed -n 2p <<<"$out" | ints)
+expect "cas with expire_at_ms: written" $'1) (integer) 1\n2) (integer) '"$V3" "$out"
+expect_true "version monotonic ($V2 < $V3)" "V2=$V2 V3=$V3" test "$V3" -gt "$V2"
+expect "expiry set exactly (PEXPIRETIME)" "(integer) $E" "$(rc PEXPIRETIME "$K")"
+out=$(rc FCALL fc_cas_v1 1 "$K" "$V3" blob4 0)
+V4=$(sed -n 2p <<<"$out" | ints)
+expect "cas with expire_at_ms 0 after an expiry: written" $'1) (integer) 1\n2) (integer) '"$V4" "$out"
+expect "expire_at_ms 0 removes the expiry" '(integer) -1' "$(rc PTTL "$K")"
+
+out=$(rc FCALL fc_cas_v1 1 "$K" "$V4" blob5 1)
+V5=$(sed -n 2p <<<"$out" | ints)
+expect "cas with an expiry in the past: written" $'1) (integer) 1\n2) (integer) '"$V5" "$out"
+expect "... and the key is gone at once" '(integer) 0' "$(rc EXISTS "$K")"
+out=$(rc FCALL fc_cas_v1 1 "$K" 0 reborn 0)
+V6=$(sed -n 2p <<<"$out" | ints)
+expect "recreate after expiry with 0: written" $'1) (integer) 1\n2) (integer) '"$V6" "$out"
+expect_true "recreated key's version above every earlier one, no ABA ($V5 < $V6)" \
+  "V5=$V5 V6=$V6" test "$V6" -gt "$V5"
+
+ERRV='(error) ERR fc_cas_v1: expected_version must be a non-negative integer <= 2^53-1'
+ERRE='(error) ERR fc_cas_v1: expire_at_ms must be a non-negative integer <= 2^53-1'
+expect "expected_version 'abc' rejected" "$ERRV" "$(rc FCALL fc_cas_v1 1 "$K" abc x 0)"
+expect "expected_version '1e3' rejected" "$ERRV" "$(rc FCALL fc_cas_v1 1 "$K" 1e3 x 0)"
+expect "expected_version '-1' rejected" "$ERRV" "$(rc FCALL fc_cas_v1 1 "$K" -1 x 0)"
+expect "expected_version 2^53 rejected" "$ERRV" "$(rc FCALL fc_cas_v1 1 "$K" 9007199254740992 x 0)"
+expect "expire_at_ms 'soon' rejected" "$ERRE" "$(rc FCALL fc_cas_v1 1 "$K" "$V6" x soon)"
+expect "expire_at_ms ' 5' rejected" "$ERRE" "$(rc FCALL fc_cas_v1 1 "$K" "$V6" x ' 5')"
+expect "two arguments rejected" \
+  '(error) ERR fc_cas_v1: expects 3 arguments: expected_version blob expire_at_ms' \
+  "$(rc FCALL fc_cas_v1 1 "$K" "$V6" x)"
+expect "no key rejected" '(error) ERR fc_cas_v1: expects exactly 1 key' \
+  "$(rc FCALL fc_cas_v1 0 0 x 0)"
+expect "rejected calls wrote nothing" $'1) "v"\n2) "'"$V6"$'"\n3) "b"\n4) "reborn"' \
+  "$(rc HGETALL "$K")"
+rc SET 'fc:{u:str}' plain >/dev/null
+out=$(rc FCALL fc_cas_v1 1 'fc:{u:str}' 0 x 0)
+expect_true "cas on a key of another type: WRONGTYPE" "got: $out" \
+  grep -q '^(error) WRONGTYPE' <<<"$out"
+
+###############################################################################
+echo "== fc_lease_v1"
+
+# Σ s + Σ max(0, g − s) <= total, from the function's own diagnostic read.
+check_invariant() {
+  local key=$1 total=$2 sums
+  sums=$(raw FCALL_RO fc_lease_read_v1 1 "$key" | awk '
+    NR == 1 { next }                       # now_ms
+    NR % 2 == 0 { f = $0; next }
+    { split(f, p, ":"); n = substr(f, 3)
+      if (p[1] == "s") s[n] = $0; if (p[1] == "g") g[n] = $0 }
+    END { for (n in s) { S += s[n]; h = g[n] - s[n]; if (h > 0) H += h }
+          printf "%d %d", S, H }')
+  local spent=${sums% *} held=${sums#* }
+  if (( spent + held > total )); then
+    fail "invariant on $key" "spent $spent + headroom $held > total $total"
+  fi
+  echo "$spent $held"
+}
+
+# Runs lease calls given as lines on stdin through ONE redis-cli, so calls that
+# must land within a 200 ms TTL do not each pay a process start on a loaded
+# machine; prints one "g s spent total now_ms" line per call.
+lease_batch() {
+  redis-cli -h 127.0.0.1 -p "$PORT" --no-raw |
+    sed -E 's/^ *[0-9]+\) \(integer\) //' | paste -d ' ' - - - - -
+}
+# check_batch NAME EXPECTED_LINES ACTUAL_LINES TTL: compares "g s spent total"
+# of every call; now_ms must be integral, near our clock, and the batch must
+# have run within TTL (else the expected results would not apply: say so).
+check_batch() {
+  local name=$1 expected=$2 actual=$3 ttl=$4 first last
+  first=$(head -n1 <<<"$actual" | awk '{print $5}')
+  last=$(tail -n1 <<<"$actual" | awk '{print $5}')
+  [[ $first =~ ^[0-9]{13}$ && $last =~ ^[0-9]{13}$ ]] ||
+    fail "$name" "malformed replies:" "$actual"
+  within_10s "$first" "$(now_ms)" 1000 || fail "$name" "now_ms $first is not the current time"
+  (( last - first < ttl )) ||
+    fail "$name" "batch took $((last - first)) ms >= TTL $ttl ms: machine too loaded for this timing test"
+  expect "$name" "$expected" "$(cut -d ' ' -f 1-4 <<<"$actual")"
+}
+
+L='fc:{c:camp1}:2026-01-01'
+out=$(lease_batch <<EOF
+FCALL fc_lease_v1 1 $L n1 0 60 100 200 0 0
+FCALL fc_lease_v1 1 $L n2 0 60 100 200 0 0
+FCALL fc_lease_v1 1 $L n3 0 60 100 200 0 0
+FCALL fc_lease_v1 1 $L n1 10 60 100 200 0 0
+FCALL fc_lease_v1 1 $L n1 10 60 100 200 0 0
+EOF
+)
+check_batch "n1,n2,n3 want 60 of 100 -> g 60,40,0; n1 reports S=10 twice -> g 60 both times" \
+  $'60 0 0 100\n40 0 0 100\n0 0 0 100\n60 10 10 100\n60 10 10 100' "$out" 200
+expect "invariant: spent 10 + headroom 90 <= 100" "10 90" "$(check_invariant "$L" 100)"
+
+sleep 0.3  # n2 and n3 (ttl 200 ms, grace 0) expire; n1 too, but it is the caller
+out=$(lease_batch <<EOF
+FCALL fc_lease_v1 1 $L n1 10 60 100 200 0 0
+FCALL fc_lease_v1 1 $L n3 0 60 100 200 0 0
+EOF
+)
+check_batch "after n2,n3 expire: n1 wants 60 -> headroom 60 (g 70); n3 back wanting 60 -> 30" \
+  $'70 10 10 100\n30 0 10 100' "$out" 200
+expect "reclaimed n2 keeps its spent, loses its headroom (g:n2 40 -> 0)" \
+  'g:n1=70 g:n2=0 g:n3=30 s:n1=10 s:n2=0 s:n3=0 w:n1=60 w:n2=60 w:n3=60' \
+  "$(raw FCALL_RO fc_lease_read_v1 1 "$L" | tail -n +2 | paste -d '=' - - | grep -v '^e:' | tr '\n' ' ' | sed 's/ $//')"
+expect "invariant: spent 10 + headroom 90 <= 100" "10 90" "$(check_invariant "$L" 100)"
+
+out=$(rc FCALL_RO fc_lease_read_v1 1 "$L")
+E1=$(raw HGET "$L" e:n1)
+NOW=$(sed -n 1p <<<"$out" | ints)
+expect_true "read: [now_ms, [sorted fields]]" "got: $out" \
+  grep -Eq '^2\) +1\) "e:n1"$' <<<"$(sed -n 2p <<<"$out")"
+expect_true "e:n1 is the Redis time of n1's call + ttl (within 200 ms of now)" \
+  "e:n1=$E1 now=$NOW" test $(( E1 - NOW )) -le 200 -a $(( E1 - NOW )) -gt -10000
+
+L2='fc:{c:over}:p'
+expect "overspend: a gets 10 of 10" '10 0 0 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L2" a 0 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "a reports S=15 > g=10: g lifted to s, nothing new granted" '15 15 15 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L2" a 15 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "a replays an older S=12: spent never goes down" '15 15 15 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L2" a 12 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "b asks while spent > total: nothing" '0 0 15 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L2" b 0 5 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "node names may contain ':'" '0 0 15 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L2" 'eu:1' 0 5 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "... stored as s:eu:1" '"0"' "$(rc HGET "$L2" 's:eu:1')"
+
+L3='fc:{c:round}:p'
+expect "round: a gets 10 of 10" '10 0 0 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L3" a 0 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "round: b gets 0" '0 0 0 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L3" b 0 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "round: c gets 0" '0 0 0 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L3" c 0 10 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "round: a spends all 10, wants nothing more" '10 10 10 10' \
+  "$(rc FCALL fc_lease_v1 1 "$L3" a 10 0 10 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "total grows to 11: b's fair share is 0.5, rounded up: the last unit is not stranded" \
+  '1 0 10 11' "$(rc FCALL fc_lease_v1 1 "$L3" b 0 10 11 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "... and c gets nothing: the unit is held by b" '0 0 10 11' \
+  "$(rc FCALL fc_lease_v1 1 "$L3" c 0 10 11 60000 0 0 | ints | cut -d ' ' -f 1-4)"
+expect "invariant on the rounding key" "10 1" "$(check_invariant "$L3" 11)"
+
+L4='fc:{c:unequal}:p'
+lease4() { rc FCALL fc_lease_v1 1 "$L4" "$@" 60000 0 0 | ints | cut -d ' ' -f 1-4; }
+expect "unequal: a wants 10 of 100, gets 10" '10 0 0 100' "$(lease4 a 0 10 100)"
+expect "unequal: b wants 100, fair share 90 (a wants only 10)" '90 0 0 100' "$(lease4 b 0 100 100)"
+expect "unequal: c wants 100, share 45, but b's 90 is not revoked: 0" '0 0 0 100' \
+  "$(lease4 c 0 100 100)"
+expect "unequal: b spends 60: keeps headroom 30 (above its share 15), nothing new" \
+  '90 60 60 100' "$(lease4 b 60 100 100)"
+expect "unequal: total grows to 130: c gets share (70-10)/2 = 30, all free" \
+  '30 0 60 130' "$(lease4 c 0 100 130)"
+expect "unequal: b asks again: nothing free, b and c now hold 30 each (converged)" \
+  '90 60 60 130' "$(lease4 b 60 100 130)"
+expect "invariant on the unequal key: 60 + 10 + 30 + 30 = 130" "60 70" "$(check_invariant "$L4" 130)"
+
+L5='fc:{c:ttl}:p'
+rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 60000 0 60000 >/dev/null
+P1=$(raw PTTL "$L5")
+expect_true "key_expire_ms sets the hash's TTL ($P1 ms)" "PTTL=$P1" \
+  test "$P1" -gt 50000 -a "$P1" -le 60000
+rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 60000 0 0 >/dev/null
+P2=$(raw PTTL "$L5")
+expect_true "key_expire_ms 0 leaves the TTL alone ($P2 ms)" "PTTL=$P2" \
+  test "$P2" -gt 50000 -a "$P2" -le "$P1"
+
+expect "FCALL_RO of fc_lease_v1 refused (write function)" \
+  '(error) ERR Can not execute a script with write flag using *_ro command.' \
+  "$(rc FCALL_RO fc_lease_v1 1 "$L5" a 0 1 10 60000 0 0)"
+out=$(rc FCALL_RO fc_lease_read_v1 1 'fc:{c:none}')
+expect "read of an absent key: [now_ms, []]" \
+  $'1) (integer) '"$(sed -n 1p <<<"$out" | ints)"$'\n2) (empty array)' "$out"
+ERRL() { echo "(error) ERR fc_lease_v1: $1 must be a non-negative integer <= 2^53-1"; }
+expect "spent 'x' rejected"   "$(ERRL spent)"    "$(rc FCALL fc_lease_v1 1 "$L5" a x 1 10 1 0 0)"
+expect "want '-1' rejected"   "$(ERRL want)"     "$(rc FCALL fc_lease_v1 1 "$L5" a 0 -1 10 1 0 0)"
+expect "total '1.5' rejected" "$(ERRL total)"    "$(rc FCALL fc_lease_v1 1 "$L5" a 0 1 1.5 1 0 0)"
+expect "ttl_ms '' rejected"   "$(ERRL ttl_ms)"   "$(rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 '' 0 0)"
+expect "grace_ms 'x' rejected" "$(ERRL grace_ms)" "$(rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 1 x 0)"
+expect "key_expire_ms 'x' rejected" "$(ERRL key_expire_ms)" \
+  "$(rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 1 0 x)"
+expect "empty node rejected" '(error) ERR fc_lease_v1: node must not be empty' \
+  "$(rc FCALL fc_lease_v1 1 "$L5" '' 0 1 10 1 0 0)"
+expect "six arguments rejected" \
+  '(error) ERR fc_lease_v1: expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms' \
+  "$(rc FCALL fc_lease_v1 1 "$L5" a 0 1 10 1 0)"
+
+###############################################################################
+echo "== fc_lease_v1 randomized: 4 nodes, spends inside grants, expiries, a growing total"
+# Each node spends a random part of its headroom, but only while its last
+# grant is alive (ttl 60 s); a call with ttl 1 ms lets its grant lapse, so the
+# next call by another node reclaims it, and the lapsed node spends nothing
+# until it has a live grant again: the protocol's "spend only inside a live
+# grant". After every call: the invariant, spent_total = Σ s, g >= s, and a
+# live grant never shrinks.
+RANDOM=20260101
+LR='fc:{c:random}:p'
+declare -A S=() G=() LIVE=()
+nodes=(a b c d)
+total=40 calls=300 reclaims=0 granted=0
+for ((i = 0; i < calls; i++)); do
+  n=${nodes[RANDOM % 4]}
+  s=${S[$n]:-0} g=${G[$n]:-0} live=${LIVE[$n]:-0}
+  if [[ $live == 1 ]] && (( g > s )); then s=$(( s + RANDOM % (g - s + 1) )); fi
+  want=$(( RANDOM % 25 ))
+  if (( RANDOM % 5 == 0 )); then ttl=1; else ttl=60000; fi
+  if (( RANDOM % 8 == 0 )); then total=$(( total + RANDOM % 15 )); fi
+  read -r g2 s2 spent tot now < <(raw FCALL fc_lease_v1 1 "$LR" "$n" "$s" "$want" "$total" "$ttl" 0 0 | paste -s -d " ")
+  [[ $g2 =~ ^[0-9]+$ && $s2 == "$s" && $tot == "$total" ]] ||
+    fail "random call $i" "node $n sent S=$s total=$total, got g=$g2 s=$s2 total=$tot"
+  (( g2 >= s2 )) || fail "random call $i" "g $g2 < s $s2"
+  if [[ $live == 1 ]] && (( g2 < g )); then fail "random call $i" "live grant of $n shrank: $g -> $g2"; fi
+  if [[ $live == 0 ]] && (( g2 < g )); then reclaims=$((reclaims + 1)); fi
+  (( g2 > s2 )) && granted=$((granted + 1))
+  sums=$(check_invariant "$LR" "$total")
+  [[ ${sums% *} == "$spent" ]] || fail "random call $i" "spent_total $spent != Σ s ${sums% *}"
+  S[$n]=$s2 G[$n]=$g2
+  if [[ $ttl == 60000 ]]; then LIVE[$n]=1; else LIVE[$n]=0; fi
+done
+sums=$(check_invariant "$LR" "$total")
+ok "randomized: $calls calls, invariant held after each (final spent ${sums% *} + headroom ${sums#* } <= total $total)"
+expect_true "randomized run exercised reclaims ($reclaims) and grants ($granted)" \
+  "reclaims=$reclaims granted=$granted" test "$reclaims" -gt 0 -a "$granted" -gt 0
+
+echo "all $PASS checks passed"

@@ -1,0 +1,312 @@
+#!lua name=freqcap_v1
+--
+-- freqcap's Redis Functions library (Redis >= 7.0). Loaded by freqcap on every
+-- cluster master with `FUNCTION LOAD REPLACE`; replicas receive it through
+-- replication and it persists in RDB/AOF, unlike EVALSHA scripts, which a
+-- promoted replica would not have.
+--
+-- The library is generic: it knows versions, opaque blobs and units, nothing
+-- of rate limits. A function's name carries its reply contract (`_v1`); a
+-- change of arguments or reply shape gets a new name, so nodes of two releases
+-- can share one cluster while a rolling upgrade loads a library with both.
+--
+-- Numbers. Lua numbers are IEEE doubles: integers are exact up to 2^53 - 1
+-- (9 007 199 254 740 991). Versions are microsecond timestamps (~1.8e15 in
+-- 2027, ~2^53 in the year 2255) and every other count is validated to stay
+-- at or below 2^53 - 1. A Lua number in a reply becomes an integer reply by
+-- truncation, so every number returned here is made integral first.
+--
+-- Time. Both functions read the Redis server clock with TIME. Redis 7.0
+-- replicates the effects of a script (the HSET/PEXPIREAT it ran), never the
+-- script itself, so a replica or an AOF replay never re-reads the clock.
+
+local MAX_INT = 9007199254740991 -- 2^53 - 1: the largest integer a double holds exactly
+
+-- Parses a non-negative decimal integer argument. Strict on purpose: Lua's
+-- tonumber also accepts "1e3", "0x10" and " 5", which would hide a caller bug.
+-- Returns the number, or nil and an error reply naming the argument.
+local function uint_arg(value, fname, aname)
+  if type(value) ~= 'string' or not string.match(value, '^%d+$')
+     or #value > 16 or tonumber(value) > MAX_INT then
+    return nil, redis.error_reply('ERR ' .. fname .. ': ' .. aname ..
+      ' must be a non-negative integer <= 2^53-1')
+  end
+  return tonumber(value)
+end
+
+-- Formats an integral number for a Redis command argument. redis.call turns a
+-- Lua number into "%.17g", which is exact but reads oddly; this makes the
+-- stored field a plain decimal integer every client parses.
+local function istr(n)
+  return string.format('%.0f', n)
+end
+
+-- Server time: {unix seconds, microseconds} as strings.
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-------------------------------------------------------------------------------
+-- fc_cas_v1: compare-and-set of a versioned blob.
+--
+--   FCALL fc_cas_v1 1 K expected_version blob expire_at_ms
+--
+-- K is a hash {v = version, b = blob}. expected_version "0" means "K is absent
+-- (or has version 0)". expire_at_ms is a unix time in ms for PEXPIREAT; "0"
+-- removes any expiry.
+--
+-- Reply:
+--   [1, new_version]                 written
+--   [0, current_version, blob|nil]   conflict: nothing written; the current
+--                                    state, so the caller can decide again
+--                                    without another read (nil = no blob).
+--
+-- The new version is max(current + 1, server time in µs): a key that expired
+-- and is created again starts far above any version a node may still hold in
+-- its cache, so a stale expected_version can never match it by accident (ABA).
+-- An expire_at_ms already in the past makes Redis delete K at once (the
+-- record is expired); the reply is still [1, v] and the next CAS sees version 0.
+-------------------------------------------------------------------------------
+local function fc_cas(keys, args)
+  local F = 'fc_cas_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 3 then
+    return redis.error_reply('ERR ' .. F .. ': expects 3 arguments: expected_version blob expire_at_ms')
+  end
+  local expected, err = uint_arg(args[1], F, 'expected_version')
+  if not expected then return err end
+  local blob = args[2]
+  local expire_at
+  expire_at, err = uint_arg(args[3], F, 'expire_at_ms')
+  if not expire_at then return err end
+
+  local k = keys[1]
+  -- A missing key (or a missing/garbled 'v') reads as version 0.
+  local cur = tonumber(redis.call('HGET', k, 'v')) or 0
+  if cur ~= expected then
+    -- HGET returns false for a missing field; false becomes a nil reply
+    -- element (a Lua nil would end the array instead).
+    return {0, cur, redis.call('HGET', k, 'b')}
+  end
+
+  local new = math.max(cur + 1, now_us())
+  if new > MAX_INT then
+    return redis.error_reply('ERR ' .. F .. ': version would exceed 2^53-1')
+  end
+  redis.call('HSET', k, 'v', istr(new), 'b', blob)
+  if expire_at > 0 then
+    redis.call('PEXPIREAT', k, istr(expire_at))
+  else
+    redis.call('PERSIST', k)
+  end
+  return {1, new}
+end
+
+-------------------------------------------------------------------------------
+-- Lease hash layout (one hash per leased quantity), per node name N:
+--   s:N  cumulative units N has spent (absolute; only ever raised)
+--   g:N  cumulative units granted to N (absolute); N's headroom = g - s
+--   w:N  N's last want
+--   e:N  N's grant expiry, Redis server time in ms
+-- Node names may contain any bytes, ':' included: a field is split after its
+-- two-byte prefix only.
+-------------------------------------------------------------------------------
+local function load_lease(L)
+  local nodes, names = {}, {}
+  local flat = redis.call('HGETALL', L)
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    local p = string.sub(f, 1, 2)
+    if p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' then
+      local name = string.sub(f, 3)
+      local n = nodes[name]
+      if not n then
+        n = {s = 0, g = 0, w = 0, e = 0}
+        nodes[name] = n
+        names[#names + 1] = name
+      end
+      n[string.sub(f, 1, 1)] = tonumber(flat[i + 1]) or 0
+    end
+  end
+  return nodes, names
+end
+
+-------------------------------------------------------------------------------
+-- fc_lease_v1: a max-min fair lease of units out of a total.
+--
+--   FCALL fc_lease_v1 1 L node spent want total ttl_ms grace_ms key_expire_ms
+--
+--   node           the caller's name (one per node incarnation)
+--   spent          S: the caller's cumulative spent units, absolute
+--   want           headroom (units beyond S) the caller would like to hold
+--   total          the most ever granted in sum: Σ spent + Σ headroom <= total
+--   ttl_ms         the caller's grant lives this long from now (Redis clock)
+--   grace_ms       a node whose grant expired more than grace_ms ago is
+--                  reclaimed: its headroom returns to the pool, its spent
+--                  stays counted
+--   key_expire_ms  PEXPIRE of the whole hash; "0" leaves its expiry as it is
+--
+-- Reply: [g_node, s_node, spent_total, total, now_ms], all integers. The
+-- caller's headroom is g_node - s_node; it may spend while its own S stays
+-- <= g_node (and its local clock says the grant is still alive).
+--
+-- Every count is absolute, so a retried call or one whose reply was lost
+-- changes nothing: the same S and want give the same g (while the pool does
+-- not change under it).
+--
+-- Fairness: the pool (total - Σ spent) is water-filled over the wants of the
+-- live nodes (not yet reclaimed, the caller with its new want): wants in
+-- ascending order, each gets min(want, remaining / nodes left). The caller's
+-- new headroom is max(current headroom, min(ceil(share), total - Σ spent -
+-- others' headroom)). Grants are never revoked: a node that came first may
+-- hold more than its fair share until it spends down; later calls converge.
+-- The share is rounded up so the last few units are not stranded between
+-- nodes whose exact shares are fractions; the cap by what is free keeps the
+-- invariant.
+--
+-- Invariant: Σ s + Σ max(0, g - s) <= total, provided every call had S <= the
+-- caller's g and total never decreased. A call that breaks either premise
+-- (S above its grant; a smaller total) cannot restore it, since grants are
+-- not revoked, but it grants nothing new while the sum is over total.
+-------------------------------------------------------------------------------
+local function fc_lease(keys, args)
+  local F = 'fc_lease_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 7 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = {}, nil
+  local anames = {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}
+  for i, aname in ipairs(anames) do
+    v[aname], err = uint_arg(args[i + 1], F, aname)
+    if not v[aname] then return err end
+  end
+
+  local L = keys[1]
+  local now = now_ms()
+  local nodes, names = load_lease(L)
+
+  local me = nodes[node]
+  if not me then
+    me = {s = 0, g = 0, w = 0, e = 0}
+    nodes[node] = me
+    names[#names + 1] = node
+  end
+  -- Spent only rises (a replayed older report must not lower it); a grant
+  -- below spent (a node spent past its grant) is lifted to spent so headroom
+  -- is never negative.
+  me.s = math.max(me.s, v.spent)
+  me.g = math.max(me.g, me.s)
+
+  local spent, held_others = 0, 0
+  local live = {} -- wants of live nodes, the caller's included
+  for _, name in ipairs(names) do
+    local n = nodes[name]
+    spent = spent + n.s
+    if name ~= node then
+      if n.e + v.grace_ms < now then
+        -- Reclaimed: unspent headroom returns to the pool. Written only when
+        -- it changes, so a long-dead node costs no write per call.
+        if n.g > n.s then
+          n.g = n.s
+          redis.call('HSET', L, 'g:' .. name, istr(n.g))
+        end
+      else
+        held_others = held_others + math.max(0, n.g - n.s)
+        live[#live + 1] = n.w
+      end
+    end
+  end
+  live[#live + 1] = v.want
+
+  -- Water-filling in real arithmetic (independent of the order of equal
+  -- wants): the level rises until each node gets its want or the pool runs
+  -- out. The caller's share is min(want, level).
+  local pool = math.max(0, v.total - spent)
+  table.sort(live)
+  local remaining, left, level = pool, #live, nil
+  for _, w in ipairs(live) do
+    local fair = remaining / left
+    if w >= fair then
+      level = fair
+      break
+    end
+    remaining = remaining - w
+    left = left - 1
+  end
+  local share = v.want
+  if level ~= nil and level < share then
+    -- 1e-9 absorbs rounding so an exact integer share is not rounded up.
+    share = math.ceil(level - 1e-9)
+  end
+
+  local headroom = me.g - me.s
+  local free = math.max(0, v.total - spent - held_others)
+  local new_headroom = math.max(headroom, math.min(share, free))
+  me.g = me.s + new_headroom
+
+  redis.call('HSET', L,
+    's:' .. node, istr(me.s),
+    'g:' .. node, istr(me.g),
+    'w:' .. node, istr(v.want),
+    'e:' .. node, istr(now + v.ttl_ms))
+  if v.key_expire_ms > 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {me.g, me.s, spent, v.total, now}
+end
+
+-------------------------------------------------------------------------------
+-- fc_lease_read_v1 (no-writes; FCALL_RO works, also on replicas):
+--
+--   FCALL_RO fc_lease_read_v1 1 L
+--
+-- Reply: [now_ms, [field1, value1, field2, value2, ...]]: the hash's fields
+-- sorted by name (HGETALL's own order depends on the encoding), values as
+-- stored (decimal strings). An absent key gives [now_ms, []].
+-------------------------------------------------------------------------------
+local function fc_lease_read(keys, args)
+  local F = 'fc_lease_read_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 0 then
+    return redis.error_reply('ERR ' .. F .. ': expects no arguments')
+  end
+  local flat = redis.call('HGETALL', keys[1])
+  local fields = {}
+  for i = 1, #flat, 2 do
+    fields[#fields + 1] = flat[i]
+  end
+  table.sort(fields)
+  local values = {}
+  for i = 1, #flat, 2 do
+    values[flat[i]] = flat[i + 1]
+  end
+  local out = {}
+  for _, f in ipairs(fields) do
+    out[#out + 1] = f
+    out[#out + 1] = values[f]
+  end
+  return {now_ms(), out}
+end
+
+redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
+redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
+redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
+                        flags = {'no-writes'}}

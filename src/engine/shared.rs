@@ -1,0 +1,629 @@
+//! The engine on a shared store (docs/cluster.md): user and policy-key
+//! records are read from, and written to, the store several nodes share, by
+//! compare-and-set on a version. Reservations live in the records
+//! themselves (their pending debits with the deadline, and the ids settled
+//! until their deadline), so any node commits, releases or expires them.
+//!
+//! A decision runs on the node's cached copy of the record (the hot tier
+//! holds the version it equals); if another node wrote since, the store
+//! answers with the current copy and the decision runs again on it, at most
+//! [`MAX_TRIES`] times. Decisions are the same code as on one node: only
+//! where the record comes from and goes to differs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::rate::RatePending;
+use crate::limits::stack::Stack;
+use crate::limits::{Item, Kind, PendingItem};
+use crate::store::codec::{self, StoredCounter, StoredState};
+use crate::store::{Cas, Shared, StoreError};
+
+use super::chain::{Defs, Repriced, Settling, settle_entries};
+use super::hot::{Halt, RecordKey};
+use super::record::{Counter, PendingEntry, SubjectRecord};
+use super::registry::Registry;
+use super::request::Outcome;
+use super::{Conflict, Engine, EngineError, corrupt, invalid};
+
+/// Tries of a decision whose write met other nodes' writes before it gives
+/// up with 503 (docs/cluster.md: with affinity, conflicts measured ~0).
+pub(crate) const MAX_TRIES: usize = 3;
+
+/// The version of a cached record whose shared copy is unknown (a write
+/// that failed may have been applied): it is read again before any decision.
+pub(crate) const STALE: u64 = u64::MAX;
+
+/// How long the shared copy outlives the record's idle instant: node clocks
+/// differ by milliseconds, and a record that is dropped early would forget
+/// debits still counting on a node whose clock is behind.
+const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
+
+/// What other nodes must see of a record's reservations.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SharedMeta {
+    /// Open reservations with debits in this record.
+    pub held: Vec<Held>,
+    /// Reservations settled here, remembered until their deadline so a
+    /// repeat on any node gets the same answer.
+    pub settled: Vec<SettledId>,
+}
+
+impl SharedMeta {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.settled.is_empty()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<SharedMeta>()
+            + self.held.capacity() * std::mem::size_of::<Held>()
+            + self.settled.capacity() * std::mem::size_of::<SettledId>()
+    }
+}
+
+/// An open reservation, as the record remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Held {
+    /// The reservation id's hash ([`Engine::res_of`]): its pending debits'
+    /// `res`.
+    pub res: u64,
+    pub deadline: Nanos,
+    pub kind: HeldKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum HeldKind {
+    /// A check's, on the key of policy `policy`.
+    Check { policy: u32 },
+    /// A screen's eligible candidates: (index in the screen, campaign id).
+    Screen { candidates: Vec<(u32, u32)> },
+}
+
+/// A settled reservation, remembered until its deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SettledId {
+    pub res: u64,
+    pub deadline: Nanos,
+    pub committed: bool,
+    /// The campaigns committed (ids), or released.
+    pub campaigns: Vec<u32>,
+}
+
+/// A record as the shared store holds it: the state as it is in memory,
+/// pending debits included (they are the cluster's, not one node's).
+#[derive(Serialize, Deserialize)]
+struct SharedForm {
+    /// The latest decision time written here: a node whose clock is behind
+    /// decides at this time instead (a record never goes back in time).
+    last: Nanos,
+    counters: Vec<StoredCounter>,
+    pending: Vec<StoredPending>,
+    held: Vec<Held>,
+    settled: Vec<SettledId>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredPending {
+    res: u64,
+    cand: u32,
+    owner: u32,
+    tag: u32,
+    item: StoredPendingItem,
+    n: u64,
+}
+
+/// [`PendingItem`] as stored (new variants go last).
+#[derive(Serialize, Deserialize)]
+enum StoredPendingItem {
+    Rate { n: u64, tat_lo: u64, tat_hi: u64 },
+    Counter { window_start: u64 },
+    Log { at: u64 },
+    Approx { bucket: u64 },
+    Budget { period_start: u64 },
+    Concurrency { deadline: u64 },
+}
+
+impl From<&PendingItem> for StoredPendingItem {
+    fn from(p: &PendingItem) -> Self {
+        match *p {
+            PendingItem::Rate(r) => StoredPendingItem::Rate {
+                n: r.n,
+                tat_lo: r.tat_r as u64,
+                tat_hi: (r.tat_r >> 64) as u64,
+            },
+            PendingItem::Counter { window_start } => StoredPendingItem::Counter { window_start },
+            PendingItem::Log { at } => StoredPendingItem::Log { at },
+            PendingItem::Approx { bucket } => StoredPendingItem::Approx { bucket },
+            PendingItem::Budget { period_start } => StoredPendingItem::Budget { period_start },
+            PendingItem::Concurrency { deadline } => StoredPendingItem::Concurrency { deadline },
+        }
+    }
+}
+
+impl From<StoredPendingItem> for PendingItem {
+    fn from(p: StoredPendingItem) -> Self {
+        match p {
+            StoredPendingItem::Rate { n, tat_lo, tat_hi } => PendingItem::Rate(RatePending {
+                n,
+                tat_r: (u128::from(tat_hi) << 64) | u128::from(tat_lo),
+            }),
+            StoredPendingItem::Counter { window_start } => PendingItem::Counter { window_start },
+            StoredPendingItem::Log { at } => PendingItem::Log { at },
+            StoredPendingItem::Approx { bucket } => PendingItem::Approx { bucket },
+            StoredPendingItem::Budget { period_start } => PendingItem::Budget { period_start },
+            StoredPendingItem::Concurrency { deadline } => PendingItem::Concurrency { deadline },
+        }
+    }
+}
+
+/// The payload of `rec` as stored, with decision time `last`.
+fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
+    let meta = rec.shared_meta();
+    let form = SharedForm {
+        last,
+        counters: rec
+            .counters
+            .iter()
+            .filter_map(|c| {
+                let state = StoredState::from(&c.state);
+                (state != StoredState::Fresh).then_some(StoredCounter {
+                    owner: c.owner,
+                    tag: c.tag,
+                    state,
+                })
+            })
+            .collect(),
+        pending: rec
+            .pending()
+            .map(|p| StoredPending {
+                res: p.res,
+                cand: p.cand,
+                owner: p.owner,
+                tag: p.tag,
+                item: (&p.item).into(),
+                n: p.n,
+            })
+            .collect(),
+        held: meta.map(|m| m.held.clone()).unwrap_or_default(),
+        settled: meta.map(|m| m.settled.clone()).unwrap_or_default(),
+    };
+    codec::encode(&form)
+}
+
+/// A record read from the shared store at `version`, and its last decision
+/// time.
+pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
+    let (idle_at, payload) = codec::unframe(value)?;
+    let form: SharedForm = codec::decode(payload)?;
+    let mut rec = SubjectRecord {
+        counters: form
+            .counters
+            .into_iter()
+            .map(|s| Counter {
+                owner: s.owner,
+                tag: s.tag,
+                state: s.state.into(),
+            })
+            .collect(),
+        pending: None,
+        idle_at,
+        write_seq: version,
+    };
+    for p in form.pending {
+        rec.add_pending(PendingEntry {
+            res: p.res,
+            cand: p.cand,
+            owner: p.owner,
+            tag: p.tag,
+            item: p.item.into(),
+            n: p.n,
+        });
+    }
+    if !form.held.is_empty() || !form.settled.is_empty() {
+        let meta = rec.shared_meta_mut();
+        meta.held = form.held;
+        meta.settled = form.settled;
+    }
+    Ok((rec, form.last))
+}
+
+/// Releases, as of their deadline, the reservations of `rec` whose deadline
+/// is past `at`, and forgets settled ids past theirs: whichever node touches
+/// a record first ends a dead node's holds.
+fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
+    let Some(meta) = rec.shared_meta() else {
+        return;
+    };
+    if !meta.held.iter().any(|h| h.deadline <= at) && !meta.settled.iter().any(|s| s.deadline <= at)
+    {
+        return;
+    }
+    let meta = rec.shared_meta_mut();
+    meta.settled.retain(|s| s.deadline > at);
+    let (due, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut meta.held)
+        .into_iter()
+        .partition(|h| h.deadline <= at);
+    meta.held = kept;
+    for h in due {
+        let entries = rec.take_pending(h.res, None);
+        settle_entries(
+            rec,
+            entries,
+            Defs::Registry(reg),
+            Settling::Release,
+            h.deadline,
+        );
+    }
+    rec.drop_empty_shared_meta();
+}
+
+/// How a reservation is settled through its record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SharedSettle<'a> {
+    Commit {
+        campaigns: &'a [String],
+        final_cost: Option<u64>,
+    },
+    Release,
+}
+
+/// What settling a reservation in its record found.
+#[derive(Debug)]
+pub(crate) enum SettledHere {
+    /// Settled now: the outcome and its campaigns.
+    Done(Outcome, Vec<Arc<str>>),
+    /// Settled before, the same way: the same answer.
+    Repeat(Outcome, Vec<Arc<str>>),
+    /// The record holds nothing of it (unknown, or expired and forgotten).
+    Unknown,
+}
+
+fn names(reg: &Registry, ids: &[u32]) -> Vec<Arc<str>> {
+    ids.iter()
+        .filter_map(|id| reg.campaign_by_id(*id).map(|e| e.name.clone()))
+        .collect()
+}
+
+/// Settles reservation `res` (id `id`) in `rec`, as of `at`. An error
+/// leaves the record unchanged.
+fn settle_in_record(
+    rec: &mut SubjectRecord,
+    res: u64,
+    id: &str,
+    how: SharedSettle<'_>,
+    at: Nanos,
+    reg: &Registry,
+) -> Result<SettledHere, EngineError> {
+    let meta = rec.shared_meta();
+    if let Some(s) = meta.and_then(|m| m.settled.iter().find(|s| s.res == res)) {
+        let outcome = if s.committed {
+            Outcome::Committed
+        } else {
+            Outcome::Released
+        };
+        return match (how, s.committed) {
+            (SharedSettle::Commit { .. }, true) | (SharedSettle::Release, false) => {
+                Ok(SettledHere::Repeat(outcome, names(reg, &s.campaigns)))
+            }
+            _ => Err(EngineError::Conflict(Conflict::SettledOtherwise {
+                id: id.to_owned(),
+                outcome,
+            })),
+        };
+    }
+    let Some(held) = meta.and_then(|m| m.held.iter().find(|h| h.res == res)).cloned() else {
+        return Ok(SettledHere::Unknown);
+    };
+    let (committed, final_cost) = match how {
+        SharedSettle::Commit { final_cost, .. } => (true, final_cost),
+        SharedSettle::Release => (false, None),
+    };
+    let (chosen, repriced) = match (&held.kind, how) {
+        (HeldKind::Screen { candidates }, SharedSettle::Commit { campaigns, .. }) => {
+            (winners(candidates, campaigns, reg, id)?, Repriced::Budgets)
+        }
+        (HeldKind::Screen { candidates }, SharedSettle::Release) => (
+            candidates.iter().map(|&(i, c)| (i, c, false)).collect(),
+            Repriced::Budgets,
+        ),
+        (HeldKind::Check { .. }, _) => (Vec::new(), Repriced::EveryItem),
+    };
+    let entries = rec.take_pending(res, None);
+    for e in entries {
+        let win = match held.kind {
+            HeldKind::Check { .. } => committed,
+            HeldKind::Screen { .. } => chosen.iter().any(|&(i, _, w)| w && i == e.cand),
+        };
+        let settling = if win {
+            Settling::Commit {
+                final_cost,
+                repriced,
+            }
+        } else {
+            Settling::Release
+        };
+        settle_entries(rec, [e], Defs::Registry(reg), settling, at);
+    }
+    // A commit answers with its winners, a release with every candidate
+    // (as on one node).
+    let shown: Vec<u32> = match (&held.kind, committed) {
+        (HeldKind::Screen { candidates }, false) => candidates.iter().map(|&(_, c)| c).collect(),
+        _ => chosen
+            .iter()
+            .filter(|&&(_, _, w)| w)
+            .map(|&(_, c, _)| c)
+            .collect(),
+    };
+    let meta = rec.shared_meta_mut();
+    meta.held.retain(|h| h.res != res);
+    meta.settled.push(SettledId {
+        res,
+        deadline: held.deadline,
+        committed,
+        campaigns: shown.clone(),
+    });
+    rec.idle_at = rec.idle_at.max(held.deadline);
+    let outcome = if committed {
+        Outcome::Committed
+    } else {
+        Outcome::Released
+    };
+    Ok(SettledHere::Done(outcome, names(reg, &shown)))
+}
+
+/// The candidates a commit naming `campaigns` wins, as (index, campaign id,
+/// won): as on one node, for each name the first eligible candidate of that
+/// campaign not already chosen; every eligible one when none is named.
+fn winners(
+    candidates: &[(u32, u32)],
+    campaigns: &[String],
+    reg: &Registry,
+    id: &str,
+) -> Result<Vec<(u32, u32, bool)>, EngineError> {
+    let mut out: Vec<(u32, u32, bool)> = candidates
+        .iter()
+        .map(|&(i, c)| (i, c, campaigns.is_empty()))
+        .collect();
+    for (n, name) in campaigns.iter().enumerate() {
+        let cid = reg.campaigns.get(name).map(|e| e.id);
+        match out
+            .iter_mut()
+            .find(|(_, c, won)| Some(*c) == cid && !*won)
+        {
+            Some(c) => c.2 = true,
+            None => {
+                let field = if campaigns.len() == 1 {
+                    "campaign".to_owned()
+                } else {
+                    format!("campaign[{n}]")
+                };
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether an item's state is cluster-wide by nature (a budget, max in
+/// flight), which a shared store holds through leases, not yet built
+/// (docs/cluster.md, "Not yet").
+pub(crate) fn needs_lease(item: &Item) -> bool {
+    matches!(item.kind(), Kind::Budget | Kind::Concurrency)
+}
+
+impl<C: Clock> Engine<C> {
+    /// Refuses a check a shared store cannot hold: budget and concurrency
+    /// items, and reservations of inline limits (no node but this one knows
+    /// their items, so no other could expire them).
+    pub(crate) fn check_shareable(
+        &self,
+        stack: &Stack,
+        owner: u32,
+        reserving: bool,
+    ) -> Result<(), EngineError> {
+        if let Some(i) = stack.items().iter().position(needs_lease) {
+            let field = if owner == 0 {
+                format!("limits[{i}].kind")
+            } else {
+                "policy".to_owned()
+            };
+            return Err(invalid(
+                field,
+                "budget and concurrency items are not supported with a shared (redis-cluster) store yet",
+            ));
+        }
+        if reserving && owner == 0 {
+            return Err(invalid(
+                "reserve",
+                "with a shared (redis-cluster) store, only a named policy's check can reserve",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The shared side of the store, if several nodes share it.
+    pub(crate) fn shared(&self) -> Option<&dyn Shared> {
+        self.store.shared()
+    }
+
+    /// A reservation id's hash: the `res` of its pending debits in a shared
+    /// record (and the local table's number for it), the same on every node.
+    pub(crate) fn res_of(&self, id: &str) -> u64 {
+        self.hash(b'r', 0, id) as u64
+    }
+
+    /// The record a node-made reservation id names (its last part), if it
+    /// names one: `u<32 hex>` a user's, `k<32 hex>` a policy key's.
+    pub(crate) fn record_in_id(id: &str) -> Option<RecordKey> {
+        let last = id.rsplit('-').next()?;
+        let (kind, hex) = last.split_at_checked(1)?;
+        if hex.len() != 32 {
+            return None;
+        }
+        let h = u128::from_str_radix(hex, 16).ok()?;
+        match kind {
+            "u" => Some(RecordKey::User(h)),
+            "k" => Some(RecordKey::PolicyKey(h)),
+            _ => None,
+        }
+    }
+
+    /// The suffix a node-made reservation id carries with a shared store:
+    /// the record holding it, so that any node finds it.
+    pub(crate) fn id_suffix(key: RecordKey) -> String {
+        match key {
+            RecordKey::User(h) => format!("-u{h:032x}"),
+            RecordKey::PolicyKey(h) => format!("-k{h:032x}"),
+            RecordKey::Campaign(_) => String::new(),
+        }
+    }
+
+    /// Reads record `key` from the shared store (a fresh one if absent).
+    fn read_shared(&self, shared: &dyn Shared, disk: &[u8]) -> Result<SubjectRecord, StoreError> {
+        self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
+        match shared.read(disk)? {
+            Some((version, value)) => self.decoded(disk, &value, version),
+            None => Ok(SubjectRecord::default()),
+        }
+    }
+
+    /// Decodes a shared copy, moving the engine's time up to its last
+    /// decision.
+    fn decoded(&self, disk: &[u8], value: &[u8], version: u64) -> Result<SubjectRecord, StoreError> {
+        let (rec, last) = decode(value, version).map_err(|m| corrupt(disk, m))?;
+        self.last_now.fetch_max(last, Ordering::AcqRel);
+        Ok(rec)
+    }
+
+    /// [`Engine::with_record`] on a shared store: `f` decides on the cached
+    /// copy at the time it is given (never before the record's last
+    /// decision); if it changed the record, the change is written by
+    /// compare-and-set, and on a conflict `f` runs again on the current copy.
+    pub(crate) fn with_shared_record<R>(
+        &self,
+        shared: &dyn Shared,
+        key: RecordKey,
+        now: Nanos,
+        mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
+    ) -> Result<R, Halt> {
+        let disk = key.disk_key();
+        let reg = self.registry();
+        for _ in 0..MAX_TRIES {
+            // Whether the copy decided on was read from the store in this
+            // call (else it is the cached one, perhaps behind the store).
+            let fresh = std::cell::Cell::new(false);
+            let load = || {
+                fresh.set(true);
+                self.read_shared(shared, &disk)
+            };
+            let step = self
+                .hot
+                .try_with(&key.hot_key(), now, &u64::MAX, load, |rec| {
+                    if rec.write_seq == STALE {
+                        *rec = self.read_shared(shared, &disk)?;
+                        fresh.set(true);
+                    }
+                    let at = now.max(self.last_now.load(Ordering::Acquire));
+                    let before = payload(rec, 0);
+                    expire_held(rec, at, &reg);
+                    let r = f(rec, at);
+                    if payload(rec, 0) == before {
+                        if fresh.get() {
+                            return Ok(Some(r));
+                        }
+                        // Nothing to write, so no compare-and-set tells
+                        // whether the cached copy was current: a denial or
+                        // an unknown id decided on an old copy would be
+                        // wrong (a release elsewhere, a reservation made
+                        // elsewhere). Ask for the version; decide again on
+                        // the current copy if it moved.
+                        return match shared.read(&disk)? {
+                            Some((v, _)) if v == rec.write_seq => Ok(Some(r)),
+                            None if rec.write_seq == 0 => Ok(Some(r)),
+                            Some((v, value)) => {
+                                *rec = self.decoded(&disk, &value, v)?;
+                                Ok(None)
+                            }
+                            None => {
+                                *rec = SubjectRecord::default();
+                                Ok(None)
+                            }
+                        };
+                    }
+                    let value = codec::frame(rec.idle_at, &payload(rec, at));
+                    let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
+                    self.stats.cas.fetch_add(1, Ordering::Relaxed);
+                    match shared.cas(&disk, rec.write_seq, &value, expire) {
+                        Ok(Cas::Written(v)) => {
+                            rec.write_seq = v;
+                            Ok(Some(r))
+                        }
+                        Ok(Cas::Conflict { version, value }) => {
+                            self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                            *rec = match value {
+                                Some(v) => self.decoded(&disk, &v, version)?,
+                                None => SubjectRecord {
+                                    write_seq: version,
+                                    ..SubjectRecord::default()
+                                },
+                            };
+                            Ok(None)
+                        }
+                        Err(e) => {
+                            // It may have been applied: read it again next time.
+                            rec.write_seq = STALE;
+                            Err(e)
+                        }
+                    }
+                });
+            match step {
+                Ok(Ok(Some(r))) => return Ok(r),
+                Ok(Ok(None)) => continue,
+                Ok(Err(e)) | Err(e) => return Err(e.into()),
+            }
+        }
+        Err(EngineError::Overloaded(format!(
+            "the record changed under {MAX_TRIES} decisions in a row (other nodes wrote it); retry"
+        ))
+        .into())
+    }
+
+    /// Settles reservation `id` in record `key`: the shared store's answer
+    /// is the cluster's.
+    pub(crate) fn settle_shared(
+        &self,
+        shared: &dyn Shared,
+        key: RecordKey,
+        id: &str,
+        how: SharedSettle<'_>,
+    ) -> Result<SettledHere, EngineError> {
+        let res = self.res_of(id);
+        let reg = self.registry();
+        let now = self.now();
+        let settled = self.with_shared_record(shared, key, now, |rec, at| {
+            settle_in_record(rec, res, id, how, at, &reg)
+        });
+        super::hot::waited(settled)?
+    }
+
+    /// A copy of record `key` from the shared store for reading figures,
+    /// with the holds past their deadline released.
+    pub(crate) fn shared_figures(
+        &self,
+        shared: &dyn Shared,
+        key: RecordKey,
+    ) -> Result<SubjectRecord, EngineError> {
+        let mut rec = self.read_shared(shared, &key.disk_key())?;
+        let at = self.now().max(self.last_now.load(Ordering::Acquire));
+        expire_held(&mut rec, at, &self.registry());
+        Ok(rec)
+    }
+}

@@ -1,0 +1,269 @@
+//! The engine on a shared store, in one process: two engines on one
+//! `SharedMemory` behave as two nodes on one cluster (docs/cluster.md). The
+//! same rules are tested against a real Redis Cluster in tests/cluster.rs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use freqcap::ManualClock;
+use freqcap::engine::{
+    CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
+    ScreenCandidate, ScreenRequest,
+};
+use freqcap::model::{CampaignDef, PolicyDef, from_json};
+use freqcap::store::SharedMemory;
+
+/// 2023-11-14T22:13:20Z.
+const T0: u64 = 1_700_000_000_000_000_000;
+const SEC: u64 = 1_000_000_000;
+
+type Node = Engine<Arc<ManualClock>>;
+
+/// Two nodes on one shared store, each with its own clock.
+fn two_nodes() -> (Arc<SharedMemory>, Node, Node, Arc<ManualClock>, Arc<ManualClock>) {
+    let store = Arc::new(SharedMemory::new());
+    let (ca, cb) = (
+        Arc::new(ManualClock::new(T0)),
+        Arc::new(ManualClock::new(T0)),
+    );
+    let a = Engine::open(store.clone(), ca.clone(), EngineOptions::default()).unwrap();
+    let b = Engine::open(store.clone(), cb.clone(), EngineOptions::default()).unwrap();
+    (store, a, b, ca, cb)
+}
+
+fn campaign(json: &str) -> CampaignDef {
+    from_json(json).expect("test campaign is valid")
+}
+
+fn screen(user: &str, camps: &[&str]) -> ScreenRequest {
+    ScreenRequest {
+        user: Some(user.to_owned()),
+        candidates: camps
+            .iter()
+            .map(|c| ScreenCandidate {
+                campaign: (*c).to_owned(),
+                cost: None,
+            })
+            .collect(),
+        reserve: true,
+        ttl_ms: Some(1000),
+        reservation_id: None,
+        fingerprint: None,
+    }
+}
+
+fn commit(campaign: &str) -> CommitRequest {
+    CommitRequest {
+        campaigns: vec![campaign.to_owned()],
+        ..CommitRequest::default()
+    }
+}
+
+/// A campaign capped at 3 per user per day, defined on node a.
+fn capped(a: &Node, b: &Node) {
+    a.put_campaign(
+        "c1",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}]}"#),
+    )
+    .unwrap();
+    a.put_campaign(
+        "c2",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}]}"#),
+    )
+    .unwrap();
+    assert!(b.refresh_definitions().unwrap(), "b applies a's change");
+    assert!(!b.refresh_definitions().unwrap(), "once");
+}
+
+#[test]
+fn definitions_reach_the_other_node_with_the_same_ids() {
+    let (_, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    assert!(b.get_campaign("c1").is_some());
+    // Ids agree, so records written by one node mean the same to the other.
+    assert_eq!(
+        a.registry().campaigns["c1"].id,
+        b.registry().campaigns["c1"].id
+    );
+    // A campaign defined on b at the same time gets an id no one else has.
+    b.put_campaign("c3", campaign(r#"{"caps": []}"#)).unwrap();
+    a.put_campaign("c4", campaign(r#"{"caps": []}"#)).unwrap();
+    a.refresh_definitions().unwrap();
+    let reg = a.registry();
+    let ids: std::collections::BTreeSet<u32> = reg.campaigns.values().map(|e| e.id).collect();
+    assert_eq!(ids.len(), 4, "four campaigns, four ids: {ids:?}");
+    // A deletion on one node reaches the other.
+    b.refresh_definitions().unwrap();
+    a.delete_campaign("c4").unwrap();
+    assert!(b.refresh_definitions().unwrap());
+    assert!(b.get_campaign("c4").is_none());
+}
+
+#[test]
+fn a_user_cap_is_exact_across_nodes() {
+    let (store, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    // Both nodes hold the user's record in their caches, then take turns:
+    // each decision on a stale copy conflicts and is decided again.
+    let mut committed = 0;
+    for i in 0..8 {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let s = node.screen(&screen("u1", &["c1"])).unwrap();
+        if s.results[0].eligible {
+            let id = s.reservation.expect("an eligible screen reserves");
+            node.commit(&id, &commit("c1")).unwrap();
+            committed += 1;
+        }
+    }
+    assert_eq!(committed, 3, "the cap, whichever node serves the user");
+    for node in [&a, &b] {
+        let u = node.user_usage("u1", "c1").unwrap();
+        assert_eq!((u[0].used, u[0].pending, u[0].remaining), (3, 0, 0));
+    }
+    assert!(store.cas_conflicts.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn pending_holds_count_on_every_node_and_expire_at_their_deadline() {
+    let (_, a, b, ca, cb) = two_nodes();
+    capped(&a, &b);
+    // Three holds on node a (which then dies): b sees the cap used up.
+    for _ in 0..3 {
+        assert!(a.screen(&screen("u1", &["c1"])).unwrap().results[0].eligible);
+    }
+    let s = b.screen(&screen("u1", &["c1"])).unwrap();
+    assert!(!s.results[0].eligible, "held on another node");
+    assert_eq!(b.user_usage("u1", "c1").unwrap()[0].pending, 3);
+    // Past the deadline (1 s), b ends a's holds as of their deadline.
+    cb.advance(1001 * 1_000_000);
+    let s = b.screen(&screen("u1", &["c1"])).unwrap();
+    assert!(s.results[0].eligible, "a dead node's holds end at the deadline");
+    assert_eq!(b.user_usage("u1", "c1").unwrap()[0].pending, 1);
+    drop(ca);
+}
+
+#[test]
+fn a_reservation_settles_on_any_node_once() {
+    let (_, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    let s = a.screen(&screen("u1", &["c1", "c2"])).unwrap();
+    let id = s.reservation.unwrap();
+    // Committed on b: c1 wins, c2 is released.
+    let o = b.commit(&id, &commit("c1")).unwrap();
+    assert_eq!(o.outcome, Outcome::Committed);
+    assert_eq!(o.campaigns, vec![Arc::from("c1")]);
+    // A repeat on a (which made it) gets the same answer, and counts once.
+    assert_eq!(a.commit(&id, &commit("c1")).unwrap(), o);
+    let u = a.user_usage("u1", "c1").unwrap();
+    assert_eq!((u[0].used, u[0].pending), (1, 0));
+    assert_eq!(a.user_usage("u1", "c2").unwrap()[0].pending, 0);
+    // Releasing a committed reservation is a conflict, on either node.
+    for node in [&a, &b] {
+        assert!(matches!(node.release(&id), Err(EngineError::Conflict(_))));
+    }
+    // A winner that was not a candidate changes nothing.
+    let s = b.screen(&screen("u1", &["c1"])).unwrap();
+    let id = s.reservation.unwrap();
+    let e = a.commit(&id, &commit("c2")).unwrap_err();
+    assert!(matches!(e, EngineError::InvalidArgument { .. }), "{e:?}");
+    assert_eq!(a.user_usage("u1", "c1").unwrap()[0].pending, 1);
+    // Released on a.
+    let r = a.release(&id).unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    assert_eq!(b.user_usage("u1", "c1").unwrap()[0].pending, 0);
+}
+
+#[test]
+fn a_client_chosen_id_is_committed_elsewhere_with_its_user() {
+    let (_, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    let mut req = screen("u1", &["c1"]);
+    req.reservation_id = Some("auction-17".into());
+    a.screen(&req).unwrap();
+    // Without the user, node b cannot know which record holds it.
+    assert!(matches!(
+        b.commit("auction-17", &commit("c1")),
+        Err(EngineError::NotFound(_))
+    ));
+    let with_user = CommitRequest {
+        user: Some("u1".into()),
+        ..commit("c1")
+    };
+    assert_eq!(
+        b.commit("auction-17", &with_user).unwrap().outcome,
+        Outcome::Committed
+    );
+    assert_eq!(a.user_usage("u1", "c1").unwrap()[0].used, 1);
+}
+
+#[test]
+fn a_record_never_goes_back_in_time() {
+    let (_, a, b, _, cb) = two_nodes();
+    a.put_policy(
+        "p",
+        from_json::<PolicyDef>(r#"{"limits": [{"kind": "window", "limit": 2, "window": "1s"}]}"#)
+            .unwrap(),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let check = |node: &Node| {
+        node.check(&CheckRequest {
+            target: CheckTarget::Policy("p".into()),
+            key: "k".into(),
+            cost: 1,
+            reserve: false,
+            ttl_ms: None,
+            reservation_id: None,
+            fingerprint: None,
+        })
+        .unwrap()
+        .decision
+        .allowed
+    };
+    // b's clock is 500 ms behind a's.
+    cb.set(T0 - SEC / 2);
+    assert!(check(&a));
+    assert!(check(&a));
+    // b decides at the record's time, not its own: the window a used up is
+    // the one b sees, so b is denied too.
+    assert!(!check(&b));
+}
+
+#[test]
+fn event_ids_are_deduplicated_across_nodes() {
+    let (_, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    let ev = Event {
+        user: Some("u1".into()),
+        campaign: "c1".into(),
+        cost: 1,
+        event_id: Some("imp-1".into()),
+    };
+    assert_eq!(a.events(std::slice::from_ref(&ev)).unwrap(), 1);
+    assert_eq!(b.events(std::slice::from_ref(&ev)).unwrap(), 0);
+    assert_eq!(b.user_usage("u1", "c1").unwrap()[0].used, 1);
+}
+
+#[test]
+fn state_that_needs_leases_is_refused_with_its_field() {
+    let (_, a, _, _, _) = two_nodes();
+    for (json, field) in [
+        (r#"{"budget": {"amount": 100, "per": "1d", "pacing": "asap"}}"#, "budget"),
+        (r#"{"max_in_flight": 3}"#, "max_in_flight"),
+        (
+            r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "window", "limit": 9, "window": "1d", "scope": "campaign"}]}"#,
+            "caps[1].scope",
+        ),
+    ] {
+        match a.put_campaign("x", campaign(json)) {
+            Err(EngineError::InvalidArgument { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{json}: {other:?}"),
+        }
+    }
+    assert!(a.get_campaign("x").is_none(), "nothing half-applied");
+    let p = from_json::<PolicyDef>(r#"{"limits": [{"kind": "concurrency", "max": 2}]}"#).unwrap();
+    match a.put_policy("p", p) {
+        Err(EngineError::InvalidArgument { field, .. }) => assert_eq!(field, "limits[0].kind"),
+        other => panic!("{other:?}"),
+    }
+}
