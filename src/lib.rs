@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod engine;
 pub mod keyed;
 pub mod limits;

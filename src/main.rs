@@ -74,7 +74,17 @@ struct ServeArgs {
     /// Keep state in memory only (`--memory=false` overrides a file's `true`).
     #[arg(long, env = "FREQCAP_MEMORY", num_args = 0..=1, default_missing_value = "true")]
     memory: Option<bool>,
-    /// fsync, wal or async.
+    /// rocksdb (default), memory, or redis-cluster://HOST:PORT[,HOST:PORT...].
+    #[arg(long, env = "FREQCAP_STORE")]
+    store: Option<String>,
+    /// This node's name in a cluster (default <hostname>:<listen port>).
+    #[arg(long, env = "FREQCAP_NODE_ID")]
+    node_id: Option<String>,
+    /// With a redis-cluster store: screens answer eligible when the user's
+    /// record cannot be reached (`--fail-open=false` overrides a file's `true`).
+    #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
+    fail_open: Option<bool>,
+    /// fsync, wal, async (RocksDB) or replicated (redis-cluster).
     #[arg(long, env = "FREQCAP_DURABILITY")]
     durability: Option<Durability>,
     /// Bytes the hot tier may use.
@@ -168,6 +178,15 @@ impl ServeArgs {
         }
         if let Some(v) = self.idle_grace_secs {
             c.idle_grace_secs = v;
+        }
+        if let Some(v) = self.store {
+            c.store = v;
+        }
+        if let Some(v) = self.node_id {
+            c.node_id = Some(v);
+        }
+        if let Some(v) = self.fail_open {
+            c.fail_open = v;
         }
         if let Some(v) = self.durability {
             c.durability = v;

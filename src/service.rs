@@ -27,6 +27,16 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     /// Keep everything in memory (nothing survives a restart).
     pub memory: bool,
+    /// Where state is kept: `rocksdb` (in `data_dir`), `memory` (as
+    /// `memory = true`), or `redis-cluster://HOST:PORT[,HOST:PORT...]`, a
+    /// Redis Cluster several nodes share (docs/cluster.md).
+    pub store: String,
+    /// This node's name among the nodes of a cluster (logs, metrics);
+    /// default `<hostname>:<listen port>`.
+    pub node_id: Option<String>,
+    /// With a redis-cluster store: a screen whose user's record cannot be
+    /// reached answers every known campaign eligible instead of 503.
+    pub fail_open: bool,
     pub durability: Durability,
     /// Bytes the hot tier may use.
     pub memory_budget: usize,
@@ -85,6 +95,9 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             data_dir: PathBuf::from("./freqcap-data"),
             memory: false,
+            store: "rocksdb".into(),
+            node_id: None,
+            fail_open: false,
             durability: Durability::Wal,
             memory_budget: e.memory_budget,
             max_body: a.max_body,
@@ -124,6 +137,22 @@ impl ServeConfig {
     /// option: an empty token would be accepted at start and then refuse
     /// every request; a zero timeout would close every connection.
     pub fn check(&self) -> Result<(), String> {
+        match self.store.as_str() {
+            "rocksdb" | "memory" => {
+                if self.durability == Durability::Replicated {
+                    return Err(
+                        "durability: replicated needs a redis-cluster store (store = \"redis-cluster://...\")"
+                            .into(),
+                    );
+                }
+            }
+            url => {
+                crate::cluster::RedisOptions::parse(url, self.durability)?;
+            }
+        }
+        if self.node_id.as_deref().is_some_and(|n| n.is_empty() || n.len() > 128) {
+            return Err("node_id: must be 1 to 128 bytes".into());
+        }
         for (name, token) in [
             ("decision_token", &self.decision_token),
             ("admin_token", &self.admin_token),
@@ -179,7 +208,22 @@ async fn shutdown_signal() {
 /// flight, then flushes the writer.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
     config.check()?;
-    let store: Arc<dyn Store> = if config.memory {
+    let node_id = config.node_id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        format!("{host}:{}", config.listen.port())
+    });
+    let store: Arc<dyn Store> = if config.store.starts_with("redis-cluster://") {
+        let options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?;
+        // Connecting waits on the network: off the executor.
+        let redis = tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        tracing::info!(node_id, clustered = redis.clustered, "state in Redis ({})", config.store);
+        Arc::new(redis)
+    } else if config.memory || config.store == "memory" {
         Arc::new(MemoryStore::new())
     } else {
         let sizes = RocksOptions {
@@ -199,10 +243,15 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         dedupe_horizon: config.dedupe_horizon_secs.saturating_mul(1_000_000_000),
         idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
         max_open_reservations: config.max_open_reservations,
+        fail_open: config.fail_open,
         ..EngineOptions::default()
     };
-    let engine =
-        Arc::new(Engine::open(store, SystemClock::new(), options).map_err(|e| e.to_string())?);
+    // Opening reads definitions, which a shared store holds over the network.
+    let engine = tokio::task::spawn_blocking(move || Engine::open(store, SystemClock::new(), options))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let engine = Arc::new(engine);
     let connections = ConnCounters::default();
     let secs = Duration::from_secs;
     let app = api::router(
@@ -235,16 +284,26 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.max_connections, "freqcap listening on {addr}");
+    tracing::info!(%addr, node_id, store = %config.store, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.max_connections, "freqcap listening on {addr}");
     // Expire reservations and drop idle records even when no request comes.
     let sweeper = {
         let engine = engine.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
+            // Every 250 ms: definitions other nodes changed are applied
+            // within a second (a shared store); the sweep runs every 4th.
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            for n in 0u64.. {
                 tick.tick().await;
                 let e = engine.clone();
-                let _ = tokio::task::spawn_blocking(move || e.sweep()).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Err(err) = e.refresh_definitions() {
+                        tracing::warn!("cannot read definitions from the shared store: {err}");
+                    }
+                    if n % 4 == 0 {
+                        e.sweep();
+                    }
+                })
+                .await;
             }
         })
     };

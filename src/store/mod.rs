@@ -73,6 +73,10 @@ pub enum Durability {
     /// Written without a log: acknowledged once in memory, lost on a crash
     /// unless flushed first (clean shutdown flushes).
     Async,
+    /// A redis-cluster store only: acknowledged once the primary applied it
+    /// and a replica has it (`WAIT 1`), so a primary's failover keeps it
+    /// (docs/cluster.md).
+    Replicated,
 }
 
 impl std::str::FromStr for Durability {
@@ -82,7 +86,10 @@ impl std::str::FromStr for Durability {
             "fsync" => Ok(Durability::Fsync),
             "wal" => Ok(Durability::Wal),
             "async" => Ok(Durability::Async),
-            _ => Err(format!("durability must be fsync, wal or async, got {s:?}")),
+            "replicated" => Ok(Durability::Replicated),
+            _ => Err(format!(
+                "durability must be fsync, wal, async or replicated, got {s:?}"
+            )),
         }
     }
 }
@@ -432,6 +439,11 @@ pub trait Store: Send + Sync + 'static {
     /// compare-and-set, and never through [`Store::submit`]. `None` (the
     /// default) for a store one engine owns.
     fn shared(&self) -> Option<&dyn Shared> {
+        None
+    }
+
+    /// A Redis store's call figures, for metrics.
+    fn redis_stats(&self) -> Option<&crate::cluster::RedisStats> {
         None
     }
 }

@@ -1,0 +1,635 @@
+//! The Redis Cluster store (docs/cluster.md): several freqcap nodes share
+//! their state through a Redis Cluster (or, for development, one Redis).
+//!
+//! Layout (every key starts `fc:`; braces make the hash slot):
+//! - `fc:{u:<32 hex>}`, `fc:{k:<32 hex>}`: a user's or a policy key's record,
+//!   a hash `v` (version) + `b` (the record, [`crate::engine`]'s shared form),
+//!   written only through `fc_cas_v1` (src/cluster/functions.lua), expiring
+//!   at the record's idle instant plus a margin.
+//! - `fc:{e:<32 hex>}`: an event id seen within the dedupe horizon.
+//! - `fc:{defs}`: definitions (field = the definition's key), `__v` their
+//!   version, `__ids` the id counter.
+//! - `fc:{meta}`: the key-hashing secret (set once, by the first node).
+//!
+//! Every call has a deadline ([`RedisOptions::call_timeout`]); the client
+//! retries a failed connection once and never sleeps between tries, so a
+//! dead shard fails only the requests for its keys, fast (the crate's
+//! default, 16 retries with backoff, stalled every request for ~5 s in the
+//! prototype, ../research). A write whose answer is lost may have been
+//! applied; the engine then reads the record again before deciding on it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{Cmd, RedisError, RedisResult, Value};
+
+use crate::clock::Nanos;
+use crate::store::{
+    Batch, Cas, Durability, KeyValues, Op, Receipt, Shared, Space, Store, StoreError, StoreStats,
+};
+
+/// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
+pub const FUNCTIONS: &str = include_str!("functions.lua");
+
+const DEFS: &str = "fc:{defs}";
+const META: &str = "fc:{meta}";
+/// Fields of [`DEFS`] that are not definitions.
+const DEFS_VERSION: &str = "__v";
+const DEFS_IDS: &str = "__ids";
+
+/// How to reach and use the cluster.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Seed nodes, `host:port`.
+    pub seeds: Vec<String>,
+    /// `Wal`: acknowledged once the primary applied a write; `Replicated`
+    /// and `Fsync`: also once a replica has it (`WAIT 1`).
+    pub durability: Durability,
+    /// Deadline of one call (a write and its `WAIT` together).
+    pub call_timeout: Duration,
+}
+
+impl RedisOptions {
+    /// Parses `redis-cluster://HOST:PORT[,HOST:PORT...]`.
+    pub fn parse(url: &str, durability: Durability) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("redis-cluster://")
+            .ok_or_else(|| format!("store: expected redis-cluster://HOST:PORT[,...], got {url:?}"))?;
+        let seeds: Vec<String> = rest
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if seeds.is_empty() {
+            return Err("store: redis-cluster:// needs at least one HOST:PORT".into());
+        }
+        for s in &seeds {
+            let ok = s
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(format!("store: {s:?} is not HOST:PORT"));
+            }
+        }
+        if durability == Durability::Async {
+            return Err("durability: async is not a mode of a redis-cluster store (wal, replicated or fsync)".into());
+        }
+        Ok(RedisOptions {
+            seeds,
+            durability,
+            call_timeout: Duration::from_millis(100),
+        })
+    }
+}
+
+/// A connection to a cluster, or to one Redis (development).
+#[derive(Clone)]
+enum Conn {
+    Cluster(redis::cluster_async::ClusterConnection),
+    Single(redis::aio::MultiplexedConnection),
+}
+
+impl Conn {
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// A write followed by `WAIT 1 <ms>` on the same primary (one slot, so
+    /// one pipeline): the write's reply and how many replicas have it.
+    async fn query_and_wait(&self, cmd: &Cmd, wait_ms: u64) -> RedisResult<(Value, i64)> {
+        let mut p = redis::pipe();
+        p.add_command(cmd.clone()).cmd("WAIT").arg(1).arg(wait_ms);
+        let (v, n): (Value, i64) = match self {
+            Conn::Cluster(c) => p.query_async(&mut c.clone()).await?,
+            Conn::Single(c) => p.query_async(&mut c.clone()).await?,
+        };
+        Ok((v, n))
+    }
+
+    /// `cmd` on every primary.
+    async fn on_primaries(&self, cmd: Cmd) -> RedisResult<Value> {
+        match self {
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                c.clone().route_command(cmd, route).await
+            }
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+}
+
+/// Figures for metrics.
+#[derive(Debug, Default)]
+pub struct RedisStats {
+    pub calls: AtomicU64,
+    /// Calls that failed (connection, cluster down, a script error).
+    pub errors: AtomicU64,
+    /// Calls past their deadline.
+    pub timeouts: AtomicU64,
+    /// Sum of call latencies, µs (with `calls`, the mean).
+    pub latency_us: AtomicU64,
+    /// Calls by latency: ≤ 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100 ms, more.
+    pub latency_buckets: [AtomicU64; 10],
+    /// Writes a replica did not confirm in time (`replicated`, `fsync`).
+    pub unreplicated: AtomicU64,
+}
+
+/// Upper bounds of [`RedisStats::latency_buckets`], µs.
+pub const LATENCY_BOUNDS_US: [u64; 9] = [250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000];
+
+/// See the module documentation.
+pub struct RedisStore {
+    /// The client's own runtime: the engine calls from blocking threads
+    /// and waits here, so a slow shard never parks the server's executor.
+    rt: tokio::runtime::Runtime,
+    conn: Conn,
+    options: RedisOptions,
+    pub stats: RedisStats,
+    /// Whether the seeds are a cluster (else one Redis).
+    pub clustered: bool,
+}
+
+impl RedisStore {
+    /// Connects to the seeds and loads the Functions library on every
+    /// primary.
+    pub fn connect(options: RedisOptions) -> Result<Self, StoreError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("freqcap-redis")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Os {
+                context: "starting the Redis client's runtime".into(),
+                source: e.into(),
+            })?;
+        let (conn, clustered) = rt.block_on(connect(&options))?;
+        let store = RedisStore {
+            rt,
+            conn,
+            options,
+            stats: RedisStats::default(),
+            clustered,
+        };
+        store.load_functions()?;
+        Ok(store)
+    }
+
+    /// `FUNCTION LOAD REPLACE` on every primary (functions replicate and
+    /// survive failover; a primary added later gets it at the first call
+    /// that finds it missing).
+    pub fn load_functions(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(FUNCTIONS);
+        let conn = self.conn.clone();
+        // Loading may take longer than a decision's call.
+        let t = self.options.call_timeout.max(Duration::from_secs(5));
+        self.run_for("FUNCTION LOAD", t, async move { conn.on_primaries(cmd).await })
+            .map(drop)
+    }
+
+    fn run<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        self.run_for(what, self.options.call_timeout, fut)
+    }
+
+    /// Runs one call with a deadline, counting it.
+    fn run_for<T>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let r = self
+            .rt
+            .handle()
+            .block_on(async { tokio::time::timeout(deadline, fut).await });
+        let us = started.elapsed().as_micros() as u64;
+        let s = &self.stats;
+        s.calls.fetch_add(1, Ordering::Relaxed);
+        s.latency_us.fetch_add(us, Ordering::Relaxed);
+        let b = LATENCY_BOUNDS_US
+            .iter()
+            .position(|&x| us <= x)
+            .unwrap_or(LATENCY_BOUNDS_US.len());
+        s.latency_buckets[b].fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                s.errors.fetch_add(1, Ordering::Relaxed);
+                Err(classify(what, e))
+            }
+            Err(_) => {
+                s.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::Unavailable(format!(
+                    "{what}: no answer within {} ms",
+                    deadline.as_millis()
+                )))
+            }
+        }
+    }
+
+    /// An `FCALL`, loading the library first if the primary lacks it (a
+    /// primary added after this node started).
+    fn fcall(&self, cmd: &Cmd, wait: bool) -> Result<(Value, i64), StoreError> {
+        let once = || {
+            let conn = self.conn.clone();
+            let cmd = cmd.clone();
+            let wait_ms = (self.options.call_timeout.as_millis() as u64 / 2).max(1);
+            self.run("FCALL", async move {
+                if wait {
+                    conn.query_and_wait(&cmd, wait_ms).await
+                } else {
+                    Ok((conn.query(&cmd).await?, 1))
+                }
+            })
+        };
+        match once() {
+            Err(StoreError::Io(m)) if m.contains("Function not found") => {
+                self.load_functions()?;
+                once()
+            }
+            r => r,
+        }
+    }
+
+    fn query(&self, what: &str, cmd: Cmd) -> Result<Value, StoreError> {
+        let conn = self.conn.clone();
+        self.run(what, async move { conn.query(&cmd).await })
+    }
+
+    /// Whether writes wait for a replica.
+    fn waits(&self) -> bool {
+        matches!(
+            self.options.durability,
+            Durability::Replicated | Durability::Fsync
+        )
+    }
+
+    fn apply(&self, op: Op) -> Result<(), StoreError> {
+        match op {
+            Op::Put(Space::Definitions, k, v) => {
+                let mut p = redis::pipe();
+                p.cmd("HSET").arg(DEFS).arg(k).arg(v);
+                p.cmd("HINCRBY").arg(DEFS).arg(DEFS_VERSION).arg(1);
+                self.pipe("HSET definition", p)
+            }
+            Op::Delete(Space::Definitions, k) => {
+                let mut p = redis::pipe();
+                p.cmd("HDEL").arg(DEFS).arg(k);
+                p.cmd("HINCRBY").arg(DEFS).arg(DEFS_VERSION).arg(1);
+                self.pipe("HDEL definition", p)
+            }
+            // Meta is set once: the first node's secret stays.
+            Op::Put(Space::Meta, k, v) => {
+                let mut c = redis::cmd("HSETNX");
+                c.arg(META).arg(k).arg(v);
+                self.query("HSETNX meta", c).map(drop)
+            }
+            // Records go through `cas`, event ids through `claim`; campaign
+            // records hold nothing with this store (docs/cluster.md).
+            Op::Put(..) | Op::Delete(..) => Ok(()),
+        }
+    }
+
+    fn pipe(&self, what: &str, p: redis::Pipeline) -> Result<(), StoreError> {
+        let conn = self.conn.clone();
+        self.run(what, async move {
+            match &conn {
+                Conn::Cluster(c) => p.query_async::<Value>(&mut c.clone()).await,
+                Conn::Single(c) => p.query_async::<Value>(&mut c.clone()).await,
+            }
+        })
+        .map(drop)
+    }
+}
+
+async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
+    let unavailable = |e: RedisError| {
+        StoreError::Unavailable(format!(
+            "cannot reach Redis at {}: {e}",
+            o.seeds.join(",")
+        ))
+    };
+    let first = format!("redis://{}", o.seeds[0]);
+    // One Redis or a cluster: the first seed says.
+    let probe = redis::Client::open(first.as_str()).map_err(unavailable)?;
+    let mut single = tokio::time::timeout(
+        Duration::from_secs(2),
+        probe.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| StoreError::Unavailable(format!("Redis at {first} did not answer within 2 s")))?
+    .map_err(unavailable)?;
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(&mut single)
+        .await
+        .map_err(unavailable)?;
+    if !info.contains("cluster_enabled:1") {
+        tracing::warn!(
+            "{first} is a single Redis, not a cluster: fine for development, \
+             but it is one point of failure"
+        );
+        return Ok((Conn::Single(single), false));
+    }
+    let client = redis::cluster::ClusterClient::builder(
+        o.seeds.iter().map(|s| format!("redis://{s}")),
+    )
+    // One retry, no sleeps in between (min/max wait in ms): a dead shard
+    // fails its requests within the call's deadline instead of stalling.
+    .retries(1)
+    .min_retry_wait(1)
+    .max_retry_wait(10)
+    .connection_timeout(Duration::from_millis(250))
+    .response_timeout(o.call_timeout)
+    .build()
+    .map_err(unavailable)?;
+    let conn = tokio::time::timeout(Duration::from_secs(5), client.get_async_connection())
+        .await
+        .map_err(|_| StoreError::Unavailable("the cluster did not answer within 5 s".into()))?
+        .map_err(unavailable)?;
+    Ok((Conn::Cluster(conn), true))
+}
+
+/// A failed call: unreachable (the caller may retry later) or a fault.
+fn classify(what: &str, e: RedisError) -> StoreError {
+    use redis::ErrorKind;
+    let down = e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_cluster_error()
+        || matches!(e.kind(), ErrorKind::Server(_) if {
+            let m = e.to_string();
+            m.contains("CLUSTERDOWN") || m.contains("TRYAGAIN") || m.contains("MASTERDOWN")
+                || m.contains("LOADING") || m.contains("READONLY")
+        });
+    if down {
+        StoreError::Unavailable(format!("{what}: {e}"))
+    } else {
+        StoreError::Io(format!("{what}: {e}"))
+    }
+}
+
+/// A record's Redis key from its store key (`u` or `k` + 16 bytes, or an
+/// event id's `e` + 16 bytes).
+fn redis_key(disk: &[u8]) -> String {
+    let (kind, rest) = disk.split_first().map_or((b'?', &[][..]), |(k, r)| (*k, r));
+    let mut s = String::with_capacity(8 + 2 * rest.len());
+    s.push_str("fc:{");
+    s.push(kind as char);
+    s.push(':');
+    for b in rest {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s.push('}');
+    s
+}
+
+fn ms(t: Nanos) -> u64 {
+    t.div_ceil(1_000_000)
+}
+
+fn int(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        _ => None,
+    }
+}
+
+fn unexpected(what: &str, v: &Value) -> StoreError {
+    StoreError::Io(format!("{what}: unexpected reply {v:?}"))
+}
+
+impl Shared for RedisStore {
+    fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        let mut c = redis::cmd("HMGET");
+        c.arg(redis_key(key)).arg("v").arg("b");
+        let v = self.query("HMGET record", c)?;
+        match &v {
+            Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
+                (Value::Nil, _) => Ok(None),
+                (ver, b) => match (int(ver), bytes(b)) {
+                    (Some(ver), Some(b)) => Ok(Some((ver, b))),
+                    _ => Err(unexpected("HMGET record", &v)),
+                },
+            },
+            _ => Err(unexpected("HMGET record", &v)),
+        }
+    }
+
+    fn cas(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: &[u8],
+        expire_at: Nanos,
+    ) -> Result<Cas, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_cas_v1")
+            .arg(1)
+            .arg(redis_key(key))
+            .arg(expected)
+            .arg(value)
+            .arg(ms(expire_at));
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        let Value::Array(a) = &v else {
+            return Err(unexpected("fc_cas_v1", &v));
+        };
+        match a.as_slice() {
+            [ok, ver] if int(ok) == Some(1) => {
+                let ver = int(ver).ok_or_else(|| unexpected("fc_cas_v1", &v))?;
+                if replicas < 1 {
+                    // Applied on the primary, not confirmed on a replica: not
+                    // acknowledged. The engine reads the record again.
+                    self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+                    return Err(StoreError::Unavailable(
+                        "the write was not confirmed by a replica in time (durability replicated)"
+                            .into(),
+                    ));
+                }
+                Ok(Cas::Written(ver))
+            }
+            [ok, ver, b] if int(ok) == Some(0) => Ok(Cas::Conflict {
+                version: int(ver).ok_or_else(|| unexpected("fc_cas_v1", &v))?,
+                value: bytes(b),
+            }),
+            _ => Err(unexpected("fc_cas_v1", &v)),
+        }
+    }
+
+    fn claim(&self, key: &[u8], expire_at: Nanos) -> Result<bool, StoreError> {
+        let mut c = redis::cmd("SET");
+        c.arg(redis_key(key))
+            .arg(1)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(ms(expire_at).max(1));
+        let conn = self.conn.clone();
+        let wait_ms = (self.options.call_timeout.as_millis() as u64 / 2).max(1);
+        let waits = self.waits();
+        let (v, replicas) = self.run("SET NX event id", async move {
+            if waits {
+                conn.query_and_wait(&c, wait_ms).await
+            } else {
+                Ok((conn.query(&c).await?, 1))
+            }
+        })?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the event id was not confirmed by a replica in time".into(),
+            ));
+        }
+        Ok(!matches!(v, Value::Nil))
+    }
+
+    fn unclaim(&self, key: &[u8]) -> Result<(), StoreError> {
+        let mut c = redis::cmd("DEL");
+        c.arg(redis_key(key));
+        self.query("DEL event id", c).map(drop)
+    }
+
+    fn definitions_version(&self) -> Result<u64, StoreError> {
+        let mut c = redis::cmd("HGET");
+        c.arg(DEFS).arg(DEFS_VERSION);
+        let v = self.query("HGET definitions version", c)?;
+        Ok(int(&v).unwrap_or(0))
+    }
+
+    fn new_id(&self, above: u32) -> Result<u32, StoreError> {
+        let mut c = redis::cmd("HINCRBY");
+        c.arg(DEFS).arg(DEFS_IDS).arg(1);
+        let v = self.query("HINCRBY definition ids", c)?;
+        let n = int(&v).ok_or_else(|| unexpected("HINCRBY", &v))?;
+        let id = n.max(u64::from(above) + 1);
+        u32::try_from(id).map_err(|_| StoreError::Io("definition ids are used up".into()))
+    }
+}
+
+impl Store for RedisStore {
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let hash = match space {
+            Space::Definitions => DEFS,
+            Space::Meta => META,
+            // Campaign records are not kept here; dedupe ids are claimed.
+            Space::State | Space::Dedupe => return Ok(None),
+        };
+        let mut c = redis::cmd("HGET");
+        c.arg(hash).arg(key);
+        Ok(bytes(&self.query("HGET", c)?))
+    }
+
+    fn scan(&self, space: Space) -> Result<KeyValues, StoreError> {
+        if space != Space::Definitions {
+            return Ok(Vec::new());
+        }
+        let mut c = redis::cmd("HGETALL");
+        c.arg(DEFS);
+        let v = self.query("HGETALL definitions", c)?;
+        let pairs: Vec<Value> = match v {
+            Value::Array(a) => a,
+            Value::Map(m) => m.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+            other => return Err(unexpected("HGETALL definitions", &other)),
+        };
+        let mut out = Vec::with_capacity(pairs.len() / 2);
+        for kv in pairs.chunks(2) {
+            if let [k, v] = kv
+                && let (Some(k), Some(v)) = (bytes(k), bytes(v))
+                && !k.starts_with(b"__")
+            {
+                out.push((k, v));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn submit(&self, batch: Batch, _acknowledge: bool) -> Receipt {
+        // Definitions and meta, rare: applied now, in order.
+        for op in batch {
+            if let Err(e) = self.apply(op) {
+                return Receipt::failed(0, e);
+            }
+        }
+        Receipt::done(0)
+    }
+
+    fn written_seq(&self) -> u64 {
+        u64::MAX
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn set_now(&self, _: u64) {}
+
+    fn stats(&self) -> StoreStats {
+        StoreStats::default()
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn checkpoint(&self, _: &std::path::Path) -> Result<(), StoreError> {
+        Err(StoreError::Unsupported(
+            "a redis-cluster store has no checkpoint: back up the Redis Cluster (RDB/AOF) instead",
+        ))
+    }
+
+    fn shared(&self) -> Option<&dyn Shared> {
+        Some(self)
+    }
+
+    fn redis_stats(&self) -> Option<&RedisStats> {
+        Some(&self.stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_parsed_or_refused_naming_the_option() {
+        let o = RedisOptions::parse("redis-cluster://127.0.0.1:7100,127.0.0.1:7101", Durability::Wal)
+            .unwrap();
+        assert_eq!(o.seeds, ["127.0.0.1:7100", "127.0.0.1:7101"]);
+        for bad in ["redis://x:1", "redis-cluster://", "redis-cluster://host", "redis-cluster://h:0"] {
+            let e = RedisOptions::parse(bad, Durability::Wal).unwrap_err();
+            assert!(e.starts_with("store"), "{bad}: {e}");
+        }
+        let e = RedisOptions::parse("redis-cluster://h:1", Durability::Async).unwrap_err();
+        assert!(e.starts_with("durability"), "{e}");
+    }
+
+    #[test]
+    fn keys_put_one_record_in_one_slot() {
+        let mut k = vec![b'u'];
+        k.extend_from_slice(&[0xab; 16]);
+        assert_eq!(redis_key(&k), format!("fc:{{u:{}}}", "ab".repeat(16)));
+    }
+}

@@ -1,0 +1,474 @@
+//! Several `freqcap serve` nodes on one Redis Cluster (docs/cluster.md), as
+//! real processes: a 3-primary + 3-replica cluster started by
+//! ops/redis-cluster.sh (which installs Debian's redis-server if missing) and
+//! three freqcap nodes, all on loopback, every process stopped by its PID.
+//!
+//! One test drives the same users through every node, with faults on the
+//! way, and then checks from the acknowledged answers it logged:
+//! (a) no (user, campaign) pair has more acknowledged commits than its cap,
+//!     and the stored count agrees; (b) every acknowledged commit and event
+//!     is stored; (d) a node's kill -9 loses nothing acknowledged and its
+//!     holds end at their deadline; (e) a Redis primary's kill -9 fails only
+//!     requests for its slots, fast, and with `replicated` loses no
+//!     acknowledged commit; (f) writes that apply after the node gave up
+//!     (CLIENT PAUSE) are not counted twice.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const CAP: u64 = 3;
+const USERS: usize = 120;
+const CAMPAIGNS: usize = 6;
+/// Requests' own timeout: a call into a dead node fails at connect.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The Redis Cluster of this test, stopped (by PID, by the script) on drop.
+struct Redis {
+    dir: PathBuf,
+    seeds: String,
+    script: PathBuf,
+}
+
+impl Redis {
+    fn start(dir: &Path, base_port: u16) -> Redis {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/redis-cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(dir)
+            .arg(base_port.to_string())
+            .output()
+            .expect("ops/redis-cluster.sh runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the cluster did not start: {}\n{}",
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let seeds = stdout.lines().last().unwrap_or_default().trim().to_owned();
+        assert!(seeds.starts_with("redis-cluster://"), "{seeds}");
+        Redis {
+            dir: dir.to_owned(),
+            seeds,
+            script,
+        }
+    }
+
+    /// The ports of the current primaries.
+    fn primaries(&self, base: u16) -> Vec<u16> {
+        (base..base + 6)
+            .filter(|p| {
+                redis_cli(*p, &["role"])
+                    .lines()
+                    .next()
+                    .is_some_and(|l| l.trim() == "master")
+            })
+            .collect()
+    }
+
+    /// The pid of the node on `port` (from the script's pid file).
+    fn pid(&self, port: u16) -> i32 {
+        let pids = std::fs::read_to_string(self.dir.join("pids")).expect("pid file");
+        pids.lines()
+            .find_map(|l| {
+                let (p, pid) = l.split_once(' ')?;
+                (p == port.to_string()).then(|| pid.trim().parse().ok())?
+            })
+            .expect("the port is in the pid file")
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(&self.script)
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-h")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One freqcap node; dropping it kills it.
+struct Node {
+    child: Child,
+    base: String,
+    agent: ureq::Agent,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    fn start(data: &Path, seeds: &str, id: &str) -> Node {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--store", seeds])
+            .args(["--durability", "replicated", "--node-id", id])
+            .arg("--data-dir")
+            .arg(data);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("FREQCAP_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("FREQCAP_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("freqcap serve starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut tx = Some(tx);
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(rest) = line.split("freqcap listening on ").nth(1) {
+                        let addr: String = rest
+                            .chars()
+                            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                            .collect();
+                        if let Some(t) = tx.take() {
+                            let _ = t.send(addr);
+                        }
+                    }
+                    let mut l = log.lock().unwrap_or_else(|e| e.into_inner());
+                    if l.len() < 5000 {
+                        l.push(line);
+                    }
+                }
+            });
+        }
+        let Ok(addr) = rx.recv_timeout(Duration::from_secs(60)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "node {id} did not start:\n{}",
+                log.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
+            );
+        };
+        Node {
+            child,
+            base: format!("http://{addr}"),
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(REQUEST_TIMEOUT))
+                .build()
+                .into(),
+            log,
+        }
+    }
+
+    /// (status, body); status 0 when the node cannot be reached.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let r = match (method, body) {
+            ("GET", _) => self.agent.get(&url).call(),
+            ("PUT", Some(b)) => self
+                .agent
+                .put(&url)
+                .header("content-type", "application/json")
+                .send(b.to_string()),
+            (_, b) => self
+                .agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(b.map(Value::to_string).unwrap_or_default()),
+        };
+        match r {
+            Ok(mut r) => {
+                let status = r.status().as_u16();
+                let text = r.body_mut().read_to_string().unwrap_or_default();
+                (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+            }
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// What the load generator saw, per (user, campaign).
+#[derive(Default)]
+struct Ledger {
+    /// Commits acknowledged (200).
+    acked: HashMap<(usize, usize), u64>,
+    /// Commits whose answer was lost or an error (may have applied).
+    ambiguous: HashMap<(usize, usize), u64>,
+    /// Screens answered 503 / unreachable.
+    failed: u64,
+    ok: u64,
+}
+
+/// Runs `rounds` ad requests per thread: screen 3 campaigns for a user on
+/// one node, commit the first eligible one on a node, record the answers.
+fn load(
+    nodes: &[Arc<Mutex<Option<Arc<Node>>>>],
+    ledger: &Mutex<Ledger>,
+    threads: usize,
+    rounds: usize,
+    affinity: bool,
+    seed: u64,
+) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                let mut x = seed ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut next = move || {
+                    // xorshift64*: a fixed sequence per thread.
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+                };
+                for _ in 0..rounds {
+                    let user = (next() % USERS as u64) as usize;
+                    let first = (next() % CAMPAIGNS as u64) as usize;
+                    let cands: Vec<usize> = (0..3).map(|i| (first + i) % CAMPAIGNS).collect();
+                    let pick = |r: u64| {
+                        if affinity {
+                            user % nodes.len()
+                        } else {
+                            (r % nodes.len() as u64) as usize
+                        }
+                    };
+                    let screen_node = nodes[pick(next())].lock().unwrap().clone();
+                    let commit_node = nodes[pick(next())].lock().unwrap().clone();
+                    let (Some(sn), Some(cn)) = (screen_node, commit_node) else {
+                        ledger.lock().unwrap().failed += 1;
+                        continue;
+                    };
+                    let body = json!({
+                        "user": format!("u{user}"),
+                        "candidates": cands.iter().map(|c| json!({"campaign": format!("c{c}")})).collect::<Vec<_>>(),
+                        "reserve": true,
+                        "ttl_ms": 1000,
+                    });
+                    let (st, out) = sn.call("POST", "/v1/screen", Some(&body));
+                    if st != 200 {
+                        ledger.lock().unwrap().failed += 1;
+                        continue;
+                    }
+                    let Some(id) = out["reservation"].as_str() else {
+                        ledger.lock().unwrap().ok += 1;
+                        continue;
+                    };
+                    let Some(win) = out["results"]
+                        .as_array()
+                        .and_then(|r| r.iter().position(|c| c["eligible"] == true))
+                    else {
+                        continue;
+                    };
+                    let camp = cands[win];
+                    let (st, _) = cn.call(
+                        "POST",
+                        &format!("/v1/reservations/{id}/commit"),
+                        Some(&json!({"campaign": format!("c{camp}")})),
+                    );
+                    let mut l = ledger.lock().unwrap();
+                    l.ok += 1;
+                    if st == 200 {
+                        *l.acked.entry((user, camp)).or_default() += 1;
+                    } else {
+                        *l.ambiguous.entry((user, camp)).or_default() += 1;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Checks (a) and (b) against what node `n` reads from the cluster.
+fn check_ledger(n: &Node, ledger: &Ledger) -> u64 {
+    let mut total = 0;
+    for user in 0..USERS {
+        for camp in 0..CAMPAIGNS {
+            let acked = ledger.acked.get(&(user, camp)).copied().unwrap_or(0);
+            let ambiguous = ledger.ambiguous.get(&(user, camp)).copied().unwrap_or(0);
+            assert!(acked <= CAP, "u{user} c{camp}: {acked} acknowledged commits, cap {CAP}");
+            let (st, u) = n.call("GET", &format!("/v1/users/u{user}/campaigns/c{camp}"), None);
+            assert_eq!(st, 200, "usage of u{user} c{camp}: {u}");
+            let used = u["caps"][0]["used"].as_u64().unwrap_or(u64::MAX);
+            assert!(used <= CAP, "u{user} c{camp}: stored {used}, cap {CAP}");
+            assert!(
+                used >= acked && used <= acked + ambiguous,
+                "u{user} c{camp}: stored {used}, acknowledged {acked}, ambiguous {ambiguous}"
+            );
+            total += acked;
+        }
+    }
+    total
+}
+
+#[test]
+fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    const BASE: u16 = 7410;
+    let redis = Redis::start(&tmp.path().join("redis"), BASE);
+    let start = |i: usize| {
+        Arc::new(Node::start(
+            &tmp.path().join(format!("n{i}")),
+            &redis.seeds,
+            &format!("n{i}"),
+        ))
+    };
+    let nodes: Vec<Arc<Mutex<Option<Arc<Node>>>>> = (0..3)
+        .map(|i| Arc::new(Mutex::new(Some(start(i)))))
+        .collect();
+    let node = |i: usize| nodes[i].lock().unwrap().clone().expect("node is up");
+
+    // Definitions put on one node reach the others (polled every 250 ms).
+    for c in 0..CAMPAIGNS {
+        let def = json!({"caps": [{"kind": "window", "limit": CAP, "window": "1h"}]});
+        let (st, body) = node(0).call("PUT", &format!("/v1/campaigns/c{c}"), Some(&def));
+        assert_eq!(st, 200, "{body}");
+    }
+    let budget = json!({"budget": {"amount": 100, "per": "1d", "pacing": "asap"}});
+    let (st, body) = node(0).call("PUT", "/v1/campaigns/b", Some(&budget));
+    assert_eq!((st, body["error"]["code"].as_str()), (400, Some("invalid_argument")));
+    for i in 1..3 {
+        let seen = (0..100).any(|_| {
+            let (st, _) = node(i).call("GET", &format!("/v1/campaigns/c{}", CAMPAIGNS - 1), None);
+            st == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "node {i} did not apply the definitions within 5 s");
+    }
+
+    let ledger = Mutex::new(Ledger::default());
+    // Spread: each request on a random node.
+    load(&nodes, &ledger, 4, 150, false, 1);
+    // Affinity: each user on one node.
+    load(&nodes, &ledger, 4, 150, true, 2);
+
+    // (d) kill -9 of a node mid-load, with holds it made still open.
+    let killer = {
+        let n2 = nodes[2].clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            if let Some(n) = n2.lock().unwrap().take() {
+                // Other threads may still hold it: kill the process itself.
+                let pid = n.child.id() as i32;
+                // SAFETY: kill(2) on our own child, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        })
+    };
+    load(&nodes, &ledger, 4, 150, false, 3);
+    killer.join().unwrap();
+    // Holds the dead node made end at their deadline (1 s): after it, no
+    // user shows anything pending.
+    std::thread::sleep(Duration::from_millis(1300));
+    for user in 0..USERS {
+        for camp in 0..CAMPAIGNS {
+            let (_, u) = node(0).call("GET", &format!("/v1/users/u{user}/campaigns/c{camp}"), None);
+            assert_eq!(u["caps"][0]["pending"], 0, "u{user} c{camp}: {u}");
+        }
+    }
+    let acked = check_ledger(&node(0), &ledger.lock().unwrap());
+    assert!(acked > 100, "the load committed too little to test anything: {acked}");
+    // The node comes back.
+    *nodes[2].lock().unwrap() = Some(start(2));
+
+    // (f) a primary paused for writes: calls past their 100 ms deadline
+    // apply later; retries and later decisions must not count them twice.
+    let primaries = redis.primaries(BASE);
+    assert_eq!(primaries.len(), 3, "three primaries");
+    redis_cli(primaries[0], &["CLIENT", "PAUSE", "400", "WRITE"]);
+    load(&nodes, &ledger, 4, 100, false, 4);
+    check_ledger(&node(0), &ledger.lock().unwrap());
+
+    // (e) kill -9 of a primary: its replica takes over; meanwhile only its
+    // slots' requests fail, fast; with `replicated`, nothing acknowledged is
+    // lost.
+    let victim = primaries[1];
+    // SAFETY: kill(2) on a redis-server this test's script started.
+    unsafe { libc::kill(redis.pid(victim), libc::SIGKILL) };
+    let before = ledger.lock().unwrap().failed;
+    let t = Instant::now();
+    load(&nodes, &ledger, 4, 60, false, 5);
+    let during = t.elapsed();
+    let failed = ledger.lock().unwrap().failed - before;
+    assert!(failed < 240, "every request failed while one shard of three was down");
+    // Until the replica is promoted, requests keep coming; wait for it
+    // (bounded) and for the others to see it.
+    let promoted = (0..150).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        redis.primaries(BASE).len() == 3
+    });
+    assert!(promoted, "no replica took over within 15 s");
+    load(&nodes, &ledger, 4, 100, false, 6);
+    let total = check_ledger(&node(1), &ledger.lock().unwrap());
+    let l = ledger.lock().unwrap();
+    eprintln!(
+        "cluster test: {total} acknowledged commits, {} ambiguous, {} screens failed ({failed} while a primary was down, {during:?} for 240 requests)",
+        l.ambiguous.values().sum::<u64>(),
+        l.failed
+    );
+    drop(l);
+    let log = node(0).log.lock().unwrap().len();
+    assert!(log > 0);
+}
+
+#[test]
+fn events_are_counted_once_cluster_wide() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7430);
+    let a = Node::start(&tmp.path().join("a"), &redis.seeds, "a");
+    let b = Node::start(&tmp.path().join("b"), &redis.seeds, "b");
+    let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
+    assert_eq!(a.call("PUT", "/v1/campaigns/c", Some(&def)).0, 200);
+    let seen = (0..100).any(|_| {
+        b.call("GET", "/v1/campaigns/c", None).0 == 200 || {
+            std::thread::sleep(Duration::from_millis(50));
+            false
+        }
+    });
+    assert!(seen);
+    let ev = json!({"user": "u1", "campaign": "c", "event_id": "imp-1"});
+    let (st, body) = a.call("POST", "/v1/events", Some(&ev));
+    assert_eq!((st, body["counted"].as_u64()), (200, Some(1)), "{body}");
+    let (st, body) = b.call("POST", "/v1/events", Some(&ev));
+    assert_eq!((st, body["counted"].as_u64()), (200, Some(0)), "{body}");
+    let (_, u) = b.call("GET", "/v1/users/u1/campaigns/c", None);
+    assert_eq!(u["caps"][0]["used"], 1, "{u}");
+    // A reservation made on a, committed on b, repeated on a: one impression.
+    let s = json!({"user": "u2", "candidates": [{"campaign": "c"}], "reserve": true});
+    let (_, out) = a.call("POST", "/v1/screen", Some(&s));
+    let id = out["reservation"].as_str().expect("reserved").to_owned();
+    let path = format!("/v1/reservations/{id}/commit");
+    assert_eq!(b.call("POST", &path, Some(&json!({}))).0, 200);
+    assert_eq!(a.call("POST", &path, Some(&json!({}))).0, 200);
+    let (_, u) = a.call("GET", "/v1/users/u2/campaigns/c", None);
+    assert_eq!(u["caps"][0]["used"], 1, "{u}");
+}
