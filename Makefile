@@ -3,9 +3,10 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/freqcap-target
 
 .PHONY: deps pydeps test bench schemas run
 
-# Native build dependencies, installed only when missing (needs root or sudo).
+# Native build dependencies, and Redis for the cluster tests (tests/cluster.rs),
+# installed only when missing (needs root or sudo).
 deps:
-	@for p in libclang-dev build-essential pkg-config; do \
+	@for p in libclang-dev build-essential pkg-config redis-server redis-tools; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

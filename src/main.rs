@@ -84,6 +84,9 @@ struct ServeArgs {
     /// record cannot be reached (`--fail-open=false` overrides a file's `true`).
     #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
     fail_open: Option<bool>,
+    /// With a redis-cluster store: deadline of one Redis call, ms.
+    #[arg(long, env = "FREQCAP_REDIS_TIMEOUT_MS")]
+    redis_timeout_ms: Option<u64>,
     /// fsync, wal, async (RocksDB) or replicated (redis-cluster).
     #[arg(long, env = "FREQCAP_DURABILITY")]
     durability: Option<Durability>,
@@ -187,6 +190,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.fail_open {
             c.fail_open = v;
+        }
+        if let Some(v) = self.redis_timeout_ms {
+            c.redis_timeout_ms = v;
         }
         if let Some(v) = self.durability {
             c.durability = v;

@@ -37,6 +37,9 @@ pub struct ServeConfig {
     /// With a redis-cluster store: a screen whose user's record cannot be
     /// reached answers every known campaign eligible instead of 503.
     pub fail_open: bool,
+    /// With a redis-cluster store: the deadline of one call to Redis, ms
+    /// (a write and its WAIT together).
+    pub redis_timeout_ms: u64,
     pub durability: Durability,
     /// Bytes the hot tier may use.
     pub memory_budget: usize,
@@ -98,6 +101,7 @@ impl Default for ServeConfig {
             store: "rocksdb".into(),
             node_id: None,
             fail_open: false,
+            redis_timeout_ms: 100,
             durability: Durability::Wal,
             memory_budget: e.memory_budget,
             max_body: a.max_body,
@@ -150,7 +154,14 @@ impl ServeConfig {
                 crate::cluster::RedisOptions::parse(url, self.durability)?;
             }
         }
-        if self.node_id.as_deref().is_some_and(|n| n.is_empty() || n.len() > 128) {
+        if self.redis_timeout_ms == 0 {
+            return Err("redis_timeout_ms: must be at least 1".into());
+        }
+        if self
+            .node_id
+            .as_deref()
+            .is_some_and(|n| n.is_empty() || n.len() > 128)
+        {
             return Err("node_id: must be 1 to 128 bytes".into());
         }
         for (name, token) in [
@@ -215,13 +226,20 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         format!("{host}:{}", config.listen.port())
     });
     let store: Arc<dyn Store> = if config.store.starts_with("redis-cluster://") {
-        let options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?;
+        let mut options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?;
+        options.call_timeout = Duration::from_millis(config.redis_timeout_ms);
         // Connecting waits on the network: off the executor.
-        let redis = tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        tracing::info!(node_id, clustered = redis.clustered, "state in Redis ({})", config.store);
+        let redis =
+            tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+        tracing::info!(
+            node_id,
+            clustered = redis.clustered,
+            "state in Redis ({})",
+            config.store
+        );
         Arc::new(redis)
     } else if config.memory || config.store == "memory" {
         Arc::new(MemoryStore::new())
@@ -247,10 +265,11 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         ..EngineOptions::default()
     };
     // Opening reads definitions, which a shared store holds over the network.
-    let engine = tokio::task::spawn_blocking(move || Engine::open(store, SystemClock::new(), options))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+    let engine =
+        tokio::task::spawn_blocking(move || Engine::open(store, SystemClock::new(), options))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     let connections = ConnCounters::default();
     let secs = Duration::from_secs;

@@ -120,6 +120,10 @@ impl Node {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--store", seeds])
             .args(["--durability", "replicated", "--node-id", id])
+            // Six Redis servers, three nodes and the test share two cores:
+            // a replica's WAIT can take longer than the 100 ms default. Still
+            // below the 400 ms CLIENT PAUSE, so writes do time out there.
+            .args(["--redis-timeout-ms", "300"])
             .arg("--data-dir")
             .arg(data);
         for (k, _) in std::env::vars_os() {
@@ -176,6 +180,20 @@ impl Node {
                 .into(),
             log,
         }
+    }
+
+    /// [`Node::call`], retried (at most 20 times, 100 ms apart) while it
+    /// answers 503, as a client honouring Retry-After would.
+    fn call_retrying(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut r = self.call(method, path, body);
+        for _ in 0..20 {
+            if r.0 != 503 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            r = self.call(method, path, body);
+        }
+        r
     }
 
     /// (status, body); status 0 when the node cannot be reached.
@@ -313,7 +331,10 @@ fn check_ledger(n: &Node, ledger: &Ledger) -> u64 {
         for camp in 0..CAMPAIGNS {
             let acked = ledger.acked.get(&(user, camp)).copied().unwrap_or(0);
             let ambiguous = ledger.ambiguous.get(&(user, camp)).copied().unwrap_or(0);
-            assert!(acked <= CAP, "u{user} c{camp}: {acked} acknowledged commits, cap {CAP}");
+            assert!(
+                acked <= CAP,
+                "u{user} c{camp}: {acked} acknowledged commits, cap {CAP}"
+            );
             let (st, u) = n.call("GET", &format!("/v1/users/u{user}/campaigns/c{camp}"), None);
             assert_eq!(st, 200, "usage of u{user} c{camp}: {u}");
             let used = u["caps"][0]["used"].as_u64().unwrap_or(u64::MAX);
@@ -353,7 +374,10 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
     }
     let budget = json!({"budget": {"amount": 100, "per": "1d", "pacing": "asap"}});
     let (st, body) = node(0).call("PUT", "/v1/campaigns/b", Some(&budget));
-    assert_eq!((st, body["error"]["code"].as_str()), (400, Some("invalid_argument")));
+    assert_eq!(
+        (st, body["error"]["code"].as_str()),
+        (400, Some("invalid_argument"))
+    );
     for i in 1..3 {
         let seen = (0..100).any(|_| {
             let (st, _) = node(i).call("GET", &format!("/v1/campaigns/c{}", CAMPAIGNS - 1), None);
@@ -396,7 +420,10 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
         }
     }
     let acked = check_ledger(&node(0), &ledger.lock().unwrap());
-    assert!(acked > 100, "the load committed too little to test anything: {acked}");
+    assert!(
+        acked > 100,
+        "the load committed too little to test anything: {acked}"
+    );
     // The node comes back.
     *nodes[2].lock().unwrap() = Some(start(2));
 
@@ -419,7 +446,10 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
     load(&nodes, &ledger, 4, 60, false, 5);
     let during = t.elapsed();
     let failed = ledger.lock().unwrap().failed - before;
-    assert!(failed < 240, "every request failed while one shard of three was down");
+    assert!(
+        failed < 240,
+        "every request failed while one shard of three was down"
+    );
     // Until the replica is promoted, requests keep coming; wait for it
     // (bounded) and for the others to see it.
     let promoted = (0..150).any(|_| {
@@ -447,7 +477,7 @@ fn events_are_counted_once_cluster_wide() {
     let a = Node::start(&tmp.path().join("a"), &redis.seeds, "a");
     let b = Node::start(&tmp.path().join("b"), &redis.seeds, "b");
     let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
-    assert_eq!(a.call("PUT", "/v1/campaigns/c", Some(&def)).0, 200);
+    assert_eq!(a.call_retrying("PUT", "/v1/campaigns/c", Some(&def)).0, 200);
     let seen = (0..100).any(|_| {
         b.call("GET", "/v1/campaigns/c", None).0 == 200 || {
             std::thread::sleep(Duration::from_millis(50));
@@ -456,19 +486,46 @@ fn events_are_counted_once_cluster_wide() {
     });
     assert!(seen);
     let ev = json!({"user": "u1", "campaign": "c", "event_id": "imp-1"});
-    let (st, body) = a.call("POST", "/v1/events", Some(&ev));
+    let (st, body) = a.call_retrying("POST", "/v1/events", Some(&ev));
     assert_eq!((st, body["counted"].as_u64()), (200, Some(1)), "{body}");
-    let (st, body) = b.call("POST", "/v1/events", Some(&ev));
+    let (st, body) = b.call_retrying("POST", "/v1/events", Some(&ev));
     assert_eq!((st, body["counted"].as_u64()), (200, Some(0)), "{body}");
     let (_, u) = b.call("GET", "/v1/users/u1/campaigns/c", None);
     assert_eq!(u["caps"][0]["used"], 1, "{u}");
     // A reservation made on a, committed on b, repeated on a: one impression.
     let s = json!({"user": "u2", "candidates": [{"campaign": "c"}], "reserve": true});
-    let (_, out) = a.call("POST", "/v1/screen", Some(&s));
+    let (_, out) = a.call_retrying("POST", "/v1/screen", Some(&s));
     let id = out["reservation"].as_str().expect("reserved").to_owned();
     let path = format!("/v1/reservations/{id}/commit");
-    assert_eq!(b.call("POST", &path, Some(&json!({}))).0, 200);
-    assert_eq!(a.call("POST", &path, Some(&json!({}))).0, 200);
+    assert_eq!(b.call_retrying("POST", &path, Some(&json!({}))).0, 200);
+    assert_eq!(a.call_retrying("POST", &path, Some(&json!({}))).0, 200);
     let (_, u) = a.call("GET", "/v1/users/u2/campaigns/c", None);
     assert_eq!(u["caps"][0]["used"], 1, "{u}");
+    // The cluster's figures are exported.
+    let r = a
+        .agent
+        .get(format!("{}/metrics", a.base))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    for name in [
+        "freqcap_cas_total",
+        "freqcap_cas_conflicts_total",
+        "freqcap_redis_calls_total",
+        "freqcap_redis_timeouts_total",
+        "freqcap_redis_call_seconds_bucket",
+    ] {
+        assert!(r.contains(name), "{name} missing from /metrics");
+    }
+    let cas: f64 = r
+        .lines()
+        .find_map(|l| l.strip_prefix("freqcap_cas_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("freqcap_cas_total has a value");
+    assert!(
+        cas >= 2.0,
+        "a's event and screen each wrote a record: {cas}"
+    );
 }

@@ -776,7 +776,11 @@ fn stress_with_shared_ancestors_and_redefinitions() {
     for ((user, leaf), n) in &won {
         assert!(*n <= 2, "{user} won {leaf} {n} times");
         let i: usize = leaf[5..].parse().unwrap();
-        let mid = if i % 2 == 0 { "mid-a" } else { "mid-b" };
+        let mid = if i.is_multiple_of(2) {
+            "mid-a"
+        } else {
+            "mid-b"
+        };
         *per_mid.entry((user.clone(), mid)).or_default() += n;
         total += n;
         let u = e.user_usage(user, leaf).unwrap();

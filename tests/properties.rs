@@ -1161,7 +1161,7 @@ proptest! {
             total += r;
             polls += 1;
             // Mostly coarse polls, with runs of gaps shorter than the interval.
-            now += if rng.next() % 4 == 0 { rng.range(1, 3_000) } else { rng.range(1, max_gap) };
+            now += if rng.next().is_multiple_of(4) { rng.range(1, 3_000) } else { rng.range(1, max_gap) };
         }
         prop_assert!(polls > 1000);
     }
@@ -1252,7 +1252,7 @@ proptest! {
         for _ in 0..nops {
             let now = clock.advance(rng.range(idle / active, 2 * idle / active));
             // Mostly new keys; some return after their state went idle.
-            let key = if next_key > 0 && rng.next() % 4 == 0 {
+            let key = if next_key > 0 && rng.next().is_multiple_of(4) {
                 next_key - rng.range(1, next_key.min(200))
             } else {
                 next_key += 1;

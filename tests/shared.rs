@@ -20,7 +20,13 @@ const SEC: u64 = 1_000_000_000;
 type Node = Engine<Arc<ManualClock>>;
 
 /// Two nodes on one shared store, each with its own clock.
-fn two_nodes() -> (Arc<SharedMemory>, Node, Node, Arc<ManualClock>, Arc<ManualClock>) {
+fn two_nodes() -> (
+    Arc<SharedMemory>,
+    Node,
+    Node,
+    Arc<ManualClock>,
+    Arc<ManualClock>,
+) {
     let store = Arc::new(SharedMemory::new());
     let (ca, cb) = (
         Arc::new(ManualClock::new(T0)),
@@ -137,7 +143,10 @@ fn pending_holds_count_on_every_node_and_expire_at_their_deadline() {
     // Past the deadline (1 s), b ends a's holds as of their deadline.
     cb.advance(1001 * 1_000_000);
     let s = b.screen(&screen("u1", &["c1"])).unwrap();
-    assert!(s.results[0].eligible, "a dead node's holds end at the deadline");
+    assert!(
+        s.results[0].eligible,
+        "a dead node's holds end at the deadline"
+    );
     assert_eq!(b.user_usage("u1", "c1").unwrap()[0].pending, 1);
     drop(ca);
 }
@@ -248,7 +257,10 @@ fn event_ids_are_deduplicated_across_nodes() {
 fn state_that_needs_leases_is_refused_with_its_field() {
     let (_, a, _, _, _) = two_nodes();
     for (json, field) in [
-        (r#"{"budget": {"amount": 100, "per": "1d", "pacing": "asap"}}"#, "budget"),
+        (
+            r#"{"budget": {"amount": 100, "per": "1d", "pacing": "asap"}}"#,
+            "budget",
+        ),
         (r#"{"max_in_flight": 3}"#, "max_in_flight"),
         (
             r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "window", "limit": 9, "window": "1d", "scope": "campaign"}]}"#,

@@ -108,6 +108,25 @@ pub struct Figures {
     pub rocksdb_memtable_bytes: u64,
     pub rocksdb_pending_compaction_bytes: u64,
     pub rocksdb_estimated_keys: u64,
+    /// With a shared store (docs/cluster.md): compare-and-set writes, those
+    /// that met another node's write first, and screens answered open.
+    pub cas: u64,
+    pub cas_conflicts: u64,
+    pub failed_open: u64,
+    pub redis: Option<RedisFigures>,
+}
+
+/// A Redis Cluster store's calls (docs/cluster.md, metrics).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RedisFigures {
+    pub calls: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    pub unreplicated: u64,
+    pub latency_sum_us: u64,
+    /// Calls per latency bucket ([`crate::cluster::LATENCY_BOUNDS_US`], then
+    /// the rest), not cumulative.
+    pub buckets: [u64; 10],
 }
 
 /// Reads [`Figures`] on each scrape. A closure keeps this module free of the
@@ -234,6 +253,71 @@ impl Collector for EngineFigures {
             "freqcap_rocksdb_estimated_keys",
             "RocksDB's estimate of keys of state (0 in memory)",
             f.rocksdb_estimated_keys,
+        )?;
+        let Some(r) = f.redis else {
+            return Ok(());
+        };
+        counter(
+            &mut e,
+            "freqcap_cas",
+            "Records written by compare-and-set to the shared store",
+            f.cas,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_cas_conflicts",
+            "Compare-and-set writes another node's write beat (decided again)",
+            f.cas_conflicts,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_screens_failed_open",
+            "Screens answered eligible because the user's record could not be reached (fail_open)",
+            f.failed_open,
+        )?;
+        counter(&mut e, "freqcap_redis_calls", "Calls to Redis", r.calls)?;
+        counter(
+            &mut e,
+            "freqcap_redis_errors",
+            "Calls to Redis that failed (connection, cluster down, an error reply)",
+            r.errors,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_redis_timeouts",
+            "Calls to Redis past their deadline",
+            r.timeouts,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_redis_unreplicated",
+            "Writes no replica confirmed in time (durability replicated or fsync): not acknowledged",
+            r.unreplicated,
+        )?;
+        let mut cumulative = 0;
+        let buckets: Vec<(f64, u64)> = r
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                cumulative += n;
+                let le = crate::cluster::LATENCY_BOUNDS_US
+                    .get(i)
+                    .map_or(f64::INFINITY, |us| *us as f64 / 1e6);
+                (le, cumulative)
+            })
+            .collect();
+        let mut h = e.encode_descriptor(
+            "freqcap_redis_call_seconds",
+            "Latency of calls to Redis, deadline included.",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        h.encode_histogram::<Vec<(String, String)>>(
+            r.latency_sum_us as f64 / 1e6,
+            cumulative,
+            &buckets,
+            None,
         )?;
         Ok(())
     }

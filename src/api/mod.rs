@@ -139,6 +139,17 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
         rocksdb_memtable_bytes: store.memtable_bytes,
         rocksdb_pending_compaction_bytes: store.pending_compaction_bytes,
         rocksdb_estimated_keys: store.estimated_keys,
+        cas: get(&st.cas),
+        cas_conflicts: get(&st.cas_conflicts),
+        failed_open: get(&st.failed_open),
+        redis: engine.store().redis_stats().map(|r| metrics::RedisFigures {
+            calls: get(&r.calls),
+            errors: get(&r.errors),
+            timeouts: get(&r.timeouts),
+            unreplicated: get(&r.unreplicated),
+            latency_sum_us: get(&r.latency_us),
+            buckets: std::array::from_fn(|i| get(&r.latency_buckets[i])),
+        }),
     }
 }
 

@@ -54,9 +54,9 @@ pub struct RedisOptions {
 impl RedisOptions {
     /// Parses `redis-cluster://HOST:PORT[,HOST:PORT...]`.
     pub fn parse(url: &str, durability: Durability) -> Result<Self, String> {
-        let rest = url
-            .strip_prefix("redis-cluster://")
-            .ok_or_else(|| format!("store: expected redis-cluster://HOST:PORT[,...], got {url:?}"))?;
+        let rest = url.strip_prefix("redis-cluster://").ok_or_else(|| {
+            format!("store: expected redis-cluster://HOST:PORT[,...], got {url:?}")
+        })?;
         let seeds: Vec<String> = rest
             .split(',')
             .map(|s| s.trim().to_owned())
@@ -143,7 +143,9 @@ pub struct RedisStats {
 }
 
 /// Upper bounds of [`RedisStats::latency_buckets`], µs.
-pub const LATENCY_BOUNDS_US: [u64; 9] = [250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000];
+pub const LATENCY_BOUNDS_US: [u64; 9] = [
+    250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000,
+];
 
 /// See the module documentation.
 pub struct RedisStore {
@@ -191,8 +193,12 @@ impl RedisStore {
         let conn = self.conn.clone();
         // Loading may take longer than a decision's call.
         let t = self.options.call_timeout.max(Duration::from_secs(5));
-        self.run_for("FUNCTION LOAD", t, async move { conn.on_primaries(cmd).await })
-            .map(drop)
+        self.run_for(
+            "FUNCTION LOAD",
+            t,
+            async move { conn.on_primaries(cmd).await },
+        )
+        .map(drop)
     }
 
     fn run<T>(
@@ -317,10 +323,7 @@ impl RedisStore {
 
 async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
     let unavailable = |e: RedisError| {
-        StoreError::Unavailable(format!(
-            "cannot reach Redis at {}: {e}",
-            o.seeds.join(",")
-        ))
+        StoreError::Unavailable(format!("cannot reach Redis at {}: {e}", o.seeds.join(",")))
     };
     let first = format!("redis://{}", o.seeds[0]);
     // One Redis or a cluster: the first seed says.
@@ -344,18 +347,17 @@ async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
         );
         return Ok((Conn::Single(single), false));
     }
-    let client = redis::cluster::ClusterClient::builder(
-        o.seeds.iter().map(|s| format!("redis://{s}")),
-    )
-    // One retry, no sleeps in between (min/max wait in ms): a dead shard
-    // fails its requests within the call's deadline instead of stalling.
-    .retries(1)
-    .min_retry_wait(1)
-    .max_retry_wait(10)
-    .connection_timeout(Duration::from_millis(250))
-    .response_timeout(o.call_timeout)
-    .build()
-    .map_err(unavailable)?;
+    let client =
+        redis::cluster::ClusterClient::builder(o.seeds.iter().map(|s| format!("redis://{s}")))
+            // One retry, no sleeps in between (min/max wait in ms): a dead shard
+            // fails its requests within the call's deadline instead of stalling.
+            .retries(1)
+            .min_retry_wait(1)
+            .max_retry_wait(10)
+            .connection_timeout(Duration::from_millis(250))
+            .response_timeout(o.call_timeout)
+            .build()
+            .map_err(unavailable)?;
     let conn = tokio::time::timeout(Duration::from_secs(5), client.get_async_connection())
         .await
         .map_err(|_| StoreError::Unavailable("the cluster did not answer within 5 s".into()))?
@@ -615,10 +617,18 @@ mod tests {
 
     #[test]
     fn store_urls_are_parsed_or_refused_naming_the_option() {
-        let o = RedisOptions::parse("redis-cluster://127.0.0.1:7100,127.0.0.1:7101", Durability::Wal)
-            .unwrap();
+        let o = RedisOptions::parse(
+            "redis-cluster://127.0.0.1:7100,127.0.0.1:7101",
+            Durability::Wal,
+        )
+        .unwrap();
         assert_eq!(o.seeds, ["127.0.0.1:7100", "127.0.0.1:7101"]);
-        for bad in ["redis://x:1", "redis-cluster://", "redis-cluster://host", "redis-cluster://h:0"] {
+        for bad in [
+            "redis://x:1",
+            "redis-cluster://",
+            "redis-cluster://host",
+            "redis-cluster://h:0",
+        ] {
             let e = RedisOptions::parse(bad, Durability::Wal).unwrap_err();
             assert!(e.starts_with("store"), "{bad}: {e}");
         }

@@ -16,6 +16,7 @@ use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
 use super::registry::{CampaignEntry, Registry};
 use super::request::{Event, check_cost};
+use super::shared::SettledId;
 use super::{Engine, EngineError};
 
 /// Event ids claimed whose write may not be on disk yet. The ids seen
@@ -45,6 +46,12 @@ struct DedupeShard {
 
 /// The batch sequence of an id claimed but not yet submitted.
 const UNSUBMITTED: u64 = u64::MAX;
+
+/// How long a shared record remembers an event id it counted, so that a
+/// retry of a write whose answer was lost does not count it again (the
+/// cluster-wide claim holds it for the whole horizon, but is given back
+/// when the count fails).
+const EVENT_RETRY_MEMORY: Nanos = 5 * 60 * 1_000_000_000;
 
 /// An event id's key in a shared store.
 fn event_key(h: u128) -> Vec<u8> {
@@ -229,6 +236,26 @@ impl<C: Clock> Engine<C> {
             let cost = n.event.cost;
             let counted = match n.user {
                 Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
+                    // With a shared store, the record also remembers the id
+                    // for a while: a retry after a write whose answer was
+                    // lost (applied or not, nobody knows) counts it once.
+                    if let Some(h) = n.id.filter(|_| self.shared().is_some()) {
+                        let res = h as u64;
+                        if rec
+                            .shared_meta()
+                            .is_some_and(|m| m.settled.iter().any(|s| s.res == res))
+                        {
+                            return Receipt::done(0);
+                        }
+                        let until = now.saturating_add(EVENT_RETRY_MEMORY);
+                        rec.shared_meta_mut().settled.push(SettledId {
+                            res,
+                            deadline: until,
+                            committed: true,
+                            campaigns: Vec::new(),
+                        });
+                        rec.idle_at = rec.idle_at.max(until);
+                    }
                     self.count_event(&reg, chain, Some((k, rec)), cost, now, dedupe.clone())
                 }),
                 None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe)),

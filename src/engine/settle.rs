@@ -20,8 +20,8 @@ use super::request::{
 };
 use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
 use super::shared::{SettledHere, SharedSettle};
-use crate::store::Shared;
 use super::{Engine, EngineError, invalid};
+use crate::store::Shared;
 
 /// Most reservations a request expires before it is handled (the sweeper
 /// expires the rest): see [`Engine::expire_step`].
@@ -270,9 +270,7 @@ impl<C: Clock> Engine<C> {
                 final_cost: req.cost,
             };
             let (outcome, counter) = match self.settle_shared(shared, key, id, how)? {
-                SettledHere::Done(o, campaigns) => {
-                    ((o, campaigns), Some(&self.stats.commits))
-                }
+                SettledHere::Done(o, campaigns) => ((o, campaigns), Some(&self.stats.commits)),
                 SettledHere::Repeat(o, campaigns) => ((o, campaigns), None),
                 SettledHere::Unknown => return Ok(self.late_commit(id, req)?),
             };

@@ -314,7 +314,10 @@ fn settle_in_record(
             })),
         };
     }
-    let Some(held) = meta.and_then(|m| m.held.iter().find(|h| h.res == res)).cloned() else {
+    let Some(held) = meta
+        .and_then(|m| m.held.iter().find(|h| h.res == res))
+        .cloned()
+    else {
         return Ok(SettledHere::Unknown);
     };
     let (committed, final_cost) = match how {
@@ -389,10 +392,7 @@ fn winners(
         .collect();
     for (n, name) in campaigns.iter().enumerate() {
         let cid = reg.campaigns.get(name).map(|e| e.id);
-        match out
-            .iter_mut()
-            .find(|(_, c, won)| Some(*c) == cid && !*won)
-        {
+        match out.iter_mut().find(|(_, c, won)| Some(*c) == cid && !*won) {
             Some(c) => c.2 = true,
             None => {
                 let field = if campaigns.len() == 1 {
@@ -497,7 +497,12 @@ impl<C: Clock> Engine<C> {
 
     /// Decodes a shared copy, moving the engine's time up to its last
     /// decision.
-    fn decoded(&self, disk: &[u8], value: &[u8], version: u64) -> Result<SubjectRecord, StoreError> {
+    fn decoded(
+        &self,
+        disk: &[u8],
+        value: &[u8],
+        version: u64,
+    ) -> Result<SubjectRecord, StoreError> {
         let (rec, last) = decode(value, version).map_err(|m| corrupt(disk, m))?;
         self.last_now.fetch_max(last, Ordering::AcqRel);
         Ok(rec)

@@ -65,13 +65,16 @@ pub trait Shared: Send + Sync {
     fn new_id(&self, above: u32) -> Result<u32, StoreError>;
 }
 
+/// Records by key: (version, value).
+type Versioned = HashMap<Vec<u8>, (u64, Vec<u8>)>;
+
 /// [`Shared`] in one process: several engines on one `Arc<SharedMemory>`
 /// behave as nodes on one cluster.
 #[derive(Default)]
 pub struct SharedMemory {
     /// Definitions, meta and dedupe ids, as [`MemoryStore`] keeps them.
     plain: MemoryStore,
-    records: Mutex<HashMap<Vec<u8>, (u64, Vec<u8>)>>,
+    records: Mutex<Versioned>,
     claims: Mutex<HashMap<Vec<u8>, Nanos>>,
     definitions: AtomicU64,
     ids: AtomicU64,
