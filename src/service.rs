@@ -262,6 +262,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
         max_open_reservations: config.max_open_reservations,
         fail_open: config.fail_open,
+        node_id: node_id.clone(),
         ..EngineOptions::default()
     };
     // Opening reads definitions, which a shared store holds over the network.
@@ -315,7 +316,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
                 tick.tick().await;
                 let e = engine.clone();
                 let _ = tokio::task::spawn_blocking(move || {
-                    if let Err(err) = e.refresh_definitions() {
+                    if let Err(err) = e.cluster_tick() {
                         tracing::warn!("cannot read definitions from the shared store: {err}");
                     }
                     if n % 4 == 0 {

@@ -113,6 +113,10 @@ pub struct Figures {
     pub cas: u64,
     pub cas_conflicts: u64,
     pub failed_open: u64,
+    /// Lease calls, and this node's grants now (count, units not yet spent).
+    pub lease_calls: u64,
+    pub grants: u64,
+    pub grant_units: u64,
     pub redis: Option<RedisFigures>,
 }
 
@@ -274,6 +278,24 @@ impl Collector for EngineFigures {
             "freqcap_screens_failed_open",
             "Screens answered eligible because the user's record could not be reached (fail_open)",
             f.failed_open,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_lease_calls",
+            "Calls of the lease function (grants of campaign-scope state, spend reports)",
+            f.lease_calls,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_grants",
+            "Grants of campaign-scope state this node holds",
+            f.grants,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_grant_units_outstanding",
+            "Units granted to this node and not reported spent",
+            f.grant_units,
         )?;
         counter(&mut e, "freqcap_redis_calls", "Calls to Redis", r.calls)?;
         counter(

@@ -142,6 +142,9 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
         cas: get(&st.cas),
         cas_conflicts: get(&st.cas_conflicts),
         failed_open: get(&st.failed_open),
+        lease_calls: get(&st.lease_calls),
+        grants: engine.grants_outstanding().0 as u64,
+        grant_units: engine.grants_outstanding().1,
         redis: engine.store().redis_stats().map(|r| metrics::RedisFigures {
             calls: get(&r.calls),
             errors: get(&r.errors),

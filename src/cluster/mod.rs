@@ -27,7 +27,8 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, Durability, KeyValues, Op, Receipt, Shared, Space, Store, StoreError, StoreStats,
+    Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, Op, Receipt, Shared, Space, Store,
+    StoreError, StoreStats,
 };
 
 /// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
@@ -518,6 +519,39 @@ impl Shared for RedisStore {
         c.arg(DEFS).arg(DEFS_VERSION);
         let v = self.query("HGET definitions version", c)?;
         Ok(int(&v).unwrap_or(0))
+    }
+
+    fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_lease_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.holder)
+            .arg(req.spent)
+            .arg(req.want)
+            .arg(req.total)
+            .arg(req.ttl_ms)
+            .arg(req.grace_ms)
+            .arg(req.key_expire_ms);
+        // Lease calls are rare: they wait for a replica whenever writes do,
+        // so a failover does not hand out a grant twice.
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the lease was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2])) {
+                (Some(granted), Some(spent_total)) => Ok(LeaseGrant {
+                    granted,
+                    spent_total,
+                }),
+                _ => Err(unexpected("fc_lease_v1", &v)),
+            },
+            _ => Err(unexpected("fc_lease_v1", &v)),
+        }
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {

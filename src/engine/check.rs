@@ -46,6 +46,11 @@ impl<C: Clock> Engine<C> {
     /// where waiting on disk is fine. An async server decides on its
     /// executor this way and moves only misses to a blocking thread.
     pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
+        // With a shared store every decision calls the network: never on
+        // the executor.
+        if self.shared().is_some() {
+            return None;
+        }
         if_in_memory(self.check_with(req, Reads::MemoryOnly))
     }
 

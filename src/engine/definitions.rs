@@ -13,6 +13,7 @@ use crate::model::{CompiledCampaign, Scope, Warning};
 use crate::store::{Op, Space, Store, StoreError, codec};
 
 use super::hot::RecordKey;
+use super::leases::leasable;
 use super::record::{SubjectRecord, tag};
 use super::registry::{CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
@@ -27,7 +28,14 @@ struct StoredDef<T> {
 }
 
 /// The definitions in `store`, with every campaign's counters.
-pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
+///
+/// `keep`: definitions in memory whose campaign records (by id) carry over,
+/// as a PUT keeps them; a shared store's definitions are read anew at every
+/// change, and those records are this node's campaign-side state.
+pub(crate) fn load_registry(
+    store: &dyn Store,
+    keep: Option<&Registry>,
+) -> Result<Registry, StoreError> {
     let mut reg = Registry::default();
     for (k, v) in store.scan(Space::Definitions)? {
         let (_, payload) = codec::unframe(&v).map_err(|m| corrupt(&k, m))?;
@@ -48,9 +56,17 @@ pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
             let d: StoredDef<CampaignDef> =
                 serde_json::from_slice(payload).map_err(|e| corrupt(&k, e.to_string()))?;
             let compiled = d.def.compile().map_err(|e| corrupt(&k, e.to_string()))?;
-            let record = match store.get(Space::State, &RecordKey::Campaign(d.id).disk_key())? {
-                Some(v) => SubjectRecord::from_stored(&v).map_err(|m| corrupt(&k, m))?,
-                None => SubjectRecord::default(),
+            let kept = keep
+                .and_then(|r| r.campaign_by_id(d.id))
+                .map(|e| e.record.clone());
+            let record = match kept {
+                Some(r) => r,
+                None => Arc::new(Mutex::new(
+                    match store.get(Space::State, &RecordKey::Campaign(d.id).disk_key())? {
+                        Some(v) => SubjectRecord::from_stored(&v).map_err(|m| corrupt(&k, m))?,
+                        None => SubjectRecord::default(),
+                    },
+                )),
             };
             reg.max_id = reg.max_id.max(d.id);
             let entry = CampaignEntry {
@@ -59,7 +75,7 @@ pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
                 name: Arc::from(name.as_str()),
                 def: d.def,
                 compiled,
-                record: Arc::new(Mutex::new(record)),
+                record,
                 chain: Vec::new(),
             };
             let e = Arc::new(entry);
@@ -74,17 +90,33 @@ pub(crate) fn load_registry(store: &dyn Store) -> Result<Registry, StoreError> {
 /// Refuses, with a shared store, a campaign whose state would be
 /// cluster-wide: campaign-scope caps, budgets and max_in_flight need leases
 /// (docs/cluster.md, "Not yet").
-fn check_shareable_campaign(def: &CampaignDef) -> Result<(), EngineError> {
-    const WHY: &str = "campaign-scope state (campaign caps, budgets, max_in_flight) is not supported with a shared (redis-cluster) store yet";
-    if let Some(i) = def.caps.iter().position(|c| c.scope() == Scope::Campaign) {
-        return Err(invalid(format!("caps[{i}].scope"), WHY));
+fn check_shareable_campaign(
+    def: &CampaignDef,
+    compiled: &CompiledCampaign,
+) -> Result<(), EngineError> {
+    // Campaign-scope state is leased (`super::leases`): fixed and calendar
+    // windows and budgets paced asap, even or by a profile have a total per
+    // period to share out; the others do not (yet).
+    let mut caps = 0;
+    for c in &compiled.items {
+        let field = match c.item {
+            crate::limits::Item::Budget(_) => "budget".to_owned(),
+            crate::limits::Item::Concurrency(_) => "max_in_flight".to_owned(),
+            _ => {
+                caps += 1;
+                format!("caps[{}]", caps - 1)
+            }
+        };
+        if c.scope == Scope::Campaign && !leasable(&c.item) {
+            return Err(invalid(
+                field,
+                "with a shared (redis-cluster) store, campaign-scope state must be a fixed or \
+                 calendar window or a budget paced asap, even or by a profile (it is leased; \
+                 docs/cluster.md)",
+            ));
+        }
     }
-    if def.budget.is_some() {
-        return Err(invalid("budget", WHY));
-    }
-    if def.max_in_flight.is_some() {
-        return Err(invalid("max_in_flight", WHY));
-    }
+    let _ = def;
     Ok(())
 }
 
@@ -94,7 +126,7 @@ impl<C: Clock> Engine<C> {
     /// moment ago is not undone.
     fn registry_to_change(&self) -> Result<Registry, EngineError> {
         if self.shared().is_some() {
-            return Ok(load_registry(&*self.store)?);
+            return Ok(load_registry(&*self.store, Some(&self.registry()))?);
         }
         Ok((*self.registry()).clone())
     }
@@ -106,6 +138,17 @@ impl<C: Clock> Engine<C> {
             Some(shared) => Ok(shared.new_id(reg.max_id)?),
             None => Ok(reg.max_id + 1),
         }
+    }
+
+    /// With a shared store, what the sweeper does every 250 ms: applies
+    /// definitions other nodes changed, and renews this node's grants.
+    pub fn cluster_tick(&self) -> Result<(), EngineError> {
+        if self.shared().is_none() {
+            return Ok(());
+        }
+        let r = self.refresh_definitions().map(drop);
+        self.renew_leases();
+        r
     }
 
     /// With a shared store: applies the definitions other nodes changed, if
@@ -126,7 +169,9 @@ impl<C: Clock> Engine<C> {
             .unwrap_or_else(PoisonError::into_inner);
         // Read after the version: a change made between the two is applied
         // now and again at the next call, never missed.
-        let reg = load_registry(&*self.store)?;
+        // A campaign's record (this node's campaign-side state: its holds
+        // and spend under its grants) carries over, as a PUT keeps it.
+        let reg = load_registry(&*self.store, Some(&self.registry()))?;
         self.publish(reg);
         self.defs_version.store(version, Ordering::Release);
         Ok(true)
@@ -216,7 +261,7 @@ impl<C: Clock> Engine<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if self.shared().is_some() {
-            check_shareable_campaign(&def)?;
+            check_shareable_campaign(&def, &compiled)?;
         }
         let mut reg = self.registry_to_change()?;
         reg.chain_from(name, def.parent.as_deref())

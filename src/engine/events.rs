@@ -163,6 +163,11 @@ impl<C: Clock> Engine<C> {
         &self,
         events: &[Event],
     ) -> Option<Result<PendingEvents<'_>, EngineError>> {
+        // With a shared store every decision calls the network: never on
+        // the executor.
+        if self.shared().is_some() {
+            return None;
+        }
         if_in_memory(self.events_with(events, Reads::MemoryOnly))
     }
 
@@ -253,6 +258,7 @@ impl<C: Clock> Engine<C> {
                             deadline: until,
                             committed: true,
                             campaigns: Vec::new(),
+                            final_cost: None,
                         });
                         rec.idle_at = rec.idle_at.max(until);
                     }
@@ -271,6 +277,18 @@ impl<C: Clock> Engine<C> {
                     self.unclaim_event_ids(&new[i..]);
                     return Err(err);
                 }
+            }
+        }
+        if self.shared().is_some() {
+            // Leased campaign state: report the spend now; should it fail,
+            // the next renewal reports it (counters are absolute).
+            let chains: Vec<Arc<CampaignEntry>> = new
+                .iter()
+                .filter_map(|n| reg.chain(&n.event.campaign))
+                .flat_map(|c| c.iter().cloned())
+                .collect();
+            if let Err(e) = self.report_spend(chains.iter()) {
+                tracing::debug!("spend report after events failed: {e}");
             }
         }
         Ok(PendingEvents {

@@ -31,6 +31,7 @@ mod check;
 mod definitions;
 mod events;
 mod hot;
+mod leases;
 mod persist;
 pub(crate) mod record;
 pub(crate) mod registry;
@@ -97,6 +98,9 @@ pub struct EngineOptions {
     /// answers every known campaign eligible (reserving nothing) instead of
     /// 503. For ad servers that prefer serving to refusing (docs/cluster.md).
     pub fail_open: bool,
+    /// This node's name in a cluster (leases name their holder by it and
+    /// the process's nonce).
+    pub node_id: String,
 }
 
 impl Default for EngineOptions {
@@ -111,6 +115,7 @@ impl Default for EngineOptions {
             max_id_len: 256,
             id_nonce: None,
             fail_open: false,
+            node_id: "node".into(),
         }
     }
 }
@@ -221,6 +226,8 @@ pub struct EngineStats {
     /// Screens answered eligible without their user's record, which could
     /// not be reached (`fail_open`).
     pub failed_open: AtomicU64,
+    /// Calls of the lease function (grants and spend reports).
+    pub lease_calls: AtomicU64,
 }
 
 const META_HASH_KEY: &[u8] = b"hash_key";
@@ -260,6 +267,8 @@ pub struct Engine<C: Clock> {
     /// User and policy-key records (see [`hot`]).
     hot: ShardedMap<[u64; 2], SubjectRecord>,
     reservations: Reservations,
+    /// With a shared store: this node's grants of campaign-scope state.
+    leases: leases::Leases,
     dedupe: Dedupe,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
     /// a client picks cannot be made to collide.
@@ -308,7 +317,7 @@ impl<C: Clock> Engine<C> {
             Some(s) => s.definitions_version()?,
             None => 0,
         };
-        let reg = definitions::load_registry(&*store)?;
+        let reg = definitions::load_registry(&*store, None)?;
         let hot = ShardedMap::new(options.memory_budget, options.shards);
         let reservations = Reservations::new(
             options.max_open_reservations,
@@ -324,6 +333,7 @@ impl<C: Clock> Engine<C> {
             defs_write: Mutex::new(()),
             defs_version: AtomicU64::new(defs_version),
             reservations,
+            leases: leases::Leases::default(),
             dedupe: Dedupe::new(),
             hash_key,
             id_nonce: options.id_nonce.unwrap_or_else(|| {

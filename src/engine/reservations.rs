@@ -439,6 +439,18 @@ impl Reservations {
         self.lock().by_id.get(id).and_then(|r| r.reserved.clone())
     }
 
+    /// Forgets reservation `id`, settled elsewhere (a shared store: its
+    /// record says how); its deadline entry is skipped when it comes.
+    pub fn forget(&self, id: &str) {
+        let mut t = self.lock();
+        if let Some(r) = t.by_id.remove(id) {
+            self.uncount(r.footprint);
+            if matches!(r.state, State::Open(_)) {
+                self.open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Forgets a claim whose request reserved nothing (denied, or failed).
     pub fn abandon(&self, id: &str) {
         self.lock().by_id.remove(id);

@@ -11,6 +11,7 @@ use crate::store::StoreError;
 
 use super::chain::{FRESH, Locking, guard_of, lock_chain, units};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::leases::{Leases, view};
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Registry};
 use super::request::{
@@ -20,6 +21,10 @@ use super::request::{
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
 use super::shared::{Held, HeldKind};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
+
+/// The retry_after of a denial by a node's exhausted grant: its next
+/// refresh is at most a quiet period away.
+const LEASE_RETRY: crate::clock::Span = 100_000_000;
 
 /// A reservation being made: its internal number and deadline.
 #[derive(Debug, Clone, Copy)]
@@ -43,6 +48,11 @@ impl<C: Clock> Engine<C> {
         &self,
         req: &ScreenRequest,
     ) -> Option<Result<ScreenOutcome, EngineError>> {
+        // With a shared store every decision calls the network: never on
+        // the executor.
+        if self.shared().is_some() {
+            return None;
+        }
         if_in_memory(self.screen_with(req, Reads::MemoryOnly))
     }
 
@@ -85,8 +95,20 @@ impl<C: Clock> Engine<C> {
             seq: c.seq,
             deadline,
         });
+        // Leased campaign state (a shared store): grants are refreshed
+        // before any lock is taken, so a decision never waits on one.
+        let leases = if shared {
+            for cand in &req.candidates {
+                if let Some(chain) = reg.chain(&cand.campaign) {
+                    self.prepare_leases(chain, cand.cost.unwrap_or(1), now);
+                }
+            }
+            Some(&self.leases)
+        } else {
+            None
+        };
         let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
-            screen_candidates(&reg, req, user_rec, now, reserving)
+            screen_candidates(&reg, req, user_rec, now, reserving, leases)
         };
         let decided = match user {
             Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
@@ -218,6 +240,7 @@ fn screen_candidates(
     mut user_rec: Option<&mut SubjectRecord>,
     now: Nanos,
     reserving: Option<Reserving>,
+    leases: Option<&Leases>,
 ) -> (Vec<CandidateResult>, Vec<HeldCandidate>) {
     let mut results = Vec::with_capacity(req.candidates.len());
     let mut held = Vec::new();
@@ -243,7 +266,15 @@ fn screen_candidates(
         };
         let cost = cand.cost.unwrap_or(1);
         let index = ci as u32;
-        let denied = decide_chain(chain, user_rec.as_deref_mut(), now, cost, index, reserving);
+        let denied = decide_chain(
+            chain,
+            user_rec.as_deref_mut(),
+            now,
+            cost,
+            index,
+            reserving,
+            leases,
+        );
         // The chain starts with the candidate's own entry.
         let name = chain[0].name.clone();
         if denied.is_none() && reserving.is_some() {
@@ -268,6 +299,8 @@ fn screen_candidates(
 /// Decides candidate `cand` over its chain, all-or-nothing; when
 /// `reserving`, debits it as pending. Returns the first denying cap in
 /// chain order.
+/// With a shared store, `leases` holds this node's grants: a leased item
+/// allows only within them (see [`super::leases`]).
 fn decide_chain(
     chain: &[Arc<CampaignEntry>],
     mut user: Option<&mut SubjectRecord>,
@@ -275,6 +308,7 @@ fn decide_chain(
     cost: u64,
     cand: u32,
     reserving: Option<Reserving>,
+    leases: Option<&Leases>,
 ) -> Option<DeniedBy> {
     if user.is_none()
         && let Some(e) = chain
@@ -305,6 +339,20 @@ fn decide_chain(
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
             let n = units(&cap.item, cost);
             let p = cap.item.probe(st, now, n);
+            let leased_out = cap.scope == Scope::Campaign
+                && leases.is_some_and(|l| {
+                    view(&cap.item, st, rec.pending_on(e.id, t), now)
+                        .is_some_and(|v| !l.allows((e.id, t, v.start), &v, n, now))
+                });
+            if leased_out {
+                // This node's grant has no room: another node may have
+                // some; a retry soon may find a refreshed grant here.
+                return Some(DeniedBy {
+                    campaign: e.name.clone(),
+                    cap: cap.name.clone(),
+                    retry_after: Some(LEASE_RETRY),
+                });
+            }
             if !p.allowed {
                 return Some(DeniedBy {
                     campaign: e.name.clone(),

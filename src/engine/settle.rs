@@ -19,7 +19,7 @@ use super::request::{
     CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
 };
 use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
-use super::shared::{SettledHere, SharedSettle};
+use super::shared::{SettledAs, SettledHere, SharedSettle};
 use super::{Engine, EngineError, invalid};
 use crate::store::Shared;
 
@@ -186,10 +186,37 @@ impl<C: Clock> Engine<C> {
 
     fn expire_one(&self, due: Due, reads: Reads) {
         self.stats.expired.fetch_add(1, Ordering::Relaxed);
-        // With a shared store, a reservation's debits are in its record,
-        // and whichever node next touches it releases them as of the
-        // deadline (`super::shared`); one without a record holds nothing.
-        if self.shared().is_some() {
+        // With a shared store, a reservation's user-side debits are in its
+        // record, and whichever node next touches it releases them as of the
+        // deadline (`super::shared`). Its campaign-side holds are this
+        // node's: another node may have settled it, and the record says how.
+        if let Some(shared) = self.shared()
+            && let Reserved::Screen {
+                user: Some(user),
+                candidates,
+            } = &*due.reserved
+        {
+            if !candidates.iter().any(|c| holds_campaign_side(&c.chain)) {
+                return;
+            }
+            let settled = match self.settled_as(shared, RecordKey::User(*user), due.seq) {
+                Ok(s) => s,
+                Err(e) => {
+                    // Released: the conservative side for this node's grant
+                    // would be to keep it, but a hold must end.
+                    tracing::warn!("cannot read how a reservation was settled: {e}");
+                    None
+                }
+            };
+            let how = settled.unwrap_or(SettledAs {
+                outcome: Outcome::Released,
+                campaigns: Vec::new(),
+                final_cost: None,
+            });
+            self.settle_held(candidates, due.seq, &how, due.deadline);
+            return;
+        }
+        if matches!(&*due.reserved, Reserved::Check { .. }) && self.shared().is_some() {
             return;
         }
         // A failed write of a release is not fatal: the disk copy never
@@ -232,6 +259,11 @@ impl<C: Clock> Engine<C> {
         id: &str,
         req: &CommitRequest,
     ) -> Option<Result<PendingCommit<'_>, EngineError>> {
+        // With a shared store every decision calls the network: never on
+        // the executor.
+        if self.shared().is_some() {
+            return None;
+        }
         if_in_memory(self.commit_with(id, req, Reads::MemoryOnly))
     }
 
@@ -269,16 +301,19 @@ impl<C: Clock> Engine<C> {
                 campaigns: &req.campaigns,
                 final_cost: req.cost,
             };
-            let (outcome, counter) = match self.settle_shared(shared, key, id, how)? {
-                SettledHere::Done(o, campaigns) => ((o, campaigns), Some(&self.stats.commits)),
-                SettledHere::Repeat(o, campaigns) => ((o, campaigns), None),
+            let (how, names, counter) = match self.settle_shared(shared, key, id, how)? {
+                SettledHere::Done(how, names) => (how, names, Some(&self.stats.commits)),
+                SettledHere::Repeat(how, names) => (how, names, None),
                 SettledHere::Unknown => return Ok(self.late_commit(id, req)?),
             };
+            // Acknowledged once the spend is reported too (a repeat reports
+            // what a failed report left behind).
+            self.settle_campaign_side(id, &how)?;
             return Ok(PendingCommit {
                 outcome: CommitOutcome {
                     reservation: id.to_owned(),
-                    outcome: outcome.0,
-                    campaigns: outcome.1,
+                    outcome: how.outcome,
+                    campaigns: names,
                 },
                 wait: CommitWait::Done,
                 counter,
@@ -379,19 +414,23 @@ impl<C: Clock> Engine<C> {
         check_reservation_id(id)?;
         if let Some((shared, key)) = self.shared_record_of(id, None) {
             return match self.settle_shared(shared, key, id, SharedSettle::Release)? {
-                SettledHere::Done(outcome, campaigns) => {
+                SettledHere::Done(how, campaigns) => {
                     self.stats.releases.fetch_add(1, Ordering::Relaxed);
+                    self.settle_campaign_side(id, &how)?;
                     Ok(CommitOutcome {
                         reservation: id.to_owned(),
-                        outcome,
+                        outcome: how.outcome,
                         campaigns,
                     })
                 }
-                SettledHere::Repeat(outcome, campaigns) => Ok(CommitOutcome {
-                    reservation: id.to_owned(),
-                    outcome,
-                    campaigns,
-                }),
+                SettledHere::Repeat(how, campaigns) => {
+                    self.settle_campaign_side(id, &how)?;
+                    Ok(CommitOutcome {
+                        reservation: id.to_owned(),
+                        outcome: how.outcome,
+                        campaigns,
+                    })
+                }
                 SettledHere::Unknown => Err(EngineError::NotFound(format!(
                     "no open reservation {id:?} (unknown or expired)"
                 ))),
@@ -441,6 +480,63 @@ impl<C: Clock> Engine<C> {
                 "no open reservation {id:?} (unknown or expired)"
             ))),
         }
+    }
+
+    /// With a shared store, on the node that made reservation `id`: settles
+    /// its campaign-side holds as its record says it was settled, forgets
+    /// it, and reports the spend (an error: the commit is not acknowledged,
+    /// and its repeat reports again).
+    fn settle_campaign_side(&self, id: &str, how: &SettledAs) -> Result<(), EngineError> {
+        if let Some(reserved) = self.reservations.reserved(id) {
+            if let Reserved::Screen { candidates, .. } = &*reserved {
+                let now = self.now();
+                self.settle_held(candidates, self.res_of(id), how, now);
+            }
+            self.reservations.forget(id);
+        }
+        if how.outcome == Outcome::Committed {
+            let reg = self.registry();
+            let chains: Vec<Arc<super::registry::CampaignEntry>> = how
+                .campaigns
+                .iter()
+                .filter_map(|c| reg.campaign_by_id(*c))
+                .filter_map(|e| reg.chain(&e.name))
+                .flat_map(|chain| chain.iter().cloned())
+                .collect();
+            self.report_spend(chains.iter())?;
+        }
+        Ok(())
+    }
+
+    /// Settles the campaign-side holds of `candidates` (reservation `seq`)
+    /// as `how` says, as of `at`: the committed campaigns' first unchosen
+    /// candidates win, the rest are released.
+    fn settle_held(&self, candidates: &[HeldCandidate], seq: u64, how: &SettledAs, at: Nanos) {
+        let mut winners: Vec<u32> = Vec::new();
+        if how.outcome == Outcome::Committed {
+            let reg = self.registry();
+            for id in &how.campaigns {
+                let name = reg.campaign_by_id(*id).map(|e| e.name.clone());
+                if let Some(c) = candidates
+                    .iter()
+                    .find(|c| Some(&c.campaign) == name.as_ref() && !winners.contains(&c.index))
+                {
+                    winners.push(c.index);
+                }
+            }
+        }
+        let settlement = if how.outcome == Outcome::Committed {
+            Settlement::Commit {
+                winners: &winners,
+                final_cost: how.final_cost,
+            }
+        } else {
+            Settlement::Release
+        };
+        let now = self.now();
+        // In a shared store this writes no record (campaign records are this
+        // node's; `persist` submits nothing for them).
+        let _ = self.settle_candidates(None, None, candidates, seq, settlement, at, now);
     }
 
     /// With a shared store, the record holding reservation `id`: named in a
@@ -604,6 +700,16 @@ impl<C: Clock> Engine<C> {
         }
         Some(self.persist(changes, Defs::Registry(&reg), now, Ack::Durable))
     }
+}
+
+/// Whether a chain holds anything campaign-side (a campaign-scope item).
+fn holds_campaign_side(chain: &[Arc<super::registry::CampaignEntry>]) -> bool {
+    chain.iter().any(|e| {
+        e.compiled
+            .items
+            .iter()
+            .any(|c| c.scope == crate::model::Scope::Campaign)
+    })
 }
 
 /// The candidates a commit naming `campaigns` commits: for each name, the first

@@ -42,6 +42,21 @@ pub(crate) const STALE: u64 = u64::MAX;
 /// debits still counting on a node whose clock is behind.
 const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
 
+/// How a reservation was settled, as its record says.
+#[derive(Debug, Clone)]
+pub(crate) struct SettledAs {
+    pub outcome: Outcome,
+    /// The committed campaigns (ids); a release lists its candidates.
+    pub campaigns: Vec<u32>,
+    pub final_cost: Option<u64>,
+}
+
+/// How long past its deadline a settled id stays in its record: the node
+/// that made the reservation learns there, at the deadline, how another node
+/// settled it (its campaign-side holds follow), and its sweeper may come a
+/// little late.
+pub(crate) const SETTLED_GRACE: Nanos = 60 * 1_000_000_000;
+
 /// What other nodes must see of a record's reservations.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SharedMeta {
@@ -90,6 +105,8 @@ pub(crate) struct SettledId {
     pub committed: bool,
     /// The campaigns committed (ids), or released.
     pub campaigns: Vec<u32>,
+    /// A commit's final cost, if it named one.
+    pub final_cost: Option<u64>,
 }
 
 /// A record as the shared store holds it: the state as it is in memory,
@@ -237,12 +254,16 @@ fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
     let Some(meta) = rec.shared_meta() else {
         return;
     };
-    if !meta.held.iter().any(|h| h.deadline <= at) && !meta.settled.iter().any(|s| s.deadline <= at)
+    if !meta.held.iter().any(|h| h.deadline <= at)
+        && !meta
+            .settled
+            .iter()
+            .any(|s| s.deadline + SETTLED_GRACE <= at)
     {
         return;
     }
     let meta = rec.shared_meta_mut();
-    meta.settled.retain(|s| s.deadline > at);
+    meta.settled.retain(|s| s.deadline + SETTLED_GRACE > at);
     let (due, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut meta.held)
         .into_iter()
         .partition(|h| h.deadline <= at);
@@ -274,9 +295,9 @@ pub(crate) enum SharedSettle<'a> {
 #[derive(Debug)]
 pub(crate) enum SettledHere {
     /// Settled now: the outcome and its campaigns.
-    Done(Outcome, Vec<Arc<str>>),
+    Done(SettledAs, Vec<Arc<str>>),
     /// Settled before, the same way: the same answer.
-    Repeat(Outcome, Vec<Arc<str>>),
+    Repeat(SettledAs, Vec<Arc<str>>),
     /// The record holds nothing of it (unknown, or expired and forgotten).
     Unknown,
 }
@@ -306,7 +327,13 @@ fn settle_in_record(
         };
         return match (how, s.committed) {
             (SharedSettle::Commit { .. }, true) | (SharedSettle::Release, false) => {
-                Ok(SettledHere::Repeat(outcome, names(reg, &s.campaigns)))
+                let names = names(reg, &s.campaigns);
+                let how = SettledAs {
+                    outcome,
+                    campaigns: s.campaigns.clone(),
+                    final_cost: s.final_cost,
+                };
+                Ok(SettledHere::Repeat(how, names))
             }
             _ => Err(EngineError::Conflict(Conflict::SettledOtherwise {
                 id: id.to_owned(),
@@ -367,14 +394,21 @@ fn settle_in_record(
         deadline: held.deadline,
         committed,
         campaigns: shown.clone(),
+        final_cost,
     });
-    rec.idle_at = rec.idle_at.max(held.deadline);
+    rec.idle_at = rec.idle_at.max(held.deadline + SETTLED_GRACE);
     let outcome = if committed {
         Outcome::Committed
     } else {
         Outcome::Released
     };
-    Ok(SettledHere::Done(outcome, names(reg, &shown)))
+    let names = names(reg, &shown);
+    let how = SettledAs {
+        outcome,
+        campaigns: shown,
+        final_cost,
+    };
+    Ok(SettledHere::Done(how, names))
 }
 
 /// The candidates a commit naming `campaigns` wins, as (index, campaign id,
@@ -563,6 +597,18 @@ impl<C: Clock> Engine<C> {
                             }
                         };
                     }
+                    // The record lives at least as long as what it must
+                    // remember for other nodes.
+                    if let Some(m) = rec.shared_meta() {
+                        let until = m
+                            .held
+                            .iter()
+                            .map(|h| h.deadline)
+                            .chain(m.settled.iter().map(|s| s.deadline))
+                            .max()
+                            .unwrap_or(0);
+                        rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
+                    }
                     let value = codec::frame(rec.idle_at, &payload(rec, at));
                     let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
                     self.stats.cas.fetch_add(1, Ordering::Relaxed);
@@ -617,6 +663,30 @@ impl<C: Clock> Engine<C> {
             settle_in_record(rec, res, id, how, at, &reg)
         });
         super::hot::waited(settled)?
+    }
+
+    /// How reservation `res` was settled, as record `key` says (`None`:
+    /// not settled there, or forgotten): what the node that made it learns
+    /// at its deadline.
+    pub(crate) fn settled_as(
+        &self,
+        shared: &dyn Shared,
+        key: RecordKey,
+        res: u64,
+    ) -> Result<Option<SettledAs>, StoreError> {
+        let rec = self.read_shared(shared, &key.disk_key())?;
+        Ok(rec
+            .shared_meta()
+            .and_then(|m| m.settled.iter().find(|s| s.res == res))
+            .map(|s| SettledAs {
+                outcome: if s.committed {
+                    Outcome::Committed
+                } else {
+                    Outcome::Released
+                },
+                campaigns: s.campaigns.clone(),
+                final_cost: s.final_cost,
+            }))
     }
 
     /// A copy of record `key` from the shared store for reading figures,

@@ -29,6 +29,36 @@ pub enum Cas {
     },
 }
 
+/// A lease call (`fc_lease_v1`, docs/cluster.md "Leases"): absolute
+/// counters, so a retry or a lost reply changes nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRequest<'a> {
+    pub key: &'a [u8],
+    /// Who holds the grant: a node and its process.
+    pub holder: &'a str,
+    /// The holder's cumulative committed units in the period.
+    pub spent: u64,
+    /// Units of headroom (beyond `spent`) it would like to hold now.
+    pub want: u64,
+    /// The most that may be spent plus held in the period, cluster-wide.
+    pub total: u64,
+    /// The grant lives this long, by the store's clock.
+    pub ttl_ms: u64,
+    /// A grant expired longer ago than this is reclaimed.
+    pub grace_ms: u64,
+    /// The lease key expires this long from now.
+    pub key_expire_ms: u64,
+}
+
+/// A lease's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The holder's cumulative grant: it may spend up to this in the period.
+    pub granted: u64,
+    /// Spent by every holder (reported).
+    pub spent_total: u64,
+}
+
 /// What the engine needs from a shared store beyond [`Store`].
 ///
 /// Promises: a [`Shared::cas`] that answers `Written` was applied once and
@@ -63,6 +93,19 @@ pub trait Shared: Send + Sync {
 
     /// A definition id no node has used, above `above`.
     fn new_id(&self, above: u32) -> Result<u32, StoreError>;
+
+    /// A lease call: reports the holder's spend and returns its grant.
+    fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
+}
+
+/// One holder of a lease in [`SharedMemory`] (as `fc_lease_v1` keeps it).
+#[derive(Debug, Clone, Copy, Default)]
+struct LeaseHolder {
+    spent: u64,
+    granted: u64,
+    want: u64,
+    /// Expiry, ms since the store was made (a monotonic clock).
+    expires: u64,
 }
 
 /// Records by key: (version, value).
@@ -75,12 +118,15 @@ pub struct SharedMemory {
     /// Definitions, meta and dedupe ids, as [`MemoryStore`] keeps them.
     plain: MemoryStore,
     records: Mutex<Versioned>,
+    leases: Mutex<HashMap<Vec<u8>, HashMap<String, LeaseHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Nanos>>,
     definitions: AtomicU64,
     ids: AtomicU64,
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
+    /// The lease function's clock: ms since this store was made.
+    started: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl SharedMemory {
@@ -188,6 +234,62 @@ impl Shared for SharedMemory {
 
     fn definitions_version(&self) -> Result<u64, StoreError> {
         Ok(self.definitions.load(Ordering::Acquire))
+    }
+
+    /// The arithmetic of `fc_lease_v1` (src/cluster/functions.lua), for
+    /// tests without a Redis: the tests of the function itself run against
+    /// Redis (ops/test-functions.sh).
+    fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        let now = self
+            .started
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64;
+        let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let holders = all.entry(req.key.to_vec()).or_default();
+        let me = holders.entry(req.holder.to_owned()).or_default();
+        me.spent = me.spent.max(req.spent);
+        me.granted = me.granted.max(me.spent);
+        me.want = req.want;
+        me.expires = now + req.ttl_ms;
+        for (name, h) in holders.iter_mut() {
+            if name != req.holder && h.expires + req.grace_ms < now {
+                h.granted = h.spent;
+            }
+        }
+        let spent: u64 = holders.values().map(|h| h.spent).sum();
+        let live: Vec<(&String, &LeaseHolder)> = holders
+            .iter()
+            .filter(|(n, h)| *n == req.holder || h.expires + req.grace_ms >= now)
+            .collect();
+        let held_others: u64 = live
+            .iter()
+            .filter(|(n, _)| *n != req.holder)
+            .map(|(_, h)| h.granted - h.spent)
+            .sum();
+        // Max-min fair share of what is left, by water-filling the wants.
+        let mut wants: Vec<u64> = live.iter().map(|(_, h)| h.want).collect();
+        wants.sort_unstable();
+        let (mut left, mut share) = (req.total.saturating_sub(spent), 0);
+        for (i, w) in wants.iter().enumerate() {
+            let level = left.div_ceil((wants.len() - i) as u64);
+            if *w >= level {
+                share = level;
+                break;
+            }
+            left -= w;
+            share = *w;
+        }
+        let share = share.min(req.want);
+        let me = holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
+        let headroom = me.granted - me.spent;
+        let free = req.total.saturating_sub(spent).saturating_sub(held_others);
+        let new = headroom.max(share.min(free));
+        me.granted = me.spent + new;
+        Ok(LeaseGrant {
+            granted: me.granted,
+            spent_total: spent,
+        })
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {
