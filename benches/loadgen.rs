@@ -118,6 +118,39 @@ struct RunArgs {
     /// server's `Retry-After` asks before sending on that connection again.
     #[arg(long)]
     honour_retry_after: bool,
+    /// With several freqcap nodes in `--addr` (comma-separated): `spread`
+    /// sends each user's requests to any node (connection i talks to node
+    /// i mod n, users drawn freely); `affinity` keeps each user on one node
+    /// (connection i draws only users u with u mod n = i mod n), as a load
+    /// balancer hashing the user would (docs/cluster.md).
+    #[arg(long, value_enum, default_value_t = Route::Spread)]
+    route: Route,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+enum Route {
+    Spread,
+    Affinity,
+}
+
+impl RunArgs {
+    /// The nodes in `--addr`.
+    fn addrs(&self) -> Vec<&str> {
+        self.addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
+    /// The node connection `i` talks to.
+    fn addr_of(&self, i: usize) -> &str {
+        let addrs = self.addrs();
+        addrs
+            .get(i % addrs.len().max(1))
+            .copied()
+            .unwrap_or(&self.addr)
+    }
 }
 
 #[derive(Subcommand)]
@@ -501,6 +534,24 @@ async fn setup_freqcap(addr: &str, k: usize) -> Res<()> {
     Ok(())
 }
 
+/// Waits (at most 10 s) until node `addr` knows campaign `name`.
+async fn wait_for_campaign(addr: &str, name: &str) -> Res<()> {
+    let mut c = Conn::connect(addr).await?;
+    let mut out = Vec::new();
+    for _ in 0..200 {
+        let (st, _) = c
+            .http("GET", &format!("/v1/campaigns/{name}"), &[], &mut out)
+            .await?;
+        if st == 200 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(err(format!(
+        "{addr} did not apply the definitions within 10 s"
+    )))
+}
+
 // ---- one run ----
 
 struct Shared {
@@ -539,7 +590,11 @@ async fn run(a: RunArgs) -> Res<()> {
         let mut c = Conn::connect(&a.addr).await?;
         Some(load_scripts(&mut c).await?)
     } else {
-        setup_freqcap(&a.addr, a.k).await?;
+        setup_freqcap(a.addr_of(0), a.k).await?;
+        // Other nodes apply definitions within a second (docs/cluster.md).
+        for addr in a.addrs().iter().skip(1) {
+            wait_for_campaign(addr, &campaign_name(a.k - 1)).await?;
+        }
         None
     };
     let mut candidates_json = String::from("[");
@@ -627,7 +682,7 @@ async fn run(a: RunArgs) -> Res<()> {
         let v = serde_json::json!({
             "target": format!("{:?}", a.target).to_lowercase(),
             "workload": a.workload.to_possible_value().map(|v| v.get_name().to_owned()),
-            "tag": a.tag,
+            "tag": a.tag, "nodes": a.addrs().len(), "route": format!("{:?}", a.route).to_lowercase(),
             "conns": a.conns, "rate": a.rate, "secs": a.secs, "k": a.k,
             "ops": t.ops, "ops_per_s": ops_s, "requests_per_s": t.requests as f64 / wall,
             "errors": t.errors, "first_error": t.first_error,
@@ -687,7 +742,7 @@ async fn run(a: RunArgs) -> Res<()> {
 /// `GET /healthz` every 50 ms on its own connection during the measured
 /// period; latency from the intended send time.
 async fn probe_loop(sh: &Shared, hist: &RefCell<Histogram<u64>>) -> Res<()> {
-    let mut c = Conn::connect(&sh.a.addr).await?;
+    let mut c = Conn::connect(sh.a.addr_of(0)).await?;
     let mut out = Vec::with_capacity(512);
     for j in 0..100_000u32 {
         let at = sh.measure_from + Duration::from_millis(50) * j;
@@ -713,7 +768,7 @@ async fn conn_loop(
     tally: &RefCell<Tally>,
 ) -> Res<()> {
     let a = &sh.a;
-    let mut c = Conn::connect(&a.addr).await?;
+    let mut c = Conn::connect(a.addr_of(i)).await?;
     let mut rng = Rng(0x5EED
         ^ (i as u64).wrapping_mul(0x1234_5678_9ABC_DEF1)
         ^ sh.t0.elapsed().as_nanos() as u64);
@@ -880,7 +935,18 @@ async fn one_op(
         }
         (Target::Freqcap, Workload::Screen) => {
             let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
-            let u = zipf.sample(rng);
+            let mut u = zipf.sample(rng);
+            let nodes = a.addrs().len();
+            if a.route == Route::Affinity && nodes > 1 {
+                // This connection's node serves the users u ≡ conn (mod n):
+                // draw again until one is (bounded; n tries on average).
+                for _ in 0..1000 {
+                    if u % nodes == conn % nodes {
+                        break;
+                    }
+                    u = zipf.sample(rng);
+                }
+            }
             let _ = write!(
                 Wrap(body),
                 r#"{{"user":"u{}-{u}","candidates":{}}}"#,
@@ -1079,7 +1145,7 @@ async fn verify_caps(
     sh: &Shared,
     committed: &HashMap<(usize, usize), u64>,
 ) -> Res<serde_json::Value> {
-    let mut c = Conn::connect(&sh.a.addr).await?;
+    let mut c = Conn::connect(sh.a.addr_of(0)).await?;
     let mut out = Vec::new();
     let (mut over_client, mut over_server, mut checked, mut max_seen) = (0u64, 0u64, 0u64, 0u64);
     // Bounded: at most 20 000 pairs read back (the most committed first).

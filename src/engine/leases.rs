@@ -32,7 +32,6 @@ use crate::model::Scope;
 use crate::store::{LeaseGrant, LeaseRequest, Shared, StoreError};
 
 use super::Engine;
-use super::record::SubjectRecord;
 use super::registry::CampaignEntry;
 use super::request::MAX_TTL_MS;
 
@@ -247,13 +246,9 @@ impl<C: Clock> Engine<C> {
                     continue;
                 }
                 let n = super::chain::units(&cap.item, cost);
-                let tag = e.tags[i];
-                let v = {
-                    let rec = e.record.lock().unwrap_or_else(PoisonError::into_inner);
-                    leased_view(&rec, e.id, tag, &cap.item, now)
+                let Some((key, v)) = campaign_view(e, i, now) else {
+                    continue;
                 };
-                let Some(v) = v else { continue };
-                let key = (e.id, tag, v.start);
                 let (ok, quiet) = {
                     let grants = self.leases.lock();
                     match grants.get(&key) {
@@ -302,13 +297,9 @@ impl<C: Clock> Engine<C> {
                 if cap.scope != Scope::Campaign || !leasable(&cap.item) {
                     continue;
                 }
-                let tag = e.tags[i];
-                let v = {
-                    let rec = e.record.lock().unwrap_or_else(PoisonError::into_inner);
-                    leased_view(&rec, e.id, tag, &cap.item, now)
+                let Some((key, v)) = campaign_view(e, i, now) else {
+                    continue;
                 };
-                let Some(v) = v else { continue };
-                let key = (e.id, tag, v.start);
                 let (reported, granted) = {
                     let grants = self.leases.lock();
                     grants.get(&key).map_or((0, 0), |g| (g.reported, g.granted))
@@ -342,12 +333,7 @@ impl<C: Clock> Engine<C> {
             let Some(i) = e.tags.iter().position(|&t| t == key.1) else {
                 continue;
             };
-            let item = &e.compiled.items[i].item;
-            let v = {
-                let rec = e.record.lock().unwrap_or_else(PoisonError::into_inner);
-                leased_view(&rec, e.id, key.1, item, now)
-            };
-            let Some(v) = v.filter(|v| v.start == key.2) else {
+            let Some((_, v)) = campaign_view(e, i, now).filter(|(k, _)| *k == key) else {
                 continue;
             };
             let (reported, usable_until) = {
@@ -379,14 +365,19 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-/// The [`LeaseView`] of counter (`owner`, `tag`) of a campaign record.
-pub(crate) fn leased_view(
-    rec: &SubjectRecord,
-    owner: u32,
-    tag: u32,
-    item: &Item,
-    now: Nanos,
-) -> Option<LeaseView> {
-    let st = rec.state(owner, tag).unwrap_or(&super::chain::FRESH);
-    view(item, st, rec.pending_on(owner, tag), now)
+/// The grant key and [`LeaseView`] of item `i` of campaign `e` now (read
+/// under the campaign's lock, held for just that).
+fn campaign_view(e: &CampaignEntry, i: usize, now: Nanos) -> Option<(GrantKey, LeaseView)> {
+    let tag = e.tags[i];
+    let v = {
+        let rec = e.record.lock().unwrap_or_else(PoisonError::into_inner);
+        let st = rec.state(e.id, tag).unwrap_or(&super::chain::FRESH);
+        view(
+            &e.compiled.items[i].item,
+            st,
+            rec.pending_on(e.id, tag),
+            now,
+        )
+    }?;
+    Some(((e.id, tag, v.start), v))
 }

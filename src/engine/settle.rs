@@ -741,20 +741,25 @@ fn winners(
                 chosen.push(c.index);
                 names.push(c.campaign.clone());
             }
-            None => {
-                let field = if campaigns.len() == 1 {
-                    "campaign".to_owned()
-                } else {
-                    format!("campaign[{i}]")
-                };
-                return Err(invalid(
-                    field,
-                    format!(
-                        "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
-                    ),
-                ));
-            }
+            None => return Err(not_a_winner(campaigns, i, id)),
         }
     }
     Ok((chosen, names))
+}
+
+/// The error of a commit naming `campaigns[i]`, which is not an eligible
+/// candidate of reservation `id` (or is named more often than it was).
+pub(crate) fn not_a_winner(campaigns: &[String], i: usize, id: &str) -> EngineError {
+    let field = if campaigns.len() == 1 {
+        "campaign".to_owned()
+    } else {
+        format!("campaign[{i}]")
+    };
+    let name = &campaigns[i];
+    invalid(
+        field,
+        format!(
+            "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
+        ),
+    )
 }

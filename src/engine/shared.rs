@@ -428,19 +428,7 @@ fn winners(
         let cid = reg.campaigns.get(name).map(|e| e.id);
         match out.iter_mut().find(|(_, c, won)| Some(*c) == cid && !*won) {
             Some(c) => c.2 = true,
-            None => {
-                let field = if campaigns.len() == 1 {
-                    "campaign".to_owned()
-                } else {
-                    format!("campaign[{n}]")
-                };
-                return Err(invalid(
-                    field,
-                    format!(
-                        "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
-                    ),
-                ));
-            }
+            None => return Err(super::settle::not_a_winner(campaigns, n, id)),
         }
     }
     Ok(out)
