@@ -39,7 +39,8 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 
 NODE_PIDS=()
 stop_nodes() {
-    for p in "${NODE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+    local p
+    for p in "${NODE_PIDS[@]}"; do { kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; } || true; done
     NODE_PIDS=()
     return 0
 }
