@@ -7,7 +7,8 @@
 # and, for 1, 2 and 3 freqcap nodes (durability wal), runs the load
 # generator's `screen` workload (screen of K=50 candidates for a Zipf user,
 # then a commit of one winner) closed loop over CONNS connections for SECS
-# seconds, with users routed by affinity and, for 3 nodes, spread. For each
+# seconds, with users routed by affinity and, for 3 nodes, spread, and again
+# with spend reports batched (--spend-reports batched). For each
 # run it reads, before and after, the nodes' /metrics (Redis calls, CAS,
 # conflicts, lease calls) and the CPU time of every Redis server and every
 # freqcap node (/proc/PID/stat), and prints per ad request: Redis calls,
@@ -75,14 +76,14 @@ metric() {
     echo "$total"
 }
 
-printf '%-6s %-9s %9s %8s %8s %10s %8s %10s %10s %12s %13s\n' nodes route 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' | tee "$OUT/table.txt"
+printf '%-6s %-9s %-8s %9s %8s %8s %10s %8s %10s %10s %12s %13s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' | tee "$OUT/table.txt"
 run() {
-    local n=$1 route=$2 ports=() addrs=() i
+    local n=$1 route=$2 reports=$3 ports=() addrs=() i
     for i in $(seq 1 "$n"); do
         local port
         port=$(free_port)
         "$FREQCAP" serve --listen "127.0.0.1:$port" --store "$SEEDS" --node-id "n$i" \
-            --data-dir "$OUT/n$i" 2>"$OUT/n$n-$route-$i.log" &
+            --spend-reports "$reports" --data-dir "$OUT/n$i" 2>"$OUT/n$n-$route-$reports-$i.log" &
         NODE_PIDS+=($!)
         ports+=("$port")
         addrs+=("127.0.0.1:$port")
@@ -106,7 +107,7 @@ run() {
     r0=$(cpu $REDIS_PIDS)
     f0=$(cpu "${NODE_PIDS[@]}")
     "$LOADGEN" run --target freqcap --addr "$addr" --route "$route" --workload screen --k "$K" \
-        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route.json"
+        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route-$reports.json"
     local c1 f1 r1 cas1 cf1 l1
     c1=$(metric freqcap_redis_calls_total "${ports[@]}")
     cas1=$(metric freqcap_cas_total "${ports[@]}")
@@ -114,13 +115,13 @@ run() {
     l1=$(metric freqcap_lease_calls_total "${ports[@]}")
     r1=$(cpu $REDIS_PIDS)
     f1=$(cpu "${NODE_PIDS[@]}")
-    python3 - "$OUT/n$n-$route.json" "$n" "$route" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" <<'EOF' | tee -a "$OUT/table.txt"
+    python3 - "$OUT/n$n-$route-$reports.json" "$n" "$route" "$reports" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 j = json.load(open(sys.argv[1]))
-n, route = sys.argv[2], sys.argv[3]
-c0, c1, cas0, cas1, cf0, cf1, l0, l1, r0, r1, f0, f1 = map(float, sys.argv[4:])
+n, route, reports = sys.argv[2], sys.argv[3], sys.argv[4]
+c0, c1, cas0, cas1, cf0, cf1, l0, l1, r0, r1, f0, f1 = map(float, sys.argv[5:])
 ads = max(j["ops"], 1)
-print(f'{n:<6} {route:<9} {j["ops_per_s"]:9.0f} {j["p50_us"]/1000:8.2f} {j["p99_us"]/1000:8.2f} '
+print(f'{n:<6} {route:<9} {reports:<8} {j["ops_per_s"]:9.0f} {j["p50_us"]/1000:8.2f} {j["p99_us"]/1000:8.2f} '
       f'{(c1-c0)/ads:10.2f} {(cas1-cas0)/ads:8.2f} {100*(cf1-cf0)/max(cas1-cas0,1):9.2f}% '
       f'{(l1-l0)/ads:10.3f} {1e6*(r1-r0)/ads:12.0f} {1e6*(f1-f0)/ads:13.0f}'
       + (f'   errors {j["errors"]}: {j["first_error"]}' if j["errors"] else ''))
@@ -128,8 +129,10 @@ EOF
     stop_nodes
 }
 
-run 1 affinity
-run 2 affinity
-run 3 affinity
-run 3 spread
+run 1 affinity commit
+run 2 affinity commit
+run 3 affinity commit
+run 3 spread commit
+run 1 affinity batched
+run 3 affinity batched
 echo "results in $OUT"

@@ -84,6 +84,10 @@ struct ServeArgs {
     /// record cannot be reached (`--fail-open=false` overrides a file's `true`).
     #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
     fail_open: Option<bool>,
+    /// With a redis-cluster store: report spend before acknowledging a
+    /// commit (commit) or every 250 ms (batched).
+    #[arg(long, env = "FREQCAP_SPEND_REPORTS")]
+    spend_reports: Option<freqcap::engine::SpendReports>,
     /// With a redis-cluster store: deadline of one Redis call, ms.
     #[arg(long, env = "FREQCAP_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
@@ -193,6 +197,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.redis_timeout_ms {
             c.redis_timeout_ms = v;
+        }
+        if let Some(v) = self.spend_reports {
+            c.spend_reports = v;
         }
         if let Some(v) = self.durability {
             c.durability = v;

@@ -40,6 +40,10 @@ pub struct ServeConfig {
     /// With a redis-cluster store: the deadline of one call to Redis, ms
     /// (a write and its WAIT together).
     pub redis_timeout_ms: u64,
+    /// With a redis-cluster store: `commit` reports spend on leased
+    /// campaign state before a commit is acknowledged, `batched` every
+    /// 250 ms (docs/cluster.md, "Leases").
+    pub spend_reports: crate::engine::SpendReports,
     pub durability: Durability,
     /// Bytes the hot tier may use.
     pub memory_budget: usize,
@@ -102,6 +106,7 @@ impl Default for ServeConfig {
             node_id: None,
             fail_open: false,
             redis_timeout_ms: 100,
+            spend_reports: crate::engine::SpendReports::Commit,
             durability: Durability::Wal,
             memory_budget: e.memory_budget,
             max_body: a.max_body,
@@ -263,6 +268,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         max_open_reservations: config.max_open_reservations,
         fail_open: config.fail_open,
         node_id: node_id.clone(),
+        spend_reports: config.spend_reports,
         ..EngineOptions::default()
     };
     // Opening reads definitions, which a shared store holds over the network.

@@ -362,3 +362,97 @@ fn a_commit_on_another_node_is_charged_by_the_node_that_held_it() {
     assert_eq!(a.delivery("b").unwrap().spent, 5);
     assert_eq!(deliver(&[&a, &b], "b", 10), 0, "nothing left to deliver");
 }
+
+#[test]
+fn batched_spend_reports_keep_a_budget_exact() {
+    let store = Arc::new(SharedMemory::new());
+    let options = EngineOptions {
+        spend_reports: freqcap::engine::SpendReports::Batched,
+        ..EngineOptions::default()
+    };
+    let clock = Arc::new(ManualClock::new(T0));
+    let a = Engine::open(store.clone(), clock.clone(), options.clone()).unwrap();
+    let b = Engine::open(store.clone(), clock.clone(), options).unwrap();
+    a.put_campaign(
+        "b",
+        campaign(r#"{"budget": {"amount": 50, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let before = a.stats.lease_calls.load(Ordering::Relaxed);
+    // 100 requests a second: grants grow with the spend rate.
+    let mut delivered = 0;
+    for i in 0..40 {
+        clock.advance(10_000_000);
+        delivered += deliver(&[[&a, &b][i % 2]], "b", 1);
+    }
+    assert_eq!(delivered, 40, "within the budget, every request delivered");
+    // Commits made no lease call of their own: only grants did.
+    let calls = a.stats.lease_calls.load(Ordering::Relaxed) - before
+        + b.stats.lease_calls.load(Ordering::Relaxed);
+    assert!(calls <= 20, "{calls} lease calls for 40 commits");
+    // The renewals report it; the budget then holds across both nodes.
+    a.cluster_tick().unwrap();
+    b.cluster_tick().unwrap();
+    let more = deliver(&[&a, &b], "b", 40);
+    assert_eq!(delivered + more, 50, "exactly the budget in all");
+}
+
+#[test]
+fn debug_batched() {
+    let store = Arc::new(SharedMemory::new());
+    let options = EngineOptions {
+        spend_reports: freqcap::engine::SpendReports::Batched,
+        ..EngineOptions::default()
+    };
+    let clock = Arc::new(ManualClock::new(T0));
+    let a = Engine::open(store.clone(), clock.clone(), options.clone()).unwrap();
+    a.put_campaign(
+        "b",
+        campaign(r#"{"budget": {"amount": 50, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    let s = a.screen(&screen("u0", &["b"])).unwrap();
+    eprintln!("screen {s:?}; {:?}", a.delivery("b").unwrap());
+    let c = a
+        .commit(s.reservation.as_deref().unwrap(), &commit("b"))
+        .unwrap();
+    eprintln!("commit {c:?}; {:?}", a.delivery("b").unwrap());
+}
+
+/// A screen decided again after a conflict holds campaign-side once; an
+/// event is counted in its campaign once.
+#[test]
+fn a_decision_run_again_after_a_conflict_holds_campaign_state_once() {
+    let (store, a, b, _, _) = two_nodes();
+    a.put_campaign(
+        "b",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 5, "window": "1d"}], "budget": {"amount": 50, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    // a caches u0's record; b writes it; a's next screen conflicts.
+    a.screen(&screen("u0", &["b"])).unwrap();
+    b.screen(&screen("u0", &["b"])).unwrap();
+    let conflicts = store.cas_conflicts.load(Ordering::Relaxed);
+    a.screen(&screen("u0", &["b"])).unwrap();
+    assert!(
+        store.cas_conflicts.load(Ordering::Relaxed) > conflicts,
+        "decided again"
+    );
+    assert_eq!(
+        a.delivery("b").unwrap().pending,
+        2,
+        "two screens on a, two holds"
+    );
+    // Events: the same.
+    let ev = |id: &str| Event {
+        user: Some("u0".into()),
+        campaign: "b".into(),
+        cost: 3,
+        event_id: Some(id.into()),
+    };
+    b.events(&[ev("e1")]).unwrap();
+    a.events(&[ev("e2")]).unwrap();
+    assert_eq!(a.delivery("b").unwrap().spent, 3, "the event's cost, once");
+}

@@ -53,6 +53,14 @@ const UNSUBMITTED: u64 = u64::MAX;
 /// when the count fails).
 const EVENT_RETRY_MEMORY: Nanos = 5 * 60 * 1_000_000_000;
 
+/// Which records an event is counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sides {
+    User,
+    Campaign,
+    Both,
+}
+
 /// An event id's key in a shared store.
 fn event_key(h: u128) -> Vec<u8> {
     let mut k = Vec::with_capacity(17);
@@ -224,6 +232,7 @@ impl<C: Clock> Engine<C> {
         // kept), and reading it anew, from memory as it just was, is better
         // than stopping with half the batch applied.
         let reads = Reads::MayWait;
+        let shared = self.shared().is_some();
         let mut receipts = Vec::with_capacity(new.len());
         for (i, n) in new.iter().enumerate() {
             let Some(chain) = reg.chain(&n.event.campaign) else {
@@ -240,31 +249,51 @@ impl<C: Clock> Engine<C> {
             });
             let cost = n.event.cost;
             let counted = match n.user {
-                Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
-                    // With a shared store, the record also remembers the id
-                    // for a while: a retry after a write whose answer was
-                    // lost (applied or not, nobody knows) counts it once.
-                    if let Some(h) = n.id.filter(|_| self.shared().is_some()) {
-                        let res = h as u64;
-                        if rec
-                            .shared_meta()
-                            .is_some_and(|m| m.settled.iter().any(|s| s.res == res))
-                        {
-                            return Receipt::done(0);
+                Some(k) => self
+                    .with_record(RecordKey::User(k), now, reads, |rec, now| {
+                        // With a shared store, the record also remembers the id
+                        // for a while: a retry after a write whose answer was
+                        // lost (applied or not, nobody knows) counts it once.
+                        if let Some(h) = n.id.filter(|_| self.shared().is_some()) {
+                            let res = h as u64;
+                            if rec
+                                .shared_meta()
+                                .is_some_and(|m| m.settled.iter().any(|s| s.res == res))
+                            {
+                                return (Receipt::done(0), false);
+                            }
+                            let until = now.saturating_add(EVENT_RETRY_MEMORY);
+                            rec.shared_meta_mut().settled.push(SettledId {
+                                res,
+                                deadline: until,
+                                committed: true,
+                                campaigns: Vec::new(),
+                                final_cost: None,
+                            });
+                            rec.idle_at = rec.idle_at.max(until);
                         }
-                        let until = now.saturating_add(EVENT_RETRY_MEMORY);
-                        rec.shared_meta_mut().settled.push(SettledId {
-                            res,
-                            deadline: until,
-                            committed: true,
-                            campaigns: Vec::new(),
-                            final_cost: None,
-                        });
-                        rec.idle_at = rec.idle_at.max(until);
-                    }
-                    self.count_event(&reg, chain, Some((k, rec)), cost, now, dedupe.clone())
-                }),
-                None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe)),
+                        // With a shared store this may run again (the record
+                        // moved under it): campaign records are counted once,
+                        // after the user record is written.
+                        let sides = if shared { Sides::User } else { Sides::Both };
+                        let r = self.count_event(
+                            &reg,
+                            chain,
+                            Some((k, rec)),
+                            cost,
+                            now,
+                            dedupe.clone(),
+                            sides,
+                        );
+                        (r, true)
+                    })
+                    .map(|(r, counted)| {
+                        if shared && counted {
+                            self.count_event(&reg, chain, None, cost, now, None, Sides::Campaign);
+                        }
+                        r
+                    }),
+                None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe, Sides::Both)),
             };
             match counted {
                 Ok(r) => {
@@ -279,7 +308,7 @@ impl<C: Clock> Engine<C> {
                 }
             }
         }
-        if self.shared().is_some() {
+        if self.shared().is_some() && self.options.spend_reports == super::SpendReports::Commit {
             // Leased campaign state: report the spend now; should it fail,
             // the next renewal reports it (counters are absolute).
             let chains: Vec<Arc<CampaignEntry>> = new
@@ -398,6 +427,7 @@ impl<C: Clock> Engine<C> {
 
     /// Debits one impression on every item of a chain, unchecked, and writes
     /// the records it changed with the event's id.
+    #[allow(clippy::too_many_arguments)]
     fn count_event(
         &self,
         reg: &Registry,
@@ -406,10 +436,19 @@ impl<C: Clock> Engine<C> {
         cost: u64,
         now: Nanos,
         dedupe: Option<Op>,
+        sides: Sides,
     ) -> Receipt {
-        let mut guards = lock_chain(chain, Locking::Deciding);
+        let mut guards = match sides {
+            Sides::User => Default::default(),
+            Sides::Campaign | Sides::Both => lock_chain(chain, Locking::Deciding),
+        };
         for e in chain {
             for (i, cap) in e.compiled.items.iter().enumerate() {
+                if (sides == Sides::User && cap.scope == Scope::Campaign)
+                    || (sides == Sides::Campaign && cap.scope == Scope::User)
+                {
+                    continue;
+                }
                 // An impression holds no place of max_in_flight.
                 if cap.item.kind() == Kind::Concurrency {
                     continue;

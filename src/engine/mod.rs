@@ -101,6 +101,37 @@ pub struct EngineOptions {
     /// This node's name in a cluster (leases name their holder by it and
     /// the process's nonce).
     pub node_id: String,
+    /// With a shared store, when a commit's spend on leased campaign state
+    /// is reported (docs/cluster.md, "Leases").
+    pub spend_reports: SpendReports,
+}
+
+/// When spend on leased campaign state is reported to the shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpendReports {
+    /// Before the commit is acknowledged: a node's kill -9 loses none (one
+    /// lease call per commit of a leased campaign, shared by concurrent
+    /// commits of it).
+    #[default]
+    Commit,
+    /// With the grants' renewal, every 250 ms: ~0 lease calls per commit; a
+    /// node killed leaves up to its last 250 ms of spend unreported, which
+    /// counts again when its grant is reclaimed (an hour later).
+    Batched,
+}
+
+impl std::str::FromStr for SpendReports {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "commit" => Ok(SpendReports::Commit),
+            "batched" => Ok(SpendReports::Batched),
+            _ => Err(format!(
+                "spend_reports must be commit or batched, got {s:?}"
+            )),
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -116,6 +147,7 @@ impl Default for EngineOptions {
             id_nonce: None,
             fail_open: false,
             node_id: "node".into(),
+            spend_reports: SpendReports::Commit,
         }
     }
 }

@@ -9,7 +9,9 @@ use crate::limits::Hold;
 use crate::model::Scope;
 use crate::store::StoreError;
 
-use super::chain::{FRESH, Locking, guard_of, lock_chain, units};
+use super::chain::{
+    Defs, FRESH, Locking, Settling, guard_of, lock_chain, lock_entries, settle_entries, units,
+};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::leases::{Leases, view};
 use super::record::{PendingEntry, SubjectRecord};
@@ -112,6 +114,12 @@ impl<C: Clock> Engine<C> {
         };
         let decided = match user {
             Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
+                // A shared store may run this again (the user record moved
+                // under it): what an earlier run held campaign-side goes back
+                // first, so a reservation holds once.
+                if shared && let Some(r) = reserving {
+                    undo_campaign_holds(&reg, req, r.seq, now);
+                }
                 let (results, held) = run(Some(&mut *rec), now);
                 if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
                     // Other nodes must know what the debits belong to.
@@ -135,6 +143,7 @@ impl<C: Clock> Engine<C> {
                 // An ad server that prefers serving: every known campaign is
                 // eligible, nothing is reserved (docs/cluster.md, faults).
                 if let Some(c) = &claim {
+                    undo_campaign_holds(&reg, req, c.seq, now);
                     self.reservations.abandon(&c.id);
                 }
                 self.stats.failed_open.fetch_add(1, Ordering::Relaxed);
@@ -146,6 +155,10 @@ impl<C: Clock> Engine<C> {
             }
             Err(e) => {
                 if let Some(c) = &claim {
+                    if shared {
+                        // The user record was not written: nothing is held.
+                        undo_campaign_holds(&reg, req, c.seq, now);
+                    }
                     self.reservations.abandon(&c.id);
                 }
                 return Err(e);
@@ -205,6 +218,24 @@ impl<C: Clock> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+/// Gives back what reservation `seq` holds in the campaign records of the
+/// screen's candidates (a shared store's screen whose user record was not
+/// written, or is decided again). Holds nothing: a no-op.
+fn undo_campaign_holds(reg: &Registry, req: &ScreenRequest, seq: u64, now: Nanos) {
+    let chains = req
+        .candidates
+        .iter()
+        .filter_map(|c| reg.chain(&c.campaign))
+        .flat_map(|chain| chain.iter());
+    let mut guards = lock_entries(chains, Locking::Settling);
+    for (_, g) in guards.iter_mut() {
+        let entries = g.take_pending(seq, None);
+        if !entries.is_empty() {
+            settle_entries(g, entries, Defs::Registry(reg), Settling::Release, now);
+        }
     }
 }
 
