@@ -85,7 +85,7 @@ struct ServeArgs {
     #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
     fail_open: Option<bool>,
     /// With a redis-cluster store: report spend before acknowledging a
-    /// commit (commit) or every 250 ms (batched).
+    /// commit (commit) or once a second (batched).
     #[arg(long, env = "FREQCAP_SPEND_REPORTS")]
     spend_reports: Option<freqcap::engine::SpendReports>,
     /// With a redis-cluster store: deadline of one Redis call, ms.

@@ -41,8 +41,8 @@ pub struct ServeConfig {
     /// (a write and its WAIT together).
     pub redis_timeout_ms: u64,
     /// With a redis-cluster store: `commit` reports spend on leased
-    /// campaign state before a commit is acknowledged, `batched` every
-    /// 250 ms (docs/cluster.md, "Leases").
+    /// campaign state before a commit is acknowledged, `batched` once a
+    /// second per grant in use (docs/cluster.md, "Leases").
     pub spend_reports: crate::engine::SpendReports,
     pub durability: Durability,
     /// Bytes the hot tier may use.

@@ -44,6 +44,11 @@ pub(crate) const LEASE_TTL: Nanos = 2_000_000_000;
 /// node in 40 s in the prototype, ../research).
 const QUIET: Nanos = 100_000_000;
 
+/// How often a grant in use is renewed, its spend reported on the way
+/// (with `spend_reports = "batched"`, the most spend a node killed leaves
+/// unreported: one second's, plus a sweep).
+const REPORT_EVERY: Nanos = 1_000_000_000;
+
 /// A grant: (campaign id, item tag, period start).
 pub(crate) type GrantKey = (u32, u32, Nanos);
 
@@ -61,6 +66,10 @@ struct Grant {
     rate_mark: (Nanos, u64),
     /// The period's end: the lease key expires after it.
     end: Nanos,
+    /// When this node last called for it.
+    called_at: Nanos,
+    /// When a decision last allowed on it.
+    used_at: Nanos,
 }
 
 /// This node's grants.
@@ -156,9 +165,15 @@ impl Leases {
     /// Whether `n` more units fit this node's grant for `key` (at `now`),
     /// given its use `v`: what a decision checks, under the campaign's lock.
     pub(crate) fn allows(&self, key: GrantKey, v: &LeaseView, n: u64, now: Nanos) -> bool {
-        let g = self.lock();
-        g.get(&key)
-            .is_some_and(|g| now < g.usable_until && v.committed + v.pending + n <= g.granted)
+        let mut grants = self.lock();
+        let Some(g) = grants.get_mut(&key) else {
+            return false;
+        };
+        let ok = now < g.usable_until && v.committed + v.pending + n <= g.granted;
+        if ok {
+            g.used_at = now;
+        }
+        ok
     }
 
     /// Drops the grants of periods that ended.
@@ -205,6 +220,7 @@ impl<C: Clock> Engine<C> {
         g.reported = g.reported.max(v.committed);
         g.usable_until = now + LEASE_TTL * 8 / 10;
         g.end = v.end;
+        g.called_at = now;
         // Asked for more and got nothing: the total is used up (or held by
         // others) for now.
         if want > 0 && grant.granted <= v.committed + v.pending {
@@ -315,8 +331,8 @@ impl<C: Clock> Engine<C> {
         Ok(())
     }
 
-    /// The sweeper's part: renews live grants before they expire (reporting
-    /// spend on the way), and forgets ended periods.
+    /// The sweeper's part (every 250 ms): renews the grants in use,
+    /// reporting their spend, and forgets ended periods.
     pub(crate) fn renew_leases(&self) {
         let Some(shared) = self.shared() else {
             return;
@@ -336,13 +352,18 @@ impl<C: Clock> Engine<C> {
             let Some((_, v)) = campaign_view(e, i, now).filter(|(k, _)| *k == key) else {
                 continue;
             };
-            let (reported, usable_until) = {
-                let grants = self.leases.lock();
-                grants
-                    .get(&key)
-                    .map_or((0, 0), |g| (g.reported, g.usable_until))
+            let Some(g) = self.leases.lock().get(&key).cloned() else {
+                continue;
             };
-            if reported >= v.committed && usable_until > now + LEASE_TTL / 4 {
+            // Only grants in use: one used since the last call is renewed
+            // before it lapses, and unreported spend is reported once a
+            // second. An idle grant is left to lapse; its headroom stays this
+            // node's, and the next decision that needs it refreshes it.
+            let lapsing = g.usable_until <= now + LEASE_TTL / 4;
+            let due = (lapsing && g.used_at >= g.called_at)
+                || (g.reported < v.committed
+                    && (lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)));
+            if !due {
                 continue;
             }
             let want = self.want(key, &v, 1, now) + v.pending;

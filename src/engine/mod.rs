@@ -115,9 +115,10 @@ pub enum SpendReports {
     /// commits of it).
     #[default]
     Commit,
-    /// With the grants' renewal, every 250 ms: ~0 lease calls per commit; a
-    /// node killed leaves up to its last 250 ms of spend unreported, which
-    /// counts again when its grant is reclaimed (an hour later).
+    /// With the grants' renewal, once a second per grant in use: ~0 lease
+    /// calls per commit; a node killed leaves up to its last second or so of
+    /// spend unreported, which can be spent again once its grant is
+    /// reclaimed (an hour later).
     Batched,
 }
 
