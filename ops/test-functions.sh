@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the three functions" \
-  $'fc_cas_v1\nfc_lease_read_v1\nfc_lease_v1' \
+expect "FUNCTION LIST shows the four functions" \
+  $'fc_cas_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_slots_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -356,5 +356,30 @@ sums=$(check_invariant "$LR" "$total")
 ok "randomized: $calls calls, invariant held after each (final spent ${sums% *} + headroom ${sums#* } <= total $total)"
 expect_true "randomized run exercised reclaims ($reclaims) and grants ($granted)" \
   "reclaims=$reclaims granted=$granted" test "$reclaims" -gt 0 -a "$granted" -gt 0
+
+###############################################################################
+echo "== fc_slots_v1"
+SL='fc:{l:slots-test}'
+# Two holders of max 4 slots: a asks for 2, b for 4 (gets what a leaves).
+slots() { rc FCALL fc_slots_v1 1 "$SL" "$@" | head -2 | ints; }
+expect "a asks for 2 of 4: granted 2" '2 0' "$(slots a 1 0 2 4 60000 0 0)"
+expect "b asks for 4: granted the 2 a leaves" '2 0' "$(slots b 1 0 4 4 60000 0 0)"
+expect "a uses its 2" '2 2' "$(slots a 2 2 0 4 60000 5000 0)"
+expect "a's older report, applied late, changes nothing" '2 2' "$(slots a 1 0 0 4 60000 0 0)"
+expect "a repeats its last report: the same" '2 2' "$(slots a 2 2 0 4 60000 5000 0)"
+expect "a holds none and asks for none: gives its slots back" '0 0' "$(slots a 3 0 0 4 60000 0 0)"
+expect "b now gets all 4" '4 0' "$(slots b 2 0 4 4 60000 0 0)"
+expect "a asks again: b holds them all, a gets none" '0 0' "$(slots a 4 0 2 4 60000 0 0)"
+expect "b uses 1 and wants 1 more: max-min fair, b keeps 2" '2 1' "$(slots b 3 1 1 4 60000 0 0)"
+expect "a gets the 2 b gave back" '2 0' "$(slots a 5 0 2 4 60000 0 0)"
+expect "a holder's grant is never below what it uses" '3 3' "$(slots a 6 3 0 4 60000 0 0)"
+# A holder whose grant and holds ended is dropped; its slots are free.
+slots c 1 0 0 4 1 1 0 >/dev/null
+sleep 0.05
+rc FCALL fc_slots_v1 1 "$SL" b 4 0 0 4 60000 0 0 >/dev/null
+expect "an expired holder's fields are dropped" '(integer) 0' "$(rc HEXISTS "$SL" h:c)"
+expect "fc_slots_v1 names a bad argument" \
+  '(error) ERR fc_slots_v1: used must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_slots_v1 1 "$SL" a 7 x 0 4 1 1 0)"
 
 echo "all $PASS checks passed"

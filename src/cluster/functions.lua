@@ -306,7 +306,123 @@ local function fc_lease_read(keys, args)
   return {now_ms(), out}
 end
 
+-------------------------------------------------------------------------------
+-- fc_slots_v1: slots (a campaign's max_in_flight) shared by holders.
+--
+--   FCALL fc_slots_v1 1 L holder seq used want max ttl_ms hold_ms key_expire_ms
+--
+--   holder         the caller's name (one per node incarnation)
+--   seq            the caller's call number, rising: a report older than one
+--                  already applied (a call applied after its caller gave up)
+--                  changes nothing
+--   used           slots the caller holds now (absolute: it goes down too)
+--   want           slots beyond `used` it would like to be able to take
+--   max            the most slots held in sum: Σ granted <= max
+--   ttl_ms         the caller's grant lives this long (Redis clock)
+--   hold_ms        the caller's longest open hold ends this long from now:
+--                  a holder is dropped (its slots freed) once both passed
+--   key_expire_ms  PEXPIRE of the whole hash; "0" leaves it as it is
+--
+-- Fields per holder H: u:H used, h:H granted, q:H last seq, d:H demand
+-- (used + want), r:H when it is dropped.
+--
+-- Reply: [granted, used, now_ms]. The caller may hold up to `granted`
+-- slots. Unlike fc_lease_v1 (spend only grows), a holder gives slots back by
+-- reporting fewer used and asking for less: its grant is set, not raised.
+-- The grant is the max-min fair share of `max` over the live holders'
+-- demands, never more than what the others hold leaves, and never below
+-- `used` (a holder is not told to have fewer than it holds).
+-------------------------------------------------------------------------------
+local function fc_slots(keys, args)
+  local F = 'fc_slots_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 8 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 8 arguments: holder seq used want max ttl_ms hold_ms key_expire_ms')
+  end
+  local holder = args[1]
+  if holder == '' then
+    return redis.error_reply('ERR ' .. F .. ': holder must not be empty')
+  end
+  local v, err = {}, nil
+  local anames = {'seq', 'used', 'want', 'max', 'ttl_ms', 'hold_ms', 'key_expire_ms'}
+  for i, aname in ipairs(anames) do
+    v[aname], err = uint_arg(args[i + 1], F, aname)
+    if not v[aname] then return err end
+  end
+  local L = keys[1]
+  local now = now_ms()
+  local all, names = {}, {}
+  local flat = redis.call('HGETALL', L)
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    local p = string.sub(f, 1, 2)
+    if p == 'u:' or p == 'h:' or p == 'q:' or p == 'd:' or p == 'r:' then
+      local name = string.sub(f, 3)
+      local n = all[name]
+      if not n then
+        n = {u = 0, h = 0, q = -1, d = 0, r = 0}
+        all[name] = n
+        names[#names + 1] = name
+      end
+      n[string.sub(f, 1, 1)] = tonumber(flat[i + 1]) or 0
+    end
+  end
+  local me = all[holder]
+  if me and v.seq <= me.q then
+    return {me.h, me.u, now}
+  end
+  if not me then
+    me = {u = 0, h = 0, q = -1, d = 0, r = 0}
+  end
+  me.u, me.q, me.d = v.used, v.seq, v.used + v.want
+  me.r = now + math.max(v.ttl_ms, v.hold_ms)
+  local others, demands = 0, {me.d}
+  for _, name in ipairs(names) do
+    if name ~= holder then
+      local n = all[name]
+      if n.r < now then
+        redis.call('HDEL', L, 'u:' .. name, 'h:' .. name, 'q:' .. name, 'd:' .. name,
+          'r:' .. name)
+      else
+        others = others + n.h
+        demands[#demands + 1] = n.d
+      end
+    end
+  end
+  table.sort(demands)
+  local remaining, left, level = v.max, #demands, nil
+  for _, d in ipairs(demands) do
+    local fair = remaining / left
+    if d >= fair then
+      level = fair
+      break
+    end
+    remaining = remaining - d
+    left = left - 1
+  end
+  local share = me.d
+  if level ~= nil and level < share then
+    share = math.ceil(level - 1e-9)
+  end
+  local free = math.max(0, v.max - others)
+  me.h = math.max(me.u, math.min(share, free))
+  redis.call('HSET', L,
+    'u:' .. holder, istr(me.u),
+    'h:' .. holder, istr(me.h),
+    'q:' .. holder, istr(me.q),
+    'd:' .. holder, istr(me.d),
+    'r:' .. holder, istr(me.r))
+  if v.key_expire_ms > 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {me.h, me.u, now}
+end
+
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
+redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}
