@@ -373,12 +373,13 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
         assert_eq!(st, 200, "{body}");
     }
     // What no lease can share is refused, naming the field.
-    let in_flight = json!({"max_in_flight": 4});
-    let (st, body) = node(0).call_retrying("PUT", "/v1/campaigns/b", Some(&in_flight));
+    let rolling =
+        json!({"caps": [{"kind": "window", "limit": 9, "window": "1h", "scope": "campaign"}]});
+    let (st, body) = node(0).call_retrying("PUT", "/v1/campaigns/b", Some(&rolling));
     assert_eq!(
         body["error"]["message"]
             .as_str()
-            .map(|m| m.starts_with("max_in_flight")),
+            .map(|m| m.starts_with("caps[0]")),
         Some(true),
         "{body}"
     );
@@ -631,4 +632,33 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
         "budget under-delivered: {bud} of {BUDGET}"
     );
     assert_eq!(cap, CAMPAIGN_CAP, "campaign cap under-delivered");
+
+    // max_in_flight: holds (not committed) taken round robin over the nodes
+    // never exceed it in all.
+    const IN_FLIGHT: usize = 5;
+    let def = json!({"max_in_flight": IN_FLIGHT});
+    let (st, body) = nodes[0].call_retrying("PUT", "/v1/campaigns/fl", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    for n in &nodes[1..] {
+        let seen = (0..100).any(|_| {
+            n.call("GET", "/v1/campaigns/fl", None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "definitions did not reach every node");
+    }
+    let held = (0..4 * IN_FLIGHT)
+        .filter(|i| {
+            let body = json!({"user": format!("f{i}"), "candidates": [{"campaign": "fl"}], "reserve": true, "ttl_ms": 60_000});
+            let (st, out) = nodes[i % nodes.len()].call("POST", "/v1/screen", Some(&body));
+            st == 200 && out["results"][0]["eligible"] == true
+        })
+        .count();
+    eprintln!("leases: max_in_flight {IN_FLIGHT}: {held} held at once through 3 nodes");
+    assert!(
+        held <= IN_FLIGHT,
+        "max_in_flight exceeded: {held} > {IN_FLIGHT}"
+    );
+    assert!(held >= 3, "every node should get a slot: {held}");
 }

@@ -261,7 +261,6 @@ fn campaign_state_a_lease_cannot_share_is_refused_with_its_field() {
             r#"{"budget": {"amount": 100, "per": "1d", "pacing": "adaptive"}}"#,
             "budget",
         ),
-        (r#"{"max_in_flight": 3}"#, "max_in_flight"),
         (
             r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "window", "limit": 9, "window": "1d", "scope": "campaign"}]}"#,
             "caps[1]",
@@ -455,4 +454,46 @@ fn a_decision_run_again_after_a_conflict_holds_campaign_state_once() {
     b.events(&[ev("e1")]).unwrap();
     a.events(&[ev("e2")]).unwrap();
     assert_eq!(a.delivery("b").unwrap().spent, 3, "the event's cost, once");
+}
+
+#[test]
+fn max_in_flight_is_shared_by_nodes_and_given_back() {
+    let (_, a, b, ca, cb) = two_nodes();
+    a.put_campaign("f", campaign(r#"{"max_in_flight": 3}"#))
+        .unwrap();
+    b.refresh_definitions().unwrap();
+    let hold = |node: &Node, user: &str| {
+        let mut req = screen(user, &["f"]);
+        req.ttl_ms = Some(60_000);
+        node.screen(&req).unwrap()
+    };
+    // Round robin over the nodes: three holds in all, then none.
+    let held: Vec<(usize, String)> = (0..8)
+        .filter_map(|i| {
+            let s = hold([&a, &b][i % 2], &format!("u{i}"));
+            s.results[0]
+                .eligible
+                .then(|| (i % 2, s.reservation.unwrap()))
+        })
+        .collect();
+    assert_eq!(held.len(), 3, "max_in_flight across both nodes");
+    // Released (on the node that made each: a release elsewhere frees the
+    // slot at the reservation's deadline), the slots go back at the nodes'
+    // renewals, and b can take every one.
+    for (n, id) in &held {
+        [&a, &b][*n].release(id).unwrap();
+    }
+    // A node keeps one spare slot while decisions use its grant; an idle
+    // second later it gives that back too.
+    for _ in 0..2 {
+        for c in [&ca, &cb] {
+            c.advance(1_100_000_000);
+        }
+        a.cluster_tick().unwrap();
+        b.cluster_tick().unwrap();
+    }
+    let again = (0..4)
+        .filter(|i| hold(&b, &format!("v{i}")).results[0].eligible)
+        .count();
+    assert_eq!(again, 3, "every slot came back and b took them");
 }

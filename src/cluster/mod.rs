@@ -27,8 +27,8 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, Op, Receipt, Shared, Space, Store,
-    StoreError, StoreStats,
+    Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, Op, Receipt, Shared, SlotsRequest,
+    Space, Store, StoreError, StoreStats,
 };
 
 /// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
@@ -551,6 +551,34 @@ impl Shared for RedisStore {
                 _ => Err(unexpected("fc_lease_v1", &v)),
             },
             _ => Err(unexpected("fc_lease_v1", &v)),
+        }
+    }
+
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_slots_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.holder)
+            .arg(req.seq)
+            .arg(req.used)
+            .arg(req.want)
+            .arg(req.max)
+            .arg(req.ttl_ms)
+            .arg(req.hold_ms)
+            .arg(req.key_expire_ms);
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the slots call was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 3 => {
+                int(&a[0]).ok_or_else(|| unexpected("fc_slots_v1", &v))
+            }
+            _ => Err(unexpected("fc_slots_v1", &v)),
         }
     }
 

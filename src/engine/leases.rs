@@ -29,7 +29,7 @@ use crate::limits::budget::Pacing;
 use crate::limits::window::Layout;
 use crate::limits::{Item, ItemState};
 use crate::model::Scope;
-use crate::store::{LeaseGrant, LeaseRequest, Shared, StoreError};
+use crate::store::{LeaseGrant, LeaseRequest, Shared, SlotsRequest, StoreError};
 
 use super::Engine;
 use super::registry::CampaignEntry;
@@ -70,6 +70,8 @@ struct Grant {
     called_at: Nanos,
     /// When a decision last allowed on it.
     used_at: Nanos,
+    /// Slots (given back when no longer held) rather than units.
+    slots: bool,
 }
 
 /// This node's grants.
@@ -79,6 +81,8 @@ pub(crate) struct Leases {
     /// Serializes reports per node (a commit waiting here finds its spend
     /// reported by the one before it: reports coalesce like a group commit).
     reporting: Mutex<()>,
+    /// Numbers slots calls, so a late older one changes nothing.
+    seq: std::sync::atomic::AtomicU64,
 }
 
 /// What a leased item of a campaign looks like now: its period, this node's
@@ -90,16 +94,23 @@ pub(crate) struct LeaseView {
     pub committed: u64,
     pub pending: u64,
     pub total: u64,
+    /// Slots (max_in_flight, `fc_slots_v1`: held, given back) rather than
+    /// units spent in a period (`fc_lease_v1`).
+    pub slots: bool,
+    /// Slots only: when the latest open hold ends.
+    pub until: Nanos,
 }
 
 /// Whether an item is leased with a shared store: a campaign-scope fixed or
-/// calendar window, or a budget paced `asap`, `even` or by a profile. Other
-/// campaign-scope kinds are refused at definition time (docs/cluster.md).
+/// calendar window, a budget paced `asap`, `even` or by a profile, or
+/// `max_in_flight` (slots). Other campaign-scope kinds are refused at
+/// definition time (docs/cluster.md).
 pub(crate) fn leasable(item: &Item) -> bool {
     match item {
         Item::Window(w) => matches!(w.layout, Layout::Fixed { .. } | Layout::Calendar(_)),
         Item::Budget(b) => !matches!(b.pacing, Pacing::Adaptive(_)),
-        _ => false,
+        Item::Concurrency(_) => true,
+        Item::Rate { .. } => false,
     }
 }
 
@@ -124,6 +135,8 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 committed: used - pending,
                 pending,
                 total: w.limit,
+                slots: false,
+                until: 0,
             })
         }
         (Item::Budget(b), _) if leasable(item) => {
@@ -141,6 +154,24 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 committed: cur.spent,
                 pending: cur.pending,
                 total,
+                slots: false,
+                until: 0,
+            })
+        }
+        (Item::Concurrency(c), _) => {
+            let held = match st {
+                ItemState::Concurrency(s) => s.clone(),
+                _ => Default::default(),
+            };
+            // No period: one grant of slots for as long as the campaign lives.
+            Some(LeaseView {
+                start: 0,
+                end: Nanos::MAX,
+                committed: 0,
+                pending: c.open(&held, now),
+                total: c.max,
+                slots: true,
+                until: held.deadlines.last().copied().unwrap_or(0),
             })
         }
         _ => None,
@@ -200,8 +231,27 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
     ) -> Result<LeaseGrant, StoreError> {
         let ttl_ms = LEASE_TTL / 1_000_000;
-        let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
         self.stats.lease_calls.fetch_add(1, Ordering::Relaxed);
+        if v.slots {
+            let hold_ms = v.until.saturating_sub(now).div_ceil(1_000_000) + 1_000;
+            let granted = shared.slots(&SlotsRequest {
+                key: &lease_key(key),
+                holder: &self.lease_holder(),
+                seq: self.leases.seq.fetch_add(1, Ordering::AcqRel) + 1,
+                used: v.pending,
+                want,
+                max: v.total,
+                ttl_ms,
+                hold_ms,
+                key_expire_ms: hold_ms.max(ttl_ms) + 3_600_000,
+            })?;
+            self.record_grant(key, v, want, granted, now);
+            return Ok(LeaseGrant {
+                granted,
+                spent_total: 0,
+            });
+        }
+        let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
         let grant = shared.lease(&LeaseRequest {
             key: &lease_key(key),
             holder: &self.lease_holder(),
@@ -214,19 +264,25 @@ impl<C: Clock> Engine<C> {
             grace_ms: MAX_TTL_MS,
             key_expire_ms,
         })?;
+        self.record_grant(key, v, want, grant.granted, now);
+        Ok(grant)
+    }
+
+    /// Notes a grant this node received.
+    fn record_grant(&self, key: GrantKey, v: &LeaseView, want: u64, granted: u64, now: Nanos) {
         let mut grants = self.leases.lock();
         let g = grants.entry(key).or_default();
-        g.granted = grant.granted;
+        g.granted = granted;
         g.reported = g.reported.max(v.committed);
         g.usable_until = now + LEASE_TTL * 8 / 10;
         g.end = v.end;
         g.called_at = now;
+        g.slots = v.slots;
         // Asked for more and got nothing: the total is used up (or held by
         // others) for now.
-        if want > 0 && grant.granted <= v.committed + v.pending {
+        if want > 0 && granted <= v.committed + v.pending {
             g.quiet_until = now + QUIET;
         }
-        Ok(grant)
     }
 
     /// How many units to ask for: what the node committed in the last
@@ -278,7 +334,12 @@ impl<C: Clock> Engine<C> {
                 if ok || quiet {
                     continue;
                 }
-                let want = self.want(key, &v, n, now) + v.pending;
+                // Slots: the ones it needs and one spare; units: its rate.
+                let want = if v.slots {
+                    n + 1
+                } else {
+                    self.want(key, &v, n, now) + v.pending
+                };
                 if let Err(err) = self.lease_call(shared, key, &v, want, now) {
                     tracing::debug!("lease refresh of campaign {} failed: {err}", e.id);
                 }
@@ -313,7 +374,7 @@ impl<C: Clock> Engine<C> {
                 if cap.scope != Scope::Campaign || !leasable(&cap.item) {
                     continue;
                 }
-                let Some((key, v)) = campaign_view(e, i, now) else {
+                let Some((key, v)) = campaign_view(e, i, now).filter(|(_, v)| !v.slots) else {
                     continue;
                 };
                 let (reported, granted) = {
@@ -360,13 +421,27 @@ impl<C: Clock> Engine<C> {
             // second. An idle grant is left to lapse; its headroom stays this
             // node's, and the next decision that needs it refreshes it.
             let lapsing = g.usable_until <= now + LEASE_TTL / 4;
-            let due = (lapsing && g.used_at >= g.called_at)
-                || (g.reported < v.committed
-                    && (lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)));
+            let in_use = g.used_at >= g.called_at;
+            let due = if v.slots {
+                // Slots held beyond those in use (and a spare while
+                // decisions use the grant) go back once a second, so an
+                // idle node keeps none.
+                (lapsing && in_use)
+                    || (g.granted > v.pending + u64::from(in_use)
+                        && now >= g.called_at.saturating_add(REPORT_EVERY))
+            } else {
+                (lapsing && in_use)
+                    || (g.reported < v.committed
+                        && (lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
+            };
             if !due {
                 continue;
             }
-            let want = self.want(key, &v, 1, now) + v.pending;
+            let want = if v.slots {
+                u64::from(in_use)
+            } else {
+                self.want(key, &v, 1, now) + v.pending
+            };
             if let Err(err) = self.lease_call(shared, key, &v, want, now) {
                 tracing::debug!("lease renewal of campaign {} failed: {err}", key.0);
             }

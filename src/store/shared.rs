@@ -59,6 +59,26 @@ pub struct LeaseGrant {
     pub spent_total: u64,
 }
 
+/// A slots call (`fc_slots_v1`, docs/cluster.md "Leases"): slots held now
+/// (absolute, numbered so a late older report changes nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotsRequest<'a> {
+    pub key: &'a [u8],
+    pub holder: &'a str,
+    /// The holder's call number, rising.
+    pub seq: u64,
+    /// Slots it holds now.
+    pub used: u64,
+    /// Slots beyond `used` it would like to be able to take.
+    pub want: u64,
+    /// The most slots held in sum.
+    pub max: u64,
+    pub ttl_ms: u64,
+    /// Its longest open hold ends this long from now.
+    pub hold_ms: u64,
+    pub key_expire_ms: u64,
+}
+
 /// What the engine needs from a shared store beyond [`Store`].
 ///
 /// Promises: a [`Shared::cas`] that answers `Written` was applied once and
@@ -96,6 +116,10 @@ pub trait Shared: Send + Sync {
 
     /// A lease call: reports the holder's spend and returns its grant.
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
+
+    /// A slots call: reports the slots the holder holds and returns how many
+    /// it may hold.
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
 }
 
 /// One holder of a lease in [`SharedMemory`] (as `fc_lease_v1` keeps it).
@@ -106,6 +130,16 @@ struct LeaseHolder {
     want: u64,
     /// Expiry, ms since the store was made (a monotonic clock).
     expires: u64,
+}
+
+/// One holder of slots in [`SharedMemory`] (as `fc_slots_v1` keeps it).
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotHolder {
+    granted: u64,
+    seq: u64,
+    demand: u64,
+    /// Dropped after this (ms since the store was made).
+    until: u64,
 }
 
 /// Records by key: (version, value).
@@ -119,6 +153,7 @@ pub struct SharedMemory {
     plain: MemoryStore,
     records: Mutex<Versioned>,
     leases: Mutex<HashMap<Vec<u8>, HashMap<String, LeaseHolder>>>,
+    slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Nanos>>,
     definitions: AtomicU64,
     ids: AtomicU64,
@@ -290,6 +325,56 @@ impl Shared for SharedMemory {
             granted: me.granted,
             spent_total: spent,
         })
+    }
+
+    /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
+        let now = self
+            .started
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64;
+        let mut all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let holders = all.entry(req.key.to_vec()).or_default();
+        if let Some(me) = holders.get(req.holder)
+            && req.seq <= me.seq
+        {
+            return Ok(me.granted);
+        }
+        holders.retain(|name, h| name == req.holder || h.until >= now);
+        let others: u64 = holders
+            .iter()
+            .filter(|(n, _)| *n != req.holder)
+            .map(|(_, h)| h.granted)
+            .sum();
+        let demand = req.used + req.want;
+        let mut demands: Vec<u64> = holders
+            .iter()
+            .filter(|(n, _)| *n != req.holder)
+            .map(|(_, h)| h.demand)
+            .chain([demand])
+            .collect();
+        demands.sort_unstable();
+        let (mut left, mut share) = (req.max, demand);
+        for (i, d) in demands.iter().enumerate() {
+            let level = left.div_ceil((demands.len() - i) as u64);
+            if *d >= level {
+                share = share.min(level);
+                break;
+            }
+            left -= d;
+        }
+        let granted = req.used.max(share.min(req.max.saturating_sub(others)));
+        holders.insert(
+            req.holder.to_owned(),
+            SlotHolder {
+                granted,
+                seq: req.seq,
+                demand,
+                until: now + req.ttl_ms.max(req.hold_ms),
+            },
+        );
+        Ok(granted)
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {
