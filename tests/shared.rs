@@ -272,11 +272,55 @@ fn campaign_state_a_lease_cannot_share_is_refused_with_its_field() {
         }
     }
     assert!(a.get_campaign("x").is_none(), "nothing half-applied");
-    let p = from_json::<PolicyDef>(r#"{"limits": [{"kind": "concurrency", "max": 2}]}"#).unwrap();
-    match a.put_policy("p", p) {
-        Err(EngineError::InvalidArgument { field, .. }) => assert_eq!(field, "limits[0].kind"),
-        other => panic!("{other:?}"),
-    }
+}
+
+/// A policy's concurrency and budget items live in its keys' records, which
+/// every node writes by compare-and-set: exact across nodes.
+#[test]
+fn policy_concurrency_and_budgets_are_exact_across_nodes() {
+    let (_, a, b, _, _) = two_nodes();
+    let policy = |json: &str| from_json::<PolicyDef>(json).unwrap();
+    a.put_policy(
+        "conc",
+        policy(r#"{"limits": [{"kind": "concurrency", "max": 2}]}"#),
+    )
+    .unwrap();
+    a.put_policy(
+        "spend",
+        policy(r#"{"limits": [{"kind": "budget", "amount": 5, "per": "1d", "pacing": "asap"}]}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let check = |node: &Node, p: &str, cost: u64, reserve: bool| {
+        node.check(&CheckRequest {
+            target: CheckTarget::Policy(p.into()),
+            key: "k".into(),
+            cost,
+            reserve,
+            ttl_ms: Some(60_000),
+            reservation_id: None,
+            fingerprint: None,
+        })
+        .unwrap()
+    };
+    let first = check(&a, "conc", 1, true);
+    assert!(first.decision.allowed);
+    assert!(check(&b, "conc", 1, true).decision.allowed);
+    assert!(
+        !check(&a, "conc", 1, true).decision.allowed,
+        "two held, on two nodes"
+    );
+    assert!(!check(&b, "conc", 1, true).decision.allowed);
+    // Released on the other node, the slot is free on both.
+    b.release(first.reservation.as_deref().unwrap()).unwrap();
+    assert!(check(&a, "conc", 1, true).decision.allowed);
+    // A budget of 5 spent through both nodes: never more.
+    let spent: u64 = [(&a, 2), (&b, 2), (&a, 2), (&b, 1), (&a, 1)]
+        .into_iter()
+        .filter(|(n, cost)| check(n, "spend", *cost, false).decision.allowed)
+        .map(|(_, cost)| cost)
+        .sum();
+    assert_eq!(spent, 5, "the budget, exactly");
 }
 
 /// Screens and commits `rounds` impressions for distinct users, alternating

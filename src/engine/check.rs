@@ -73,7 +73,7 @@ impl<C: Clock> Engine<C> {
         let record = RecordKey::PolicyKey(key);
         let shared = self.shared().is_some();
         if shared {
-            self.check_shareable(&stack, owner, req.reserve && req.cost > 0)?;
+            self.check_shareable(owner, req.reserve && req.cost > 0)?;
         }
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).

@@ -17,7 +17,6 @@ use super::leases::leasable;
 use super::record::{SubjectRecord, tag};
 use super::registry::{CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
-use super::shared::needs_lease;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 
 /// A definition as stored: its id and what the user wrote.
@@ -206,14 +205,6 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if self.shared().is_some()
-            && let Some(i) = compiled.stack.items().iter().position(needs_lease)
-        {
-            return Err(invalid(
-                format!("limits[{i}].kind"),
-                "budget and concurrency items are not supported with a shared (redis-cluster) store yet",
-            ));
-        }
         let mut reg = self.registry_to_change()?;
         let id = match reg.policies.get(name) {
             Some(p) => p.id,

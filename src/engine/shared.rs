@@ -16,9 +16,9 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{Clock, Nanos};
+use crate::limits::concurrency::ConcurrencyState;
 use crate::limits::rate::RatePending;
-use crate::limits::stack::Stack;
-use crate::limits::{Item, Kind, PendingItem};
+use crate::limits::{ItemState, PendingItem};
 use crate::store::codec::{self, StoredCounter, StoredState};
 use crate::store::{Cas, Shared, StoreError};
 
@@ -120,6 +120,29 @@ struct SharedForm {
     pending: Vec<StoredPending>,
     held: Vec<Held>,
     settled: Vec<SettledId>,
+    /// What a stored counter leaves out and a shared record must keep.
+    extra: Vec<ExtraState>,
+}
+
+/// State beyond a stored counter's (which keeps committed state only): a
+/// budget's pending spend and adaptive plan, a concurrency item's holds.
+#[derive(Serialize, Deserialize)]
+struct ExtraState {
+    owner: u32,
+    tag: u32,
+    extra: StoredExtra,
+}
+
+#[derive(Serialize, Deserialize)]
+enum StoredExtra {
+    Budget {
+        pending: u64,
+        anchor: u64,
+        base: u64,
+    },
+    Concurrency {
+        deadlines: Vec<u64>,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -206,6 +229,30 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
             .collect(),
         held: meta.map(|m| m.held.clone()).unwrap_or_default(),
         settled: meta.map(|m| m.settled.clone()).unwrap_or_default(),
+        extra: rec
+            .counters
+            .iter()
+            .filter_map(|c| {
+                let extra = match &c.state {
+                    ItemState::Budget(b) => StoredExtra::Budget {
+                        pending: b.pending,
+                        anchor: b.anchor,
+                        base: b.base,
+                    },
+                    ItemState::Concurrency(k) if !k.deadlines.is_empty() => {
+                        StoredExtra::Concurrency {
+                            deadlines: k.deadlines.clone(),
+                        }
+                    }
+                    _ => return None,
+                };
+                Some(ExtraState {
+                    owner: c.owner,
+                    tag: c.tag,
+                    extra,
+                })
+            })
+            .collect(),
     };
     codec::encode(&form)
 }
@@ -229,6 +276,25 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
         idle_at,
         write_seq: version,
     };
+    for x in form.extra {
+        match x.extra {
+            StoredExtra::Budget {
+                pending,
+                anchor,
+                base,
+            } => {
+                if let ItemState::Budget(b) = rec.state_mut(x.owner, x.tag) {
+                    b.pending = pending;
+                    b.anchor = anchor;
+                    b.base = base;
+                }
+            }
+            StoredExtra::Concurrency { deadlines } => {
+                *rec.state_mut(x.owner, x.tag) =
+                    ItemState::Concurrency(ConcurrencyState { deadlines });
+            }
+        }
+    }
     for p in form.pending {
         rec.add_pending(PendingEntry {
             res: p.res,
@@ -434,34 +500,11 @@ fn winners(
     Ok(out)
 }
 
-/// Whether an item's state is cluster-wide by nature (a budget, max in
-/// flight), which a shared store holds through leases, not yet built
-/// (docs/cluster.md, "Not yet").
-pub(crate) fn needs_lease(item: &Item) -> bool {
-    matches!(item.kind(), Kind::Budget | Kind::Concurrency)
-}
-
 impl<C: Clock> Engine<C> {
-    /// Refuses a check a shared store cannot hold: budget and concurrency
-    /// items, and reservations of inline limits (no node but this one knows
-    /// their items, so no other could expire them).
-    pub(crate) fn check_shareable(
-        &self,
-        stack: &Stack,
-        owner: u32,
-        reserving: bool,
-    ) -> Result<(), EngineError> {
-        if let Some(i) = stack.items().iter().position(needs_lease) {
-            let field = if owner == 0 {
-                format!("limits[{i}].kind")
-            } else {
-                "policy".to_owned()
-            };
-            return Err(invalid(
-                field,
-                "budget and concurrency items are not supported with a shared (redis-cluster) store yet",
-            ));
-        }
+    /// Refuses a check a shared store cannot hold: a reservation of inline
+    /// limits (no node but this one knows their items, so no other could
+    /// expire it).
+    pub(crate) fn check_shareable(&self, owner: u32, reserving: bool) -> Result<(), EngineError> {
         if reserving && owner == 0 {
             return Err(invalid(
                 "reserve",
