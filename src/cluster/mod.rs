@@ -15,7 +15,7 @@
 //! retries a failed connection once and never sleeps between tries, so a
 //! dead shard fails only the requests for its keys, fast (the crate's
 //! default, 16 retries with backoff, stalled every request for ~5 s in the
-//! prototype, ../research). A write whose answer is lost may have been
+//! prototype; docs/cluster.md). A write whose answer is lost may have been
 //! applied; the engine then reads the record again before deciding on it.
 
 use std::future::Future;

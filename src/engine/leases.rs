@@ -1,6 +1,7 @@
 //! Leases: campaign-scope state with a shared store (docs/cluster.md,
-//! "Leases"). A campaign's budget or campaign-scope window cap is never
-//! written per decision: each node holds a grant, a number of units it may
+//! "Leases"). A campaign's budget, campaign-scope window cap or
+//! max_in_flight is never written per decision: each node holds a grant, a
+//! number of units it may
 //! spend in the current period, from a generic Redis Function
 //! (`fc_lease_v1`) that hands out max-min fair shares of what is left of the
 //! total. A node decides on its own campaign record as on one node, and an
@@ -10,9 +11,12 @@
 //! Counters are absolute: a node reports the cumulative units it committed
 //! in the period and receives its cumulative grant, so a retried call, or
 //! one whose reply was lost, changes nothing (the delta version of the
-//! prototype over-delivered 0.98 % for that reason, ../research). Expiry is
+//! prototype over-delivered 0.98 % for that reason; docs/cluster.md). Expiry is
 //! by Redis's clock; a node's unspent grant goes back to the pool once it
 //! expired longer ago than the longest reservation TTL.
+//!
+//! `max_in_flight` is leased as slots (`fc_slots_v1`): held, then given back,
+//! so the node reports what it holds now rather than a cumulative count.
 //!
 //! Grant sizes adapt to each node's recent spend: a node asks for what it
 //! spent in the last [`LEASE_TTL`] (at least the request's units and 1), at
@@ -41,7 +45,7 @@ pub(crate) const LEASE_TTL: Nanos = 2_000_000_000;
 
 /// After a refresh that granted nothing, no refresh for this long: without
 /// it every refused request at exhaustion became a lease call (53 000 per
-/// node in 40 s in the prototype, ../research).
+/// node in 40 s in the prototype; docs/cluster.md).
 const QUIET: Nanos = 100_000_000;
 
 /// How often a grant in use is renewed, its spend reported on the way
