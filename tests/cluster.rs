@@ -537,6 +537,16 @@ fn events_are_counted_once_cluster_wide() {
         cas >= 2.0,
         "a's event and screen each wrote a record: {cas}"
     );
+    // Ready while Redis answers; not ready (503) once it stops answering.
+    assert_eq!(a.call("GET", "/readyz", None).0, 200);
+    drop(redis);
+    let unready = (0..100).any(|_| {
+        a.call("GET", "/readyz", None).0 == 503 || {
+            std::thread::sleep(Duration::from_millis(100));
+            false
+        }
+    });
+    assert!(unready, "still ready 10 s after Redis stopped");
 }
 
 /// (c) a budget is never over-delivered in total, and at least 99 % of it

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::Method;
+use axum::http::{Method, StatusCode};
 use axum::middleware;
 use axum::routing::{MethodRouter, get, post, put};
 
@@ -177,10 +177,23 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/v1/admin/checkpoint" => post(checkpoint::<C>),
         "/metrics" => get(metrics_text::<C>),
         "/healthz" => get(|| async { "ok" }),
-        "/readyz" => get(|| async { "ready" }),
+        "/readyz" => get(readyz::<C>),
         "/openapi.json" => get(openapi_json),
         _ => return None,
     })
+}
+
+/// `GET /readyz`: 503 while a shared store does not answer, so a load
+/// balancer sends the node's traffic elsewhere (docs/cluster.md, "Faults").
+async fn readyz<C: Clock + 'static>(State(s): St<C>) -> (StatusCode, &'static str) {
+    if s.engine.shared_reachable() {
+        (StatusCode::OK, "ready")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the shared store does not answer",
+        )
+    }
 }
 
 /// The router of docs/semantics.md §8.1 over `engine`.

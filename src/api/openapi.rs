@@ -435,10 +435,17 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "get",
             path: "/readyz",
-            summary: "Readiness: the engine and store are open. Public.",
+            summary: "Readiness: the engine and store are open (with a redis-cluster store: Redis answered within the last 2 s). Public.",
             admin: false,
             request: None,
-            responses: vec![(200, "ready", text)],
+            responses: vec![
+                (200, "ready", text.clone()),
+                (
+                    503,
+                    "not ready: the redis-cluster store has not answered for 2 s",
+                    text,
+                ),
+            ],
         },
         Op {
             method: "get",

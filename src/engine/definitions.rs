@@ -139,6 +139,17 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// Whether the shared store answered lately (its definitions' version
+    /// was read within the last 2 s by [`Engine::cluster_tick`]); always
+    /// true on one node.
+    pub fn shared_reachable(&self) -> bool {
+        self.shared().is_none()
+            || self
+                .now()
+                .saturating_sub(self.shared_ok_at.load(Ordering::Acquire))
+                < 2_000_000_000
+    }
+
     /// With a shared store, what the sweeper does every 250 ms: applies
     /// definitions other nodes changed, and renews this node's grants.
     pub fn cluster_tick(&self) -> Result<(), EngineError> {
@@ -146,6 +157,9 @@ impl<C: Clock> Engine<C> {
             return Ok(());
         }
         let r = self.refresh_definitions().map(drop);
+        if r.is_ok() {
+            self.shared_ok_at.fetch_max(self.now(), Ordering::AcqRel);
+        }
         self.renew_leases();
         r
     }

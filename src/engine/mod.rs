@@ -297,6 +297,9 @@ pub struct Engine<C: Clock> {
     /// With a shared store, the definitions' version last applied
     /// ([`Engine::refresh_definitions`]).
     defs_version: AtomicU64,
+    /// With a shared store, when it last answered the sweeper's poll (the
+    /// engine's time; readiness).
+    shared_ok_at: AtomicU64,
     /// User and policy-key records (see [`hot`]).
     hot: ShardedMap<[u64; 2], SubjectRecord>,
     reservations: Reservations,
@@ -357,14 +360,16 @@ impl<C: Clock> Engine<C> {
             options.memory_budget / 2,
             hot.outside(),
         );
+        let started = clock.now();
         Ok(Engine {
-            last_now: AtomicU64::new(clock.now()),
+            last_now: AtomicU64::new(started),
             clock,
             hot,
             store,
             registry: RwLock::new(Arc::new(reg)),
             defs_write: Mutex::new(()),
             defs_version: AtomicU64::new(defs_version),
+            shared_ok_at: AtomicU64::new(started),
             reservations,
             leases: leases::Leases::default(),
             dedupe: Dedupe::new(),
