@@ -9,23 +9,20 @@
 //! more, and calendar-day caps are kept clear of midnight (see
 //! [`clear_of_midnight`]).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// How long a server may take to log its address (RocksDB opens first).
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+mod support;
+
 /// How long a server may take to exit after SIGTERM or SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Any single HTTP exchange.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-/// Log lines kept per server, for failure messages.
-const LOG_LINES: usize = 10_000;
 
 const DECISION_TOKEN: &str = "t1";
 const ADMIN_TOKEN: &str = "t2";
@@ -77,70 +74,18 @@ enum Auth {
     Raw(&'static str),
 }
 
-/// The address in a log line `... freqcap listening on 127.0.0.1:PORT ...`.
-fn listening_addr(line: &str) -> Option<String> {
-    let rest = line.split("freqcap listening on ").nth(1)?;
-    let addr: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    let (_, port) = addr.rsplit_once(':')?;
-    (port.parse::<u16>().ok()? != 0).then_some(addr)
-}
-
 impl Server {
     /// Starts `freqcap serve --listen 127.0.0.1:0 --data-dir <dir> <extra>` and
     /// waits until it logs its address.
     fn start(data_dir: &Path, extra: &[&str]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra);
-        // The environment must not configure the server behind the test's back.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("FREQCAP_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("FREQCAP_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("freqcap serve starts");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        {
-            let log = log.clone();
-            // Drains stderr for the child's whole life, so it never blocks on a
-            // full pipe; hands over the address once.
-            std::thread::spawn(move || {
-                let mut tx = Some(tx);
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(addr) = tx.as_ref().and_then(|_| listening_addr(&line)) {
-                        let _ = tx.take().map(|t| t.send(addr));
-                    }
-                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-                    if log.len() < LOG_LINES {
-                        log.push(line);
-                    }
-                }
-            });
-        }
-        let addr = match rx.recv_timeout(START_TIMEOUT) {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = log.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
-                panic!("the server did not log its address ({e}); its log:\n{log}");
-            }
-        };
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-dir".as_ref(),
+            data_dir.as_os_str(),
+        ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        let support::Served { child, addr, log } = support::serve(args, false);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(REQUEST_TIMEOUT))
@@ -157,10 +102,7 @@ impl Server {
     }
 
     fn log_text(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join("\n")
+        support::log_text(&self.log)
     }
 
     /// The token for an endpoint: admin to change definitions, decision for the

@@ -14,14 +14,13 @@
 //! and says how to install it; `FREQCAP_SKIP_SCHEMATHESIS=1` skips it instead
 //! (for a machine without Python; CI never sets it).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// How long the server may take to log its address.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+mod support;
+
 /// The whole schemathesis run; it takes 15-30 s on 2 cores.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Generated cases per operation and phase.
@@ -57,53 +56,11 @@ impl Drop for Killed {
     }
 }
 
-/// Starts `freqcap serve --listen 127.0.0.1:0 --memory`; returns it and its
-/// address, read from its log line `freqcap listening on 127.0.0.1:PORT`.
+/// Starts `freqcap serve --listen 127.0.0.1:0 --memory` (its log echoed
+/// into the test's output); returns it and its address.
 fn start_server() -> (Killed, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--memory"]);
-    // The environment must not configure the server behind the test's back.
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("FREQCAP_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("FREQCAP_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("freqcap serve starts");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let server = Killed(child);
-    let (tx, rx) = mpsc::channel();
-    // Drains stderr for the server's whole life (so it never blocks on a full
-    // pipe), echoing it for the failure output, and hands over the address.
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            eprintln!("server: {line}");
-            if let Some(addr) = tx.as_ref().and_then(|_| listening_addr(&line)) {
-                let _ = tx.take().map(|t| t.send(addr));
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(START_TIMEOUT)
-        .unwrap_or_else(|e| panic!("the server did not log its address ({e})"));
-    (server, addr)
-}
-
-/// The address in `... freqcap listening on 127.0.0.1:PORT ...`.
-fn listening_addr(line: &str) -> Option<String> {
-    let rest = line.split("freqcap listening on ").nth(1)?;
-    let addr: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    let (_, port) = addr.rsplit_once(':')?;
-    (port.parse::<u16>().ok()? != 0).then_some(addr)
+    let served = support::serve(["--listen", "127.0.0.1:0", "--memory"], true);
+    (Killed(served.child), served.addr)
 }
 
 /// The schemathesis version `tests/requirements.txt` pins.

@@ -110,6 +110,43 @@ local function fc_cas(keys, args)
   return {1, new}
 end
 
+-- The max-min fair share of `pool` for a demand `mine`, among `demands`
+-- (mine included), by water-filling in real arithmetic (independent of the
+-- order of equal demands): the level rises until each demand is met or the
+-- pool runs out; the share is min(mine, level), rounded up so the last few
+-- units are not stranded between holders whose exact shares are fractions
+-- (callers cap it by what is free). 1e-9 absorbs rounding so an exact
+-- integer share is not rounded up.
+local function fair_share(demands, pool, mine)
+  table.sort(demands)
+  local remaining, left, level = pool, #demands, nil
+  for _, d in ipairs(demands) do
+    local fair = remaining / left
+    if d >= fair then
+      level = fair
+      break
+    end
+    remaining = remaining - d
+    left = left - 1
+  end
+  if level ~= nil and level < mine then
+    return math.ceil(level - 1e-9)
+  end
+  return mine
+end
+
+-- Parses args[first], args[first + 1], ... as the named non-negative
+-- integers: a table by name, or nil and the error reply of the first bad one.
+local function uint_args(args, first, names, fname)
+  local v = {}
+  for i, aname in ipairs(names) do
+    local n, err = uint_arg(args[first + i - 1], fname, aname)
+    if not n then return nil, err end
+    v[aname] = n
+  end
+  return v
+end
+
 -------------------------------------------------------------------------------
 -- Lease hash layout (one hash per leased quantity), per node name N:
 --   s:N  cumulative units N has spent (absolute; only ever raised)
@@ -190,12 +227,9 @@ local function fc_lease(keys, args)
   if node == '' then
     return redis.error_reply('ERR ' .. F .. ': node must not be empty')
   end
-  local v, err = {}, nil
-  local anames = {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}
-  for i, aname in ipairs(anames) do
-    v[aname], err = uint_arg(args[i + 1], F, aname)
-    if not v[aname] then return err end
-  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
+  if not v then return err end
 
   local L = keys[1]
   local now = now_ms()
@@ -234,26 +268,7 @@ local function fc_lease(keys, args)
   end
   live[#live + 1] = v.want
 
-  -- Water-filling in real arithmetic (independent of the order of equal
-  -- wants): the level rises until each node gets its want or the pool runs
-  -- out. The caller's share is min(want, level).
-  local pool = math.max(0, v.total - spent)
-  table.sort(live)
-  local remaining, left, level = pool, #live, nil
-  for _, w in ipairs(live) do
-    local fair = remaining / left
-    if w >= fair then
-      level = fair
-      break
-    end
-    remaining = remaining - w
-    left = left - 1
-  end
-  local share = v.want
-  if level ~= nil and level < share then
-    -- 1e-9 absorbs rounding so an exact integer share is not rounded up.
-    share = math.ceil(level - 1e-9)
-  end
+  local share = fair_share(live, math.max(0, v.total - spent), v.want)
 
   local headroom = me.g - me.s
   local free = math.max(0, v.total - spent - held_others)
@@ -346,12 +361,9 @@ local function fc_slots(keys, args)
   if holder == '' then
     return redis.error_reply('ERR ' .. F .. ': holder must not be empty')
   end
-  local v, err = {}, nil
-  local anames = {'seq', 'used', 'want', 'max', 'ttl_ms', 'hold_ms', 'key_expire_ms'}
-  for i, aname in ipairs(anames) do
-    v[aname], err = uint_arg(args[i + 1], F, aname)
-    if not v[aname] then return err end
-  end
+  local v, err = uint_args(args, 2,
+    {'seq', 'used', 'want', 'max', 'ttl_ms', 'hold_ms', 'key_expire_ms'}, F)
+  if not v then return err end
   local L = keys[1]
   local now = now_ms()
   local all, names = {}, {}
@@ -392,21 +404,7 @@ local function fc_slots(keys, args)
       end
     end
   end
-  table.sort(demands)
-  local remaining, left, level = v.max, #demands, nil
-  for _, d in ipairs(demands) do
-    local fair = remaining / left
-    if d >= fair then
-      level = fair
-      break
-    end
-    remaining = remaining - d
-    left = left - 1
-  end
-  local share = me.d
-  if level ~= nil and level < share then
-    share = math.ceil(level - 1e-9)
-  end
+  local share = fair_share(demands, v.max, me.d)
   local free = math.max(0, v.max - others)
   me.h = math.max(me.u, math.min(share, free))
   redis.call('HSET', L,

@@ -482,10 +482,10 @@ impl Shared for RedisStore {
         }
     }
 
-    fn claim(&self, key: &[u8], expire_at: Nanos) -> Result<bool, StoreError> {
+    fn claim(&self, key: &[u8], expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {
         let mut c = redis::cmd("SET");
         c.arg(redis_key(key))
-            .arg(1)
+            .arg(token)
             .arg("NX")
             .arg("PXAT")
             .arg(ms(expire_at).max(1));
@@ -505,7 +505,13 @@ impl Shared for RedisStore {
                 "the event id was not confirmed by a replica in time".into(),
             ));
         }
-        Ok(!matches!(v, Value::Nil))
+        if !matches!(v, Value::Nil) {
+            return Ok(true);
+        }
+        // Taken: by this same claim (a retry of one whose answer was lost)?
+        let mut get = redis::cmd("GET");
+        get.arg(redis_key(key));
+        Ok(bytes(&self.query("GET event id", get)?).as_deref() == Some(token))
     }
 
     fn unclaim(&self, key: &[u8]) -> Result<(), StoreError> {

@@ -211,7 +211,7 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             let h = self.hash(b'e', 0, id);
-            match self.claim_event_id(h, now, reads) {
+            match self.claim_event_id(h, event, now, reads) {
                 Ok(true) => new.push(NewEvent {
                     event,
                     user,
@@ -234,6 +234,7 @@ impl<C: Clock> Engine<C> {
         let reads = Reads::MayWait;
         let shared = self.shared().is_some();
         let mut receipts = Vec::with_capacity(new.len());
+        let mut already = 0;
         for (i, n) in new.iter().enumerate() {
             let Some(chain) = reg.chain(&n.event.campaign) else {
                 self.unclaim_event_ids(&new[i..=i]);
@@ -291,6 +292,11 @@ impl<C: Clock> Engine<C> {
                         if shared && counted {
                             self.count_event(&reg, chain, None, cost, now, None, Sides::Campaign);
                         }
+                        if !counted {
+                            // Counted by an earlier call whose answer was
+                            // lost: a duplicate now.
+                            already += 1;
+                        }
                         r
                     }),
                 None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe, Sides::Both)),
@@ -320,8 +326,11 @@ impl<C: Clock> Engine<C> {
                 tracing::debug!("spend report after events failed: {e}");
             }
         }
+        self.stats
+            .duplicate_events
+            .fetch_add(already as u64, Ordering::Relaxed);
         Ok(PendingEvents {
-            counted: new.len(),
+            counted: new.len() - already,
             receipts,
             counter: &self.stats.events,
         })
@@ -361,14 +370,35 @@ impl<C: Clock> Engine<C> {
     /// a duplicate): claimed by a batch not yet written, or in the store.
     /// Under [`Reads::MemoryOnly`], stops where the store would have to read
     /// the disk to tell.
-    fn claim_event_id(&self, h: u128, now: Nanos, reads: Reads) -> Result<bool, Halt> {
+    fn claim_event_id(
+        &self,
+        h: u128,
+        event: &Event,
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<bool, Halt> {
         if let Some(shared) = self.shared() {
-            // Cluster-wide: set if absent, expiring with the horizon.
+            // Cluster-wide: set if absent, expiring with the horizon. The
+            // claim holds what the event says, so a retry of one whose
+            // claim was applied but not answered finds its own claim and
+            // goes on (its user record then says whether it was counted).
             if reads == Reads::MemoryOnly {
                 return Err(Halt::NotInMemory);
             }
             let expiry = now.saturating_add(self.options.dedupe_horizon);
-            return Ok(shared.claim(&event_key(h), expiry)?);
+            let token = self
+                .hash(
+                    b'E',
+                    0,
+                    &format!(
+                        "{}\u{0}{}\u{0}{}",
+                        event.user.as_deref().unwrap_or(""),
+                        event.campaign,
+                        event.cost
+                    ),
+                )
+                .to_be_bytes();
+            return Ok(shared.claim(&event_key(h), expiry, &token)?);
         }
         let mut shard = self.dedupe.shard(h);
         // Pruned only once written, so what leaves here is in the store.

@@ -100,9 +100,10 @@ pub trait Shared: Send + Sync {
         expire_at: Nanos,
     ) -> Result<Cas, StoreError>;
 
-    /// Sets `key` if absent, to expire at `expire_at` (an event id within its
-    /// horizon): `true` if this call set it.
-    fn claim(&self, key: &[u8], expire_at: Nanos) -> Result<bool, StoreError>;
+    /// Sets `key` to `token` if absent, to expire at `expire_at` (an event id
+    /// within its horizon): `true` if this call set it, or it holds `token`
+    /// already (the same claim, retried).
+    fn claim(&self, key: &[u8], expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError>;
 
     /// Removes a claim this node made and did not use.
     fn unclaim(&self, key: &[u8]) -> Result<(), StoreError>;
@@ -154,7 +155,7 @@ pub struct SharedMemory {
     records: Mutex<Versioned>,
     leases: Mutex<HashMap<Vec<u8>, HashMap<String, LeaseHolder>>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
-    claims: Mutex<HashMap<Vec<u8>, Nanos>>,
+    claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     definitions: AtomicU64,
     ids: AtomicU64,
     /// CAS calls and conflicts, for tests.
@@ -252,12 +253,12 @@ impl Shared for SharedMemory {
         Ok(Cas::Written(version))
     }
 
-    fn claim(&self, key: &[u8], expire_at: Nanos) -> Result<bool, StoreError> {
+    fn claim(&self, key: &[u8], _expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {
         let mut m = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        if m.contains_key(key) {
-            return Ok(false);
+        if let Some(held) = m.get(key) {
+            return Ok(held == token);
         }
-        m.insert(key.to_vec(), expire_at);
+        m.insert(key.to_vec(), token.to_vec());
         Ok(true)
     }
 

@@ -1,0 +1,99 @@
+//! Starting `freqcap serve` as a child process, for the tests that talk to
+//! the real binary (e2e.rs, schemathesis.rs, cluster.rs).
+//!
+//! Each test target uses part of it.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// How long a server may take to log its address (RocksDB opens first).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Log lines kept per server, for failure messages.
+const LOG_LINES: usize = 10_000;
+
+/// A started server: its process (the caller stops it), its address and
+/// its log so far.
+pub struct Served {
+    pub child: Child,
+    pub addr: String,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+/// The log lines kept so far, joined.
+pub fn log_text(log: &Mutex<Vec<String>>) -> String {
+    log.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
+}
+
+/// Starts `freqcap serve <args>` with no `FREQCAP_*` variable of the test's
+/// environment (they must not configure the server behind the test's back)
+/// and waits until it logs `freqcap listening on 127.0.0.1:PORT`. Its
+/// stderr is drained for its whole life (so it never blocks on a full
+/// pipe), kept in the log and, with `echo`, copied to the test's output.
+pub fn serve<I, S>(args: I, echo: bool) -> Served
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
+    cmd.arg("serve").args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("FREQCAP_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("FREQCAP_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("freqcap serve starts");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if echo {
+                    eprintln!("server: {line}");
+                }
+                if let Some(addr) = tx.as_ref().and_then(|_| listening_addr(&line)) {
+                    let _ = tx.take().map(|t| t.send(addr));
+                }
+                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                if log.len() < LOG_LINES {
+                    log.push(line);
+                }
+            }
+        });
+    }
+    match rx.recv_timeout(START_TIMEOUT) {
+        Ok(addr) => Served { child, addr, log },
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the server did not log its address ({e}); its log:\n{}",
+                log_text(&log)
+            );
+        }
+    }
+}
+
+/// The address in `... freqcap listening on 127.0.0.1:PORT ...`.
+pub fn listening_addr(line: &str) -> Option<String> {
+    let rest = line.split("freqcap listening on ").nth(1)?;
+    let addr: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    let (_, port) = addr.rsplit_once(':')?;
+    (port.parse::<u16>().ok()? != 0).then_some(addr)
+}
