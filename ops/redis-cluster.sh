@@ -153,6 +153,12 @@ cluster_healthy() {
     repl=$(rcli "$port" INFO replication 2>/dev/null | tr -d '\r') || { HEALTH="$port: no answer"; return 1; }
     if grep -qx 'role:master' <<<"$repl"; then
       grep -qx 'connected_slaves:1' <<<"$repl" || { HEALTH="$port: primary without exactly 1 connected replica"; return 1; }
+      # A connected replica may still be loading its first sync; WAIT
+      # answers 1 only once it has acknowledged the primary's offset, so the
+      # first write that waits for a replica (durability replicated) does
+      # not time out on a cluster that just started.
+      [[ $(rcli "$port" WAIT 1 200 2>/dev/null | tr -d '\r') == 1 ]] ||
+        { HEALTH="$port: its replica has not acknowledged the primary's offset"; return 1; }
       primaries=$((primaries + 1))
     elif grep -qx 'role:slave' <<<"$repl"; then
       grep -qx 'master_link_status:up' <<<"$repl" || { HEALTH="$port: replica link not up"; return 1; }
