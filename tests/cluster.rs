@@ -342,9 +342,8 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
         assert_eq!(st, 200, "{body}");
     }
     // What no lease can share is refused, naming the field.
-    let rolling =
-        json!({"caps": [{"kind": "window", "limit": 9, "window": "1h", "scope": "campaign"}]});
-    let (st, body) = node(0).call_retrying("PUT", "/v1/campaigns/b", Some(&rolling));
+    let rate = json!({"caps": [{"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]});
+    let (st, body) = node(0).call_retrying("PUT", "/v1/campaigns/b", Some(&rate));
     assert_eq!(
         body["error"]["message"]
             .as_str()

@@ -262,7 +262,7 @@ fn campaign_state_a_lease_cannot_share_is_refused_with_its_field() {
             "budget",
         ),
         (
-            r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "window", "limit": 9, "window": "1d", "scope": "campaign"}]}"#,
+            r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]}"#,
             "caps[1]",
         ),
     ] {
@@ -540,4 +540,30 @@ fn max_in_flight_is_shared_by_nodes_and_given_back() {
         .filter(|i| hold(&b, &format!("v{i}")).results[0].eligible)
         .count();
     assert_eq!(again, 3, "every slot came back and b took them");
+}
+
+/// A rolling campaign cap is leased as slots each held for the window's
+/// length: exact across nodes, and free again as debits age out.
+#[test]
+fn a_rolling_campaign_cap_is_exact_across_nodes() {
+    let (_, a, b, ca, cb) = two_nodes();
+    a.put_campaign(
+        "r",
+        campaign(
+            r#"{"caps": [{"kind": "window", "limit": 4, "window": "10s", "scope": "campaign"}]}"#,
+        ),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    assert_eq!(deliver(&[&a, &b], "r", 12), 4, "the cap, across nodes");
+    // Past the window the debits age out, the nodes give their slots back,
+    // and the cap is whole again.
+    for _ in 0..2 {
+        for c in [&ca, &cb] {
+            c.advance(6_000_000_000);
+        }
+        a.cluster_tick().unwrap();
+        b.cluster_tick().unwrap();
+    }
+    assert_eq!(deliver(&[&a, &b], "r", 12), 4, "the window moved on");
 }

@@ -109,9 +109,9 @@ fn check_shareable_campaign(
         if c.scope == Scope::Campaign && !leasable(&c.item) {
             return Err(invalid(
                 field,
-                "with a shared (redis-cluster) store, campaign-scope state must be max_in_flight, a fixed or \
-                 calendar window or a budget paced asap, even or by a profile (it is leased; \
-                 docs/cluster.md)",
+                "with a shared (redis-cluster) store, campaign-scope state must be a window, \
+                 max_in_flight or a budget paced asap, even or by a profile (it is leased; \
+                 docs/cluster.md); rates and gaps are not",
             ));
         }
     }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
 use crate::limits::budget::Pacing;
-use crate::limits::window::Layout;
+use crate::limits::window::{Layout, Window};
 use crate::limits::{Item, ItemState};
 use crate::model::Scope;
 use crate::store::{LeaseGrant, LeaseRequest, Shared, SlotsRequest, StoreError};
@@ -105,15 +105,15 @@ pub(crate) struct LeaseView {
     pub until: Nanos,
 }
 
-/// Whether an item is leased with a shared store: a campaign-scope fixed or
-/// calendar window, a budget paced `asap`, `even` or by a profile, or
-/// `max_in_flight` (slots). Other campaign-scope kinds are refused at
-/// definition time (docs/cluster.md).
+/// Whether an item is leased with a shared store: a campaign-scope window
+/// (fixed and calendar ones as units per period, rolling ones as slots held
+/// for the window's length), a budget paced `asap`, `even` or by a profile,
+/// or `max_in_flight` (slots). Rates and gaps at campaign scope, and
+/// adaptive pacing, are refused at definition time (docs/cluster.md).
 pub(crate) fn leasable(item: &Item) -> bool {
     match item {
-        Item::Window(w) => matches!(w.layout, Layout::Fixed { .. } | Layout::Calendar(_)),
+        Item::Window(_) | Item::Concurrency(_) => true,
         Item::Budget(b) => !matches!(b.pacing, Pacing::Adaptive(_)),
-        Item::Concurrency(_) => true,
         Item::Rate { .. } => false,
     }
 }
@@ -122,7 +122,33 @@ pub(crate) fn leasable(item: &Item) -> bool {
 /// held on its counter, at `now`.
 pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Option<LeaseView> {
     match (item, st) {
-        (Item::Window(w), _) if leasable(item) => {
+        // A rolling window's debits are slots each held for the window's
+        // length: what a node holds goes back as its debits age out.
+        (
+            Item::Window(
+                w @ Window {
+                    layout: Layout::Rolling { w: len } | Layout::Approximate { w: len },
+                    ..
+                },
+            ),
+            _,
+        ) => {
+            let used = match (&w.layout, st) {
+                (Layout::Rolling { .. }, ItemState::Log(l)) => w.log_view(l, now).used,
+                (Layout::Approximate { .. }, ItemState::Approx(a)) => w.approx_view(a, now).used,
+                _ => 0,
+            };
+            Some(LeaseView {
+                start: 0,
+                end: Nanos::MAX,
+                committed: 0,
+                pending: used,
+                total: w.limit,
+                slots: true,
+                until: now.saturating_add(*len),
+            })
+        }
+        (Item::Window(w), _) => {
             let stored = match st {
                 ItemState::Counter(c) => *c,
                 _ => Default::default(),
