@@ -203,6 +203,17 @@ fn a_client_chosen_id_is_committed_elsewhere_with_its_user() {
         Outcome::Committed
     );
     assert_eq!(a.user_usage("u1", "c1").unwrap()[0].used, 1);
+    // Released on b the same way.
+    req.reservation_id = Some("auction-18".into());
+    a.screen(&req).unwrap();
+    assert_eq!(a.user_usage("u1", "c1").unwrap()[0].pending, 1);
+    assert!(matches!(
+        b.release("auction-18"),
+        Err(EngineError::NotFound(_))
+    ));
+    let r = b.release_for("auction-18", Some("u1")).unwrap();
+    assert_eq!(r.outcome, Outcome::Released);
+    assert_eq!(a.user_usage("u1", "c1").unwrap()[0].pending, 0);
 }
 
 #[test]

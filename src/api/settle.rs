@@ -95,16 +95,22 @@ pub(crate) async fn commit<C: Clock + 'static>(
 
 #[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
-/// `POST /v1/reservations/{id}/release` takes no fields; the body may be empty.
-pub(crate) struct ReleaseBody {}
+/// `POST /v1/reservations/{id}/release`; the body may be empty.
+pub(crate) struct ReleaseBody {
+    /// With a redis-cluster store, the user whose record holds a reservation
+    /// whose id the client chose, released on another node than the one
+    /// that made it (docs/cluster.md); not needed otherwise.
+    #[serde(default)]
+    user: Option<String>,
+}
 
 pub(crate) async fn release<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<SettledBody>, ApiError> {
-    let _: ReleaseBody = optional_body(b)?;
+    let body: ReleaseBody = optional_body(b)?;
     let e = s.engine.clone();
-    let out = blocking(move || e.release(&id)).await?;
+    let out = blocking(move || e.release_for(&id, body.user.as_deref())).await?;
     Ok(Json(out.into()))
 }

@@ -411,8 +411,18 @@ impl<C: Clock> Engine<C> {
     /// Releases a reservation: its pending debits are undone
     /// (docs/semantics.md §4.3).
     pub fn release(&self, id: &str) -> Result<CommitOutcome, EngineError> {
+        self.release_for(id, None)
+    }
+
+    /// [`Engine::release`]; with a shared store, `user` finds a reservation
+    /// whose id the client chose, made on another node (its user's record
+    /// holds it), as a commit's `user` does.
+    pub fn release_for(&self, id: &str, user: Option<&str>) -> Result<CommitOutcome, EngineError> {
         check_reservation_id(id)?;
-        if let Some((shared, key)) = self.shared_record_of(id, None) {
+        if let Some(u) = user {
+            self.check_id("user", u)?;
+        }
+        if let Some((shared, key)) = self.shared_record_of(id, user) {
             return match self.settle_shared(shared, key, id, SharedSettle::Release)? {
                 SettledHere::Done(how, campaigns) => {
                     self.stats.releases.fetch_add(1, Ordering::Relaxed);
