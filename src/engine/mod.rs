@@ -18,6 +18,10 @@
 //! - [`record`]: one subject's counters and pending debits, and their disk form.
 //! - [`registry`]: policies and campaigns, their parent chains.
 //! - [`reservations`]: open reservations, idempotent ids, deadline expiry.
+//! - [`shared`]: with a store several nodes share (docs/cluster.md), records
+//!   by compare-and-set and reservations kept in them.
+//! - [`leases`]: with such a store, this node's grants of campaign-scope
+//!   state.
 //!
 //! **Lock order.** A decision that spans records takes: the user's (or policy
 //! key's) hot-tier shard lock, then the campaign records of the chain(s) in
