@@ -6,6 +6,7 @@
 //! - [`limits`]: the algorithms, pure state machines: where a limit is decided.
 //! - [`model`]: definitions as users write them, validated and compiled.
 //! - [`api`]: where HTTP enters: the axum router and its bodies.
+//! - [`resp`]: where the Redis protocol enters: `CL.THROTTLE`, `FC.CHECK`.
 //! - [`engine`]: the decision core: campaigns, screening, reservations,
 //!   commits, the hot tier.
 //! - [`store`]: where state is kept: memory or RocksDB.
@@ -23,6 +24,7 @@ pub mod keyed;
 pub mod limits;
 pub mod model;
 pub mod replay;
+pub mod resp;
 pub mod server;
 pub mod service;
 pub mod simulate;

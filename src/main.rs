@@ -68,6 +68,12 @@ struct ServeArgs {
     /// Address to listen on (port 0: any free port; the log says which).
     #[arg(long, env = "FREQCAP_LISTEN")]
     listen: Option<std::net::SocketAddr>,
+    /// Address of the Redis-protocol front (CL.THROTTLE, FC.CHECK; docs/resp.md); unset: off.
+    #[arg(long, env = "FREQCAP_RESP_LISTEN")]
+    resp_listen: Option<std::net::SocketAddr>,
+    /// RESP connections served at once.
+    #[arg(long, env = "FREQCAP_RESP_MAX_CONNECTIONS")]
+    resp_max_connections: Option<usize>,
     /// RocksDB data directory.
     #[arg(long, env = "FREQCAP_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -170,6 +176,12 @@ impl ServeArgs {
         };
         if let Some(v) = self.listen {
             c.listen = v;
+        }
+        if self.resp_listen.is_some() {
+            c.resp_listen = self.resp_listen;
+        }
+        if let Some(v) = self.resp_max_connections {
+            c.resp_max_connections = v;
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;

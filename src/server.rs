@@ -326,6 +326,20 @@ async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration) {
     }
 }
 
+/// `make(conn)`'s future, measuring its queueing delay at every poll as an
+/// HTTP connection's is: [`Conn::queue_delay`] is what load shedding
+/// compares. The RESP front runs its connections in it.
+pub fn measured<F: Future>(make: impl FnOnce(Conn) -> F) -> impl Future<Output = F::Output> {
+    let state = Arc::new(ConnState::new(false));
+    let waker = Waker::from(Arc::new(Probe(state.clone())));
+    let inner = Box::pin(make(Conn(state.clone())));
+    Measured {
+        inner,
+        state,
+        waker,
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, then drains.
 pub async fn serve(
     listener: TcpListener,

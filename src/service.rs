@@ -23,6 +23,11 @@ use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 pub struct ServeConfig {
     /// Address to listen on; port 0 picks a free one (the log says which).
     pub listen: SocketAddr,
+    /// Address of the Redis-protocol front (docs/resp.md); unset: off.
+    pub resp_listen: Option<SocketAddr>,
+    /// RESP connections served at once (lowered, with `max_connections`, to
+    /// fit the file-descriptor limit).
+    pub resp_max_connections: usize,
     /// RocksDB directory.
     pub data_dir: PathBuf,
     /// Keep everything in memory (nothing survives a restart).
@@ -100,6 +105,8 @@ impl Default for ServeConfig {
         let r = RocksOptions::default();
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            resp_listen: None,
+            resp_max_connections: 1024,
             data_dir: PathBuf::from("./freqcap-data"),
             memory: false,
             store: "rocksdb".into(),
@@ -182,6 +189,7 @@ impl ServeConfig {
             ("body_timeout_secs", self.body_timeout_secs),
             ("idle_timeout_secs", self.idle_timeout_secs),
             ("max_connections", self.max_connections as u64),
+            ("resp_max_connections", self.resp_max_connections as u64),
         ] {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
@@ -280,7 +288,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let engine = Arc::new(engine);
     let connections = ConnCounters::default();
     let secs = Duration::from_secs;
-    let app = api::router(
+    let state = api::app_state(
         engine.clone(),
         ApiOptions {
             max_body: config.max_body,
@@ -299,10 +307,20 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             connections: connections.clone(),
         },
     );
+    let app = api::router_for(state.clone());
+    // RESP connections take file descriptors too: HTTP's cap leaves room.
+    let resp_max = if config.resp_listen.is_some() {
+        config.resp_max_connections
+    } else {
+        0
+    };
     let limits = ConnLimits {
         header_timeout: secs(config.header_timeout_secs),
         idle_timeout: secs(config.idle_timeout_secs),
-        max_connections: server::fit_to_fd_limit(config.max_connections, config.probe_connections),
+        max_connections: server::fit_to_fd_limit(
+            config.max_connections,
+            config.probe_connections + resp_max,
+        ),
         probe_connections: config.probe_connections,
         drain_timeout: secs(config.drain_timeout_secs),
     };
@@ -334,14 +352,46 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         })
     };
     let drain = limits.drain_timeout;
-    server::serve(listener, app, limits, connections, async {
+    // One signal stops every listener.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let resp = match config.resp_listen {
+        None => None,
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("resp_listen: cannot listen on {at}: {e}"))?;
+            let resp_addr = l.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(%resp_addr, "RESP (Redis protocol) listening on {resp_addr}");
+            let options = crate::resp::RespOptions {
+                max_connections: resp_max,
+                idle_timeout: secs(config.idle_timeout_secs),
+                command_timeout: secs(config.header_timeout_secs),
+                drain_timeout: drain,
+                max_command: config.max_body,
+            };
+            Some(tokio::spawn(crate::resp::serve(
+                l,
+                state.clone(),
+                options,
+                stopped(stop_rx.clone()),
+            )))
+        }
+    };
+    tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!(
             "shutting down: no new connections; draining for {} s at most",
             drain.as_secs()
         );
-    })
-    .await;
+        let _ = stop_tx.send(true);
+    });
+    server::serve(listener, app, limits, connections, stopped(stop_rx)).await;
+    if let Some(r) = resp {
+        let _ = r.await;
+    }
     sweeper.abort();
     tracing::info!("draining done; flushing the writer");
     engine.flush().map_err(|e| e.to_string())?;

@@ -104,9 +104,8 @@ async fn guarded<C: Clock + 'static>(
         s.metrics.overloaded("queue_delay");
         return ApiError::overloaded("the server is saturated; retry shortly").into_response();
     }
-    let before = s.metrics.in_flight.inc();
-    let _slot = InFlight(&s.metrics);
-    if usize::try_from(before).unwrap_or(usize::MAX) >= s.options.max_in_flight {
+    let slot = InFlight::enter(&s.metrics);
+    if slot.before >= s.options.max_in_flight {
         s.metrics.overloaded("in_flight");
         return ApiError::overloaded("too many requests in flight; retry shortly").into_response();
     }
@@ -258,18 +257,32 @@ fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
     }
 }
 
-/// Gives back an in-flight slot when the request ends, also when the client
-/// goes away and the handler's future is dropped mid-way.
-struct InFlight<'a>(&'a Metrics);
+/// An in-flight slot (every front counts into the same gauge), given back
+/// when the request ends, also when the client goes away and the handler's
+/// future is dropped mid-way.
+pub(crate) struct InFlight<'a> {
+    metrics: &'a Metrics,
+    /// Requests in flight before this one: shed when it reaches the cap.
+    pub before: usize,
+}
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.dec();
+impl<'a> InFlight<'a> {
+    pub(crate) fn enter(metrics: &'a Metrics) -> Self {
+        let before = metrics.in_flight.inc();
+        InFlight {
+            metrics,
+            before: usize::try_from(before).unwrap_or(usize::MAX),
+        }
     }
 }
 
-/// Compares the bearer token in constant time (for tokens of the same length;
-/// a length mismatch returns early, which reveals only the length).
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Whether the request's bearer token is `want`.
 fn bearer_matches(headers: &HeaderMap, want: &str) -> bool {
     // The scheme name is case-insensitive (RFC 9110 §11.1).
     let Some(got) = headers
@@ -281,8 +294,14 @@ fn bearer_matches(headers: &HeaderMap, want: &str) -> bool {
     else {
         return false;
     };
-    let (a, b) = (got.as_bytes(), want.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    token_matches(got.as_bytes(), want)
+}
+
+/// Compares a token in constant time (for tokens of the same length; a
+/// length mismatch returns early, which reveals only the length).
+pub(crate) fn token_matches(got: &[u8], want: &str) -> bool {
+    let want = want.as_bytes();
+    got.len() == want.len() && got.iter().zip(want).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A token the service can be started with: non-empty, visible ASCII only

@@ -52,6 +52,14 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    /// One of the RESP front's commands, or `other` (`src/resp/cmd/mod.rs`).
+    command: &'static str,
+    /// `ok`, or `error` for an error reply.
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
     endpoint: &'static str,
     outcome: &'static str,
@@ -85,6 +93,11 @@ pub struct Metrics {
     /// Requests being handled now. It is also the load-shedding counter: one
     /// atomic serves both, so the gauge is exactly what the guard compares.
     pub in_flight: Gauge,
+    resp_commands: Family<CommandLabels, Counter>,
+    /// The RESP listener's connections (`src/resp/mod.rs`).
+    pub resp_connections: ConnCounters,
+    /// RESP connections closed on a frame that could not be read.
+    pub resp_protocol_errors: Counter,
 }
 
 /// The engine's and store's own figures at scrape time.
@@ -405,8 +418,39 @@ impl Metrics {
             "Requests being handled now",
             in_flight.clone(),
         );
+        let resp_commands = Family::<CommandLabels, Counter>::default();
+        let resp_connections = ConnCounters::default();
+        let resp_protocol_errors = Counter::default();
+        registry.register(
+            "freqcap_resp_commands",
+            "RESP commands by command and outcome (ok, error)",
+            resp_commands.clone(),
+        );
+        registry.register(
+            "freqcap_resp_connections_open",
+            "RESP connections open now",
+            resp_connections.open.clone(),
+        );
+        registry.register(
+            "freqcap_resp_connections_refused",
+            "RESP connections closed at accept, over resp_max_connections",
+            resp_connections.refused.clone(),
+        );
+        registry.register(
+            "freqcap_resp_connections_timed_out",
+            "RESP connections closed for idling, or sending a command too slowly",
+            resp_connections.timed_out.clone(),
+        );
+        registry.register(
+            "freqcap_resp_protocol_errors",
+            "RESP connections closed on a frame that could not be read",
+            resp_protocol_errors.clone(),
+        );
         registry.register_collector(Box::new(figures));
         Metrics {
+            resp_commands,
+            resp_connections,
+            resp_protocol_errors,
             registry,
             requests,
             latency,
@@ -434,6 +478,14 @@ impl Metrics {
                 .get_or_create(&DecisionLabels { endpoint, outcome })
                 .inc_by(n);
         }
+    }
+
+    /// Counts one RESP command answered.
+    pub fn resp_command(&self, command: &'static str, ok: bool) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.resp_commands
+            .get_or_create(&CommandLabels { command, outcome })
+            .inc();
     }
 
     /// Counts a request shed for `reason`.

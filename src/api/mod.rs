@@ -11,7 +11,7 @@ pub mod guard;
 pub mod headers;
 pub mod metrics;
 pub mod openapi;
-mod request;
+pub(crate) mod request;
 mod screen;
 mod settle;
 mod usage;
@@ -198,17 +198,31 @@ async fn readyz<C: Clock + 'static>(State(s): St<C>) -> (StatusCode, &'static st
 
 /// The router of docs/semantics.md §8.1 over `engine`.
 pub fn router<C: Clock + 'static>(engine: Arc<Engine<C>>, options: ApiOptions) -> Router {
-    let max_body = options.max_body;
+    router_for(app_state(engine, options))
+}
+
+/// What every front shares: the engine, the options (tokens, the in-flight
+/// cap, load shedding) and the metrics, whose in-flight gauge is the one
+/// load-shedding counter of HTTP and RESP alike.
+pub fn app_state<C: Clock + 'static>(
+    engine: Arc<Engine<C>>,
+    options: ApiOptions,
+) -> Arc<AppState<C>> {
     let figures_of = engine.clone();
     let metrics = Metrics::new(
         metrics::EngineFigures(Box::new(move || figures(&figures_of))),
         &options.connections,
     );
-    let state = Arc::new(AppState {
+    Arc::new(AppState {
         engine,
         options,
         metrics,
-    });
+    })
+}
+
+/// The HTTP router over a shared state.
+pub fn router_for<C: Clock + 'static>(state: Arc<AppState<C>>) -> Router {
+    let max_body = state.options.max_body;
     // The router is built from ROUTES, so the metrics labels and the
     // OpenAPI paths cannot drift from what is served.
     let mut app = Router::new();

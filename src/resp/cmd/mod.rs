@@ -1,0 +1,246 @@
+//! The RESP commands, one concern per file (like mini-redis's `cmd/`):
+//! [`throttle`] (`CL.THROTTLE`) and [`check`] (`FC.CHECK`) translate to the
+//! engine's check; [`connection`] and [`introspect`] answer the handshake
+//! and questions clients ask about the server. This file routes a command
+//! to its handler and applies what every decision passes first: auth and
+//! load shedding, shared with HTTP (docs/resp.md).
+
+pub mod check;
+pub mod connection;
+pub mod introspect;
+pub mod throttle;
+
+use crate::api::ApiError;
+use crate::clock::Clock;
+use crate::engine::{CheckRequest, Engine};
+use crate::server::Conn;
+
+use super::Front;
+use super::frame::Reply;
+
+/// One connection's state.
+#[derive(Debug)]
+pub struct Session {
+    /// RESP version spoken: 2 until `HELLO 3`.
+    pub proto: u8,
+    pub authed: bool,
+    pub id: u64,
+    pub name: Option<String>,
+    pub lib_name: Option<String>,
+    pub lib_ver: Option<String>,
+}
+
+impl Session {
+    pub fn new(id: u64, authed: bool) -> Session {
+        Session {
+            proto: 2,
+            authed,
+            id,
+            name: None,
+            lib_name: None,
+            lib_ver: None,
+        }
+    }
+
+    /// An empty name clears it, as in Redis.
+    fn set_name(&mut self, n: &[u8]) {
+        self.name = (!n.is_empty()).then(|| String::from_utf8_lossy(n).into_owned());
+    }
+}
+
+/// What the connection does after answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Go,
+    /// Close once the reply is written (`QUIT`).
+    Close,
+}
+
+/// A command as `COMMAND` describes it.
+pub struct CommandInfo {
+    pub name: &'static str,
+    /// Redis's arity: exact if positive, at least −arity if negative (the
+    /// command's name counted).
+    pub arity: i64,
+    pub flags: &'static [&'static str],
+    /// Position of the key argument, 0 if none.
+    pub first_key: i64,
+}
+
+const fn cmd(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    first_key: i64,
+) -> CommandInfo {
+    CommandInfo {
+        name,
+        arity,
+        flags,
+        first_key,
+    }
+}
+
+/// Every command served; the metrics label a command by one of these names
+/// (or `other`), so clients cannot grow the number of series.
+pub const COMMANDS: &[CommandInfo] = &[
+    cmd("cl.throttle", -5, &["write", "fast"], 1),
+    cmd("fc.check", -3, &["write", "fast"], 2),
+    cmd("hello", -1, &["fast", "no_auth"], 0),
+    cmd("auth", -2, &["fast", "no_auth"], 0),
+    cmd("ping", -1, &["fast"], 0),
+    cmd("echo", 2, &["fast"], 0),
+    cmd("select", 2, &["fast"], 0),
+    cmd("client", -2, &["fast"], 0),
+    cmd("command", -1, &["loading"], 0),
+    cmd("info", -1, &["loading"], 0),
+    cmd("quit", -1, &["fast", "no_auth"], 0),
+    cmd("reset", 1, &["fast", "no_auth"], 0),
+];
+
+/// Whether an argument is `word`, in any case.
+pub fn eq(arg: &[u8], word: &str) -> bool {
+    arg.eq_ignore_ascii_case(word.as_bytes())
+}
+
+/// Redis's wrong-arity error.
+pub fn arity(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
+}
+
+/// Redis's unknown-command error: the name and the first arguments quoted.
+fn unknown(name: &[u8], args: &[&[u8]]) -> Reply {
+    let quoted: String = args
+        .iter()
+        .take(8)
+        .map(|a| {
+            let a = String::from_utf8_lossy(&a[..a.len().min(128)]).into_owned();
+            format!("'{a}' ")
+        })
+        .collect();
+    Reply::error(format!(
+        "ERR unknown command '{}', with args beginning with: {quoted}",
+        String::from_utf8_lossy(&name[..name.len().min(128)])
+    ))
+}
+
+/// An engine error in Redis's form: the API's error code, upper-cased, as
+/// the error's first word (`INVALID_ARGUMENT key: ...`, `OVERLOADED ...`).
+fn api_error(e: &ApiError) -> Reply {
+    Reply::error(format!("{} {}", e.code.to_ascii_uppercase(), e.message))
+}
+
+/// Answers one command. `args` holds the name first.
+pub async fn run<C: Clock + 'static>(
+    front: &Front<C>,
+    s: &mut Session,
+    conn: Option<&Conn>,
+    args: &[&[u8]],
+) -> (Reply, Next) {
+    let Some((&name, rest)) = args.split_first() else {
+        return (Reply::Simple("OK"), Next::Go);
+    };
+    let label = COMMANDS
+        .iter()
+        .find(|c| eq(name, c.name))
+        .map_or("other", |c| c.name);
+    let (reply, next) = dispatch(front, s, conn, label, name, rest).await;
+    let ok = !matches!(reply, Reply::Error(_));
+    front.state.metrics.resp_command(label, ok);
+    (reply, next)
+}
+
+async fn dispatch<C: Clock + 'static>(
+    front: &Front<C>,
+    s: &mut Session,
+    conn: Option<&Conn>,
+    label: &'static str,
+    name: &[u8],
+    args: &[&[u8]],
+) -> (Reply, Next) {
+    let go = |r: Reply| (r, Next::Go);
+    // Before authenticating, only what a client needs to authenticate.
+    if !s.authed && !matches!(label, "hello" | "auth" | "quit" | "reset") {
+        return go(Reply::error("NOAUTH Authentication required."));
+    }
+    match label {
+        "cl.throttle" => go(match throttle::parse(args).and_then(|t| t.request()) {
+            Err(e) => e,
+            Ok(req) => match decide(front, conn, req, "CL.THROTTLE").await {
+                Ok(out) => throttle::answer(&out),
+                // Argument errors in redis-cell's words; the rest (overload,
+                // an unavailable store) in freqcap's.
+                Err(e) if e.code == "invalid_argument" => {
+                    Reply::error(format!("Cell error: {}", e.message))
+                }
+                Err(e) => api_error(&e),
+            },
+        }),
+        "fc.check" => go(match check::parse(args) {
+            Err(e) => e,
+            Ok(req) => match decide(front, conn, req, "FC.CHECK").await {
+                Ok(out) => check::answer(&out),
+                Err(e) => api_error(&e),
+            },
+        }),
+        "hello" => go(connection::hello(s, args, &front.tokens)),
+        "auth" => go(connection::auth(s, args, &front.tokens)),
+        "ping" => go(connection::ping(args)),
+        "echo" => go(connection::echo(args)),
+        "select" => go(connection::select(args)),
+        "client" => go(connection::client(s, args)),
+        "command" => go(introspect::command(args)),
+        "info" => go(introspect::info(args, &front.info_figures())),
+        "quit" => (Reply::Simple("OK"), Next::Close),
+        "reset" => {
+            *s = Session::new(s.id, !front.tokens.required());
+            go(Reply::Simple("RESET"))
+        }
+        _ => go(unknown(name, args)),
+    }
+}
+
+/// Decides a check as HTTP's `/v1/check` does: shed when the connection
+/// waited too long to run or too many requests are in flight (one counter
+/// with HTTP's), then on the executor if every record is in memory, else on
+/// a blocking thread.
+async fn decide<C: Clock + 'static>(
+    front: &Front<C>,
+    conn: Option<&Conn>,
+    req: CheckRequest,
+    endpoint: &'static str,
+) -> Result<crate::engine::CheckOutcome, ApiError> {
+    let st = &front.state;
+    if let Some(c) = conn {
+        st.metrics.queue_delay(c.queue_delay().as_secs_f64());
+        if c.queue_delay() > st.options.shed_queue_delay {
+            st.metrics.overloaded("queue_delay");
+            return Err(ApiError::overloaded(
+                "the server is saturated; retry shortly",
+            ));
+        }
+    }
+    let slot = crate::api::guard::InFlight::enter(&st.metrics);
+    if slot.before >= st.options.max_in_flight {
+        st.metrics.overloaded("in_flight");
+        return Err(ApiError::overloaded(
+            "too many requests in flight; retry shortly",
+        ));
+    }
+    let out = crate::api::request::in_memory_or_blocking(
+        st,
+        req,
+        Engine::check_in_memory,
+        Engine::check,
+    )
+    .await?;
+    let outcome = if out.decision.allowed {
+        "allowed"
+    } else {
+        "denied"
+    };
+    st.metrics.decisions(endpoint, outcome, 1);
+    Ok(out)
+}

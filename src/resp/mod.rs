@@ -1,0 +1,258 @@
+//! Where the Redis protocol enters (docs/resp.md): `--resp-listen` serves
+//! RESP2/RESP3 so that redis-cell's `CL.THROTTLE` callers, and any Redis
+//! client, reach the engine by changing an address. A thin translation like
+//! the HTTP front: [`frame`] reads commands and writes replies, [`cmd`]
+//! turns each command into an engine call; the tokens, the in-flight cap,
+//! load shedding and the metrics are HTTP's own ([`AppState`]).
+//!
+//! Why a second front: HTTP `check` reached only 0.8–0.9× a Redis+Lua GCRA on
+//! this machine, its time going to the kernel and HTTP/JSON, not the
+//! decision (~50 ns; BENCHMARKS.md). RESP costs a fraction of that per
+//! request and pipelines.
+//!
+//! Bounds, so that no client can make the server hold more than it allows:
+//! one command is at most `max_command` bytes (HTTP's `max_body`) and is read
+//! into a buffer of at most that plus one read; its replies are written
+//! before more is read, so a client that does not read its replies stops
+//! being read (TCP pushes back) and is closed after `idle_timeout`; a command
+//! must arrive whole within `command_timeout` of its first byte.
+
+pub mod cmd;
+pub mod frame;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::api::AppState;
+use crate::clock::Clock;
+use crate::server::Conn;
+use cmd::connection::Tokens;
+use cmd::introspect::InfoFigures;
+use cmd::{Next, Session};
+use frame::Reply;
+
+/// Limits of the RESP listener (docs/resp.md, "Limits").
+#[derive(Debug, Clone)]
+pub struct RespOptions {
+    /// Connections served at once; past it a new one is closed at accept.
+    pub max_connections: usize,
+    /// How long a connection may stay idle between commands, or leave its
+    /// replies unread.
+    pub idle_timeout: Duration,
+    /// From a command's first byte to its last.
+    pub command_timeout: Duration,
+    /// How long shutdown waits for connections to finish what they read.
+    pub drain_timeout: Duration,
+    /// The largest command, bytes (its arguments and framing).
+    pub max_command: usize,
+}
+
+/// Bytes asked of the socket per read: a few hundred pipelined checks.
+const READ_CHUNK: usize = 16 * 1024;
+/// Replies are written once this many bytes are waiting, even mid-batch.
+const FLUSH_AT: usize = 64 * 1024;
+/// The most arguments in one command: the longest command served takes 6;
+/// `COMMAND INFO` with many names is the only long one.
+const MAX_ARGS: usize = 1024;
+
+/// What the connections of one listener share.
+pub struct Front<C: Clock> {
+    state: Arc<AppState<C>>,
+    tokens: Tokens,
+    limits: frame::Limits,
+    options: RespOptions,
+    started: Instant,
+    port: u16,
+    next_id: AtomicU64,
+}
+
+impl<C: Clock> Front<C> {
+    fn info_figures(&self) -> InfoFigures {
+        InfoFigures {
+            port: self.port,
+            uptime_s: self.started.elapsed().as_secs(),
+            clients: u64::try_from(self.state.metrics.resp_connections.open.get()).unwrap_or(0),
+        }
+    }
+}
+
+/// Serves RESP on `listener` until `shutdown` resolves, then lets each
+/// connection finish the commands it has read, for `drain_timeout` at most.
+pub async fn serve<C: Clock + 'static>(
+    listener: TcpListener,
+    state: Arc<AppState<C>>,
+    options: RespOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    let port = listener.local_addr().map_or(0, |a: SocketAddr| a.port());
+    let max_command = options.max_command;
+    let front = Arc::new(Front {
+        tokens: Tokens {
+            decision: state.options.decision_token.clone(),
+            admin: state.options.admin_token.clone(),
+        },
+        limits: frame::Limits {
+            max_bulk: max_command,
+            max_args: MAX_ARGS,
+            max_inline: max_command.min(64 * 1024),
+        },
+        state,
+        options,
+        started: Instant::now(),
+        port,
+        next_id: AtomicU64::new(1),
+    });
+    let counters = front.state.metrics.resp_connections.clone();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {
+                counters.open.dec();
+            }
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "RESP accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                if conns.len() >= front.options.max_connections {
+                    counters.refused.inc();
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                counters.open.inc();
+                let (front, stop) = (front.clone(), stop_rx.clone());
+                conns.spawn(crate::server::measured(move |conn| {
+                    connection(front, stream, conn, stop)
+                }));
+            }
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drain = front.options.drain_timeout;
+    let drained = tokio::time::timeout(drain, async {
+        while conns.join_next().await.is_some() {
+            counters.open.dec();
+        }
+    })
+    .await;
+    if drained.is_err() {
+        conns.abort_all();
+        while conns.join_next().await.is_some() {
+            counters.open.dec();
+        }
+    }
+}
+
+/// Writes `out` within the idle timeout; `false` if the client is gone or
+/// does not read.
+async fn flush(stream: &mut TcpStream, out: &mut Vec<u8>, timeout: Duration) -> bool {
+    let ok = matches!(
+        tokio::time::timeout(timeout, stream.write_all(out)).await,
+        Ok(Ok(()))
+    );
+    out.clear();
+    ok
+}
+
+/// One connection: read, answer every whole command in order, write the
+/// replies, read again.
+async fn connection<C: Clock + 'static>(
+    front: Arc<Front<C>>,
+    mut stream: TcpStream,
+    conn: Conn,
+    mut stop: watch::Receiver<bool>,
+) {
+    let id = front.next_id.fetch_add(1, Ordering::Relaxed);
+    let mut s = Session::new(id, !front.tokens.required());
+    let o = &front.options;
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(1024);
+    // When the first byte of a command still incomplete arrived.
+    let mut partial_since: Option<Instant> = None;
+    loop {
+        let mut used = 0;
+        let mut close = false;
+        while used < buf.len() {
+            match frame::parse(&buf[used..], &front.limits) {
+                Ok(Some((args, n))) => {
+                    let at = used;
+                    used += n;
+                    let args = args.slices(&buf[at..]);
+                    if args.is_empty() {
+                        continue;
+                    }
+                    let (reply, next) = cmd::run(&front, &mut s, Some(&conn), &args).await;
+                    reply.write(s.proto, &mut out);
+                    if next == Next::Close {
+                        close = true;
+                        break;
+                    }
+                    if out.len() >= FLUSH_AT && !flush(&mut stream, &mut out, o.idle_timeout).await
+                    {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    front.state.metrics.resp_protocol_errors.inc();
+                    Reply::error(format!("ERR {e}")).write(s.proto, &mut out);
+                    flush(&mut stream, &mut out, o.idle_timeout).await;
+                    return;
+                }
+            }
+        }
+        buf.drain(..used);
+        if !out.is_empty() && !flush(&mut stream, &mut out, o.idle_timeout).await {
+            return;
+        }
+        if close {
+            return;
+        }
+        if buf.len() > o.max_command {
+            front.state.metrics.resp_protocol_errors.inc();
+            Reply::error(format!(
+                "ERR Protocol error: a command is over the size limit of {} bytes",
+                o.max_command
+            ))
+            .write(s.proto, &mut out);
+            flush(&mut stream, &mut out, o.idle_timeout).await;
+            return;
+        }
+        let now = Instant::now();
+        let deadline = if buf.is_empty() {
+            partial_since = None;
+            now + o.idle_timeout
+        } else {
+            *partial_since.get_or_insert(now) + o.command_timeout
+        };
+        buf.reserve(READ_CHUNK);
+        tokio::select! {
+            read = stream.read_buf(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                front.state.metrics.resp_connections.timed_out.inc();
+                return;
+            }
+            // Shutting down: close between commands, never mid-command.
+            _ = stop.changed(), if buf.is_empty() => return,
+        }
+    }
+}
