@@ -328,6 +328,18 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // Bound before the line below, which tells scripts the service is up.
+    let resp_listener = match config.resp_listen {
+        None => None,
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| format!("resp_listen: cannot listen on {at}: {e}"))?;
+            let resp_addr = l.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(%resp_addr, "RESP (Redis protocol) listening on {resp_addr}");
+            Some(l)
+        }
+    };
     tracing::info!(%addr, node_id, store = %config.store, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.max_connections, "freqcap listening on {addr}");
     // Expire reservations and drop idle records even when no request comes.
     let sweeper = {
@@ -357,14 +369,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let resp = match config.resp_listen {
+    let resp = match resp_listener {
         None => None,
-        Some(at) => {
-            let l = tokio::net::TcpListener::bind(at)
-                .await
-                .map_err(|e| format!("resp_listen: cannot listen on {at}: {e}"))?;
-            let resp_addr = l.local_addr().map_err(|e| e.to_string())?;
-            tracing::info!(%resp_addr, "RESP (Redis protocol) listening on {resp_addr}");
+        Some(l) => {
             let options = crate::resp::RespOptions {
                 max_connections: resp_max,
                 idle_timeout: secs(config.idle_timeout_secs),

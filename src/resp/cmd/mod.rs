@@ -94,6 +94,7 @@ pub const COMMANDS: &[CommandInfo] = &[
     cmd("client", -2, &["fast"], 0),
     cmd("command", -1, &["loading"], 0),
     cmd("info", -1, &["loading"], 0),
+    cmd("config", -2, &["admin"], 0),
     cmd("quit", -1, &["fast", "no_auth"], 0),
     cmd("reset", 1, &["fast", "no_auth"], 0),
 ];
@@ -193,6 +194,7 @@ async fn dispatch<C: Clock + 'static>(
         "client" => go(connection::client(s, args)),
         "command" => go(introspect::command(args)),
         "info" => go(introspect::info(args, &front.info_figures())),
+        "config" => go(introspect::config(args)),
         "quit" => (Reply::Simple("OK"), Next::Close),
         "reset" => {
             *s = Session::new(s.id, !front.tokens.required());
