@@ -16,11 +16,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use freqcap::ManualClock;
 use freqcap::api::{ApiOptions, app_state};
 use freqcap::engine::{Engine, EngineOptions};
 use freqcap::resp::RespOptions;
 use freqcap::store::MemoryStore;
-use freqcap::ManualClock;
 
 /// 2026-01-01T00:00:00Z.
 const START: u64 = 1_767_225_600_000_000_000;
@@ -343,7 +343,10 @@ fn malformed_frames_are_refused_and_close_the_connection() {
             &b"*1\r\n$999999999999\r\n"[..],
             "ERR Protocol error: invalid bulk length",
         ),
-        (&b"*2\r\n:1\r\n"[..], "ERR Protocol error: expected '$', got ':'"),
+        (
+            &b"*2\r\n:1\r\n"[..],
+            "ERR Protocol error: expected '$', got ':'",
+        ),
         (
             &b"*99999999\r\n"[..],
             "ERR Protocol error: invalid multibulk length",
@@ -371,7 +374,10 @@ fn malformed_frames_are_refused_and_close_the_connection() {
     c.send(b"\r\n");
     assert_eq!(c.read(), V::Bulk(vec![b'x'; 4000]));
     c.send(b"*2\r\n$4\r\nECHO\r\n$5000\r\n");
-    assert_eq!(err_text(&c.read()), "ERR Protocol error: invalid bulk length");
+    assert_eq!(
+        err_text(&c.read()),
+        "ERR Protocol error: invalid bulk length"
+    );
     // The server is still there for others.
     assert_eq!(f.client().cmd(&["PING"]), V::Simple("PONG".into()));
 }
@@ -383,24 +389,34 @@ fn hello_switches_protocols_and_client_commands_answer() {
     let V::Map(m) = c.cmd(&["HELLO", "3", "SETNAME", "adserver-1"]) else {
         panic!("HELLO 3 answers a map");
     };
-    let get = |k: &str| m.iter().find(|(n, _)| *n == V::Bulk(k.into())).map(|p| p.1.clone());
+    let get = |k: &str| {
+        m.iter()
+            .find(|(n, _)| *n == V::Bulk(k.into()))
+            .map(|p| p.1.clone())
+    };
     assert_eq!(get("proto"), Some(V::Int(3)));
     assert_eq!(get("mode"), Some(V::Bulk(b"standalone".to_vec())));
-    assert_eq!(c.cmd(&["CLIENT", "GETNAME"]), V::Bulk(b"adserver-1".to_vec()));
+    assert_eq!(
+        c.cmd(&["CLIENT", "GETNAME"]),
+        V::Bulk(b"adserver-1".to_vec())
+    );
     // RESP3 null; FC.CHECK answers a map.
     assert_eq!(c.cmd(&["CLIENT", "SETNAME", ""]), V::Simple("OK".into()));
     assert_eq!(c.cmd(&["CLIENT", "GETNAME"]), V::Null);
-    assert!(
-        err_text(&c.cmd(&["CLIENT", "SETNAME", "a b"])).starts_with("ERR Client names cannot")
-    );
+    assert!(err_text(&c.cmd(&["CLIENT", "SETNAME", "a b"])).starts_with("ERR Client names cannot"));
     assert_eq!(
         c.cmd(&["CLIENT", "SETINFO", "LIB-NAME", "redis-py"]),
         V::Simple("OK".into())
     );
     assert!(matches!(c.cmd(&["CLIENT", "ID"]), V::Int(n) if n > 0));
-    assert!(err_text(&c.cmd(&["CLIENT", "MAINT_NOTIFICATIONS", "ON"])).contains("unknown subcommand"));
+    assert!(
+        err_text(&c.cmd(&["CLIENT", "MAINT_NOTIFICATIONS", "ON"])).contains("unknown subcommand")
+    );
     assert_eq!(c.cmd(&["SELECT", "0"]), V::Simple("OK".into()));
-    assert_eq!(err_text(&c.cmd(&["SELECT", "1"])), "ERR DB index is out of range");
+    assert_eq!(
+        err_text(&c.cmd(&["SELECT", "1"])),
+        "ERR DB index is out of range"
+    );
     assert_eq!(
         err_text(&c.cmd(&["HELLO", "4"])),
         "NOPROTO unsupported protocol version"
@@ -413,7 +429,10 @@ fn hello_switches_protocols_and_client_commands_answer() {
         panic!("INFO answers a bulk string")
     };
     let info = String::from_utf8(info).unwrap();
-    assert!(info.contains("redis_version:") && info.contains("loading:0"), "{info}");
+    assert!(
+        info.contains("redis_version:") && info.contains("loading:0"),
+        "{info}"
+    );
     // Back to RESP2: the same map as a flat array.
     assert!(matches!(c.cmd(&["HELLO", "2"]), V::Array(a) if a.len() == 14));
     assert_eq!(c.cmd(&["RESET"]), V::Simple("RESET".into()));
@@ -431,7 +450,10 @@ fn auth_with_the_decision_or_admin_token() {
     let f = front_with(api, resp_options());
     let mut c = f.client();
     let throttle = ["CL.THROTTLE", "a", "1", "1", "1"];
-    assert_eq!(err_text(&c.cmd(&throttle)), "NOAUTH Authentication required.");
+    assert_eq!(
+        err_text(&c.cmd(&throttle)),
+        "NOAUTH Authentication required."
+    );
     assert!(err_text(&c.cmd(&["HELLO", "3"])).starts_with("NOAUTH HELLO must be called"));
     assert!(err_text(&c.cmd(&["AUTH", "nope"])).starts_with("WRONGPASS"));
     assert!(err_text(&c.cmd(&["AUTH", "someone", "dec-tok"])).starts_with("WRONGPASS"));
@@ -439,7 +461,10 @@ fn auth_with_the_decision_or_admin_token() {
     assert!(matches!(c.cmd(&throttle), V::Array(_)));
     // RESET forgets the authentication.
     assert_eq!(c.cmd(&["RESET"]), V::Simple("RESET".into()));
-    assert_eq!(err_text(&c.cmd(&throttle)), "NOAUTH Authentication required.");
+    assert_eq!(
+        err_text(&c.cmd(&throttle)),
+        "NOAUTH Authentication required."
+    );
     // HELLO with AUTH, as redis-py sends it with a password; the admin
     // token works as it does over HTTP.
     let mut c = f.client();
@@ -562,20 +587,35 @@ fn redis_cli_and_redis_py_with_their_defaults() {
     // redis-cli, one-shot, with a password (it sends AUTH first).
     let out = redis_cli(
         &port,
-        &["--no-auth-warning", "-a", "s3cret", "CL.THROTTLE", "cli", "0", "1", "60"],
+        &[
+            "--no-auth-warning",
+            "-a",
+            "s3cret",
+            "CL.THROTTLE",
+            "cli",
+            "0",
+            "1",
+            "60",
+        ],
     );
     assert_eq!(out, "0\n1\n0\n-1\n60\n");
     let out = redis_cli(
         &port,
-        &["--no-auth-warning", "-a", "s3cret", "CL.THROTTLE", "cli", "0", "1", "60"],
+        &[
+            "--no-auth-warning",
+            "-a",
+            "s3cret",
+            "CL.THROTTLE",
+            "cli",
+            "0",
+            "1",
+            "60",
+        ],
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[..3], ["1", "1", "0"], "{out}");
     // RESP3 with -3 (HELLO 3 first).
-    let out = redis_cli(
-        &port,
-        &["-3", "--no-auth-warning", "-a", "s3cret", "PING"],
-    );
+    let out = redis_cli(&port, &["-3", "--no-auth-warning", "-a", "s3cret", "PING"]);
     assert_eq!(out, "PONG\n");
     // Without the password: NOAUTH.
     let out = redis_cli(&port, &["CL.THROTTLE", "cli", "0", "1", "60"]);
@@ -615,15 +655,25 @@ print("ok", redis.__version__)
         .args(["-c", script, "127.0.0.1", &port])
         .output()
         .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "redis-py: {text}");
-    assert!(text.starts_with("ok 8."), "redis-py 8 is installed (tests/requirements.txt): {text}");
+    assert!(
+        text.starts_with("ok 8."),
+        "redis-py 8 is installed (tests/requirements.txt): {text}"
+    );
 }
 
 #[test]
 fn fc_check_answers_what_http_check_answers() {
     let s = support::serve(
-        ["--memory", "--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"],
+        [
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--resp-listen",
+            "127.0.0.1:0",
+        ],
         false,
     );
     let http = format!("http://{}", s.addr);
@@ -660,7 +710,9 @@ fn fc_check_answers_what_http_check_answers() {
             V::Int(body["remaining"].as_i64().unwrap()),
             "remaining after {i}"
         );
-        let V::Array(items) = field(&r, "limits") else { panic!() };
+        let V::Array(items) = field(&r, "limits") else {
+            panic!()
+        };
         assert_eq!(field(&items[0], "name"), V::Bulk(b"per-minute".to_vec()));
         assert_eq!(field(&items[1], "kind"), V::Bulk(b"window".to_vec()));
         assert_eq!(field(&items[1], "limit"), V::Int(5));
@@ -672,7 +724,9 @@ fn fc_check_answers_what_http_check_answers() {
         err_text(&c.cmd(&["FC.CHECK", "nope", "k"])),
         "NOT_FOUND no policy named \"nope\""
     );
-    assert!(err_text(&c.cmd(&["FC.CHECK", "api", "k", "-1"])).starts_with("INVALID_ARGUMENT cost:"));
+    assert!(
+        err_text(&c.cmd(&["FC.CHECK", "api", "k", "-1"])).starts_with("INVALID_ARGUMENT cost:")
+    );
     // The commands and decisions are in /metrics.
     let metrics = ureq::get(&format!("{http}/metrics"))
         .call()

@@ -480,12 +480,21 @@ impl Metrics {
         }
     }
 
-    /// Counts one RESP command answered.
-    pub fn resp_command(&self, command: &'static str, ok: bool) {
+    /// The counter of RESP `command`s answered ok or not: a handle the
+    /// front keeps, so counting is one atomic add (a family lookup per
+    /// command took ~1 % of a core at 500 000 commands/s).
+    pub fn resp_command_counter(&self, command: &'static str, ok: bool) -> Counter {
         let outcome = if ok { "ok" } else { "error" };
         self.resp_commands
             .get_or_create(&CommandLabels { command, outcome })
-            .inc();
+            .clone()
+    }
+
+    /// The counter of decisions of `outcome` at `endpoint`, as a handle.
+    pub fn decisions_counter(&self, endpoint: &'static str, outcome: &'static str) -> Counter {
+        self.decisions
+            .get_or_create(&DecisionLabels { endpoint, outcome })
+            .clone()
     }
 
     /// Counts a request shed for `reason`.

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use crate::clock::Clock;
 use crate::limits::stack::{Pending, Stack};
 use crate::limits::{Hold, ItemState};
+use crate::model::LimitDef;
 use crate::model::limit::compile_stack;
 
 use super::chain::Defs;
@@ -16,7 +17,8 @@ use super::persist::{Ack, Changes};
 use super::record::PendingEntry;
 use super::registry::stack_tags;
 use super::request::{
-    CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id, check_ttl,
+    CheckOutcome, CheckRequest, CheckTarget, CompiledInline, body_hash, check_cost,
+    check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
 use super::shared::{Held, HeldKind};
@@ -202,17 +204,33 @@ impl<C: Clock> Engine<C> {
                 })
             }
             CheckTarget::Inline(limits) => {
-                if limits.is_empty() {
-                    return Err(invalid("limits", "at least one limit is needed"));
-                }
-                let c = compile_stack("limits", limits, None, None)?;
+                let c = compile_inline(limits)?;
                 Ok(Target {
-                    stack: Arc::new(c.stack),
+                    stack: c.stack.clone(),
                     owner: 0,
-                    tags: stack_tags(limits),
+                    tags: c.tags.clone(),
                     namespace: b'i',
                 })
             }
+            CheckTarget::Compiled(c) => Ok(Target {
+                stack: c.stack.clone(),
+                owner: 0,
+                tags: c.tags.clone(),
+                namespace: b'i',
+            }),
         }
     }
+}
+
+/// Compiles inline limit items once, for [`CheckTarget::Compiled`]; the
+/// errors name `limits[i]` as a check's would.
+pub fn compile_inline(limits: &[LimitDef]) -> Result<Arc<CompiledInline>, EngineError> {
+    if limits.is_empty() {
+        return Err(invalid("limits", "at least one limit is needed"));
+    }
+    let c = compile_stack("limits", limits, None, None)?;
+    Ok(Arc::new(CompiledInline {
+        stack: Arc::new(c.stack),
+        tags: stack_tags(limits),
+    }))
 }

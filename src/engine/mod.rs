@@ -60,10 +60,11 @@ use record::SubjectRecord;
 use registry::Registry;
 use reservations::Reservations;
 
+pub use check::compile_inline;
 pub use events::PendingEvents;
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
-    DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
+    CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};
 pub use usage::{CapUsage, Delivery};

@@ -237,25 +237,25 @@ impl Reply {
                     .collect();
                 line_of(out, b'-', &clean);
             }
-            Reply::Int(n) => line_of(out, b':', n.to_string().as_bytes()),
+            Reply::Int(n) => int_line(out, b':', *n),
             Reply::Bulk(b) => {
-                line_of(out, b'$', b.len().to_string().as_bytes());
+                int_line(out, b'$', len(b.len()));
                 out.extend_from_slice(b);
                 out.extend_from_slice(b"\r\n");
             }
             Reply::Null if proto >= 3 => out.extend_from_slice(b"_\r\n"),
             Reply::Null => out.extend_from_slice(b"$-1\r\n"),
             Reply::Array(items) => {
-                line_of(out, b'*', items.len().to_string().as_bytes());
+                int_line(out, b'*', len(items.len()));
                 for i in items {
                     i.write(proto, out);
                 }
             }
             Reply::Map(pairs) => {
                 if proto >= 3 {
-                    line_of(out, b'%', pairs.len().to_string().as_bytes());
+                    int_line(out, b'%', len(pairs.len()));
                 } else {
-                    line_of(out, b'*', (pairs.len() * 2).to_string().as_bytes());
+                    int_line(out, b'*', len(pairs.len()).saturating_mul(2));
                 }
                 for (k, v) in pairs {
                     Reply::Bulk(k.as_bytes().to_vec()).write(proto, out);
@@ -264,6 +264,33 @@ impl Reply {
             }
         }
     }
+}
+
+fn len(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `<tag><n>\r\n` without allocating (five integers per `CL.THROTTLE`
+/// reply: `to_string` showed in profiles).
+fn int_line(out: &mut Vec<u8>, tag: u8, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        at -= 1;
+        // v % 10 < 10: the cast cannot truncate.
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.push(tag);
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn line_of(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
@@ -283,12 +310,8 @@ mod tests {
     };
 
     fn args(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, FrameError> {
-        Ok(parse(buf, &L)?.map(|(a, n)| {
-            (
-                a.slices(buf).into_iter().map(<[u8]>::to_vec).collect(),
-                n,
-            )
-        }))
+        Ok(parse(buf, &L)?
+            .map(|(a, n)| (a.slices(buf).into_iter().map(<[u8]>::to_vec).collect(), n)))
     }
 
     #[test]
@@ -347,6 +370,11 @@ mod tests {
         let mut three = Vec::new();
         r.write(3, &mut three);
         assert_eq!(three, b"%2\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n_\r\n");
+        for n in [0, 7, -1, 1234567890, i64::MIN, i64::MAX] {
+            let mut out = Vec::new();
+            Reply::Int(n).write(2, &mut out);
+            assert_eq!(out, format!(":{n}\r\n").into_bytes());
+        }
         let mut e = Vec::new();
         Reply::error("ERR a\r\nb").write(2, &mut e);
         assert_eq!(e, b"-ERR a  b\r\n");

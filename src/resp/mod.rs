@@ -72,6 +72,9 @@ pub struct Front<C: Clock> {
     started: Instant,
     port: u16,
     next_id: AtomicU64,
+    /// `CL.THROTTLE`'s items, compiled once per parameters.
+    compiled: cmd::throttle::Compiled,
+    counters: cmd::Counters,
 }
 
 impl<C: Clock> Front<C> {
@@ -94,6 +97,7 @@ pub async fn serve<C: Clock + 'static>(
 ) {
     let port = listener.local_addr().map_or(0, |a: SocketAddr| a.port());
     let max_command = options.max_command;
+    let counters = cmd::Counters::new(&state.metrics);
     let front = Arc::new(Front {
         tokens: Tokens {
             decision: state.options.decision_token.clone(),
@@ -109,6 +113,8 @@ pub async fn serve<C: Clock + 'static>(
         started: Instant::now(),
         port,
         next_id: AtomicU64::new(1),
+        compiled: cmd::throttle::Compiled::default(),
+        counters,
     });
     let counters = front.state.metrics.resp_connections.clone();
     let (stop_tx, stop_rx) = watch::channel(false);

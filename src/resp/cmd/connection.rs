@@ -19,7 +19,10 @@ pub const REDIS_VERSION: &str = "7.0.0";
 pub fn hello(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
     let mut proto = s.proto;
     if let Some(v) = args.first() {
-        match std::str::from_utf8(v).ok().and_then(|v| v.parse::<i64>().ok()) {
+        match std::str::from_utf8(v)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+        {
             Some(2) => proto = 2,
             Some(3) => proto = 3,
             Some(_) => return Reply::error("NOPROTO unsupported protocol version"),
@@ -148,7 +151,10 @@ pub fn select(args: &[&[u8]]) -> Reply {
     let [db] = args else {
         return arity("select");
     };
-    match std::str::from_utf8(db).ok().and_then(|d| d.parse::<i64>().ok()) {
+    match std::str::from_utf8(db)
+        .ok()
+        .and_then(|d| d.parse::<i64>().ok())
+    {
         Some(0) => Reply::Simple("OK"),
         Some(_) => Reply::error("ERR DB index is out of range"),
         None => Reply::error("ERR value is not an integer or out of range"),

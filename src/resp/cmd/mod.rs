@@ -14,6 +14,7 @@ use crate::api::ApiError;
 use crate::clock::Clock;
 use crate::engine::{CheckRequest, Engine};
 use crate::server::Conn;
+use prometheus_client::metrics::counter::Counter;
 
 use super::Front;
 use super::frame::Reply;
@@ -143,14 +144,54 @@ pub async fn run<C: Clock + 'static>(
     let Some((&name, rest)) = args.split_first() else {
         return (Reply::Simple("OK"), Next::Go);
     };
-    let label = COMMANDS
+    let index = COMMANDS
         .iter()
-        .find(|c| eq(name, c.name))
-        .map_or("other", |c| c.name);
+        .position(|c| eq(name, c.name))
+        .unwrap_or(COMMANDS.len());
+    let label = COMMANDS.get(index).map_or("other", |c| c.name);
     let (reply, next) = dispatch(front, s, conn, label, name, rest).await;
     let ok = !matches!(reply, Reply::Error(_));
-    front.state.metrics.resp_command(label, ok);
+    front.counters.commands[index][usize::from(ok)].inc();
     (reply, next)
+}
+
+/// Where a decision came from, for the decisions metric.
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Throttle = 0,
+    Check = 1,
+}
+
+/// Handles on the front's metric series, made once (see
+/// [`crate::api::Metrics::resp_command_counter`]).
+pub struct Counters {
+    /// Per command of [`COMMANDS`] then `other`: [error, ok].
+    commands: Vec<[Counter; 2]>,
+    /// Per [`Endpoint`]: [denied, allowed].
+    decisions: [[Counter; 2]; 2],
+}
+
+impl Counters {
+    pub fn new(m: &crate::api::Metrics) -> Counters {
+        let names = COMMANDS.iter().map(|c| c.name).chain(["other"]);
+        let decided = |endpoint| {
+            [
+                m.decisions_counter(endpoint, "denied"),
+                m.decisions_counter(endpoint, "allowed"),
+            ]
+        };
+        Counters {
+            commands: names
+                .map(|n| {
+                    [
+                        m.resp_command_counter(n, false),
+                        m.resp_command_counter(n, true),
+                    ]
+                })
+                .collect(),
+            decisions: [decided("CL.THROTTLE"), decided("FC.CHECK")],
+        }
+    }
 }
 
 async fn dispatch<C: Clock + 'static>(
@@ -167,21 +208,23 @@ async fn dispatch<C: Clock + 'static>(
         return go(Reply::error("NOAUTH Authentication required."));
     }
     match label {
-        "cl.throttle" => go(match throttle::parse(args).and_then(|t| t.request()) {
-            Err(e) => e,
-            Ok(req) => match decide(front, conn, req, "CL.THROTTLE").await {
-                Ok(out) => throttle::answer(&out),
-                // Argument errors in redis-cell's words; the rest (overload,
-                // an unavailable store) in freqcap's.
-                Err(e) if e.code == "invalid_argument" => {
-                    Reply::error(format!("Cell error: {}", e.message))
-                }
-                Err(e) => api_error(&e),
+        "cl.throttle" => go(
+            match throttle::parse(args).and_then(|t| t.request(&front.compiled)) {
+                Err(e) => e,
+                Ok(req) => match decide(front, conn, req, Endpoint::Throttle).await {
+                    Ok(out) => throttle::answer(&out),
+                    // Argument errors in redis-cell's words; the rest (overload,
+                    // an unavailable store) in freqcap's.
+                    Err(e) if e.code == "invalid_argument" => {
+                        Reply::error(format!("Cell error: {}", e.message))
+                    }
+                    Err(e) => api_error(&e),
+                },
             },
-        }),
+        ),
         "fc.check" => go(match check::parse(args) {
             Err(e) => e,
-            Ok(req) => match decide(front, conn, req, "FC.CHECK").await {
+            Ok(req) => match decide(front, conn, req, Endpoint::Check).await {
                 Ok(out) => check::answer(&out),
                 Err(e) => api_error(&e),
             },
@@ -212,7 +255,7 @@ async fn decide<C: Clock + 'static>(
     front: &Front<C>,
     conn: Option<&Conn>,
     req: CheckRequest,
-    endpoint: &'static str,
+    endpoint: Endpoint,
 ) -> Result<crate::engine::CheckOutcome, ApiError> {
     let st = &front.state;
     if let Some(c) = conn {
@@ -231,18 +274,9 @@ async fn decide<C: Clock + 'static>(
             "too many requests in flight; retry shortly",
         ));
     }
-    let out = crate::api::request::in_memory_or_blocking(
-        st,
-        req,
-        Engine::check_in_memory,
-        Engine::check,
-    )
-    .await?;
-    let outcome = if out.decision.allowed {
-        "allowed"
-    } else {
-        "denied"
-    };
-    st.metrics.decisions(endpoint, outcome, 1);
+    let out =
+        crate::api::request::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
+            .await?;
+    front.counters.decisions[endpoint as usize][usize::from(out.decision.allowed)].inc();
     Ok(out)
 }

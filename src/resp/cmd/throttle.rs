@@ -8,7 +8,10 @@
 //! decision is the engine's; this file only reads arguments and writes the
 //! five integers.
 
-use crate::engine::{CheckOutcome, CheckRequest, CheckTarget};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::engine::{CheckOutcome, CheckRequest, CheckTarget, CompiledInline, compile_inline};
 use crate::model::LimitDef;
 use crate::model::limit::RateDef;
 
@@ -95,27 +98,70 @@ pub fn parse(args: &[&[u8]]) -> Result<Throttle, Reply> {
 }
 
 impl Throttle {
-    /// The engine's request: the inline rate item, decided for `key` at
-    /// cost `quantity` (0 peeks).
-    pub fn request(&self) -> Result<CheckRequest, Reply> {
+    /// The inline rate item the arguments stand for.
+    fn item(&self) -> Result<LimitDef, Reply> {
         let per = format!("{}s", self.period_s)
             .parse()
             .map_err(|e| cell(format_args!("period: {e}")))?;
-        let item = LimitDef::Rate(RateDef {
+        Ok(LimitDef::Rate(RateDef {
             name: None,
             rate: self.count,
             per,
             burst: Some(self.max_burst + 1),
-        });
+        }))
+    }
+
+    /// The engine's request: the inline rate item (compiled once per
+    /// parameters, through `cache`), decided for `key` at cost `quantity`
+    /// (0 peeks).
+    pub fn request(self, cache: &Compiled) -> Result<CheckRequest, Reply> {
+        let params = (self.max_burst, self.count, self.period_s);
+        let compiled = match cache.get(params) {
+            Some(c) => c,
+            None => {
+                let c = compile_inline(&[self.item()?]).map_err(|e| cell(e))?;
+                cache.put(params, c.clone());
+                c
+            }
+        };
         Ok(CheckRequest {
-            target: CheckTarget::Inline(vec![item]),
-            key: self.key.clone(),
+            target: CheckTarget::Compiled(compiled),
+            key: self.key,
             cost: self.quantity,
             reserve: false,
             ttl_ms: None,
             reservation_id: None,
             fingerprint: None,
         })
+    }
+}
+
+/// (max_burst, count, period) of a `CL.THROTTLE`.
+type Params = (u64, u64, u64);
+
+/// Compiled items by parameters. Callers use a handful of parameter sets,
+/// each over many keys; a client sending endless new ones only makes the
+/// map start again once it holds [`Compiled::CAP`].
+#[derive(Default)]
+pub struct Compiled(Mutex<HashMap<Params, Arc<CompiledInline>>>);
+
+impl Compiled {
+    const CAP: usize = 4096;
+
+    fn get(&self, p: Params) -> Option<Arc<CompiledInline>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&p)
+            .cloned()
+    }
+
+    fn put(&self, p: Params, c: Arc<CompiledInline>) {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if m.len() >= Self::CAP {
+            m.clear();
+        }
+        m.insert(p, c);
     }
 }
 
