@@ -305,7 +305,7 @@ mod tests {
 
     const L: Limits = Limits {
         max_bulk: 16,
-        max_args: 4,
+        max_args: 5,
         max_inline: 32,
     };
 
@@ -319,9 +319,9 @@ mod tests {
         let b = b"*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n*1\r\n";
         let (a, n) = args(b).unwrap().unwrap();
         assert_eq!(a, vec![b"PING".to_vec(), b"hi".to_vec()]);
-        assert_eq!(n, 20);
+        assert_eq!(n, 22);
         // Every strict prefix asks for more.
-        for cut in 0..20 {
+        for cut in 0..22 {
             assert_eq!(args(&b[..cut]).unwrap(), None, "prefix {cut}");
         }
         assert_eq!(args(b"*0\r\n").unwrap(), Some((vec![], 4)));
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn announced_sizes_are_bounded_before_buffering() {
-        assert_eq!(args(b"*5\r\n"), Err(FrameError::ArrayLen));
+        assert_eq!(args(b"*6\r\n"), Err(FrameError::ArrayLen));
         assert_eq!(
             args(b"*99999999999999999999999\r\n"),
             Err(FrameError::ArrayLen)
@@ -358,7 +358,7 @@ mod tests {
         assert_eq!(args(b"\r\n").unwrap(), Some((vec![], 2)));
         assert_eq!(args(b"PING"), Ok(None));
         assert_eq!(args(&[b'a'; 40]), Err(FrameError::InlineTooBig));
-        assert_eq!(args(b"a b c d e\n"), Err(FrameError::ArrayLen));
+        assert_eq!(args(b"a b c d e f\n"), Err(FrameError::ArrayLen));
     }
 
     #[test]
