@@ -53,6 +53,9 @@ struct Cli {
 enum Target {
     Freqcap,
     Redis,
+    /// freqcap's RESP front (`--resp-listen`): `CL.THROTTLE` for the check
+    /// workloads, the same arguments as the Redis GCRA's.
+    FreqcapResp,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -589,6 +592,11 @@ async fn run(a: RunArgs) -> Res<()> {
     let shas = if a.target == Target::Redis {
         let mut c = Conn::connect(&a.addr).await?;
         Some(load_scripts(&mut c).await?)
+    } else if a.target == Target::FreqcapResp {
+        if !matches!(a.workload, Workload::CheckHot | Workload::Check1m) {
+            return Err(err("--target freqcap-resp runs check-hot and check-1m only"));
+        }
+        None
     } else {
         setup_freqcap(a.addr_of(0), a.k).await?;
         // Other nodes apply definitions within a second (docs/cluster.md).
@@ -901,29 +909,24 @@ async fn one_op(
                 o.error_body = c.buf[r].to_vec();
             }
         }
-        (Target::Redis, Workload::CheckHot | Workload::Check1m) => {
+        (Target::Redis | Target::FreqcapResp, Workload::CheckHot | Workload::Check1m) => {
             let key = if a.workload == Workload::CheckHot {
                 "hot".to_owned()
             } else {
                 format!("k{}", rng.below(a.keys))
             };
-            let shas = sh.shas.as_ref().ok_or_else(|| err("no scripts"))?;
             let (b, r) = (BURST.to_string(), RATE.to_string());
-            let v = c
-                .resp(
-                    &[
-                        b"EVALSHA",
-                        shas.gcra.as_bytes(),
-                        b"1",
-                        key.as_bytes(),
-                        b.as_bytes(),
-                        r.as_bytes(),
-                        b"1",
-                        b"1",
-                    ],
-                    out,
-                )
-                .await?;
+            let (k, b, r) = (key.as_bytes(), b.as_bytes(), r.as_bytes());
+            let v = match &sh.shas {
+                Some(shas) => {
+                    let sha = shas.gcra.as_bytes();
+                    c.resp(&[b"EVALSHA", sha, b"1", k, b, r, b"1", b"1"], out)
+                        .await?
+                }
+                // redis-cell's arguments are the Lua's: key, max_burst,
+                // count, period, quantity.
+                None => c.resp(&[b"CL.THROTTLE", k, b, r, b"1", b"1"], out).await?,
+            };
             o.requests = 1;
             match v {
                 Resp::Array(items) => o.denied = matches!(items.first(), Some(Resp::Int(1))),
@@ -933,6 +936,7 @@ async fn one_op(
                 }
             }
         }
+        (Target::FreqcapResp, _) => return Err(err("freqcap-resp runs the check workloads only")),
         (Target::Freqcap, Workload::Screen) => {
             let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
             let mut u = zipf.sample(rng);
@@ -1177,6 +1181,7 @@ async fn verify_caps(
                 }
                 worst
             }
+            Target::FreqcapResp => return Err(err("no accuracy check over RESP")),
             Target::Redis => {
                 let key = format!("rz:{user}:{camp}");
                 match c.resp(&[b"ZCARD", key.as_bytes()], &mut out).await? {
