@@ -594,7 +594,9 @@ async fn run(a: RunArgs) -> Res<()> {
         Some(load_scripts(&mut c).await?)
     } else if a.target == Target::FreqcapResp {
         if !matches!(a.workload, Workload::CheckHot | Workload::Check1m) {
-            return Err(err("--target freqcap-resp runs check-hot and check-1m only"));
+            return Err(err(
+                "--target freqcap-resp runs check-hot and check-1m only",
+            ));
         }
         None
     } else {
