@@ -6,6 +6,7 @@
 #
 #   REQUESTS=20000 REPS=1 benches/resp.sh          # a quick check of the script
 #   FREQCAP_BIN=/path/to/freqcap benches/resp.sh   # measure that binary, no cargo build
+#   LOADGEN=0 benches/resp.sh                      # without the load generator's runs (below)
 #
 # Starts redis-server on a free loopback port (`--save "" --appendonly no`, as
 # benches/run.sh: no persistence) and SCRIPT LOADs benches/lua/gcra.lua; starts
@@ -307,4 +308,43 @@ print(f"\nmedian of {reps} repetition(s); requests/s range in parentheses; "
       f"* client CPU ≥ {CLIENT_BOUND} %: redis-benchmark's core was (nearly) saturated, so that "
       "requests/s is a lower bound of the server's and a ratio involving it is not the servers' ratio")
 EOF
+# The load generator's RESP mode (benches/loadgen.rs, --target freqcap-resp
+# and --target redis; check-hot, check-1m; unpipelined, CONNS connections,
+# SECS seconds after a second of warm-up), pinned like redis-benchmark: it
+# drives a server at P=1 harder than redis-benchmark's one core can.
+# LOADGEN=0 skips it; LOADGEN=/path/to/loadgen uses that build.
+LOADGEN=${LOADGEN:-}
+if [ "$LOADGEN" != 0 ] && [ "$want_freqcap" = 1 ]; then
+    if [ -z "$LOADGEN" ]; then
+        LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
+            python3 -c 'import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("executable") and m["target"]["name"] == "loadgen": print(m["executable"])')
+    fi
+    {
+        echo
+        echo "| loadgen | workload | target | ops/s | p50 µs | p99 µs | server CPU % | freqcap/redis |"
+        echo "|---|---|---|---|---|---|---|---|"
+    } | tee -a "$OUT/summary.md"
+    for w in check-hot check-1m; do
+        declare -A OPS=()
+        for t in redis freqcap; do
+            if [ "$t" = redis ]; then lt=redis; else lt=freqcap-resp; fi
+            s0=$(cpu_s "$(pid_of "$t")")
+            t0=$(date +%s.%N)
+            line=$(taskset -c "$CLIENT_CPU" "$LOADGEN" run --target "$lt" --addr "127.0.0.1:$(port_of "$t")" \
+                --workload "$w" --conns "$CONNS" --secs "$SECS" --warmup 1 2>&1 | tail -1)
+            t1=$(date +%s.%N)
+            s1=$(cpu_s "$(pid_of "$t")")
+            echo "$line" >>"$OUT/loadgen.txt"
+            read -r ops p50 p99 <<<"$(echo "$line" | sed -E 's/.*: ([0-9]+) ops\/s.* p50 ([0-9]+) µs p90 [0-9]+ p99 ([0-9]+).*/\1 \2 \3/')"
+            OPS[$t]=$ops
+            cpu=$(python3 -c "print(round(100 * ($s1 - $s0) / ($t1 - $t0)))")
+            ratio=""
+            [ "$t" = freqcap ] && ratio=$(python3 -c "print(f'{${OPS[freqcap]} / ${OPS[redis]}:.2f}')")
+            echo "| loadgen | $w | $t | $ops | $p50 | $p99 | $cpu | $ratio |" | tee -a "$OUT/summary.md"
+        done
+    done
+fi
 echo "results: $RES" >&2
