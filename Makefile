@@ -20,10 +20,12 @@ pydeps:
 	  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
 	    python3 -m pip install -q -r tests/requirements.txt; fi
 
-# All tests, in the release profile (one profile for tests, benches and the binary).
+# All tests, in the release profile (one profile for tests, benches and the binary),
+# with the client and tower features (src/client/, src/tower.rs) built and tested.
+FEATURES = --features client,tower
 test: deps pydeps
-	cargo test --release --all-targets
-	cargo test --release --doc
+	cargo test --release --all-targets $(FEATURES)
+	cargo test --release --doc $(FEATURES)
 
 bench: deps
 	cargo bench --bench limits

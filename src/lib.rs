@@ -7,6 +7,9 @@
 //! - [`model`]: definitions as users write them, validated and compiled.
 //! - [`api`]: where HTTP enters: the axum router and its bodies.
 //! - [`resp`]: where the Redis protocol enters: `CL.THROTTLE`, `FC.CHECK`.
+//! - `client` (feature `client`): a Rust client of the HTTP API that retries
+//!   only where safe, backs off with jitter and throttles itself.
+//! - `tower` (feature `tower`): a tower layer limiting an HTTP service.
 //! - [`engine`]: the decision core: campaigns, screening, reservations,
 //!   commits, the hot tier.
 //! - [`store`]: where state is kept: memory or RocksDB.
@@ -17,6 +20,8 @@
 //!   [`KeyedLimiter`] built on it.
 
 pub mod api;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod engine;
@@ -29,6 +34,8 @@ pub mod server;
 pub mod service;
 pub mod simulate;
 pub mod store;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use keyed::{KeyedLimiter, LimiterOptions};

@@ -1,0 +1,205 @@
+//! Client-side adaptive throttling (Google SRE book, "Handling Overload";
+//! docs/clients.md). Over a sliding window the client counts the requests it
+//! attempted and those the server accepted; a new request is rejected
+//! locally, without being sent, with probability
+//!
+//! ```text
+//! p = max(0, (requests − K·accepts) / (requests + 1))
+//! ```
+//!
+//! so a server that accepts everything is never spared a request, and one
+//! that refuses most of them gets about K times its accepts. Requests
+//! rejected locally count as requests (the SRE book's rule: the window sees
+//! what the application asked for), so as the server recovers, accepts pull
+//! p back down. Pure logic: the time is passed in.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+
+/// The rejection probability for `requests` and `accepts` in the window.
+pub fn probability(requests: u64, accepts: u64, k: f64) -> f64 {
+    let (r, a) = (requests as f64, accepts as f64);
+    ((r - k * a) / (r + 1.0)).max(0.0)
+}
+
+/// Bins per window: the window slides by 1/120 of its length (1 s for the
+/// default 2 minutes).
+const BINS: u32 = 120;
+
+/// What the throttle has seen in its window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThrottleFigures {
+    pub requests: u64,
+    pub accepts: u64,
+    /// The probability a request is rejected locally now.
+    pub probability: f64,
+    /// Requests rejected locally since the throttle was made.
+    pub rejected_total: u64,
+}
+
+struct State {
+    /// (bin number, requests, accepts), oldest first, at most [`BINS`].
+    bins: VecDeque<(u64, u64, u64)>,
+    rng: Xoshiro256PlusPlus,
+    rejected_total: u64,
+}
+
+/// See the module documentation. Shared by every call of a client.
+pub struct AdaptiveThrottle {
+    k: f64,
+    bin: Duration,
+    origin: Instant,
+    state: Mutex<State>,
+}
+
+impl AdaptiveThrottle {
+    /// `k` (2 in the SRE book: the server sees up to twice what it accepts)
+    /// over `window` (2 minutes by default); `seed` fixes the draws (tests).
+    pub fn new(k: f64, window: Duration, seed: u64) -> AdaptiveThrottle {
+        AdaptiveThrottle {
+            k,
+            bin: (window / BINS).max(Duration::from_millis(1)),
+            origin: Instant::now(),
+            state: Mutex::new(State {
+                bins: VecDeque::new(),
+                rng: Xoshiro256PlusPlus::seed_from_u64(seed),
+                rejected_total: 0,
+            }),
+        }
+    }
+
+    fn bin_of(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.origin);
+        u64::try_from(since.as_nanos() / self.bin.as_nanos().max(1)).unwrap_or(u64::MAX)
+    }
+
+    /// Drops bins older than the window and returns the current one.
+    fn current<'a>(&self, s: &'a mut State, now: Instant) -> &'a mut (u64, u64, u64) {
+        let b = self.bin_of(now);
+        while s.bins.front().is_some_and(|f| f.0 + u64::from(BINS) <= b) {
+            s.bins.pop_front();
+        }
+        if s.bins.back().is_none_or(|l| l.0 != b) {
+            s.bins.push_back((b, 0, 0));
+        }
+        // Just pushed if it was missing.
+        let last = s.bins.len() - 1;
+        &mut s.bins[last]
+    }
+
+    fn sums(s: &State) -> (u64, u64) {
+        s.bins.iter().fold((0, 0), |(r, a), b| (r + b.1, a + b.2))
+    }
+
+    /// Counts a request the application wants to send; `false` if it is to
+    /// be rejected locally instead.
+    pub fn admit(&self, now: Instant) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.current(&mut s, now);
+        let (r, a) = Self::sums(&s);
+        let p = probability(r, a, self.k);
+        let reject = p > 0.0 && s.rng.random::<f64>() < p;
+        self.current(&mut s, now).1 += 1;
+        if reject {
+            s.rejected_total += 1;
+        }
+        !reject
+    }
+
+    /// Counts an answer the server accepted (anything but 429 or 503, or no
+    /// answer at all).
+    pub fn accepted(&self, now: Instant) {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.current(&mut s, now).2 += 1;
+    }
+
+    pub fn figures(&self, now: Instant) -> ThrottleFigures {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.current(&mut s, now);
+        let (requests, accepts) = Self::sums(&s);
+        ThrottleFigures {
+            requests,
+            accepts,
+            probability: probability(requests, accepts, self.k),
+            rejected_total: s.rejected_total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SRE book's formula on a table of window counts.
+    #[test]
+    fn probability_table() {
+        for (requests, accepts, want) in [
+            (0, 0, 0.0),
+            (100, 100, 0.0),
+            (100, 50, 0.0),
+            (100, 40, 20.0 / 101.0),
+            (100, 10, 80.0 / 101.0),
+            (100, 0, 100.0 / 101.0),
+            (1000, 0, 1000.0 / 1001.0),
+        ] {
+            let p = probability(requests, accepts, 2.0);
+            assert!(
+                (p - want).abs() < 1e-12,
+                "{requests}/{accepts}: {p} != {want}"
+            );
+        }
+        // K = 1.5 throttles sooner.
+        assert!((probability(100, 50, 1.5) - 25.0 / 101.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_window_forgets() {
+        let t = AdaptiveThrottle::new(2.0, Duration::from_secs(120), 1);
+        let t0 = t.origin;
+        for _ in 0..100 {
+            t.admit(t0);
+        }
+        assert_eq!(t.figures(t0).requests, 100);
+        assert!(t.figures(t0).probability > 0.9);
+        // 2 minutes later nothing is left.
+        let later = t0 + Duration::from_secs(121);
+        let f = t.figures(later);
+        assert_eq!((f.requests, f.accepts, f.probability), (0, 0, 0.0));
+    }
+
+    /// A server that accepts at most 100 requests a second, offered 1 000
+    /// a second: the throttle settles where the server is sent about K = 2
+    /// times what it accepts, so 80 % are rejected locally
+    /// (p = (1 000 − 2·100) / 1 000). A fixed seed, 4 simulated minutes,
+    /// the last two measured.
+    #[test]
+    fn sheds_at_the_expected_rate() {
+        let t = AdaptiveThrottle::new(2.0, Duration::from_secs(120), 7);
+        let (mut local, mut offered) = (0u64, 0u64);
+        let mut accepted_this_second = 0;
+        for ms in 0..240_000u64 {
+            let now = t.origin + Duration::from_millis(ms);
+            if ms % 1000 == 0 {
+                accepted_this_second = 0;
+            }
+            let measured = ms >= 120_000;
+            offered += u64::from(measured);
+            if t.admit(now) {
+                if accepted_this_second < 100 {
+                    accepted_this_second += 1;
+                    t.accepted(now);
+                }
+            } else if measured {
+                local += 1;
+            }
+        }
+        let shed = local as f64 / offered as f64;
+        assert!((shed - 0.8).abs() < 0.02, "shed {shed}");
+        let f = t.figures(t.origin + Duration::from_millis(239_999));
+        assert!((f.probability - 0.8).abs() < 0.02, "{f:?}");
+    }
+}

@@ -1,0 +1,275 @@
+//! The bodies the client sends and reads: the JSON of docs/semantics.md §8,
+//! field for field (the OpenAPI document, `schemas/openapi.json`, describes
+//! the same shapes). Definitions are the crate's own types
+//! ([`crate::PolicyDef`], [`crate::model::CampaignDef`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::LimitDef;
+
+fn is_one(v: &u64) -> bool {
+    *v == 1
+}
+
+/// `POST /v1/check`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Vec<LimitDef>>,
+    pub key: String,
+    #[serde(skip_serializing_if = "is_one")]
+    pub cost: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reserve: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// With an id, a repeated check returns the first answer: only then is a
+    /// check retried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+}
+
+impl Check {
+    /// `key` against the policy named `policy`, cost 1.
+    pub fn policy(policy: impl Into<String>, key: impl Into<String>) -> Check {
+        Check {
+            policy: Some(policy.into()),
+            limits: None,
+            key: key.into(),
+            cost: 1,
+            reserve: false,
+            ttl_ms: None,
+            reservation_id: None,
+        }
+    }
+
+    pub fn cost(mut self, cost: u64) -> Check {
+        self.cost = cost;
+        self
+    }
+
+    /// Hold the debit until commit, release or `ttl_ms`.
+    pub fn reserve(mut self, ttl_ms: Option<u64>) -> Check {
+        self.reserve = true;
+        self.ttl_ms = ttl_ms;
+        self
+    }
+
+    /// The caller's reservation id (makes the call safe to retry).
+    pub fn id(mut self, id: impl Into<String>) -> Check {
+        self.reservation_id = Some(id.into());
+        self
+    }
+}
+
+/// One limit item's figures.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Item {
+    pub name: String,
+    pub kind: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_after_ms: u64,
+    pub retry_after_ms: Option<u64>,
+    pub allowed: bool,
+}
+
+/// A check's answer (200 or 429 alike: a denial is an answer).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Decision {
+    pub allowed: bool,
+    pub delay_ms: u64,
+    pub retry_after_ms: Option<u64>,
+    pub remaining: u64,
+    pub reset_after_ms: u64,
+    pub reservation: Option<String>,
+    pub limits: Vec<Item>,
+    /// Set by the client, not the server: freqcap could not be asked and the
+    /// call was made with [`super::FailMode::Open`].
+    #[serde(skip)]
+    pub failed_open: bool,
+}
+
+impl Decision {
+    /// The answer of a check that failed open: allowed, nothing known.
+    pub(crate) fn open() -> Decision {
+        Decision {
+            allowed: true,
+            delay_ms: 0,
+            retry_after_ms: None,
+            remaining: 0,
+            reset_after_ms: 0,
+            reservation: None,
+            limits: Vec::new(),
+            failed_open: true,
+        }
+    }
+}
+
+/// One candidate of a screen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Candidate {
+    pub campaign: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+}
+
+/// `POST /v1/screen`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Screen {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    pub candidates: Vec<Candidate>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reserve: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+}
+
+impl Screen {
+    /// `campaigns` for `user`, cost 1 each, without reserving.
+    pub fn new<S: Into<String>>(
+        user: impl Into<String>,
+        campaigns: impl IntoIterator<Item = S>,
+    ) -> Screen {
+        Screen {
+            user: Some(user.into()),
+            candidates: campaigns
+                .into_iter()
+                .map(|c| Candidate {
+                    campaign: c.into(),
+                    cost: None,
+                })
+                .collect(),
+            reserve: false,
+            ttl_ms: None,
+            reservation_id: None,
+        }
+    }
+
+    /// Hold what is eligible until commit, release or `ttl_ms`.
+    pub fn reserve(mut self, ttl_ms: Option<u64>) -> Screen {
+        self.reserve = true;
+        self.ttl_ms = ttl_ms;
+        self
+    }
+
+    /// The caller's reservation id (makes the call safe to retry).
+    pub fn id(mut self, id: impl Into<String>) -> Screen {
+        self.reservation_id = Some(id.into());
+        self
+    }
+}
+
+/// Why a candidate is not eligible.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeniedBy {
+    pub campaign: String,
+    pub cap: String,
+    pub retry_after_ms: Option<u64>,
+}
+
+/// One candidate's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ScreenResult {
+    pub campaign: String,
+    pub eligible: bool,
+    #[serde(default)]
+    pub denied_by: Option<DeniedBy>,
+}
+
+/// A screen's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Screened {
+    pub reservation: Option<String>,
+    pub results: Vec<ScreenResult>,
+    /// Set by the client: every candidate answered eligible because freqcap
+    /// could not be asked ([`super::FailMode::Open`]).
+    #[serde(skip)]
+    pub failed_open: bool,
+}
+
+/// `POST /v1/reservations/{id}/commit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Commit {
+    /// The winners (default: every campaign the reservation holds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+    /// Needed only to commit, on another node of a cluster, a reservation
+    /// whose id the caller chose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// A commit's or release's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Settled {
+    pub reservation: String,
+    /// `committed`, `released` or `late_commit`.
+    pub outcome: String,
+    #[serde(default)]
+    pub campaigns: Vec<String>,
+}
+
+/// One event of `POST /v1/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Event {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    pub campaign: String,
+    #[serde(skip_serializing_if = "is_one")]
+    pub cost: u64,
+    /// With an id an event is counted once: only then are events retried.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+}
+
+/// `POST /v1/events`'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct EventsCounted {
+    pub counted: usize,
+    pub duplicates: usize,
+}
+
+/// One cap's usage by a user.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CapUsage {
+    pub campaign: String,
+    pub name: String,
+    pub scope: String,
+    pub kind: String,
+    pub limit: u64,
+    pub used: u64,
+    pub pending: u64,
+    pub remaining: u64,
+    pub reset_after_ms: u64,
+}
+
+/// `GET /v1/users/{user}/campaigns/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    pub user: String,
+    pub campaign: String,
+    pub caps: Vec<CapUsage>,
+}
+
+/// `GET /v1/campaigns/{id}/delivery`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Delivery {
+    pub campaign: String,
+    pub amount: u64,
+    pub spent: u64,
+    pub pending: u64,
+    pub cap_now: u64,
+    pub pacing: serde_json::Value,
+    pub period_start: String,
+    pub period_end: String,
+}

@@ -1,0 +1,364 @@
+//! A tower [`Layer`](::tower::Layer) that rate-limits an HTTP service (axum,
+//! hyper, tonic) in one line (feature `tower`; docs/clients.md, "The tower
+//! layer"):
+//!
+//! ```ignore
+//! let app = Router::new().route("/", get(handler))
+//!     .layer(RateLimitLayer::local(&policy, HeaderKey::new("x-api-key"))?);
+//! ```
+//!
+//! Each request's key comes from a [`KeyExtractor`] (the peer's IP, a
+//! header, a closure) and its cost from an optional closure; the decision is
+//! an in-process [`KeyedLimiter`] or a remote freqcap through the
+//! [`Client`](crate::client::Client). A denial answers 429 with the IETF
+//! `RateLimit`/`RateLimit-Policy` fields and `Retry-After`; an allowed
+//! request gets the same fields on its response. With shaping, a request
+//! that would pass within a bound is delayed instead of refused. When the
+//! remote freqcap cannot be asked, fail-closed answers 503 and fail-open lets
+//! the request through.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::http::header::RETRY_AFTER;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+
+use crate::api::headers::{self, RATELIMIT, RATELIMIT_POLICY};
+use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode};
+use crate::limits::stack::Decision;
+use crate::{DefinitionError, KeyedLimiter, LimiterOptions, PolicyDef};
+
+/// Where a request's key comes from.
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key, or `None` (such requests share the key `-`).
+    fn key(&self, parts: &Parts) -> Option<String>;
+}
+
+/// The peer's IP address, from axum's `ConnectInfo` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerIp;
+
+impl KeyExtractor for PeerIp {
+    fn key(&self, parts: &Parts) -> Option<String> {
+        parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip().to_string())
+    }
+}
+
+/// A header's value (an API key, a client id).
+#[derive(Debug, Clone)]
+pub struct HeaderKey(pub HeaderName);
+
+impl HeaderKey {
+    /// # Panics
+    /// On a name that is not a valid header name (a programming error,
+    /// found at start).
+    pub fn new(name: &'static str) -> HeaderKey {
+        HeaderKey(HeaderName::from_static(name))
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    fn key(&self, parts: &Parts) -> Option<String> {
+        parts
+            .headers
+            .get(&self.0)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    }
+}
+
+/// Any closure from the request's head to its key.
+pub struct FnKey<F>(pub F);
+
+impl<F: Fn(&Parts) -> Option<String> + Send + Sync + 'static> KeyExtractor for FnKey<F> {
+    fn key(&self, parts: &Parts) -> Option<String> {
+        (self.0)(parts)
+    }
+}
+
+type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+
+/// What decides.
+enum Backend {
+    Local(KeyedLimiter<String>),
+    Remote {
+        client: Arc<Client>,
+        policy: String,
+        deadline: Duration,
+    },
+}
+
+struct Shared {
+    backend: Backend,
+    key: Box<dyn KeyExtractor>,
+    cost: Option<Box<CostFn>>,
+    fail: FailMode,
+    /// Shaping: wait for a denial that passes within this long.
+    shape: Option<Duration>,
+}
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl RateLimitLayer {
+    /// Limits by `policy` in this process.
+    pub fn local(policy: &PolicyDef, key: impl KeyExtractor) -> Result<Self, DefinitionError> {
+        let limiter = KeyedLimiter::new(policy, LimiterOptions::default())?;
+        Ok(Self::with(Backend::Local(limiter), Box::new(key)))
+    }
+
+    /// Limits by the policy named `policy` on a remote freqcap; each
+    /// decision waits at most `deadline`.
+    pub fn remote(
+        client: Arc<Client>,
+        policy: impl Into<String>,
+        deadline: Duration,
+        key: impl KeyExtractor,
+    ) -> Self {
+        Self::with(
+            Backend::Remote {
+                client,
+                policy: policy.into(),
+                deadline,
+            },
+            Box::new(key),
+        )
+    }
+
+    fn with(backend: Backend, key: Box<dyn KeyExtractor>) -> Self {
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                backend,
+                key,
+                cost: None,
+                fail: FailMode::Closed,
+                shape: None,
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+        // Not yet shared: the layer is being built.
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            f(s);
+        }
+        self
+    }
+
+    /// A request's cost (default 1).
+    pub fn cost(self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.edit(|s| s.cost = Some(Box::new(f)))
+    }
+
+    /// What a request gets when the remote freqcap cannot be asked
+    /// (default: 503).
+    pub fn fail(self, mode: FailMode) -> Self {
+        self.edit(|s| s.fail = mode)
+    }
+
+    /// Shaping: a request denied but able to pass within `max_wait` waits
+    /// and is decided again, instead of being refused.
+    pub fn shape(self, max_wait: Duration) -> Self {
+        self.edit(|s| s.shape = Some(max_wait))
+    }
+}
+
+impl<S> ::tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] wraps around another.
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// A decision, as headers and whether the request may go on.
+enum Verdict {
+    Go(HeaderMap),
+    Refuse(HeaderMap),
+    /// Remote freqcap unavailable, fail-closed.
+    Unavailable,
+}
+
+fn remote_headers(d: &RemoteDecision) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let sf = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+    let policy: Vec<String> = d
+        .limits
+        .iter()
+        .map(|i| format!("{};q={}", sf(&i.name), i.limit))
+        .collect();
+    if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
+        h.insert(RATELIMIT_POLICY, v);
+    }
+    // The tightest item: least remaining, ties to the later reset.
+    if let Some(t) = d
+        .limits
+        .iter()
+        .min_by_key(|i| (i.remaining, std::cmp::Reverse(i.reset_after_ms)))
+        && let Ok(v) = HeaderValue::from_str(&format!(
+            "{};r={};t={}",
+            sf(&t.name),
+            t.remaining,
+            t.reset_after_ms.div_ceil(1000)
+        ))
+    {
+        h.insert(RATELIMIT, v);
+    }
+    if !d.allowed
+        && let Some(ms) = d.retry_after_ms
+        && let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string())
+    {
+        h.insert(RETRY_AFTER, v);
+    }
+    h
+}
+
+impl Shared {
+    fn local_once(
+        &self,
+        limiter: &KeyedLimiter<String>,
+        key: &str,
+        cost: u64,
+    ) -> (Decision, HeaderMap) {
+        let d = limiter.check(key, cost);
+        let mut h = HeaderMap::new();
+        headers::add(&mut h, limiter.stack(), &d);
+        (d, h)
+    }
+
+    async fn decide(&self, key: &str, cost: u64) -> Verdict {
+        match &self.backend {
+            Backend::Local(l) => {
+                let (d, h) = self.local_once(l, key, cost);
+                if d.allowed {
+                    return Verdict::Go(h);
+                }
+                match (self.shape, d.retry_after) {
+                    (Some(max), Some(r)) if r <= max.as_nanos() => {
+                        tokio::time::sleep(Duration::from_nanos(
+                            u64::try_from(r).unwrap_or(u64::MAX),
+                        ))
+                        .await;
+                        let (d, h) = self.local_once(l, key, cost);
+                        if d.allowed {
+                            Verdict::Go(h)
+                        } else {
+                            Verdict::Refuse(h)
+                        }
+                    }
+                    _ => Verdict::Refuse(h),
+                }
+            }
+            Backend::Remote {
+                client,
+                policy,
+                deadline,
+            } => {
+                let ask = || async {
+                    let opts = CallOptions {
+                        deadline: *deadline,
+                        fail: FailMode::Closed,
+                    };
+                    client
+                        .check_with(&Check::policy(policy.clone(), key).cost(cost), Some(opts))
+                        .await
+                };
+                let mut r = ask().await;
+                if let (Some(max), Ok(d)) = (self.shape, &r)
+                    && !d.allowed
+                    && let Some(ms) = d.retry_after_ms
+                    && Duration::from_millis(ms) <= max
+                {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    r = ask().await;
+                }
+                match r {
+                    Ok(d) if d.allowed => Verdict::Go(remote_headers(&d)),
+                    Ok(d) => Verdict::Refuse(remote_headers(&d)),
+                    Err(_) if self.fail == FailMode::Open => Verdict::Go(HeaderMap::new()),
+                    Err(_) => Verdict::Unavailable,
+                }
+            }
+        }
+    }
+}
+
+fn answer<B: From<String>>(status: StatusCode, text: String, h: HeaderMap) -> Response<B> {
+    let mut r = Response::new(B::from(text));
+    *r.status_mut() = status;
+    r.headers_mut().extend(h);
+    r
+}
+
+impl<S, ReqB, ResB> ::tower::Service<Request<ReqB>> for RateLimit<S>
+where
+    S: ::tower::Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqB: Send + 'static,
+    ResB: From<String> + Send + 'static,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The clone that was polled ready serves this call (tower's rule).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let key = shared.key.key(&parts).unwrap_or_else(|| "-".to_owned());
+            let cost = shared.cost.as_ref().map_or(1, |f| f(&parts));
+            match shared.decide(&key, cost).await {
+                Verdict::Go(h) => {
+                    let mut r = inner.call(Request::from_parts(parts, body)).await?;
+                    r.headers_mut().extend(h);
+                    Ok(r)
+                }
+                Verdict::Refuse(h) => {
+                    let wait = h
+                        .get(RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .map_or_else(String::new, |s| format!("; retry in {s} s"));
+                    Ok(answer(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!("rate limited{wait}\n"),
+                        h,
+                    ))
+                }
+                Verdict::Unavailable => Ok(answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the rate limiter cannot be reached\n".to_owned(),
+                    HeaderMap::new(),
+                )),
+            }
+        })
+    }
+}
