@@ -570,7 +570,7 @@ fn redis_cli(port: &str, args: &[&str]) -> String {
 
 #[test]
 fn redis_cli_and_redis_py_with_their_defaults() {
-    let s = support::serve(
+    let s = support::Stopped(support::serve(
         [
             "--memory",
             "--listen",
@@ -581,7 +581,7 @@ fn redis_cli_and_redis_py_with_their_defaults() {
             "s3cret",
         ],
         false,
-    );
+    ));
     let addr = resp_addr(&s);
     let port = addr.rsplit_once(':').unwrap().1.to_owned();
     // redis-cli, one-shot, with a password (it sends AUTH first).
@@ -666,7 +666,7 @@ print("ok", redis.__version__)
 
 #[test]
 fn fc_check_answers_what_http_check_answers() {
-    let s = support::serve(
+    let s = support::Stopped(support::serve(
         [
             "--memory",
             "--listen",
@@ -675,7 +675,7 @@ fn fc_check_answers_what_http_check_answers() {
             "127.0.0.1:0",
         ],
         false,
-    );
+    ));
     let http = format!("http://{}", s.addr);
     let policy = serde_json::json!({"limits": [
         {"kind": "rate", "rate": 10, "per": "1m", "burst": 3, "name": "per-minute"},

@@ -97,3 +97,21 @@ pub fn listening_addr(line: &str) -> Option<String> {
     let (_, port) = addr.rsplit_once(':')?;
     (port.parse::<u16>().ok()? != 0).then_some(addr)
 }
+
+/// A served process, stopped by its PID when the test ends (also when it
+/// fails).
+pub struct Stopped(pub Served);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+    }
+}
+
+impl std::ops::Deref for Stopped {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
+}
