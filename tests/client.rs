@@ -394,6 +394,7 @@ async fn adaptive_throttling_sheds_locally_when_the_server_denies() {
         }
     }
     assert_eq!(allowed, 5);
+    eprintln!("allowed {allowed}, denied by the server {denied}, rejected locally {local}");
     let f = c.throttle_figures().unwrap();
     // 301 requests (the PUT too), 6 accepted (the PUT and 5 checks; 429s
     // are not accepts).

@@ -189,7 +189,7 @@ impl Builder {
             return Err(Error::Config("at least one node is needed".into()));
         }
         if let Some((k, w)) = self.throttle
-            && (!(k >= 1.0) || w.is_zero())
+            && (k.is_nan() || k < 1.0 || w.is_zero())
         {
             return Err(Error::Config(
                 "adaptive throttling needs k ≥ 1 and a window above 0".into(),

@@ -309,7 +309,9 @@ mod tests {
         max_inline: 32,
     };
 
-    fn args(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, FrameError> {
+    type Parsed = Option<(Vec<Vec<u8>>, usize)>;
+
+    fn args(buf: &[u8]) -> Result<Parsed, FrameError> {
         Ok(parse(buf, &L)?
             .map(|(a, n)| (a.slices(buf).into_iter().map(<[u8]>::to_vec).collect(), n)))
     }

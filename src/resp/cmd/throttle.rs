@@ -119,7 +119,7 @@ impl Throttle {
         let compiled = match cache.get(params) {
             Some(c) => c,
             None => {
-                let c = compile_inline(&[self.item()?]).map_err(|e| cell(e))?;
+                let c = compile_inline(&[self.item()?]).map_err(cell)?;
                 cache.put(params, c.clone());
                 c
             }
@@ -194,7 +194,7 @@ pub fn answer(out: &CheckOutcome) -> Reply {
         Reply::Int(int(limit)),
         Reply::Int(int(remaining)),
         Reply::Int(retry),
-        Reply::Int(cell_seconds(d.reset_after.into())),
+        Reply::Int(cell_seconds(d.reset_after)),
     ])
 }
 
