@@ -392,7 +392,18 @@ pub async fn serve(
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(limits.drain_timeout, async {
+    drain(conns, &counters, limits.drain_timeout).await;
+}
+
+/// Waits for the connections told to stop, `timeout` at most, then closes
+/// what is left; `counters.open` follows each one closed. Every listener
+/// (HTTP, RESP) ends with it.
+pub(crate) async fn drain<T: 'static>(
+    mut conns: JoinSet<T>,
+    counters: &ConnCounters,
+    timeout: Duration,
+) {
+    let drained = tokio::time::timeout(timeout, async {
         while conns.join_next().await.is_some() {
             counters.open.dec();
         }

@@ -150,19 +150,7 @@ pub async fn serve<C: Clock + 'static>(
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let drain = front.options.drain_timeout;
-    let drained = tokio::time::timeout(drain, async {
-        while conns.join_next().await.is_some() {
-            counters.open.dec();
-        }
-    })
-    .await;
-    if drained.is_err() {
-        conns.abort_all();
-        while conns.join_next().await.is_some() {
-            counters.open.dec();
-        }
-    }
+    crate::server::drain(conns, &counters, front.options.drain_timeout).await;
 }
 
 /// Writes `out` within the idle timeout; `false` if the client is gone or
