@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -65,6 +65,12 @@ impl Default for ConnLimits {
         }
     }
 }
+
+/// HTTP/2 streams (requests) at once on one connection.
+const H2_MAX_STREAMS: u32 = 256;
+/// HTTP/2 header list of one request, bytes (HTTP/1's head is bounded by
+/// hyper's own 100 headers and buffer).
+const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
 /// Timeouts of a connection over the cap, kept only for probes: a client
 /// that fills them too is closed within this time.
@@ -455,14 +461,25 @@ fn connection(
             io: stream,
             state: state.clone(),
         });
-        let mut builder = hyper::server::conn::http1::Builder::new();
+        // HTTP/1.1, or HTTP/2 when the connection opens with its preface
+        // (h2c with prior knowledge), on the same port.
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
+            .http1()
             .timer(TokioTimer::new())
             // hyper's own head timer runs from the moment a connection waits
             // for a request, idle time included: a backstop behind the
             // watchdog, which tells idle from slow.
             .header_read_timeout(header + idle)
             .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            // Streams at once per connection: each is a request in flight,
+            // which the in-flight cap counts too.
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            // Headers of one request, as HTTP/1's head is bounded by hyper.
+            .max_header_list_size(H2_MAX_HEADER_LIST);
         let conn = builder.serve_connection(io, svc);
         tokio::pin!(conn);
         let dog = watchdog(state, header, idle);

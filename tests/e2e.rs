@@ -617,6 +617,45 @@ fn undecodable_path_segments_answer_in_the_error_shape() {
     );
 }
 
+/// HTTP/2 with prior knowledge (h2c) on the HTTP port, beside HTTP/1.1:
+/// curl's own HTTP/2 stack against the same routes, answers and headers.
+#[test]
+fn http2_prior_knowledge_beside_http1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = Server::start(dir.path(), &[]);
+    s.expect(
+        "PUT",
+        "/v1/policies/h2",
+        Some(&json!({"limits": [{"kind": "rate", "rate": 1, "per": "1m", "name": "per-minute"}]})),
+        200,
+    );
+    let curl = |version: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "-i",
+                version,
+                "-H",
+                "content-type: application/json",
+                "-d",
+                r#"{"policy": "h2", "key": "k"}"#,
+                &format!("{}/v1/check", s.base),
+            ])
+            .output()
+            .expect("curl runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let h2 = curl("--http2-prior-knowledge");
+    assert!(h2.starts_with("HTTP/2 200"), "{h2}");
+    assert!(h2.contains("ratelimit: \"per-minute\";r=0;t=60"), "{h2}");
+    assert!(h2.contains(r#""allowed":true"#), "{h2}");
+    // The same key over HTTP/1.1 sees the HTTP/2 request's debit.
+    let h1 = curl("--http1.1");
+    assert!(h1.starts_with("HTTP/1.1 429"), "{h1}");
+    assert!(h1.contains("retry-after: 60"), "{h1}");
+}
+
 // ---- 2. the API flow ----
 
 /// The RateLimit fields of a decision must agree with its body.
