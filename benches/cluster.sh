@@ -82,7 +82,7 @@ run() {
     for i in $(seq 1 "$n"); do
         local port
         port=$(free_port)
-        "$FREQCAP" serve --listen "127.0.0.1:$port" --store "$SEEDS" --node-id "n$i" \
+        "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$port" --store "$SEEDS" --node-id "n$i" \
             --spend-reports "$reports" --data-dir "$OUT/n$i" 2>"$OUT/n$n-$route-$reports-$i.log" &
         NODE_PIDS+=($!)
         ports+=("$port")

@@ -135,7 +135,7 @@ if [ "$want_freqcap" = 1 ]; then
     # the first error reply, and 50 connections × 16 pipelined commands on
     # one core can queue past the default 20 ms (Redis has no shedding).
     # shellcheck disable=SC2086 # FREQCAP_ARGS: extra flags, split on spaces
-    taskset -c "$SERVER_CPU" "$FREQCAP" serve --listen "127.0.0.1:$FC_PORT" --data-dir "$DATA/freqcap" \
+    taskset -c "$SERVER_CPU" "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$FC_PORT" --data-dir "$DATA/freqcap" \
         --resp-listen "127.0.0.1:$FC_RESP" --shed-queue-delay-ms 1000 $FREQCAP_ARGS 2>"$OUT/freqcap.log" &
     FC_PID=$!
 fi

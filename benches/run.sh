@@ -52,7 +52,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-taskset -c "$SERVER_CPU" "$FREQCAP" serve --listen "127.0.0.1:$FC_PORT" --data-dir "$DATA/freqcap" \
+taskset -c "$SERVER_CPU" "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$FC_PORT" --data-dir "$DATA/freqcap" \
     2>"$OUT/freqcap.log" &
 FC_PID=$!
 taskset -c "$SERVER_CPU" redis-server --bind 127.0.0.1 --port "$RD_PORT" --save "" --appendonly no \

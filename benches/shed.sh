@@ -47,7 +47,7 @@ for mode in shed noshed; do
     PORT[$mode]=$(free_port)
     delay=20
     [ "$mode" = noshed ] && delay=600000
-    taskset -c "$SERVER_CPU" "$FREQCAP" serve --memory --listen "127.0.0.1:${PORT[$mode]}" \
+    taskset -c "$SERVER_CPU" "$FREQCAP" serve --grpc-listen off --memory --listen "127.0.0.1:${PORT[$mode]}" \
         --shed-queue-delay-ms "$delay" --max-connections 20000 2>"$OUT/$mode.log" &
     PIDS+=($!)
 done

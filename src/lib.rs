@@ -7,6 +7,7 @@
 //! - [`model`]: definitions as users write them, validated and compiled.
 //! - [`api`]: where HTTP enters: the axum router and its bodies.
 //! - [`resp`]: where the Redis protocol enters: `CL.THROTTLE`, `FC.CHECK`.
+//! - [`grpc`]: where gRPC enters: `freqcap.v1.Freqcap`, health, reflection.
 //! - `client` (feature `client`): a Rust client of the HTTP API that retries
 //!   only where safe, backs off with jitter and throttles itself.
 //! - `tower` (feature `tower`): a tower layer limiting an HTTP service.
@@ -25,6 +26,7 @@ pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod engine;
+pub mod grpc;
 pub mod keyed;
 pub mod limits;
 pub mod model;

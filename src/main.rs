@@ -68,6 +68,9 @@ struct ServeArgs {
     /// Address to listen on (port 0: any free port; the log says which).
     #[arg(long, env = "FREQCAP_LISTEN")]
     listen: Option<std::net::SocketAddr>,
+    /// Address of the gRPC front (docs/grpc.md), or `off`; default 127.0.0.1:8081.
+    #[arg(long, env = "FREQCAP_GRPC_LISTEN")]
+    grpc_listen: Option<String>,
     /// Address of the Redis-protocol front (CL.THROTTLE, FC.CHECK; docs/resp.md); unset: off.
     #[arg(long, env = "FREQCAP_RESP_LISTEN")]
     resp_listen: Option<std::net::SocketAddr>,
@@ -176,6 +179,9 @@ impl ServeArgs {
         };
         if let Some(v) = self.listen {
             c.listen = v;
+        }
+        if let Some(v) = self.grpc_listen {
+            c.grpc_listen = v;
         }
         if self.resp_listen.is_some() {
             c.resp_listen = self.resp_listen;

@@ -23,6 +23,8 @@ use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 pub struct ServeConfig {
     /// Address to listen on; port 0 picks a free one (the log says which).
     pub listen: SocketAddr,
+    /// Address of the gRPC front (docs/grpc.md), or `off`.
+    pub grpc_listen: String,
     /// Address of the Redis-protocol front (docs/resp.md); unset: off.
     pub resp_listen: Option<SocketAddr>,
     /// RESP connections served at once (lowered, with `max_connections`, to
@@ -105,6 +107,7 @@ impl Default for ServeConfig {
         let r = RocksOptions::default();
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_listen: "127.0.0.1:8081".into(),
             resp_listen: None,
             resp_max_connections: 1024,
             data_dir: PathBuf::from("./freqcap-data"),
@@ -153,6 +156,7 @@ impl ServeConfig {
     /// option: an empty token would be accepted at start and then refuse
     /// every request; a zero timeout would close every connection.
     pub fn check(&self) -> Result<(), String> {
+        self.grpc_addr()?;
         match self.store.as_str() {
             "rocksdb" | "memory" => {
                 if self.durability == Durability::Replicated {
@@ -203,6 +207,18 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl ServeConfig {
+    /// The gRPC address, `None` for `off`.
+    pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, String> {
+        match self.grpc_listen.trim() {
+            "off" => Ok(None),
+            a => a.parse().map(Some).map_err(|_| {
+                format!("grpc_listen: {a:?} is not ADDR:PORT (e.g. \"127.0.0.1:8081\") or \"off\"")
+            }),
+        }
     }
 }
 
@@ -340,6 +356,17 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             Some(l)
         }
     };
+    let grpc_listener = match config.grpc_addr()? {
+        None => None,
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at).await.map_err(|e| {
+                format!("grpc_listen: cannot listen on {at}: {e} (\"off\" disables gRPC)")
+            })?;
+            let grpc_addr = l.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(%grpc_addr, "gRPC listening on {grpc_addr}");
+            Some(l)
+        }
+    };
     tracing::info!(%addr, node_id, store = %config.store, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.max_connections, "freqcap listening on {addr}");
     // Expire reservations and drop idle records even when no request comes.
     let sweeper = {
@@ -387,6 +414,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             )))
         }
     };
+    let grpc = grpc_listener.map(|l| {
+        let (state, stop) = (state.clone(), stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            if let Err(e) = crate::grpc::serve(l, state, stop).await {
+                tracing::error!("gRPC server failed: {e}");
+            }
+        })
+    });
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!(
@@ -398,6 +433,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     server::serve(listener, app, limits, connections, stopped(stop_rx)).await;
     if let Some(r) = resp {
         let _ = r.await;
+    }
+    if let Some(g) = grpc {
+        let _ = g.await;
     }
     sweeper.abort();
     tracing::info!("draining done; flushing the writer");

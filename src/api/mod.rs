@@ -34,6 +34,7 @@ use {admin::*, check::*, definitions::*, events::*, request::*, screen::*, settl
 
 pub use error::ApiError;
 pub use metrics::{ConnCounters, Metrics};
+pub(crate) use usage::{pacing_of, rfc3339 as usage_rfc3339};
 
 /// Limits and credentials of the HTTP layer.
 #[derive(Debug, Clone)]

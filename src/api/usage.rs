@@ -38,6 +38,23 @@ pub(crate) fn rfc3339(ns: Nanos) -> String {
         .unwrap_or_default()
 }
 
+/// A campaign's budget pacing as its JSON (`"even"` when none is given).
+pub(crate) fn pacing_of<C: Clock>(
+    engine: &crate::engine::Engine<C>,
+    id: &str,
+) -> serde_json::Value {
+    engine
+        .get_campaign(id)
+        .and_then(|c| c.budget)
+        .and_then(|b| match b.0 {
+            LimitDef::Budget(b) => b
+                .pacing
+                .map(|p| serde_json::to_value(p).unwrap_or_default()),
+            _ => None,
+        })
+        .unwrap_or_else(|| "even".into())
+}
+
 pub(crate) async fn delivery<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
@@ -46,17 +63,7 @@ pub(crate) async fn delivery<C: Clock + 'static>(
     let e = s.engine.clone();
     let name = id.clone();
     let d = blocking(move || e.delivery(&name)).await?;
-    let pacing = s
-        .engine
-        .get_campaign(&id)
-        .and_then(|c| c.budget)
-        .and_then(|b| match b.0 {
-            LimitDef::Budget(b) => b
-                .pacing
-                .map(|p| serde_json::to_value(p).unwrap_or_default()),
-            _ => None,
-        })
-        .unwrap_or_else(|| "even".into());
+    let pacing = pacing_of(&s.engine, &id);
     Ok(Json(DeliveryBody {
         campaign: d.campaign,
         amount: d.amount,

@@ -39,8 +39,13 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
-    cmd.arg("serve").args(args);
+    cmd.arg("serve").args(&args);
+    // Many servers run at once: gRPC's fixed default port only when asked.
+    if !args.iter().any(|a| a == "--grpc-listen") {
+        cmd.args(["--grpc-listen", "off"]);
+    }
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("FREQCAP_") {
             cmd.env_remove(k);

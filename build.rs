@@ -1,0 +1,24 @@
+//! Compiles the gRPC schemas (schemas/freqcap/v1/freqcap.proto) with protox,
+//! a protobuf compiler in Rust, so building freqcap needs no system `protoc`;
+//! tonic-prost-build generates the services, and the descriptor set is kept
+//! for gRPC reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["schemas/freqcap/v1/freqcap.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let fds = protox::compile(protos, ["schemas"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("freqcap_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! Messages to engine requests and engine answers to messages: the same
+//! figures as the JSON bodies (docs/semantics.md §8), the same field names
+//! in errors.
+
+use serde::Deserialize;
+
+use super::pb;
+use crate::api::ApiError;
+use crate::api::request::ms;
+use crate::clock::MAX_REPORTED;
+use crate::engine::{
+    CapUsage, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest, Delivery,
+    Event, ScreenCandidate, ScreenOutcome, ScreenRequest,
+};
+use crate::model::LimitDef;
+
+/// Inline limit items, read through the JSON model so that every check
+/// and every error (`limits[0].rate: ...`) is the JSON API's.
+pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, ApiError> {
+    use serde_json::{Map, Value};
+    let mut list = Vec::with_capacity(items.len());
+    for l in items {
+        let mut m = Map::new();
+        m.insert("kind".into(), Value::from(l.kind));
+        let mut put = |k: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                m.insert(k.into(), v);
+            }
+        };
+        put("name", l.name.map(Value::from));
+        put("rate", l.rate.map(Value::from));
+        put("per", l.per.map(Value::from));
+        put("burst", l.burst.map(Value::from));
+        put("min", l.min.map(Value::from));
+        put("limit", l.limit.map(Value::from));
+        put("window", l.window.map(Value::from));
+        put("align", l.align.map(Value::from));
+        put("tz", l.tz.map(Value::from));
+        put("precision", l.precision.map(Value::from));
+        put("amount", l.amount.map(Value::from));
+        // A mode name, or an object as JSON text.
+        put(
+            "pacing",
+            l.pacing.map(|p| {
+                if p.trim_start().starts_with('{') {
+                    serde_json::from_str(&p).unwrap_or(Value::from(p))
+                } else {
+                    Value::from(p)
+                }
+            }),
+        );
+        put("tolerance", l.tolerance.map(Value::from));
+        put("max", l.max.map(Value::from));
+        list.push(Value::Object(m));
+    }
+    #[derive(Deserialize)]
+    struct Limits {
+        limits: Vec<LimitDef>,
+    }
+    let text = serde_json::json!({ "limits": list }).to_string();
+    crate::model::from_json::<Limits>(&text)
+        .map(|l| l.limits)
+        .map_err(|e| ApiError::invalid(&e.field, e.message))
+}
+
+pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, ApiError> {
+    let target = match (r.policy, r.limits.is_empty()) {
+        (Some(p), true) => CheckTarget::Policy(p),
+        (None, false) => CheckTarget::Inline(limits(r.limits)?),
+        _ => {
+            return Err(ApiError::invalid(
+                "policy",
+                "give exactly one of \"policy\" (a name) and \"limits\" (inline items)",
+            ));
+        }
+    };
+    Ok(CheckRequest {
+        target,
+        key: r.key,
+        cost: r.cost.unwrap_or(1),
+        reserve: r.reserve,
+        ttl_ms: r.ttl_ms,
+        reservation_id: r.reservation_id,
+        fingerprint: None,
+    })
+}
+
+fn u(v: u64) -> u64 {
+    v.min(MAX_REPORTED)
+}
+
+pub fn decision(out: &CheckOutcome) -> pb::Decision {
+    let d = &out.decision;
+    pb::Decision {
+        allowed: d.allowed,
+        delay_ms: ms(d.delay),
+        retry_after_ms: if d.allowed {
+            None
+        } else {
+            d.retry_after.map(ms)
+        },
+        remaining: u(d.remaining),
+        reset_after_ms: ms(d.reset_after),
+        reservation: out.reservation.clone(),
+        limits: d
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, f)| pb::Item {
+                name: out.stack.name(i).to_owned(),
+                kind: out.stack.items()[i].kind().as_str().to_owned(),
+                limit: f.limit,
+                remaining: u(f.remaining),
+                reset_after_ms: ms(f.reset_after),
+                retry_after_ms: f.retry_after.map(ms),
+                allowed: f.allowed,
+            })
+            .collect(),
+    }
+}
+
+pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
+    ScreenRequest {
+        user: r.user,
+        candidates: r
+            .candidates
+            .into_iter()
+            .map(|c| ScreenCandidate {
+                campaign: c.campaign,
+                cost: c.cost,
+            })
+            .collect(),
+        reserve: r.reserve,
+        ttl_ms: r.ttl_ms,
+        reservation_id: r.reservation_id,
+        fingerprint: None,
+    }
+}
+
+pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
+    pb::ScreenResponse {
+        reservation: out.reservation,
+        results: out
+            .results
+            .into_iter()
+            .map(|r| pb::ScreenResult {
+                campaign: r.campaign.to_string(),
+                eligible: r.eligible,
+                denied_by: r.denied_by.map(|d| pb::DeniedBy {
+                    campaign: d.campaign.to_string(),
+                    cap: d.cap,
+                    retry_after_ms: d.retry_after.map(ms),
+                }),
+            })
+            .collect(),
+    }
+}
+
+pub fn commit(r: &pb::CommitRequest) -> CommitRequest {
+    CommitRequest {
+        campaigns: r.campaign.clone(),
+        cost: r.cost,
+        event_id: r.event_id.clone(),
+        user: r.user.clone(),
+    }
+}
+
+pub fn settled(o: CommitOutcome) -> pb::Settled {
+    pb::Settled {
+        reservation: o.reservation,
+        outcome: o.outcome.as_str().to_owned(),
+        campaigns: o.campaigns.iter().map(|c| c.to_string()).collect(),
+    }
+}
+
+pub fn event(e: pb::Event) -> Event {
+    Event {
+        user: e.user,
+        campaign: e.campaign,
+        cost: e.cost.unwrap_or(1),
+        event_id: e.event_id,
+    }
+}
+
+pub fn usage(user: String, campaign: String, caps: Vec<CapUsage>) -> pb::Usage {
+    pb::Usage {
+        user,
+        campaign,
+        caps: caps
+            .into_iter()
+            .map(|c| pb::CapUsage {
+                campaign: c.campaign,
+                name: c.name,
+                scope: serde_json::to_value(c.scope)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                kind: c.kind.to_owned(),
+                limit: c.limit,
+                used: c.used,
+                pending: c.pending,
+                remaining: c.remaining,
+                reset_after_ms: ms(c.reset_after),
+            })
+            .collect(),
+    }
+}
+
+pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
+    pb::Delivery {
+        campaign: d.campaign,
+        amount: d.amount,
+        spent: d.spent,
+        pending: d.pending,
+        cap_now: d.cap_now,
+        pacing: pacing.to_string(),
+        period_start: crate::api::usage_rfc3339(d.period_start),
+        period_end: crate::api::usage_rfc3339(d.period_end),
+    }
+}

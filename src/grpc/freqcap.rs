@@ -1,0 +1,245 @@
+//! `freqcap.v1.Freqcap`: each call checks the token, takes an in-flight slot
+//! (one counter with HTTP's), converts, and calls the engine as the HTTP
+//! handler of the same endpoint does (on the executor when every record is
+//! in memory, else on a blocking thread).
+
+use std::sync::Arc;
+
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{Auth, convert, pb, status};
+use crate::api::ApiError;
+use crate::api::AppState;
+use crate::api::request::{blocking, in_memory_or_blocking};
+use crate::clock::Clock;
+use crate::engine::Engine;
+
+/// The service, over the state every front shares.
+pub struct Service<C: Clock> {
+    state: Arc<AppState<C>>,
+    auth: Auth,
+}
+
+impl<C: Clock + 'static> Service<C> {
+    pub fn new(state: Arc<AppState<C>>) -> Self {
+        let auth = Auth::new(
+            state.options.decision_token.clone(),
+            state.options.admin_token.clone(),
+        );
+        Service { state, auth }
+    }
+
+    /// The token, then an in-flight slot: past the cap, UNAVAILABLE at once.
+    fn enter<T>(&self, req: &Request<T>) -> Result<crate::api::guard::InFlight<'_>, Status> {
+        self.auth.check(req)?;
+        let slot = crate::api::guard::InFlight::enter(&self.state.metrics);
+        if slot.before >= self.state.options.max_in_flight {
+            self.state.metrics.overloaded("in_flight");
+            return Err(status(ApiError::overloaded(
+                "too many requests in flight; retry shortly",
+            )));
+        }
+        Ok(slot)
+    }
+
+    fn id(&self, field: &str, v: &str) -> Result<(), Status> {
+        let max = self.state.engine.options().max_id_len;
+        if v.is_empty() || v.len() > max {
+            return Err(status(ApiError::invalid(
+                field,
+                format!("must be 1 to {max} bytes, got {}", v.len()),
+            )));
+        }
+        Ok(())
+    }
+
+    async fn count(&self, events: Vec<crate::engine::Event>) -> Result<pb::EventsCounted, Status> {
+        if events.is_empty() {
+            return Err(status(ApiError::invalid(
+                "events",
+                "at least one event is needed",
+            )));
+        }
+        let n = events.len();
+        let counted = match self.state.engine.events_in_memory(&events) {
+            Some(pending) => pending
+                .map_err(|e| status(e.into()))?
+                .wait_async()
+                .await
+                .map_err(|e| status(e.into()))?,
+            None => {
+                let e = self.state.engine.clone();
+                blocking(move || e.events(&events)).await.map_err(status)?
+            }
+        };
+        Ok(pb::EventsCounted {
+            counted: counted as u64,
+            duplicates: (n - counted) as u64,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
+    async fn check(
+        &self,
+        req: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = convert::check(req.into_inner()).map_err(status)?;
+        let out = in_memory_or_blocking(&self.state, r, Engine::check_in_memory, Engine::check)
+            .await
+            .map_err(status)?;
+        let outcome = if out.decision.allowed {
+            "allowed"
+        } else {
+            "denied"
+        };
+        self.state.metrics.decisions("grpc Check", outcome, 1);
+        Ok(Response::new(convert::decision(&out)))
+    }
+
+    async fn screen(
+        &self,
+        req: Request<pb::ScreenRequest>,
+    ) -> Result<Response<pb::ScreenResponse>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = convert::screen(req.into_inner());
+        let out = in_memory_or_blocking(&self.state, r, Engine::screen_in_memory, Engine::screen)
+            .await
+            .map_err(status)?;
+        let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
+        let m = &self.state.metrics;
+        m.decisions("grpc Screen", "eligible", eligible);
+        m.decisions(
+            "grpc Screen",
+            "ineligible",
+            out.results.len() as u64 - eligible,
+        );
+        Ok(Response::new(convert::screened(out)))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<pb::CommitRequest>,
+    ) -> Result<Response<pb::Settled>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = req.into_inner();
+        self.id("reservation", &r.reservation)?;
+        let c = convert::commit(&r);
+        let out = match self.state.engine.commit_in_memory(&r.reservation, &c) {
+            Some(pending) => pending
+                .map_err(|e| status(e.into()))?
+                .wait_async()
+                .await
+                .map_err(|e| status(e.into()))?,
+            None => {
+                let e = self.state.engine.clone();
+                blocking(move || e.commit(&r.reservation, &c))
+                    .await
+                    .map_err(status)?
+            }
+        };
+        Ok(Response::new(convert::settled(out)))
+    }
+
+    async fn release(
+        &self,
+        req: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::Settled>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = req.into_inner();
+        self.id("reservation", &r.reservation)?;
+        let e = self.state.engine.clone();
+        let out = blocking(move || e.release_for(&r.reservation, r.user.as_deref()))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::settled(out)))
+    }
+
+    async fn events(
+        &self,
+        req: Request<pb::EventsRequest>,
+    ) -> Result<Response<pb::EventsCounted>, Status> {
+        let _slot = self.enter(&req)?;
+        let evs = req
+            .into_inner()
+            .events
+            .into_iter()
+            .map(convert::event)
+            .collect();
+        Ok(Response::new(self.count(evs).await?))
+    }
+
+    async fn record_events(
+        &self,
+        req: Request<Streaming<pb::Event>>,
+    ) -> Result<Response<pb::EventsCounted>, Status> {
+        self.auth.check(&req)?;
+        let mut stream = req.into_inner();
+        // Counted in batches as they arrive, so a long stream holds little.
+        const BATCH: usize = 512;
+        let (mut counted, mut duplicates) = (0, 0);
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let next = stream.next().await;
+            let end = next.is_none();
+            if let Some(e) = next {
+                batch.push(convert::event(e?));
+            }
+            if (end && !batch.is_empty()) || batch.len() >= BATCH {
+                let _slot = self.enter(&Request::new(())).or_else(|e| {
+                    if e.code() == tonic::Code::Unauthenticated {
+                        Ok(crate::api::guard::InFlight::enter(&self.state.metrics))
+                    } else {
+                        Err(e)
+                    }
+                })?;
+                let n = self.count(std::mem::take(&mut batch)).await?;
+                counted += n.counted;
+                duplicates += n.duplicates;
+            }
+            if end {
+                break;
+            }
+        }
+        if counted + duplicates == 0 {
+            return Err(status(ApiError::invalid(
+                "events",
+                "at least one event is needed",
+            )));
+        }
+        Ok(Response::new(pb::EventsCounted {
+            counted,
+            duplicates,
+        }))
+    }
+
+    async fn usage(&self, req: Request<pb::UsageRequest>) -> Result<Response<pb::Usage>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = req.into_inner();
+        self.id("user", &r.user)?;
+        self.id("campaign", &r.campaign)?;
+        let e = self.state.engine.clone();
+        let (u, c) = (r.user.clone(), r.campaign.clone());
+        let caps = blocking(move || e.user_usage(&u, &c))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::usage(r.user, r.campaign, caps)))
+    }
+
+    async fn delivery(
+        &self,
+        req: Request<pb::DeliveryRequest>,
+    ) -> Result<Response<pb::Delivery>, Status> {
+        let _slot = self.enter(&req)?;
+        let r = req.into_inner();
+        self.id("campaign", &r.campaign)?;
+        let e = self.state.engine.clone();
+        let name = r.campaign.clone();
+        let d = blocking(move || e.delivery(&name)).await.map_err(status)?;
+        let pacing = crate::api::pacing_of(&self.state.engine, &r.campaign);
+        Ok(Response::new(convert::delivery(d, pacing)))
+    }
+}

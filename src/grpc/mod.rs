@@ -1,0 +1,125 @@
+//! Where gRPC enters (docs/grpc.md): `freqcap.v1.Freqcap` on `grpc_listen`,
+//! with gRPC health checking and reflection. A thin translation like the
+//! HTTP and RESP fronts: [`convert`] maps messages to engine requests and
+//! back, [`freqcap`] calls the engine; the tokens, the in-flight cap and the
+//! metrics are HTTP's own ([`AppState`]).
+
+pub mod convert;
+pub mod freqcap;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::{Request, Status};
+
+use crate::api::{ApiError, AppState};
+use crate::clock::Clock;
+
+/// The messages and services generated from `schemas/freqcap/v1/freqcap.proto`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("freqcap.v1");
+
+    /// The compiled schemas, for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/freqcap_descriptor.bin"));
+}
+
+/// An API error as a gRPC status (docs/grpc.md, "Status codes"): the API's
+/// code leads the message, so clients see the same words as over HTTP.
+pub fn status(e: ApiError) -> Status {
+    use tonic::Code;
+    let code = match e.code {
+        "invalid_argument" => Code::InvalidArgument,
+        "not_found" => Code::NotFound,
+        "conflict" => Code::Aborted,
+        "unauthenticated" => Code::Unauthenticated,
+        "forbidden" => Code::PermissionDenied,
+        "too_large" => Code::ResourceExhausted,
+        "overloaded" | "unavailable" => Code::Unavailable,
+        "request_timeout" => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    };
+    let mut s = Status::new(code, format!("{}: {}", e.code, e.message));
+    if code == Code::Unavailable {
+        // gRPC's retry pushback: try again in a second, as HTTP's
+        // `Retry-After: 1`.
+        s.metadata_mut().insert(
+            "grpc-retry-pushback-ms",
+            tonic::metadata::MetadataValue::from_static("1000"),
+        );
+    }
+    s
+}
+
+/// The bearer-token check of every call: the decision or the admin token in
+/// the `authorization` metadata, as `Bearer <token>`.
+#[derive(Clone)]
+pub struct Auth {
+    tokens: Arc<[String]>,
+}
+
+impl Auth {
+    pub fn new(decision: Option<String>, admin: Option<String>) -> Auth {
+        Auth {
+            tokens: decision.into_iter().chain(admin).collect(),
+        }
+    }
+
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        if self.tokens.is_empty() {
+            return Ok(());
+        }
+        let got = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().as_bytes());
+        match got {
+            Some(t)
+                if self
+                    .tokens
+                    .iter()
+                    .any(|w| crate::api::guard::token_matches(t, w)) =>
+            {
+                Ok(())
+            }
+            _ => Err(Status::unauthenticated(
+                "unauthenticated: a valid bearer token is required (authorization: Bearer <token>)",
+            )),
+        }
+    }
+}
+
+/// Serves gRPC on `listener` until `shutdown` resolves.
+pub async fn serve<C: Clock + 'static>(
+    listener: TcpListener,
+    state: Arc<AppState<C>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), String> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::freqcap_server::FreqcapServer<freqcap::Service<C>>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| e.to_string())?;
+    let max = state.options.max_body;
+    let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
+        .max_decoding_message_size(max);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .map_err(|e| e.to_string())
+}

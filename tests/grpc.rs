@@ -1,0 +1,404 @@
+//! The gRPC front (docs/grpc.md) of a real `freqcap serve`, through tonic
+//! clients generated from schemas/freqcap/v1/freqcap.proto: answers equal
+//! to HTTP's for the same requests, the ad flow, errors and their status
+//! codes, tokens, health checking.
+
+mod support;
+
+use freqcap::grpc::pb;
+use freqcap::grpc::pb::freqcap_client::FreqcapClient;
+use serde_json::{Value, json};
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Node {
+    s: support::Stopped,
+    grpc: String,
+}
+
+fn node(extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--memory",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let s = support::Stopped(support::serve(args, false));
+    let log = support::log_text(&s.log);
+    let line = log
+        .lines()
+        .find(|l| l.contains("gRPC listening on "))
+        .expect("the server logs its gRPC address");
+    let grpc = line
+        .split("gRPC listening on ")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    Node { s, grpc }
+}
+
+async fn channel(n: &Node) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{}", n.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects")
+}
+
+async fn client(n: &Node) -> FreqcapClient<Channel> {
+    FreqcapClient::new(channel(n).await)
+}
+
+fn http(n: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let url = format!("http://{}{path}", n.s.addr);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = match (method, body) {
+        ("PUT", Some(b)) => agent.put(&url).send_json(b),
+        ("POST", Some(b)) => agent.post(&url).send_json(b),
+        (_, _) => agent.get(&url).call(),
+    }
+    .expect("HTTP answers");
+    let status = r.status().as_u16();
+    let v = r.body_mut().read_json().unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// A gRPC Decision as the JSON body HTTP would give.
+fn as_json(d: &pb::Decision) -> Value {
+    json!({
+        "allowed": d.allowed,
+        "delay_ms": d.delay_ms,
+        "retry_after_ms": d.retry_after_ms,
+        "remaining": d.remaining,
+        "reset_after_ms": d.reset_after_ms,
+        "reservation": d.reservation,
+        "limits": d.limits.iter().map(|i| json!({
+            "name": i.name, "kind": i.kind, "limit": i.limit, "remaining": i.remaining,
+            "reset_after_ms": i.reset_after_ms, "retry_after_ms": i.retry_after_ms,
+            "allowed": i.allowed,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Takes the `*_ms` durations out of a decision's JSON (nulls stay).
+fn durations(v: &mut Value) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut take = |o: &mut serde_json::Map<String, Value>| {
+        for k in ["reset_after_ms", "retry_after_ms"] {
+            if let Some(n) = o.get(k).and_then(Value::as_u64) {
+                out.push(n);
+                o.insert(k.into(), Value::from("duration"));
+            }
+        }
+    };
+    if let Some(o) = v.as_object_mut() {
+        take(o);
+    }
+    if let Some(items) = v["limits"].as_array_mut() {
+        for it in items {
+            if let Some(o) = it.as_object_mut() {
+                take(o);
+            }
+        }
+    }
+    out
+}
+
+fn check(policy: &str, key: &str, cost: u64) -> pb::CheckRequest {
+    pb::CheckRequest {
+        policy: Some(policy.into()),
+        key: key.into(),
+        cost: Some(cost),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_answers_equal_http() {
+    let n = node(&[]);
+    let (st, _) = http(
+        &n,
+        "PUT",
+        "/v1/policies/api",
+        Some(json!({"limits": [
+            {"kind": "window", "limit": 5, "window": "1h", "name": "hourly"},
+            {"kind": "rate", "rate": 2, "per": "1m", "burst": 3}
+        ]})),
+    );
+    assert_eq!(st, 200);
+    let mut c = client(&n).await;
+    // The same sequence on two fresh keys, one over each front: the same
+    // figures at every step. The clock runs between the two calls of a step,
+    // so durations may differ by that much (at most `slack`, measured);
+    // everything else is equal.
+    let mut slack_ms = 0u64;
+    for (i, cost) in [1u64, 2, 1, 0, 3].into_iter().enumerate() {
+        let t = std::time::Instant::now();
+        let g = c
+            .check(check("api", "grpc-key", cost))
+            .await
+            .unwrap()
+            .into_inner();
+        let (st, h) = http(
+            &n,
+            "POST",
+            "/v1/check",
+            Some(json!({"policy": "api", "key": "http-key", "cost": cost})),
+        );
+        slack_ms = slack_ms.max(u64::try_from(t.elapsed().as_millis()).unwrap() + 1);
+        assert_eq!(st, if g.allowed { 200 } else { 429 }, "step {i}");
+        let (mut g, mut h) = (as_json(&g), h);
+        let (gt, ht) = (durations(&mut g), durations(&mut h));
+        assert_eq!(g, h, "step {i}");
+        for (a, b) in gt.iter().zip(&ht) {
+            assert!(
+                a.abs_diff(*b) <= slack_ms,
+                "step {i}: {gt:?} vs {ht:?} (slack {slack_ms} ms)"
+            );
+        }
+    }
+    // Inline limits, validated as JSON's are.
+    let inline = pb::CheckRequest {
+        limits: vec![pb::Limit {
+            kind: "rate".into(),
+            rate: Some(10),
+            per: Some("1s".into()),
+            ..Default::default()
+        }],
+        key: "inline".into(),
+        ..Default::default()
+    };
+    assert!(c.check(inline).await.unwrap().into_inner().allowed);
+    let bad = pb::CheckRequest {
+        limits: vec![pb::Limit {
+            kind: "rate".into(),
+            per: Some("1s".into()),
+            ..Default::default()
+        }],
+        key: "inline".into(),
+        ..Default::default()
+    };
+    let e = c.check(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("limits[0].rate"), "{}", e.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ad_flow() {
+    let n = node(&[]);
+    let camp = json!({"caps": [{"kind": "window", "limit": 2, "window": "1d", "name": "daily"}],
+                      "budget": {"amount": 100, "pacing": "asap"}});
+    assert_eq!(http(&n, "PUT", "/v1/campaigns/c1", Some(camp)).0, 200);
+    let mut c = client(&n).await;
+    let screen = |user: &str| pb::ScreenRequest {
+        user: Some(user.into()),
+        candidates: vec![pb::Candidate {
+            campaign: "c1".into(),
+            cost: None,
+        }],
+        reserve: true,
+        ..Default::default()
+    };
+    let s = c.screen(screen("u1")).await.unwrap().into_inner();
+    assert!(s.results[0].eligible);
+    let done = c
+        .commit(pb::CommitRequest {
+            reservation: s.reservation.unwrap(),
+            campaign: vec!["c1".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (done.outcome.as_str(), done.campaigns),
+        ("committed", vec!["c1".to_owned()])
+    );
+    let s = c.screen(screen("u1")).await.unwrap().into_inner();
+    let rel = c
+        .release(pb::ReleaseRequest {
+            reservation: s.reservation.unwrap(),
+            user: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rel.outcome, "released");
+    // Events: a batch, then a client stream with a duplicate.
+    let ev = |id: &str| pb::Event {
+        user: Some("u1".into()),
+        campaign: "c1".into(),
+        cost: None,
+        event_id: Some(id.into()),
+    };
+    let n1 = c
+        .events(pb::EventsRequest {
+            events: vec![ev("e1")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((n1.counted, n1.duplicates), (1, 0));
+    let stream = tokio_stream::iter(vec![ev("e1"), ev("e2")]);
+    let n2 = c.record_events(stream).await.unwrap().into_inner();
+    // Events are counted, not checked (docs/semantics.md §5): e2 counts.
+    assert_eq!((n2.counted, n2.duplicates), (1, 1));
+    // Usage and delivery, equal to HTTP's.
+    let u = c
+        .usage(pb::UsageRequest {
+            user: "u1".into(),
+            campaign: "c1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (_, h) = http(&n, "GET", "/v1/users/u1/campaigns/c1", None);
+    assert_eq!(u.caps[0].used, h["caps"][0]["used"].as_u64().unwrap());
+    assert_eq!(u.caps[0].scope, h["caps"][0]["scope"].as_str().unwrap());
+    let d = c
+        .delivery(pb::DeliveryRequest {
+            campaign: "c1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (_, h) = http(&n, "GET", "/v1/campaigns/c1/delivery", None);
+    assert_eq!(d.spent, h["spent"].as_u64().unwrap());
+    assert_eq!(d.period_start, h["period_start"].as_str().unwrap());
+    assert_eq!(d.pacing, "\"asap\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_have_their_status_codes() {
+    let n = node(&[]);
+    assert_eq!(
+        http(
+            &n,
+            "PUT",
+            "/v1/policies/p",
+            Some(json!({"limits": [{"kind": "window", "limit": 1, "window": "1h"}]}))
+        )
+        .0,
+        200
+    );
+    let mut c = client(&n).await;
+    let e = c.check(check("nope", "k", 1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert_eq!(e.message(), "not_found: no policy named \"nope\"");
+    let e = c.check(check("p", "k", 1 << 53)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().starts_with("invalid_argument: cost:"),
+        "{}",
+        e.message()
+    );
+    let e = c
+        .check(pb::CheckRequest {
+            key: "k".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().starts_with("invalid_argument: policy:"),
+        "{}",
+        e.message()
+    );
+    // A reservation id reused with another body: ABORTED (HTTP's 409).
+    let held = |cost| pb::CheckRequest {
+        reserve: true,
+        reservation_id: Some("r-1".into()),
+        ..check("p", "k2", cost)
+    };
+    c.check(held(1)).await.unwrap();
+    let e = c.check(held(2)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
+    // An unknown reservation's commit.
+    let e = c
+        .commit(pb::CommitRequest {
+            reservation: "missing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    // A message over max_body: refused by the server, nothing decided.
+    let huge = check("p", &"k".repeat(2 << 20), 1);
+    let e = c.check(huge).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    assert_eq!(
+        c.check(check("p", "fresh", 0))
+            .await
+            .unwrap()
+            .into_inner()
+            .remaining,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_health() {
+    let n = node(&["--decision-token", "dec", "--admin-token", "adm"]);
+    let ch = channel(&n).await;
+    let mut anon = FreqcapClient::new(ch.clone());
+    let e = anon.check(check("p", "k", 0)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    for token in ["dec", "adm"] {
+        let value: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+        let mut authed =
+            FreqcapClient::with_interceptor(ch.clone(), move |mut r: tonic::Request<()>| {
+                r.metadata_mut().insert("authorization", value.clone());
+                Ok(r)
+            });
+        // Authenticated: the policy is unknown, not the caller.
+        let e = authed.check(check("p", "k", 0)).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{token}");
+    }
+    // gRPC health checking answers without a token (probes).
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+    let r = h
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_services() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let n = node(&[]);
+    let mut r = ServerReflectionClient::new(channel(&n).await);
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = r
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = answers.message().await.unwrap().expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = first.message_response else {
+        panic!("{first:?}")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["freqcap.v1.Freqcap", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "{names:?}");
+    }
+}
