@@ -402,3 +402,139 @@ async fn reflection_lists_the_services() {
         assert!(names.iter().any(|n| n == want), "{names:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_defines_what_http_reads() {
+    use freqcap::grpc::pb::admin_client::AdminClient;
+    let n = node(&["--admin-token", "adm", "--decision-token", "dec"]);
+    let ch = channel(&n).await;
+    let bearer = |t: &'static str| {
+        let v: tonic::metadata::MetadataValue<_> = format!("Bearer {t}").parse().unwrap();
+        move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", v.clone());
+            Ok(r)
+        }
+    };
+    let mut admin = AdminClient::with_interceptor(ch.clone(), bearer("adm"));
+    let mut reader = AdminClient::with_interceptor(ch, bearer("dec"));
+    let limit = |kind: &str| pb::Limit {
+        kind: kind.into(),
+        ..Default::default()
+    };
+    let policy = pb::Policy {
+        limits: vec![pb::Limit {
+            rate: Some(5),
+            per: Some("1s".into()),
+            burst: Some(10),
+            name: Some("per-second".into()),
+            ..limit("rate")
+        }],
+        on_limit: None,
+        max_delay_ms: None,
+    };
+    let put = pb::PutPolicyRequest {
+        name: "api".into(),
+        policy: Some(policy.clone()),
+    };
+    // The decision token may read but not change definitions.
+    assert_eq!(
+        reader.put_policy(put.clone()).await.unwrap_err().code(),
+        Code::Unauthenticated
+    );
+    assert_eq!(admin.put_policy(put).await.unwrap().into_inner(), policy);
+    let got = reader
+        .get_policy(pb::GetPolicyRequest { name: "api".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got, policy);
+    // HTTP reads the same definition.
+    let url = format!("http://{}/v1/policies/api", n.s.addr);
+    let h: Value = ureq::get(&url)
+        .header("authorization", "Bearer dec")
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(
+        h,
+        json!({"limits": [{"kind": "rate", "name": "per-second", "rate": 5, "per": "1s", "burst": 10}]})
+    );
+    // A campaign with a scoped cap, a budget paced by a profile, a parent.
+    admin
+        .put_campaign(pb::PutCampaignRequest {
+            id: "adv".into(),
+            campaign: Some(pb::Campaign::default()),
+        })
+        .await
+        .unwrap();
+    let camp = pb::Campaign {
+        parent: Some("adv".into()),
+        tz: Some("Europe/Paris".into()),
+        caps: vec![pb::Limit {
+            limit: Some(3),
+            window: Some("1d".into()),
+            align: Some("calendar".into()),
+            scope: Some("user".into()),
+            ..limit("window")
+        }],
+        budget: Some(pb::Limit {
+            amount: Some(1000),
+            pacing: Some(format!("{{\"profile\":{:?}}}", [1u32; 24])),
+            ..limit("")
+        }),
+        max_in_flight: Some(7),
+        unknown_user: None,
+    };
+    let stored = admin
+        .put_campaign(pb::PutCampaignRequest {
+            id: "c1".into(),
+            campaign: Some(camp),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let again = reader
+        .get_campaign(pb::GetCampaignRequest { id: "c1".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stored, again);
+    assert_eq!(again.caps[0].scope.as_deref(), Some("user"));
+    assert_eq!(again.max_in_flight, Some(7));
+    // Errors name the field, as HTTP's do.
+    let bad = admin
+        .put_policy(pb::PutPolicyRequest {
+            name: "bad".into(),
+            policy: Some(pb::Policy {
+                limits: vec![pb::Limit {
+                    per: Some("1s".into()),
+                    ..limit("rate")
+                }],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(
+        bad.message().contains("limits[0].rate"),
+        "{}",
+        bad.message()
+    );
+    // Deleted, then not found.
+    admin
+        .delete_campaign(pb::DeleteCampaignRequest { id: "c1".into() })
+        .await
+        .unwrap();
+    let e = reader
+        .get_campaign(pb::GetCampaignRequest { id: "c1".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    admin
+        .delete_policy(pb::DeletePolicyRequest { name: "api".into() })
+        .await
+        .unwrap();
+}

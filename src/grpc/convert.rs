@@ -17,50 +17,12 @@ use crate::model::LimitDef;
 /// Inline limit items, read through the JSON model so that every check
 /// and every error (`limits[0].rate: ...`) is the JSON API's.
 pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, ApiError> {
-    use serde_json::{Map, Value};
-    let mut list = Vec::with_capacity(items.len());
-    for l in items {
-        let mut m = Map::new();
-        m.insert("kind".into(), Value::from(l.kind));
-        let mut put = |k: &str, v: Option<Value>| {
-            if let Some(v) = v {
-                m.insert(k.into(), v);
-            }
-        };
-        put("name", l.name.map(Value::from));
-        put("rate", l.rate.map(Value::from));
-        put("per", l.per.map(Value::from));
-        put("burst", l.burst.map(Value::from));
-        put("min", l.min.map(Value::from));
-        put("limit", l.limit.map(Value::from));
-        put("window", l.window.map(Value::from));
-        put("align", l.align.map(Value::from));
-        put("tz", l.tz.map(Value::from));
-        put("precision", l.precision.map(Value::from));
-        put("amount", l.amount.map(Value::from));
-        // A mode name, or an object as JSON text.
-        put(
-            "pacing",
-            l.pacing.map(|p| {
-                if p.trim_start().starts_with('{') {
-                    serde_json::from_str(&p).unwrap_or(Value::from(p))
-                } else {
-                    Value::from(p)
-                }
-            }),
-        );
-        put("tolerance", l.tolerance.map(Value::from));
-        put("max", l.max.map(Value::from));
-        list.push(Value::Object(m));
-    }
     #[derive(Deserialize)]
     struct Limits {
         limits: Vec<LimitDef>,
     }
-    let text = serde_json::json!({ "limits": list }).to_string();
-    crate::model::from_json::<Limits>(&text)
-        .map(|l| l.limits)
-        .map_err(|e| ApiError::invalid(&e.field, e.message))
+    let list: Vec<serde_json::Value> = items.into_iter().map(limit_json).collect();
+    definition::<Limits>(serde_json::json!({ "limits": list })).map(|l| l.limits)
 }
 
 pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, ApiError> {
@@ -216,5 +178,142 @@ pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
         pacing: pacing.to_string(),
         period_start: crate::api::usage_rfc3339(d.period_start),
         period_end: crate::api::usage_rfc3339(d.period_end),
+    }
+}
+
+// ---- definitions (the Admin service) ----
+
+/// A flat `Limit` as its JSON object (an empty `kind` is left out: a
+/// campaign's budget may omit it).
+fn limit_json(l: pb::Limit) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    let mut m = Map::new();
+    if !l.kind.is_empty() {
+        m.insert("kind".into(), Value::from(l.kind));
+    }
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            m.insert(k.into(), v);
+        }
+    };
+    put("scope", l.scope.map(Value::from));
+    put("name", l.name.map(Value::from));
+    put("rate", l.rate.map(Value::from));
+    put("per", l.per.map(Value::from));
+    put("burst", l.burst.map(Value::from));
+    put("min", l.min.map(Value::from));
+    put("limit", l.limit.map(Value::from));
+    put("window", l.window.map(Value::from));
+    put("align", l.align.map(Value::from));
+    put("tz", l.tz.map(Value::from));
+    put("precision", l.precision.map(Value::from));
+    put("amount", l.amount.map(Value::from));
+    // A mode name, or an object as JSON text.
+    put(
+        "pacing",
+        l.pacing.map(|p| {
+            if p.trim_start().starts_with('{') {
+                serde_json::from_str(&p).unwrap_or(Value::from(p))
+            } else {
+                Value::from(p)
+            }
+        }),
+    );
+    put("tolerance", l.tolerance.map(Value::from));
+    put("max", l.max.map(Value::from));
+    Value::Object(m)
+}
+
+/// A limit item's JSON object as the flat message.
+fn limit_of(v: &serde_json::Value) -> pb::Limit {
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+    let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64);
+    pb::Limit {
+        kind: s("kind").unwrap_or_default(),
+        name: s("name"),
+        rate: n("rate"),
+        per: s("per"),
+        burst: n("burst"),
+        min: s("min"),
+        limit: n("limit"),
+        window: s("window"),
+        align: s("align"),
+        tz: s("tz"),
+        precision: s("precision"),
+        amount: n("amount"),
+        pacing: v.get("pacing").map(|p| match p.as_str() {
+            Some(mode) => mode.to_owned(),
+            None => p.to_string(),
+        }),
+        tolerance: v.get("tolerance").and_then(serde_json::Value::as_f64),
+        max: n("max"),
+        scope: s("scope"),
+    }
+}
+
+fn definition<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
+    crate::model::from_json::<T>(&v.to_string()).map_err(|e| ApiError::invalid(&e.field, e.message))
+}
+
+pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, ApiError> {
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "limits".into(),
+        p.limits.into_iter().map(limit_json).collect(),
+    );
+    if let Some(o) = p.on_limit {
+        m.insert("on_limit".into(), o.into());
+    }
+    if let Some(d) = p.max_delay_ms {
+        m.insert("max_delay_ms".into(), d.into());
+    }
+    definition(serde_json::Value::Object(m))
+}
+
+pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, ApiError> {
+    let mut m = serde_json::Map::new();
+    if let Some(p) = c.parent {
+        m.insert("parent".into(), p.into());
+    }
+    if let Some(t) = c.tz {
+        m.insert("tz".into(), t.into());
+    }
+    if !c.caps.is_empty() {
+        m.insert("caps".into(), c.caps.into_iter().map(limit_json).collect());
+    }
+    if let Some(b) = c.budget {
+        m.insert("budget".into(), limit_json(b));
+    }
+    if let Some(x) = c.max_in_flight {
+        m.insert("max_in_flight".into(), x.into());
+    }
+    if let Some(u) = c.unknown_user {
+        m.insert("unknown_user".into(), u.into());
+    }
+    definition(serde_json::Value::Object(m))
+}
+
+pub fn policy(p: &crate::model::PolicyDef) -> pb::Policy {
+    let v = serde_json::to_value(p).unwrap_or_default();
+    pb::Policy {
+        limits: v["limits"]
+            .as_array()
+            .map_or_else(Vec::new, |l| l.iter().map(limit_of).collect()),
+        on_limit: v["on_limit"].as_str().map(str::to_owned),
+        max_delay_ms: v["max_delay_ms"].as_u64(),
+    }
+}
+
+pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
+    let v = serde_json::to_value(c).unwrap_or_default();
+    pb::Campaign {
+        parent: v["parent"].as_str().map(str::to_owned),
+        tz: v["tz"].as_str().map(str::to_owned),
+        caps: v["caps"]
+            .as_array()
+            .map_or_else(Vec::new, |l| l.iter().map(limit_of).collect()),
+        budget: v.get("budget").filter(|b| b.is_object()).map(limit_of),
+        max_in_flight: v["max_in_flight"].as_u64(),
+        unknown_user: v["unknown_user"].as_str().map(str::to_owned),
     }
 }

@@ -1,9 +1,11 @@
-//! Where gRPC enters (docs/grpc.md): `freqcap.v1.Freqcap` on `grpc_listen`,
-//! with gRPC health checking and reflection. A thin translation like the
-//! HTTP and RESP fronts: [`convert`] maps messages to engine requests and
-//! back, [`freqcap`] calls the engine; the tokens, the in-flight cap and the
+//! Where gRPC enters (docs/grpc.md): `freqcap.v1.Freqcap` and
+//! `freqcap.v1.Admin` on `grpc_listen`, with gRPC health checking and
+//! reflection. A thin translation like the HTTP and RESP fronts: [`convert`]
+//! maps messages to engine requests and back, [`freqcap`] and [`admin`] call
+//! the engine; the tokens, the in-flight cap and the
 //! metrics are HTTP's own ([`AppState`]).
 
+pub mod admin;
 pub mod convert;
 pub mod freqcap;
 
@@ -110,12 +112,18 @@ pub async fn serve<C: Clock + 'static>(
         .build_v1()
         .map_err(|e| e.to_string())?;
     let max = state.options.max_body;
+    health
+        .set_serving::<pb::admin_server::AdminServer<admin::Service<C>>>()
+        .await;
+    let admin = pb::admin_server::AdminServer::new(admin::Service::new(state.clone()))
+        .max_decoding_message_size(max);
     let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
         .max_decoding_message_size(max);
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service)
+        .add_service(admin)
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,

@@ -1,0 +1,146 @@
+//! `freqcap.v1.Admin`: policies and campaigns, as HTTP's `PUT`/`GET`/`DELETE
+//! /v1/policies/{name}` and `/v1/campaigns/{id}`. Changing definitions takes
+//! the admin token (or, with none set, the decision token), reading them
+//! either token, as over HTTP (src/api/guard.rs).
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{Auth, convert, pb, status};
+use crate::api::request::blocking;
+use crate::api::{ApiError, AppState};
+use crate::clock::Clock;
+
+pub struct Service<C: Clock> {
+    state: Arc<AppState<C>>,
+    /// Who may read.
+    readers: Auth,
+    /// Who may change: the admin token, or the decision token when no admin
+    /// token is set (setting one token never leaves definitions open).
+    writers: Auth,
+}
+
+impl<C: Clock + 'static> Service<C> {
+    pub fn new(state: Arc<AppState<C>>) -> Self {
+        let (d, a) = (
+            state.options.decision_token.clone(),
+            state.options.admin_token.clone(),
+        );
+        let writers = match &a {
+            Some(_) => Auth::new(None, a.clone()),
+            None => Auth::new(d.clone(), None),
+        };
+        Service {
+            readers: Auth::new(d, a),
+            writers,
+            state,
+        }
+    }
+
+    fn id(&self, field: &str, v: &str) -> Result<(), Status> {
+        let max = self.state.engine.options().max_id_len;
+        if v.is_empty() || v.len() > max {
+            return Err(status(ApiError::invalid(
+                field,
+                format!("must be 1 to {max} bytes, got {}", v.len()),
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn not_found(what: &str, name: &str) -> Status {
+    status(ApiError::not_found(format!("no {what} named {name:?}")))
+}
+
+#[tonic::async_trait]
+impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
+    async fn put_policy(
+        &self,
+        req: Request<pb::PutPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        self.writers.check(&req)?;
+        let r = req.into_inner();
+        self.id("name", &r.name)?;
+        let def = convert::policy_def(r.policy.unwrap_or_default()).map_err(status)?;
+        let e = self.state.engine.clone();
+        let stored = def.clone();
+        let warnings = blocking(move || e.put_policy(&r.name, def))
+            .await
+            .map_err(status)?;
+        crate::api::request::log_warnings(&warnings);
+        Ok(Response::new(convert::policy(&stored)))
+    }
+
+    async fn get_policy(
+        &self,
+        req: Request<pb::GetPolicyRequest>,
+    ) -> Result<Response<pb::Policy>, Status> {
+        self.readers.check(&req)?;
+        let name = req.into_inner().name;
+        self.id("name", &name)?;
+        match self.state.engine.get_policy(&name) {
+            Some(p) => Ok(Response::new(convert::policy(&p))),
+            None => Err(not_found("policy", &name)),
+        }
+    }
+
+    async fn delete_policy(
+        &self,
+        req: Request<pb::DeletePolicyRequest>,
+    ) -> Result<Response<pb::Deleted>, Status> {
+        self.writers.check(&req)?;
+        let name = req.into_inner().name;
+        self.id("name", &name)?;
+        let e = self.state.engine.clone();
+        blocking(move || e.delete_policy(&name))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::Deleted {}))
+    }
+
+    async fn put_campaign(
+        &self,
+        req: Request<pb::PutCampaignRequest>,
+    ) -> Result<Response<pb::Campaign>, Status> {
+        self.writers.check(&req)?;
+        let r = req.into_inner();
+        self.id("id", &r.id)?;
+        let def = convert::campaign_def(r.campaign.unwrap_or_default()).map_err(status)?;
+        let e = self.state.engine.clone();
+        let stored = def.clone();
+        let warnings = blocking(move || e.put_campaign(&r.id, def))
+            .await
+            .map_err(status)?;
+        crate::api::request::log_warnings(&warnings);
+        Ok(Response::new(convert::campaign(&stored)))
+    }
+
+    async fn get_campaign(
+        &self,
+        req: Request<pb::GetCampaignRequest>,
+    ) -> Result<Response<pb::Campaign>, Status> {
+        self.readers.check(&req)?;
+        let id = req.into_inner().id;
+        self.id("id", &id)?;
+        match self.state.engine.get_campaign(&id) {
+            Some(c) => Ok(Response::new(convert::campaign(&c))),
+            None => Err(not_found("campaign", &id)),
+        }
+    }
+
+    async fn delete_campaign(
+        &self,
+        req: Request<pb::DeleteCampaignRequest>,
+    ) -> Result<Response<pb::Deleted>, Status> {
+        self.writers.check(&req)?;
+        let id = req.into_inner().id;
+        self.id("id", &id)?;
+        let e = self.state.engine.clone();
+        blocking(move || e.delete_campaign(&id))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::Deleted {}))
+    }
+}
