@@ -23,6 +23,7 @@
 //! (`--rate 0`): each connection sends its next request when the answer
 //! arrives.
 
+use freqcap::grpc::pb::freqcap_client::FreqcapClient;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -56,6 +57,10 @@ enum Target {
     /// freqcap's RESP front (`--resp-listen`): `CL.THROTTLE` for the check
     /// workloads, the same arguments as the Redis GCRA's.
     FreqcapResp,
+    /// freqcap's gRPC front (`freqcap.v1.Freqcap/Check` at `--grpc-addr`,
+    /// one HTTP/2 connection per load connection) for the check workloads;
+    /// `--addr` is the HTTP port, used to define the policy.
+    FreqcapGrpc,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -77,6 +82,9 @@ struct RunArgs {
     target: Target,
     #[arg(long)]
     addr: String,
+    /// The gRPC address, for `--target freqcap-grpc`.
+    #[arg(long)]
+    grpc_addr: Option<String>,
     #[arg(long, value_enum)]
     workload: Workload,
     /// Connections (each one request in flight).
@@ -592,6 +600,10 @@ async fn run(a: RunArgs) -> Res<()> {
     let shas = if a.target == Target::Redis {
         let mut c = Conn::connect(&a.addr).await?;
         Some(load_scripts(&mut c).await?)
+    } else if a.target == Target::FreqcapGrpc
+        && !matches!(a.workload, Workload::CheckHot | Workload::Check1m)
+    {
+        return Err(err("--target freqcap-grpc runs check-hot and check-1m only"));
     } else if a.target == Target::FreqcapResp {
         if !matches!(a.workload, Workload::CheckHot | Workload::Check1m) {
             return Err(err(
@@ -779,6 +791,16 @@ async fn conn_loop(
 ) -> Res<()> {
     let a = &sh.a;
     let mut c = Conn::connect(a.addr_of(i)).await?;
+    let mut grpc = match (a.target, &a.grpc_addr) {
+        (Target::FreqcapGrpc, Some(g)) => Some(FreqcapClient::new(
+            tonic::transport::Endpoint::from_shared(format!("http://{g}"))?
+                .tcp_nodelay(true)
+                .connect()
+                .await?,
+        )),
+        (Target::FreqcapGrpc, None) => return Err(err("--target freqcap-grpc needs --grpc-addr")),
+        _ => None,
+    };
     let mut rng = Rng(0x5EED
         ^ (i as u64).wrapping_mul(0x1234_5678_9ABC_DEF1)
         ^ sh.t0.elapsed().as_nanos() as u64);
@@ -802,7 +824,10 @@ async fn conn_loop(
         }
         let measured = intended >= sh.measure_from;
         seq += 1;
-        let outcome = one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await;
+        let outcome = match grpc.as_mut() {
+            Some(g) => grpc_op(sh, g, &mut rng).await,
+            None => one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await,
+        };
         let done = Instant::now();
         let outcome_shed = outcome.as_ref().ok().map(|o| o.shed);
         {
@@ -879,6 +904,38 @@ struct Outcome {
     error_body: Vec<u8>,
 }
 
+/// One check over gRPC (`--target freqcap-grpc`): the same policy and keys
+/// as the HTTP check workloads.
+async fn grpc_op(
+    sh: &Shared,
+    g: &mut FreqcapClient<tonic::transport::Channel>,
+    rng: &mut Rng,
+) -> Res<Outcome> {
+    let a = &sh.a;
+    let key = if a.workload == Workload::CheckHot {
+        "hot".to_owned()
+    } else {
+        format!("k{}", rng.below(a.keys))
+    };
+    let req = freqcap::grpc::pb::CheckRequest {
+        policy: Some("lg-rate".into()),
+        key,
+        cost: Some(1),
+        ..Default::default()
+    };
+    let mut o = Outcome::default();
+    o.requests = 1;
+    match g.check(req).await {
+        Ok(d) => o.denied = !d.into_inner().allowed,
+        Err(s) if s.code() == tonic::Code::Unavailable => o.shed = true,
+        Err(s) => {
+            o.error = true;
+            o.error_body = s.to_string().into_bytes();
+        }
+    }
+    Ok(o)
+}
+
 async fn one_op(
     sh: &Shared,
     c: &mut Conn,
@@ -938,7 +995,9 @@ async fn one_op(
                 }
             }
         }
-        (Target::FreqcapResp, _) => return Err(err("freqcap-resp runs the check workloads only")),
+        (Target::FreqcapResp | Target::FreqcapGrpc, _) => {
+            return Err(err("freqcap-resp and freqcap-grpc run the check workloads only"));
+        }
         (Target::Freqcap, Workload::Screen) => {
             let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
             let mut u = zipf.sample(rng);
@@ -1183,7 +1242,9 @@ async fn verify_caps(
                 }
                 worst
             }
-            Target::FreqcapResp => return Err(err("no accuracy check over RESP")),
+            Target::FreqcapResp | Target::FreqcapGrpc => {
+                return Err(err("no accuracy check over RESP or gRPC"));
+            }
             Target::Redis => {
                 let key = format!("rz:{user}:{camp}");
                 match c.resp(&[b"ZCARD", key.as_bytes()], &mut out).await? {

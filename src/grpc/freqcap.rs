@@ -43,15 +43,10 @@ impl<C: Clock + 'static> Service<C> {
         Ok(slot)
     }
 
+    /// An id over the length limit is INVALID_ARGUMENT naming it, as HTTP's
+    /// path parameters are.
     fn id(&self, field: &str, v: &str) -> Result<(), Status> {
-        let max = self.state.engine.options().max_id_len;
-        if v.is_empty() || v.len() > max {
-            return Err(status(ApiError::invalid(
-                field,
-                format!("must be 1 to {max} bytes, got {}", v.len()),
-            )));
-        }
-        Ok(())
+        crate::api::request::id_param(&self.state, field, v).map_err(status)
     }
 
     async fn count(&self, events: Vec<crate::engine::Event>) -> Result<pb::EventsCounted, Status> {
