@@ -603,7 +603,9 @@ async fn run(a: RunArgs) -> Res<()> {
     } else if a.target == Target::FreqcapGrpc
         && !matches!(a.workload, Workload::CheckHot | Workload::Check1m)
     {
-        return Err(err("--target freqcap-grpc runs check-hot and check-1m only"));
+        return Err(err(
+            "--target freqcap-grpc runs check-hot and check-1m only",
+        ));
     } else if a.target == Target::FreqcapResp {
         if !matches!(a.workload, Workload::CheckHot | Workload::Check1m) {
             return Err(err(
@@ -996,7 +998,9 @@ async fn one_op(
             }
         }
         (Target::FreqcapResp | Target::FreqcapGrpc, _) => {
-            return Err(err("freqcap-resp and freqcap-grpc run the check workloads only"));
+            return Err(err(
+                "freqcap-resp and freqcap-grpc run the check workloads only",
+            ));
         }
         (Target::Freqcap, Workload::Screen) => {
             let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
