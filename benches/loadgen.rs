@@ -925,8 +925,10 @@ async fn grpc_op(
         cost: Some(1),
         ..Default::default()
     };
-    let mut o = Outcome::default();
-    o.requests = 1;
+    let mut o = Outcome {
+        requests: 1,
+        ..Outcome::default()
+    };
     match g.check(req).await {
         Ok(d) => o.denied = !d.into_inner().allowed,
         Err(s) if s.code() == tonic::Code::Unavailable => o.shed = true,
