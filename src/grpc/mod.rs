@@ -125,7 +125,9 @@ pub async fn serve<C: Clock + 'static>(
         .add_service(service)
         .add_service(admin)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // Small answers go out at once (no Nagle delay), as HTTP's and
+            // RESP's connections do.
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
