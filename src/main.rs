@@ -103,6 +103,9 @@ struct ServeArgs {
     /// fsync, wal, async (RocksDB) or replicated (redis-cluster).
     #[arg(long, env = "FREQCAP_DURABILITY")]
     durability: Option<Durability>,
+    /// text (default) or json: how log lines are written.
+    #[arg(long, env = "FREQCAP_LOG_FORMAT")]
+    log_format: Option<freqcap::service::LogFormat>,
     /// Bytes the hot tier may use.
     #[arg(long, env = "FREQCAP_MEMORY_BUDGET")]
     memory_budget: Option<usize>,
@@ -222,6 +225,9 @@ impl ServeArgs {
         if let Some(v) = self.durability {
             c.durability = v;
         }
+        if let Some(v) = self.log_format {
+            c.log_format = v;
+        }
         if let Some(v) = self.memory_budget {
             c.memory_budget = v;
         }
@@ -301,16 +307,26 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Serve(args) => {
-            tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                // Colour codes only for a person at a terminal, not in journals.
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_env("FREQCAP_LOG")
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .init();
+            // The configuration first: it says how to log (its own errors
+            // go to stderr as `freqcap: ...`).
             let config = args.config()?;
+            let filter = || {
+                tracing_subscriber::EnvFilter::try_from_env("FREQCAP_LOG")
+                    .unwrap_or_else(|_| "info".into())
+            };
+            match config.log_format {
+                service::LogFormat::Text => tracing_subscriber::fmt()
+                    .with_writer(std::io::stderr)
+                    // Colour codes only for a person at a terminal, not in journals.
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                    .with_env_filter(filter())
+                    .init(),
+                service::LogFormat::Json => tracing_subscriber::fmt()
+                    .json()
+                    .with_writer(std::io::stderr)
+                    .with_env_filter(filter())
+                    .init(),
+            }
             let rt = tokio::runtime::Builder::new_multi_thread()
                 // Fairness under saturation. A worker's local queue holds 256
                 // tasks; the connections woken past that wait in the global

@@ -14,6 +14,18 @@ use crate::engine::{Engine, EngineOptions};
 use crate::server::{self, ConnLimits};
 use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 
+/// How log lines are written (stderr; the level from `FREQCAP_LOG`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields.message`,
+    /// the event's other fields, `target`).
+    Json,
+}
+
 /// Every option of the service. The TOML file uses these names; each has a
 /// `FREQCAP_<NAME>` environment variable and a `--<name>` flag (flags win over
 /// the environment, which wins over the file). `ops/freqcap.toml` documents
@@ -52,6 +64,9 @@ pub struct ServeConfig {
     /// second per grant in use (docs/cluster.md, "Leases").
     pub spend_reports: crate::engine::SpendReports,
     pub durability: Durability,
+    /// `text` (default) or `json`: one JSON object per log line, for log
+    /// pipelines (docs/service.md, "Logs").
+    pub log_format: LogFormat,
     /// Bytes the hot tier may use.
     pub memory_budget: usize,
     /// Largest request body, bytes.
@@ -118,6 +133,7 @@ impl Default for ServeConfig {
             redis_timeout_ms: 100,
             spend_reports: crate::engine::SpendReports::Commit,
             durability: Durability::Wal,
+            log_format: LogFormat::Text,
             memory_budget: e.memory_budget,
             max_body: a.max_body,
             max_candidates: e.max_candidates,

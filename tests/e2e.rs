@@ -617,6 +617,34 @@ fn undecodable_path_segments_answer_in_the_error_shape() {
     );
 }
 
+/// `--log-format json`: every line the server writes is one JSON object,
+/// the start-up line among them with its address.
+#[test]
+fn json_logs() {
+    let s = support::Stopped(support::serve(
+        [
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ],
+        false,
+    ));
+    let log = support::log_text(&s.log);
+    let mut listening = false;
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            v["level"].is_string() && v["timestamp"].is_string(),
+            "{line}"
+        );
+        let msg = v["fields"]["message"].as_str().unwrap_or_default();
+        listening |= msg.starts_with("freqcap listening on 127.0.0.1:");
+    }
+    assert!(listening, "{log}");
+}
+
 /// HTTP/2 with prior knowledge (h2c) on the HTTP port, beside HTTP/1.1:
 /// curl's own HTTP/2 stack against the same routes, answers and headers.
 #[test]
