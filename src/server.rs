@@ -363,17 +363,8 @@ pub async fn serve(
             Some(_) = conns.join_next(), if !conns.is_empty() => {
                 counters.open.dec();
             }
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors or memory: let the
-                        // connections in progress finish before trying again.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+            accepted = accept(&listener) => {
+                let Some(stream) = accepted else { continue };
                 let open = conns.len();
                 if open >= limits.max_connections + limits.probe_connections {
                     counters.refused.inc();
@@ -399,6 +390,21 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(true);
     drain(conns, &counters, limits.drain_timeout).await;
+}
+
+/// The next connection; `None` after a failed accept (out of file
+/// descriptors or memory), having waited 50 ms so the connections in
+/// progress can finish before the listener tries again. Every listener
+/// (HTTP, RESP) accepts through it.
+pub(crate) async fn accept(listener: &TcpListener) -> Option<TcpStream> {
+    match listener.accept().await {
+        Ok((stream, _peer)) => Some(stream),
+        Err(e) => {
+            tracing::warn!(error = %e, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
+    }
 }
 
 /// Waits for the connections told to stop, `timeout` at most, then closes

@@ -203,7 +203,7 @@ enum Verdict {
 
 fn remote_headers(d: &RemoteDecision) -> HeaderMap {
     let mut h = HeaderMap::new();
-    let sf = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+    let sf = headers::sf_string;
     let policy: Vec<String> = d
         .limits
         .iter()

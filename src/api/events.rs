@@ -83,18 +83,7 @@ pub(crate) async fn events<C: Clock + 'static>(
             event_id: e.event_id,
         })
         .collect();
-    if evs.is_empty() {
-        return Err(ApiError::invalid("", "at least one event is needed"));
-    }
-    // Counted here when every user's record is in memory, and awaited
-    // without parking a thread; else on a blocking thread.
-    let counted = match s.engine.events_in_memory(&evs) {
-        Some(pending) => pending?.wait_async().await?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.events(&evs)).await?
-        }
-    };
+    let counted = count_events(&s, evs).await?;
     Ok(Json(EventsAnswer {
         counted,
         duplicates: n - counted,

@@ -104,11 +104,10 @@ async fn guarded<C: Clock + 'static>(
         s.metrics.overloaded("queue_delay");
         return ApiError::overloaded("the server is saturated; retry shortly").into_response();
     }
-    let slot = InFlight::enter(&s.metrics);
-    if slot.before >= s.options.max_in_flight {
-        s.metrics.overloaded("in_flight");
-        return ApiError::overloaded("too many requests in flight; retry shortly").into_response();
-    }
+    let _slot = match InFlight::try_enter(&s.metrics, s.options.max_in_flight) {
+        Ok(slot) => slot,
+        Err(e) => return e.into_response(),
+    };
     let req = match read_body(&s.options, req).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -262,17 +261,21 @@ fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
 /// future is dropped mid-way.
 pub(crate) struct InFlight<'a> {
     metrics: &'a Metrics,
-    /// Requests in flight before this one: shed when it reaches the cap.
-    pub before: usize,
 }
 
 impl<'a> InFlight<'a> {
-    pub(crate) fn enter(metrics: &'a Metrics) -> Self {
+    /// A slot, or 503 `overloaded` (counted) when `max` requests are in
+    /// flight already: the one load-shedding rule of HTTP, RESP and gRPC.
+    pub(crate) fn try_enter(metrics: &'a Metrics, max: usize) -> Result<Self, ApiError> {
         let before = metrics.in_flight.inc();
-        InFlight {
-            metrics,
-            before: usize::try_from(before).unwrap_or(usize::MAX),
+        let slot = InFlight { metrics };
+        if usize::try_from(before).unwrap_or(usize::MAX) >= max {
+            metrics.overloaded("in_flight");
+            return Err(ApiError::overloaded(
+                "too many requests in flight; retry shortly",
+            ));
         }
+        Ok(slot)
     }
 }
 

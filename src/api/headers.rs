@@ -35,7 +35,7 @@ fn sf_int(v: u64) -> u64 {
 
 /// A structured-field string: names are `A-Z a-z 0-9 . _ : -`, so nothing
 /// needs escaping, but quotes and backslashes are escaped regardless.
-fn sf_string(s: &str) -> String {
+pub(crate) fn sf_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -209,6 +209,42 @@ pub(crate) async fn in_memory_or_blocking<
     blocking(move || there(&e, &req)).await
 }
 
+/// Commits reservation `id` for every front: a live reservation is settled
+/// here and its writes awaited without parking a thread; a late commit
+/// (which may read a cold record) runs on a blocking thread.
+pub(crate) async fn commit_reservation<C: Clock + 'static>(
+    s: &AppState<C>,
+    id: String,
+    req: crate::engine::CommitRequest,
+) -> Result<crate::engine::CommitOutcome, ApiError> {
+    match s.engine.commit_in_memory(&id, &req) {
+        Some(pending) => Ok(pending?.wait_async().await?),
+        None => {
+            let e = s.engine.clone();
+            blocking(move || e.commit(&id, &req)).await
+        }
+    }
+}
+
+/// Counts events for every front: here when every user's record is in
+/// memory, awaited without parking a thread; else on a blocking thread.
+/// The number counted (the rest were duplicates).
+pub(crate) async fn count_events<C: Clock + 'static>(
+    s: &AppState<C>,
+    evs: Vec<crate::engine::Event>,
+) -> Result<usize, ApiError> {
+    if evs.is_empty() {
+        return Err(ApiError::invalid("", "at least one event is needed"));
+    }
+    match s.engine.events_in_memory(&evs) {
+        Some(pending) => Ok(pending?.wait_async().await?),
+        None => {
+            let e = s.engine.clone();
+            blocking(move || e.events(&evs)).await
+        }
+    }
+}
+
 /// A reported duration: ms rounded up, saturating (docs/semantics.md §1.5).
 pub(crate) fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
     ceil_ms(ns).min(MAX_REPORTED)

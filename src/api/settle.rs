@@ -80,17 +80,7 @@ pub(crate) async fn commit<C: Clock + 'static>(
         event_id: b.event_id,
         user: b.user,
     };
-    // A live reservation is settled here and its writes awaited without
-    // parking a thread; a late commit (which may read a cold record) runs on
-    // a blocking thread.
-    let out = match s.engine.commit_in_memory(&id, &req) {
-        Some(pending) => pending?.wait_async().await?,
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.commit(&id, &req)).await?
-        }
-    };
-    Ok(Json(out.into()))
+    Ok(Json(commit_reservation(&s, id, req).await?.into()))
 }
 
 #[derive(Deserialize, Default, JsonSchema)]

@@ -11,7 +11,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{Auth, convert, pb, status};
 use crate::api::ApiError;
 use crate::api::AppState;
-use crate::api::request::{blocking, in_memory_or_blocking};
+use crate::api::guard::InFlight;
+use crate::api::request::{blocking, commit_reservation, count_events, in_memory_or_blocking};
 use crate::clock::Clock;
 use crate::engine::Engine;
 
@@ -30,17 +31,15 @@ impl<C: Clock + 'static> Service<C> {
         Service { state, auth }
     }
 
-    /// The token, then an in-flight slot: past the cap, UNAVAILABLE at once.
-    fn enter<T>(&self, req: &Request<T>) -> Result<crate::api::guard::InFlight<'_>, Status> {
+    /// The token, then an in-flight slot.
+    fn enter<T>(&self, req: &Request<T>) -> Result<InFlight<'_>, Status> {
         self.auth.check(req)?;
-        let slot = crate::api::guard::InFlight::enter(&self.state.metrics);
-        if slot.before >= self.state.options.max_in_flight {
-            self.state.metrics.overloaded("in_flight");
-            return Err(status(ApiError::overloaded(
-                "too many requests in flight; retry shortly",
-            )));
-        }
-        Ok(slot)
+        self.slot()
+    }
+
+    /// An in-flight slot: past the cap, UNAVAILABLE at once.
+    fn slot(&self) -> Result<InFlight<'_>, Status> {
+        InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight).map_err(status)
     }
 
     /// An id over the length limit is INVALID_ARGUMENT naming it, as HTTP's
@@ -57,17 +56,7 @@ impl<C: Clock + 'static> Service<C> {
             )));
         }
         let n = events.len();
-        let counted = match self.state.engine.events_in_memory(&events) {
-            Some(pending) => pending
-                .map_err(|e| status(e.into()))?
-                .wait_async()
-                .await
-                .map_err(|e| status(e.into()))?,
-            None => {
-                let e = self.state.engine.clone();
-                blocking(move || e.events(&events)).await.map_err(status)?
-            }
-        };
+        let counted = count_events(&self.state, events).await.map_err(status)?;
         Ok(pb::EventsCounted {
             counted: counted as u64,
             duplicates: (n - counted) as u64,
@@ -123,19 +112,9 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
         let c = convert::commit(&r);
-        let out = match self.state.engine.commit_in_memory(&r.reservation, &c) {
-            Some(pending) => pending
-                .map_err(|e| status(e.into()))?
-                .wait_async()
-                .await
-                .map_err(|e| status(e.into()))?,
-            None => {
-                let e = self.state.engine.clone();
-                blocking(move || e.commit(&r.reservation, &c))
-                    .await
-                    .map_err(status)?
-            }
-        };
+        let out = commit_reservation(&self.state, r.reservation, c)
+            .await
+            .map_err(status)?;
         Ok(Response::new(convert::settled(out)))
     }
 
@@ -184,13 +163,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
                 batch.push(convert::event(e?));
             }
             if (end && !batch.is_empty()) || batch.len() >= BATCH {
-                let _slot = self.enter(&Request::new(())).or_else(|e| {
-                    if e.code() == tonic::Code::Unauthenticated {
-                        Ok(crate::api::guard::InFlight::enter(&self.state.metrics))
-                    } else {
-                        Err(e)
-                    }
-                })?;
+                let _slot = self.slot()?;
                 let n = self.count(std::mem::take(&mut batch)).await?;
                 counted += n.counted;
                 duplicates += n.duplicates;

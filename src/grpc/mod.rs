@@ -120,6 +120,11 @@ pub async fn serve<C: Clock + 'static>(
     let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
         .max_decoding_message_size(max);
     tonic::transport::Server::builder()
+        // As the HTTP port's HTTP/2 (src/server.rs): streams per connection,
+        // and pings that close connections whose peer went away.
+        .max_concurrent_streams(256)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service)

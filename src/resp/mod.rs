@@ -126,15 +126,8 @@ pub async fn serve<C: Clock + 'static>(
             Some(_) = conns.join_next(), if !conns.is_empty() => {
                 counters.open.dec();
             }
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((s, _)) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "RESP accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+            accepted = crate::server::accept(&listener) => {
+                let Some(stream) = accepted else { continue };
                 if conns.len() >= front.options.max_connections {
                     counters.refused.inc();
                     continue;

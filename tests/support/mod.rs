@@ -69,12 +69,17 @@ where
                 if echo {
                     eprintln!("server: {line}");
                 }
-                if let Some(addr) = tx.as_ref().and_then(|_| listening_addr(&line)) {
-                    let _ = tx.take().map(|t| t.send(addr));
+                let addr = tx.as_ref().and_then(|_| listening_addr(&line));
+                // Kept before the address is sent: whoever waits for it then
+                // finds every line up to this one in the log.
+                {
+                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                    if log.len() < LOG_LINES {
+                        log.push(line);
+                    }
                 }
-                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-                if log.len() < LOG_LINES {
-                    log.push(line);
+                if let Some(addr) = addr {
+                    let _ = tx.take().map(|t| t.send(addr));
                 }
             }
         });

@@ -267,13 +267,7 @@ async fn decide<C: Clock + 'static>(
             ));
         }
     }
-    let slot = crate::api::guard::InFlight::enter(&st.metrics);
-    if slot.before >= st.options.max_in_flight {
-        st.metrics.overloaded("in_flight");
-        return Err(ApiError::overloaded(
-            "too many requests in flight; retry shortly",
-        ));
-    }
+    let _slot = crate::api::guard::InFlight::try_enter(&st.metrics, st.options.max_in_flight)?;
     let out =
         crate::api::request::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
             .await?;
