@@ -1,4 +1,5 @@
-//! Compiles the gRPC schemas (schemas/freqcap/v1/freqcap.proto) with protox,
+//! Compiles the gRPC schemas (schemas/freqcap/v1/freqcap.proto, and the
+//! vendored subset of Envoy's rate limit service in schemas/envoy/) with protox,
 //! a protobuf compiler in Rust, so building freqcap needs no system `protoc`;
 //! tonic-prost-build generates the services, and the descriptor set is kept
 //! for gRPC reflection.
@@ -6,10 +7,12 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["schemas/freqcap/v1/freqcap.proto"];
-    for p in protos {
-        println!("cargo:rerun-if-changed={p}");
-    }
+    let protos = [
+        "schemas/freqcap/v1/freqcap.proto",
+        "schemas/envoy/service/ratelimit/v3/rls.proto",
+    ];
+    println!("cargo:rerun-if-changed=schemas/freqcap");
+    println!("cargo:rerun-if-changed=schemas/envoy");
     let fds = protox::compile(protos, ["schemas"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(

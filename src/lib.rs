@@ -32,6 +32,7 @@ pub mod limits;
 pub mod model;
 pub mod replay;
 pub mod resp;
+pub mod rls;
 pub mod server;
 pub mod service;
 pub mod simulate;

@@ -41,9 +41,12 @@ enum Command {
         data_dir: Option<PathBuf>,
     },
     /// Validate a policy definition (JSON, or TOML by the .toml extension) and
-    /// print it as stored, with any warnings, or the error naming the field.
+    /// print it as stored, with any warnings, or the error naming the field;
+    /// or Envoy rate limit rules (a directory, or a .yaml/.yml file; see
+    /// docs/rls.md) and print what they hold, or the error naming the file
+    /// and the path in it.
     Validate {
-        /// The policy file.
+        /// The policy file, or the rules directory or file.
         file: PathBuf,
     },
     /// Run a day or week of ad requests (a JSONL log or seeded synthetic
@@ -71,6 +74,10 @@ struct ServeArgs {
     /// Address of the gRPC front (docs/grpc.md), or `off`; default 127.0.0.1:8081.
     #[arg(long, env = "FREQCAP_GRPC_LISTEN")]
     grpc_listen: Option<String>,
+    /// Directory of Envoy rate limit rules (envoyproxy/ratelimit's YAML,
+    /// docs/rls.md), served on the gRPC listener; reloaded on SIGHUP.
+    #[arg(long, env = "FREQCAP_RLS_CONFIG")]
+    rls_config: Option<PathBuf>,
     /// Address of the Redis-protocol front (CL.THROTTLE, FC.CHECK; docs/resp.md); unset: off.
     #[arg(long, env = "FREQCAP_RESP_LISTEN")]
     resp_listen: Option<std::net::SocketAddr>,
@@ -188,6 +195,9 @@ impl ServeArgs {
         }
         if self.resp_listen.is_some() {
             c.resp_listen = self.resp_listen;
+        }
+        if self.rls_config.is_some() {
+            c.rls_config = self.rls_config;
         }
         if let Some(v) = self.resp_max_connections {
             c.resp_max_connections = v;
@@ -370,6 +380,30 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
+        Command::Validate { file } if is_rls(&file) => {
+            let rules = if file.is_dir() {
+                freqcap::rls::config::Rules::load_dir(&file)
+            } else {
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+                freqcap::rls::config::Rules::parse(&[(file.display().to_string(), text)])
+            }
+            .map_err(|e| e.to_string())?;
+            let mut domains: Vec<&String> = rules.domains.keys().collect();
+            domains.sort();
+            let _ = writeln!(
+                std::io::stdout(),
+                "{} rules in {} domains: {}",
+                rules.count,
+                domains.len(),
+                domains
+                    .iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Ok(())
+        }
         Command::Validate { file } => {
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
@@ -414,4 +448,10 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Whether `validate` was given Envoy rate limit rules: a directory, or a
+/// YAML file.
+fn is_rls(path: &std::path::Path) -> bool {
+    path.is_dir() || path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }

@@ -39,6 +39,10 @@ pub struct ServeConfig {
     pub grpc_listen: String,
     /// Address of the Redis-protocol front (docs/resp.md); unset: off.
     pub resp_listen: Option<SocketAddr>,
+    /// Directory of Envoy rate limit rules (docs/rls.md), served as
+    /// `envoy.service.ratelimit.v3.RateLimitService` on `grpc_listen`;
+    /// unset: off. Reloaded on SIGHUP.
+    pub rls_config: Option<PathBuf>,
     /// RESP connections served at once (lowered, with `max_connections`, to
     /// fit the file-descriptor limit).
     pub resp_max_connections: usize,
@@ -124,6 +128,7 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: "127.0.0.1:8081".into(),
             resp_listen: None,
+            rls_config: None,
             resp_max_connections: 1024,
             data_dir: PathBuf::from("./freqcap-data"),
             memory: false,
@@ -340,6 +345,28 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         },
     );
     let app = api::router_for(state.clone());
+    let rls = match &config.rls_config {
+        None => None,
+        Some(dir) => {
+            if config.grpc_addr()?.is_none() {
+                return Err(
+                    "rls_config: Envoy's rate limit service is served on grpc_listen, which is off"
+                        .into(),
+                );
+            }
+            if engine.shared().is_some() {
+                return Err("rls_config: Envoy's rate limit service needs the local store (rocksdb or memory); \
+                     with a redis-cluster store its all-or-nothing step is not available yet (docs/cluster.md)"
+                    .into());
+            }
+            let handle = crate::rls::RulesHandle::open(dir, state.metrics.rls.clone())
+                .map_err(|e| format!("rls_config: {e}"))?;
+            let handle = Arc::new(handle);
+            tracing::info!(dir = %dir.display(), rules = handle.current().count, "Envoy rate limit rules loaded from {}", dir.display());
+            tokio::spawn(handle.clone().reload_on_sighup());
+            Some(handle)
+        }
+    };
     // RESP connections take file descriptors too: HTTP's cap leaves room.
     let resp_max = if config.resp_listen.is_some() {
         config.resp_max_connections
@@ -432,8 +459,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     };
     let grpc = grpc_listener.map(|l| {
         let (state, stop) = (state.clone(), stopped(stop_rx.clone()));
+        let rls = rls.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::grpc::serve(l, state, stop).await {
+            if let Err(e) = crate::grpc::serve(l, state, rls, stop).await {
                 tracing::error!("gRPC server failed: {e}");
             }
         })

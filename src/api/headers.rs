@@ -13,7 +13,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The window (`w`) of an item in ns: the time a rate item takes to refill its
 /// whole burst, a window's or budget's length; `None` for concurrency.
-fn window_ns(item: &Item) -> Option<Span> {
+pub(crate) fn window_ns(item: &Item) -> Option<Span> {
     let ns = match item {
         // burst·T may exceed 64 bits of ns.
         Item::Rate { rate, .. } => return Some(rate.refill_ns()),
@@ -29,7 +29,7 @@ fn window_ns(item: &Item) -> Option<Span> {
 
 /// Structured-field integers have at most 15 digits (RFC 8941 §3.3.1);
 /// figures that saturate at 2^53 − 1 are clamped to the largest one.
-fn sf_int(v: u64) -> u64 {
+pub(crate) fn sf_int(v: u64) -> u64 {
     v.min(999_999_999_999_999)
 }
 

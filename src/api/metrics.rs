@@ -77,6 +77,30 @@ pub struct ConnCounters {
     pub timed_out: Counter,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// Figures of Envoy's rate limit service (`src/rls/`), shared between it and
+/// the registry.
+#[derive(Debug, Clone, Default)]
+pub struct RlsCounters {
+    /// ShouldRateLimit calls answered OK.
+    pub ok: Counter,
+    /// ShouldRateLimit calls answered OVER_LIMIT.
+    pub over_limit: Counter,
+    /// ShouldRateLimit calls answered with an error status.
+    pub error: Counter,
+    /// Shadow-mode descriptors that were over their limit (answered OK).
+    pub shadow_over: Counter,
+    /// Rule reloads applied, and those refused (the previous rules stay).
+    pub reloads: Counter,
+    pub reload_failures: Counter,
+    /// Rules loaded now.
+    pub rules: Gauge,
+}
+
 /// Upper bounds of the queueing-delay histogram's buckets, seconds.
 const QUEUE_BUCKETS: [f64; 10] = [
     0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
@@ -98,6 +122,8 @@ pub struct Metrics {
     pub resp_connections: ConnCounters,
     /// RESP connections closed on a frame that could not be read.
     pub resp_protocol_errors: Counter,
+    /// Envoy's rate limit service.
+    pub rls: RlsCounters,
 }
 
 /// The engine's and store's own figures at scrape time.
@@ -446,8 +472,42 @@ impl Metrics {
             "RESP connections closed on a frame that could not be read",
             resp_protocol_errors.clone(),
         );
+        let rls_calls = Family::<OutcomeLabel, Counter>::default();
+        let reloads = Family::<OutcomeLabel, Counter>::default();
+        let call = |outcome| rls_calls.get_or_create(&OutcomeLabel { outcome }).clone();
+        let reload = |outcome| reloads.get_or_create(&OutcomeLabel { outcome }).clone();
+        let rls = RlsCounters {
+            ok: call("ok"),
+            over_limit: call("over_limit"),
+            error: call("error"),
+            shadow_over: Counter::default(),
+            reloads: reload("applied"),
+            reload_failures: reload("refused"),
+            rules: Gauge::default(),
+        };
+        registry.register(
+            "freqcap_rls_requests",
+            "Envoy rate limit calls by outcome (ok, over_limit, error)",
+            rls_calls,
+        );
+        registry.register(
+            "freqcap_rls_shadow_over_limit",
+            "Shadow-mode descriptors over their limit, answered OK",
+            rls.shadow_over.clone(),
+        );
+        registry.register(
+            "freqcap_rls_config_reloads",
+            "Envoy rate limit rule reloads by outcome (applied, refused: the previous rules stay)",
+            reloads,
+        );
+        registry.register(
+            "freqcap_rls_rules",
+            "Envoy rate limit rules loaded now",
+            rls.rules.clone(),
+        );
         registry.register_collector(Box::new(figures));
         Metrics {
+            rls,
             resp_commands,
             resp_connections,
             resp_protocol_errors,

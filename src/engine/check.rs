@@ -225,10 +225,19 @@ impl<C: Clock> Engine<C> {
 /// Compiles inline limit items once, for [`CheckTarget::Compiled`]; the
 /// errors name `limits[i]` as a check's would.
 pub fn compile_inline(limits: &[LimitDef]) -> Result<Arc<CompiledInline>, EngineError> {
+    compile_limits_at("limits", limits)
+}
+
+/// [`compile_inline`] for limits written at `path` (an Envoy rule's
+/// `descriptors[0].limits`): errors name `path[i]`.
+pub fn compile_limits_at(
+    path: &str,
+    limits: &[LimitDef],
+) -> Result<Arc<CompiledInline>, EngineError> {
     if limits.is_empty() {
-        return Err(invalid("limits", "at least one limit is needed"));
+        return Err(invalid(path, "at least one limit is needed"));
     }
-    let c = compile_stack("limits", limits, None, None)?;
+    let c = compile_stack(path, limits, None, None)?;
     Ok(Arc::new(CompiledInline {
         stack: Arc::new(c.stack),
         tags: stack_tags(limits),

@@ -3,6 +3,7 @@
 //!
 //! One operation per file:
 //! - [`check`]: `POST /v1/check`, decided against a policy or inline limits.
+//! - [`check_all`]: several keys all or nothing (Envoy's rate limit service).
 //! - [`screen`]: `POST /v1/screen`, candidates over their campaign chains.
 //! - [`settle`]: commit (and late commit), release, expiry at the deadline.
 //! - [`events`]: impressions without a reservation, deduplicated by id.
@@ -28,10 +29,12 @@
 //! ascending campaign id, then the store's submit lock. Ids are stable across
 //! redefinitions, so the order is total and fixed and no two decisions can wait
 //! on each other in a cycle. The reservation table's and the dedupe set's locks
-//! are never held while a record lock is taken.
+//! are never held while a record lock is taken. [`check_all`]'s key stripes
+//! come before all of these, lowest stripe first.
 
 mod chain;
 mod check;
+mod check_all;
 mod definitions;
 mod events;
 mod hot;
@@ -60,7 +63,8 @@ use record::SubjectRecord;
 use registry::Registry;
 use reservations::Reservations;
 
-pub use check::compile_inline;
+pub use check::{compile_inline, compile_limits_at};
+pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
@@ -311,6 +315,8 @@ pub struct Engine<C: Clock> {
     /// With a shared store: this node's grants of campaign-scope state.
     leases: leases::Leases,
     dedupe: Dedupe,
+    /// The locks [`Engine::check_all`] takes its keys under.
+    key_locks: check_all::KeyLocks,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
     /// a client picks cannot be made to collide.
     hash_key: [u8; 16],
@@ -378,6 +384,7 @@ impl<C: Clock> Engine<C> {
             reservations,
             leases: leases::Leases::default(),
             dedupe: Dedupe::new(),
+            key_locks: check_all::KeyLocks::default(),
             hash_key,
             id_nonce: options.id_nonce.unwrap_or_else(|| {
                 let k = random_key();

@@ -100,6 +100,7 @@ impl Auth {
 pub async fn serve<C: Clock + 'static>(
     listener: TcpListener,
     state: Arc<AppState<C>>,
+    rls: Option<Arc<crate::rls::RulesHandle>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -117,6 +118,20 @@ pub async fn serve<C: Clock + 'static>(
         .await;
     let admin = pb::admin_server::AdminServer::new(admin::Service::new(state.clone()))
         .max_decoding_message_size(max);
+    // Envoy's rate limit service, when rules are configured (src/rls/).
+    let rls = match rls {
+        Some(rules) => {
+            type Rls<C> = crate::rls::pb::rate_limit_service_server::RateLimitServiceServer<
+                crate::rls::service::Service<C>,
+            >;
+            health.set_serving::<Rls<C>>().await;
+            Some(
+                Rls::new(crate::rls::service::Service::new(state.clone(), rules))
+                    .max_decoding_message_size(max),
+            )
+        }
+        None => None,
+    };
     let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
         .max_decoding_message_size(max);
     tonic::transport::Server::builder()
@@ -129,6 +144,7 @@ pub async fn serve<C: Clock + 'static>(
         .add_service(reflection)
         .add_service(service)
         .add_service(admin)
+        .add_optional_service(rls)
         .serve_with_incoming_shutdown(
             // Small answers go out at once (no Nagle delay), as HTTP's and
             // RESP's connections do.

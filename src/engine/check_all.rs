@@ -1,0 +1,248 @@
+//! Several keys decided in one step, all or nothing: Envoy's rate limit
+//! service (`src/rls/`) sends every descriptor of a request at once, and
+//! either every one of them is debited or none is (docs/rls.md,
+//! "All or nothing"). envoyproxy/ratelimit increments each descriptor's
+//! counter on its own, so a request denied by one descriptor still uses up
+//! the others (its issues #185 and #427).
+//!
+//! How it stays one step: every key of a request is taken under a striped
+//! lock ([`KeyLocks`], in one order, so two requests never wait on each
+//! other in a cycle); then each key is decided on a copy of its state, and
+//! only if every enforced key allows are the copies written back. Only this
+//! operation decides these keys (their hash namespace is their own), so no
+//! other request sees a state between the two passes.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::stack::Decision;
+use crate::limits::{Hold, ItemState};
+
+use super::chain::Defs;
+use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::persist::{Ack, Changes};
+use super::request::{CompiledInline, check_cost};
+use super::{Engine, EngineError, invalid};
+
+/// Hash namespace of the keys this operation decides.
+const NAMESPACE: u8 = b'r';
+
+/// Most keys one call may decide (Envoy sends a handful; each is a record
+/// lookup under the locks of all of them).
+pub const MAX_KEYS: usize = 64;
+
+/// Lock stripes: enough that unrelated requests rarely share one, few
+/// enough that taking a request's handful stays cheap.
+const STRIPES: usize = 64;
+
+/// One key of a [`Engine::check_all`] call.
+#[derive(Debug, Clone)]
+pub struct KeyCheck {
+    /// The limit items the key is decided by.
+    pub limits: Arc<CompiledInline>,
+    pub key: String,
+    pub cost: u64,
+    /// `false`: shadow mode (docs/rls.md, "Shadow mode"): decided and
+    /// debited when it allows, but its denial never denies the request.
+    pub enforced: bool,
+}
+
+/// The answer of [`Engine::check_all`].
+#[derive(Debug, Clone)]
+pub struct AllOutcome {
+    /// Every enforced key allowed, and every key that allowed was debited.
+    pub allowed: bool,
+    /// Per key, in the order given. When the request is denied, a key that
+    /// would have allowed shows its figures as they are (nothing debited).
+    pub decisions: Vec<Decision>,
+}
+
+/// The striped locks keys are taken under for the length of one call.
+pub(crate) struct KeyLocks {
+    stripes: Box<[Mutex<()>]>,
+}
+
+impl Default for KeyLocks {
+    fn default() -> Self {
+        KeyLocks {
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl KeyLocks {
+    /// Takes the stripes of `records`, lowest index first.
+    fn lock(&self, records: &[RecordKey]) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: SmallVec<[usize; 8]> = records
+            .iter()
+            .map(|r| r.hot_key()[0] as usize % self.stripes.len())
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| {
+                self.stripes[i]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            })
+            .collect()
+    }
+}
+
+/// A key's record and the identity its limits count under in it.
+fn stack_id(limits: &CompiledInline) -> u32 {
+    // Different limits on one key keep separate records: a record keeps one
+    // counter per item index and owner, and a changed limit starts afresh,
+    // as inline limits do (docs/semantics.md §3).
+    limits
+        .tags
+        .iter()
+        .fold(0x811c_9dc5u32, |h, &t| (h ^ t).wrapping_mul(0x0100_0193))
+}
+
+impl<C: Clock> Engine<C> {
+    /// Decides `checks` all or nothing (see the module documentation).
+    pub fn check_all(&self, checks: &[KeyCheck]) -> Result<AllOutcome, EngineError> {
+        waited(self.check_all_with(checks, Reads::MayWait))
+    }
+
+    /// [`Engine::check_all`] if every key's record is in memory; `None`
+    /// otherwise, having changed nothing (as [`Engine::check_in_memory`]).
+    pub fn check_all_in_memory(
+        &self,
+        checks: &[KeyCheck],
+    ) -> Option<Result<AllOutcome, EngineError>> {
+        if self.shared().is_some() {
+            return Some(Err(shared_unsupported()));
+        }
+        if_in_memory(self.check_all_with(checks, Reads::MemoryOnly))
+    }
+
+    fn check_all_with(&self, checks: &[KeyCheck], reads: Reads) -> Result<AllOutcome, Halt> {
+        if self.shared().is_some() {
+            return Err(shared_unsupported().into());
+        }
+        if checks.is_empty() {
+            return Err(invalid("checks", "at least one key is needed").into());
+        }
+        if checks.len() > MAX_KEYS {
+            return Err(invalid(
+                "checks",
+                format!("at most {MAX_KEYS} keys, got {}", checks.len()),
+            )
+            .into());
+        }
+        for c in checks {
+            self.check_id("key", &c.key)?;
+            check_cost("cost", c.cost)?;
+        }
+        let now = self.now();
+        self.expire_step(now, reads);
+        let records: Vec<RecordKey> = checks
+            .iter()
+            .map(|c| RecordKey::PolicyKey(self.hash(NAMESPACE, stack_id(&c.limits), &c.key)))
+            .collect();
+        let _held = self.key_locks.lock(&records);
+
+        // Pass 1: decide each key on a copy of its states. A key that comes
+        // twice sees its first debit (the copies are kept by record).
+        let mut scratch: Vec<(RecordKey, SmallVec<[ItemState; 4]>)> = Vec::new();
+        let mut decisions = Vec::with_capacity(checks.len());
+        for (c, &record) in checks.iter().zip(&records) {
+            let states = match scratch.iter().position(|(r, _)| *r == record) {
+                Some(i) => scratch[i].1.clone(),
+                None => self.states_of(record, c, now, reads)?,
+            };
+            let mut states = states;
+            let (d, _) = c
+                .limits
+                .stack
+                .decide(&mut states, now, c.cost, Hold::Immediate);
+            if d.allowed {
+                match scratch.iter().position(|(r, _)| *r == record) {
+                    Some(i) => scratch[i].1 = states,
+                    None => scratch.push((record, states)),
+                }
+            }
+            decisions.push(d);
+        }
+        let allowed = checks
+            .iter()
+            .zip(&decisions)
+            .all(|(c, d)| d.allowed || !c.enforced);
+
+        if !allowed {
+            // Nothing is debited: the keys that would have allowed report
+            // their figures as they stand.
+            for ((c, &record), d) in checks.iter().zip(&records).zip(decisions.iter_mut()) {
+                if d.allowed {
+                    let mut states = self.states_of(record, c, now, Reads::MayWait)?;
+                    *d = c
+                        .limits
+                        .stack
+                        .decide(&mut states, now, 0, Hold::Immediate)
+                        .0;
+                }
+            }
+            return Ok(AllOutcome { allowed, decisions });
+        }
+
+        // Pass 2: write the copies back. The records were read in pass 1, so
+        // this waits on nothing unless one was evicted in between; it may
+        // wait then (never stopping half way, as `MemoryOnly` could).
+        for (record, states) in scratch {
+            let Some(c) = checks
+                .iter()
+                .zip(&records)
+                .find(|(_, r)| **r == record)
+                .map(|(c, _)| c)
+            else {
+                continue;
+            };
+            let owner = 0;
+            let tags = &c.limits.tags;
+            let stack = &c.limits.stack;
+            self.with_record(record, now, Reads::MayWait, |rec, now| {
+                for (&t, s) in tags.iter().zip(states.iter()) {
+                    *rec.state_mut(owner, t) = s.clone();
+                }
+                for (item, &t) in stack.items().iter().zip(tags) {
+                    rec.touch(owner, t, item);
+                }
+                // Written behind, as an immediate check's debit is.
+                let mut changes = Changes::new();
+                changes.record(record, rec);
+                let defs = Defs::Stack { owner, stack, tags };
+                self.persist(changes, defs, now, Ack::WriteBehind);
+            })?;
+        }
+        Ok(AllOutcome { allowed, decisions })
+    }
+
+    /// A copy of the item states `c`'s limits have in `record`.
+    fn states_of(
+        &self,
+        record: RecordKey,
+        c: &KeyCheck,
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<SmallVec<[ItemState; 4]>, Halt> {
+        self.with_record(record, now, reads, |rec, _| {
+            c.limits
+                .tags
+                .iter()
+                .map(|&t| rec.state(0, t).cloned().unwrap_or_default())
+                .collect()
+        })
+    }
+}
+
+fn shared_unsupported() -> EngineError {
+    invalid(
+        "store",
+        "deciding several keys at once (Envoy's rate limit service) needs the local store; \
+         a redis-cluster store cannot take them in one step yet (docs/cluster.md)",
+    )
+}

@@ -1,0 +1,735 @@
+//! Envoy rate limit rules: envoyproxy/ratelimit's YAML files (one `domain`
+//! each, nested `descriptors`), read from a directory and validated whole
+//! into [`Rules`] (docs/rls.md, "Rules"). Errors name the file and the path
+//! inside it: `api.yaml: descriptors[0].rate_limit.unit: ...`.
+//!
+//! Pure: [`Rules::parse`] takes file names and texts; [`Rules::load_dir`]
+//! only reads them.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::engine::request::CompiledInline;
+use crate::limits::Item;
+use crate::model::LimitDef;
+
+/// Largest rules file read (a typo pointing the directory at a log file
+/// should not fill memory).
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// Deepest nesting of descriptors (Envoy sends a handful of entries).
+const MAX_DEPTH: usize = 16;
+
+/// A unit of a plain `rate_limit` and its window: a fixed window of this
+/// length, counted from the Unix epoch, as envoyproxy/ratelimit counts it
+/// (`UnitToDivider`: a month is 30 days, a year 365).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    pub fn secs(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The unit whose window is exactly `ns` long.
+    pub fn of_nanos(ns: u64) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.secs() * 1_000_000_000 == ns)
+    }
+
+    fn parse(s: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(s))
+    }
+}
+
+/// What a matched rule does.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Counted against these limit items (a plain `rate_limit` is one fixed
+    /// window of its unit).
+    Limit {
+        limits: Arc<CompiledInline>,
+        /// `rate_limit`'s figures, for `current_limit`; `None` for `limits`.
+        plain: Option<(u32, Unit)>,
+    },
+    /// `requests_per_unit: 0`: every request is over (envoyproxy/ratelimit
+    /// allows it, and it is how a key is blocked).
+    Block(Unit),
+    /// `unlimited: true`: never counted.
+    Unlimited,
+}
+
+/// One rule: a descriptor of a config with a `rate_limit` or `limits`.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// `rate_limit.name`, else the rule's path of keys (`remote_address`,
+    /// `path_/api.remote_address`): the name in `RateLimit` headers.
+    pub name: String,
+    /// `rate_limit.name` as written (what `replaces` refers to).
+    pub given_name: Option<String>,
+    pub replaces: Vec<String>,
+    pub shadow: bool,
+    pub action: Action,
+}
+
+/// A level of a domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct Node {
+    /// Children by `key` (any value) or `key_value`, as envoyproxy/ratelimit
+    /// keys them.
+    pub children: HashMap<String, Node>,
+    /// Children whose `key_value` has a `*`: the pattern split at each `*`,
+    /// and the child's key in `children`; tried in file order.
+    pub wildcards: Vec<(Vec<String>, String)>,
+    pub rule: Option<Arc<Rule>>,
+}
+
+/// Every domain's rules, as loaded.
+#[derive(Debug, Default)]
+pub struct Rules {
+    pub domains: HashMap<String, Node>,
+    /// Rules in all domains (for the log line and metrics).
+    pub count: usize,
+}
+
+/// An error in a rules file: which file, where in it, what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {}", if .path.is_empty() { .message.clone() } else { format!("{}: {}", .path, .message) })]
+pub struct ConfigError {
+    pub file: String,
+    pub path: String,
+    pub message: String,
+}
+
+type Result<T> = std::result::Result<T, (String, String)>;
+
+fn at(path: &str, message: impl Into<String>) -> (String, String) {
+    (path.to_owned(), message.into())
+}
+
+impl Rules {
+    /// Reads every `*.yaml`/`*.yml` file of `dir` (sorted by name, as
+    /// envoyproxy/ratelimit's runtime directory is) and validates them whole.
+    pub fn load_dir(dir: &Path) -> std::result::Result<Rules, ConfigError> {
+        let dir_err = |m: String| ConfigError {
+            file: dir.display().to_string(),
+            path: String::new(),
+            message: m,
+        };
+        let entries = std::fs::read_dir(dir).map_err(|e| dir_err(format!("cannot read: {e}")))?;
+        let mut files = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| dir_err(format!("cannot read: {e}")))?;
+            let path = e.path();
+            let yaml = path
+                .extension()
+                .and_then(|x| x.to_str())
+                .is_some_and(|x| x == "yaml" || x == "yml");
+            if yaml && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut texts = Vec::with_capacity(files.len());
+        for path in files {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let file_err = |m: String| ConfigError {
+                file: name.clone(),
+                path: String::new(),
+                message: m,
+            };
+            let len = std::fs::metadata(&path)
+                .map_err(|e| file_err(format!("cannot read: {e}")))?
+                .len();
+            if len > MAX_FILE_BYTES {
+                return Err(file_err(format!(
+                    "{len} bytes; a rules file may have at most {MAX_FILE_BYTES}"
+                )));
+            }
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| file_err(format!("cannot read: {e}")))?;
+            texts.push((name, text));
+        }
+        Rules::parse(&texts)
+    }
+
+    /// Validates rules files given as (file name, text).
+    pub fn parse(files: &[(String, String)]) -> std::result::Result<Rules, ConfigError> {
+        let mut rules = Rules::default();
+        for (file, text) in files {
+            let err = |(path, message): (String, String)| ConfigError {
+                file: file.clone(),
+                path,
+                message,
+            };
+            let doc: Value = serde_yaml_ng::from_str(text)
+                .map_err(|e| err(at("", format!("not valid YAML: {e}"))))?;
+            let (domain, node, count) = parse_file(&doc).map_err(err)?;
+            if rules.domains.contains_key(&domain) {
+                return Err(err(at(
+                    "domain",
+                    format!("domain {domain:?} is already defined by another file"),
+                )));
+            }
+            rules.domains.insert(domain, node);
+            rules.count += count;
+        }
+        Ok(rules)
+    }
+}
+
+fn object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>> {
+    v.as_object()
+        .ok_or_else(|| at(path, format!("expected a mapping, got {}", kind(v))))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+fn only_keys(m: &Map<String, Value>, path: &str, allowed: &[&str]) -> Result<()> {
+    for k in m.keys() {
+        if !allowed.contains(&k.as_str()) {
+            return Err(at(
+                &join(path, k),
+                format!("unknown key (expected one of: {})", allowed.join(", ")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn string(m: &Map<String, Value>, path: &str, key: &str) -> Result<Option<String>> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        // YAML reads `value: 200` as a number; envoyproxy/ratelimit's Go
+        // struct takes it as the string "200", and so does freqcap.
+        Some(Value::Number(n)) if key == "value" => Ok(Some(n.to_string())),
+        Some(Value::Bool(b)) if key == "value" => Ok(Some(b.to_string())),
+        Some(v) => Err(at(
+            &join(path, key),
+            format!("expected a string, got {}", kind(v)),
+        )),
+    }
+}
+
+fn boolean(m: &Map<String, Value>, path: &str, key: &str) -> Result<bool> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(at(
+            &join(path, key),
+            format!("expected true or false, got {}", kind(v)),
+        )),
+    }
+}
+
+fn list<'a>(m: &'a Map<String, Value>, path: &str, key: &str) -> Result<&'a [Value]> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(a)) => Ok(a),
+        Some(v) => Err(at(
+            &join(path, key),
+            format!("expected a list, got {}", kind(v)),
+        )),
+    }
+}
+
+/// One file: its domain, its tree, and how many rules it has.
+fn parse_file(doc: &Value) -> Result<(String, Node, usize)> {
+    let m = object(doc, "")?;
+    only_keys(m, "", &["domain", "descriptors"])?;
+    let domain = string(m, "", "domain")?.unwrap_or_default();
+    if domain.is_empty() {
+        return Err(at("domain", "a non-empty domain is required"));
+    }
+    let mut root = Node::default();
+    let mut count = 0;
+    parse_level(
+        &mut root,
+        list(m, "", "descriptors")?,
+        "descriptors",
+        "",
+        0,
+        &mut count,
+    )?;
+    Ok((domain, root, count))
+}
+
+fn parse_level(
+    node: &mut Node,
+    descriptors: &[Value],
+    path: &str,
+    parent_key: &str,
+    depth: usize,
+    count: &mut usize,
+) -> Result<()> {
+    if depth >= MAX_DEPTH {
+        return Err(at(
+            path,
+            format!("descriptors nest at most {MAX_DEPTH} deep"),
+        ));
+    }
+    for (i, d) in descriptors.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let m = object(d, &p)?;
+        only_keys(
+            m,
+            &p,
+            &[
+                "key",
+                "value",
+                "rate_limit",
+                "limits",
+                "descriptors",
+                "shadow_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "metadata",
+                "quota_mode",
+                "share_threshold",
+            ],
+        )?;
+        for unsupported in ["quota_mode", "share_threshold"] {
+            if boolean(m, &p, unsupported)? {
+                return Err(at(
+                    &join(&p, unsupported),
+                    "not supported by freqcap (docs/rls.md, \"Differences\")",
+                ));
+            }
+        }
+        // Metrics-only options of envoyproxy/ratelimit: accepted, no effect.
+        boolean(m, &p, "detailed_metric")?;
+        boolean(m, &p, "value_to_metric")?;
+        let key = string(m, &p, "key")?.unwrap_or_default();
+        if key.is_empty() {
+            return Err(at(&join(&p, "key"), "a non-empty key is required"));
+        }
+        let value = string(m, &p, "value")?.unwrap_or_default();
+        let child_key = if value.is_empty() {
+            key.clone()
+        } else {
+            format!("{key}_{value}")
+        };
+        let full = if parent_key.is_empty() {
+            child_key.clone()
+        } else {
+            format!("{parent_key}.{child_key}")
+        };
+        if node.children.contains_key(&child_key) {
+            return Err(at(
+                &p,
+                format!("duplicate descriptor {full:?} (the same key and value twice)"),
+            ));
+        }
+        let shadow = boolean(m, &p, "shadow_mode")?;
+        let rule = parse_rule(m, &p, &full, shadow)?;
+        if rule.is_some() {
+            *count += 1;
+        }
+        let mut child = Node {
+            rule: rule.map(Arc::new),
+            ..Node::default()
+        };
+        let sub = list(m, &p, "descriptors")?;
+        parse_level(
+            &mut child,
+            sub,
+            &join(&p, "descriptors"),
+            &full,
+            depth + 1,
+            count,
+        )?;
+        if child_key.contains('*') {
+            node.wildcards.push((
+                child_key.split('*').map(str::to_owned).collect(),
+                child_key.clone(),
+            ));
+        }
+        node.children.insert(child_key, child);
+    }
+    Ok(())
+}
+
+/// The rule of a descriptor, if it has `rate_limit` or `limits`.
+fn parse_rule(
+    m: &Map<String, Value>,
+    path: &str,
+    full: &str,
+    shadow: bool,
+) -> Result<Option<Rule>> {
+    let limits = m.get("limits").filter(|v| !v.is_null());
+    let rate_limit = m.get("rate_limit").filter(|v| !v.is_null());
+    match (rate_limit, limits) {
+        (None, None) => {
+            if shadow {
+                return Err(at(
+                    &join(path, "shadow_mode"),
+                    "a descriptor without rate_limit or limits has nothing to shadow",
+                ));
+            }
+            Ok(None)
+        }
+        (Some(_), Some(_)) => Err(at(
+            &join(path, "limits"),
+            "give rate_limit or limits, not both",
+        )),
+        (None, Some(v)) => {
+            let p = join(path, "limits");
+            let defs: Vec<LimitDef> = crate::model::from_json(&v.to_string()).map_err(|e| {
+                let field = if e.field.is_empty() {
+                    p.clone()
+                } else if e.field.starts_with('[') {
+                    format!("{p}{}", e.field)
+                } else {
+                    join(&p, &e.field)
+                };
+                (field, e.message)
+            })?;
+            let limits = crate::engine::compile_limits_at(&p, &defs).map_err(engine_error)?;
+            for (i, item) in limits.stack.items().iter().enumerate() {
+                if matches!(item, Item::Concurrency(_)) {
+                    return Err(at(
+                        &format!("{p}[{i}]"),
+                        "a concurrency limit needs a release, which Envoy's protocol has not",
+                    ));
+                }
+            }
+            Ok(Some(Rule {
+                name: full.to_owned(),
+                given_name: None,
+                replaces: Vec::new(),
+                shadow,
+                action: Action::Limit {
+                    limits,
+                    plain: None,
+                },
+            }))
+        }
+        (Some(v), None) => {
+            let p = join(path, "rate_limit");
+            let r = object(v, &p)?;
+            only_keys(
+                r,
+                &p,
+                &["unit", "requests_per_unit", "unlimited", "name", "replaces"],
+            )?;
+            let unlimited = boolean(r, &p, "unlimited")?;
+            let unit_text = string(r, &p, "unit")?;
+            let given_name = string(r, &p, "name")?.filter(|n| !n.is_empty());
+            let mut replaces = Vec::new();
+            for (j, e) in list(r, &p, "replaces")?.iter().enumerate() {
+                let ep = format!("{p}.replaces[{j}]");
+                let em = object(e, &ep)?;
+                only_keys(em, &ep, &["name"])?;
+                let n = string(em, &ep, "name")?.unwrap_or_default();
+                if n.is_empty() {
+                    return Err(at(&join(&ep, "name"), "a non-empty name is required"));
+                }
+                if given_name.as_deref() == Some(n.as_str()) {
+                    return Err(at(
+                        &join(&ep, "name"),
+                        "a rule cannot replace itself (its own name)",
+                    ));
+                }
+                replaces.push(n);
+            }
+            let name = given_name.clone().unwrap_or_else(|| full.to_owned());
+            let action = if unlimited {
+                if unit_text.is_some() {
+                    return Err(at(
+                        &join(&p, "unit"),
+                        "an unlimited rate_limit takes no unit",
+                    ));
+                }
+                Action::Unlimited
+            } else {
+                let up = join(&p, "unit");
+                let text = unit_text.ok_or_else(|| {
+                    at(
+                        &up,
+                        "a unit is required: second, minute, hour, day, week, month or year",
+                    )
+                })?;
+                let unit = Unit::parse(&text).ok_or_else(|| {
+                    at(
+                        &up,
+                        format!(
+                            "unknown unit {text:?} (expected second, minute, hour, day, week, month or year)"
+                        ),
+                    )
+                })?;
+                let rp = join(&p, "requests_per_unit");
+                let n = match r.get("requests_per_unit") {
+                    None | Some(Value::Null) => 0,
+                    Some(v) => v
+                        .as_u64()
+                        .filter(|&n| n <= u64::from(u32::MAX))
+                        .ok_or_else(|| {
+                            at(
+                                &rp,
+                                format!("expected a whole number from 0 to {}", u32::MAX),
+                            )
+                        })?,
+                };
+                let n = n as u32;
+                if n == 0 {
+                    Action::Block(unit)
+                } else {
+                    Action::Limit {
+                        limits: plain_window(n, unit).map_err(engine_error)?,
+                        plain: Some((n, unit)),
+                    }
+                }
+            };
+            Ok(Some(Rule {
+                name,
+                given_name,
+                replaces,
+                shadow,
+                action,
+            }))
+        }
+    }
+}
+
+fn engine_error(e: crate::engine::EngineError) -> (String, String) {
+    match e {
+        crate::engine::EngineError::InvalidArgument { field, message } => (field, message),
+        other => (String::new(), other.to_string()),
+    }
+}
+
+/// The limit item of a plain `rate_limit`: a fixed window of the unit,
+/// counted from the Unix epoch (docs/semantics.md §2.2, "Fixed").
+pub fn plain_window(
+    requests_per_unit: u32,
+    unit: Unit,
+) -> std::result::Result<Arc<CompiledInline>, crate::engine::EngineError> {
+    let def: LimitDef = serde_json::from_value(serde_json::json!({
+        "kind": "window",
+        "limit": requests_per_unit,
+        "window": format!("{}s", unit.secs()),
+        "align": "fixed",
+    }))
+    .map_err(|e| crate::engine::EngineError::InvalidArgument {
+        field: "rate_limit".into(),
+        message: e.to_string(),
+    })?;
+    crate::engine::compile_limits_at("rate_limit", std::slice::from_ref(&def))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> std::result::Result<Rules, ConfigError> {
+        Rules::parse(&[("rules.yaml".to_owned(), text.to_owned())])
+    }
+
+    #[test]
+    fn envoyproxy_ratelimit_example_loads() {
+        let r = parse(
+            r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: remote_address
+    descriptors:
+      - key: path
+        value: "/api/*"
+        rate_limit: {unit: minute, requests_per_unit: 10, name: api}
+  - key: vip
+    rate_limit: {unlimited: true}
+  - key: blocked
+    rate_limit: {unit: day, requests_per_unit: 0}
+"#,
+        )
+        .unwrap();
+        assert_eq!(r.count, 5);
+        let d = &r.domains["mongo_cps"];
+        assert!(d.children.contains_key("database_users"));
+        let ra = &d.children["remote_address"];
+        assert!(ra.rule.is_none());
+        assert_eq!(ra.wildcards.len(), 1);
+        assert_eq!(
+            ra.wildcards[0].0,
+            vec!["path_/api/".to_owned(), String::new()]
+        );
+        let api = ra.children["path_/api/*"].rule.as_ref().unwrap();
+        assert_eq!(api.name, "api");
+        assert!(matches!(
+            d.children["vip"].rule.as_ref().unwrap().action,
+            Action::Unlimited
+        ));
+        assert!(matches!(
+            d.children["blocked"].rule.as_ref().unwrap().action,
+            Action::Block(Unit::Day)
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_path() {
+        for (text, path, words) in [
+            ("domain: ''\n", "domain", "non-empty domain"),
+            ("descriptors: []\n", "domain", "non-empty domain"),
+            (
+                "domain: d\ndescriptors:\n  - value: x\n",
+                "descriptors[0].key",
+                "non-empty key",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+                "descriptors[0].rate_limit.unit",
+                "unknown unit \"fortnight\"",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+                "descriptors[0].rate_limit.requests_per_unit",
+                "whole number",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+                "descriptors[0].rate_limit.unit",
+                "unlimited",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1, colour: red}\n",
+                "descriptors[0].descriptors[0].rate_limit.colour",
+                "unknown key",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n  - key: a\n",
+                "descriptors[1]",
+                "duplicate descriptor \"a\"",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    limits:\n      - {kind: rate, rate: 0, per: 1s}\n",
+                "descriptors[0].limits[0].rate",
+                "",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    limits:\n      - {kind: rate, rate: 1, per: 1s, colour: red}\n",
+                "descriptors[0].limits[0]",
+                "colour",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    limits:\n      - {kind: concurrency, max: 3}\n",
+                "descriptors[0].limits[0]",
+                "release",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    limits: [{kind: rate, rate: 1, per: 1s}]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+                "descriptors[0].limits",
+                "not both",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+                "descriptors[0].quota_mode",
+                "not supported",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: n, replaces: [{name: n}]}\n",
+                "descriptors[0].rate_limit.replaces[0].name",
+                "itself",
+            ),
+            (
+                "domain: d\ndescriptors: {key: a}\n",
+                "descriptors",
+                "expected a list",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.file, "rules.yaml", "{text}");
+            assert!(
+                e.path.starts_with(path),
+                "{text}: path {:?}, wanted {path:?} ({e})",
+                e.path
+            );
+            assert!(e.to_string().contains(words), "{text}: {e}");
+            assert!(e.to_string().starts_with("rules.yaml: "), "{e}");
+        }
+        let e = parse("domain: [unclosed\n").unwrap_err();
+        assert!(e.message.contains("not valid YAML"), "{e}");
+    }
+
+    #[test]
+    fn one_domain_per_file() {
+        let f = |n: &str| (n.to_owned(), "domain: d\ndescriptors: []\n".to_owned());
+        let e = Rules::parse(&[f("a.yaml"), f("b.yaml")]).unwrap_err();
+        assert_eq!(e.file, "b.yaml");
+        assert!(e.message.contains("already defined"), "{e}");
+    }
+}

@@ -1,0 +1,536 @@
+//! `ShouldRateLimit`: the token, an in-flight slot, then each descriptor to
+//! its rule ([`super::matching`]), every limited one decided in one
+//! all-or-nothing step ([`Engine::check_all`]), and the answer in Envoy's
+//! terms: `overall_code`, one status per descriptor, and the IETF
+//! `RateLimit`/`RateLimit-Policy`/`Retry-After` fields in
+//! `response_headers_to_add` (docs/rls.md).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tonic::{Request, Response, Status};
+
+use super::config::{Action, Rule, Unit, plain_window};
+use super::pb::{
+    self, HeaderValue, RateLimitRequest, RateLimitResponse,
+    rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit},
+};
+use super::{RulesHandle, matching};
+use crate::api::guard::InFlight;
+use crate::api::headers::{sf_int, sf_string, window_ns};
+use crate::api::request::in_memory_or_blocking;
+use crate::api::{ApiError, AppState};
+use crate::clock::{Clock, Span, ceil_secs};
+use crate::engine::request::CompiledInline;
+use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
+use crate::grpc::{Auth, status};
+use crate::limits::stack::Decision;
+
+/// Most entries one descriptor may have.
+const MAX_ENTRIES: usize = 32;
+
+/// Most request-supplied limit overrides kept compiled; past it they are
+/// compiled per call (a client could send many distinct ones).
+const MAX_OVERRIDES: usize = 1024;
+
+/// The service, over the state every front shares.
+pub struct Service<C: Clock> {
+    state: Arc<AppState<C>>,
+    rules: Arc<RulesHandle>,
+    auth: Auth,
+    /// Compiled `limit` overrides (requests_per_unit, unit).
+    overrides: Mutex<HashMap<(u32, i32), Arc<CompiledInline>>>,
+}
+
+impl<C: Clock + 'static> Service<C> {
+    pub fn new(state: Arc<AppState<C>>, rules: Arc<RulesHandle>) -> Self {
+        let auth = Auth::new(
+            state.options.decision_token.clone(),
+            state.options.admin_token.clone(),
+        );
+        Service {
+            state,
+            rules,
+            auth,
+            overrides: Mutex::default(),
+        }
+    }
+}
+
+/// What one descriptor of a call came to.
+enum Outcome {
+    /// No rule, or its rule replaced by another's `replaces`.
+    NoRule,
+    Unlimited,
+    /// `requests_per_unit: 0`.
+    Block {
+        rule: Arc<Rule>,
+        unit: Unit,
+    },
+    /// Decided by the engine: the index of its [`KeyCheck`].
+    Limited {
+        rule: Arc<Rule>,
+        check: usize,
+        plain: Option<(u32, Unit)>,
+    },
+}
+
+impl<C: Clock + 'static> Service<C> {
+    fn invalid(field: impl AsRef<str>, message: impl std::fmt::Display) -> Status {
+        status(ApiError::invalid(field.as_ref(), message))
+    }
+
+    /// A `limit` override of the request, as a rule.
+    fn override_rule(
+        &self,
+        i: usize,
+        o: &pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride,
+        name: &str,
+    ) -> Result<Arc<Rule>, Status> {
+        // envoy.type.v3.RateLimitUnit: 1..6 are second to year (no week).
+        let unit = match o.unit {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            u => {
+                return Err(Self::invalid(
+                    format!("descriptors[{i}].limit.unit"),
+                    format!("unit {u} is not second (1) to year (6)"),
+                ));
+            }
+        };
+        let action = if o.requests_per_unit == 0 {
+            Action::Block(unit)
+        } else {
+            let key = (o.requests_per_unit, o.unit);
+            let cached = self
+                .overrides
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&key)
+                .cloned();
+            let limits = match cached {
+                Some(l) => l,
+                None => {
+                    let l = plain_window(o.requests_per_unit, unit)
+                        .map_err(|e| status(ApiError::from(e)))?;
+                    let mut m = self
+                        .overrides
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if m.len() < MAX_OVERRIDES {
+                        m.insert(key, l.clone());
+                    }
+                    l
+                }
+            };
+            Action::Limit {
+                limits,
+                plain: Some((o.requests_per_unit, unit)),
+            }
+        };
+        Ok(Arc::new(Rule {
+            name: name.to_owned(),
+            given_name: None,
+            replaces: Vec::new(),
+            shadow: false,
+            action,
+        }))
+    }
+
+    async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let max_id = self.state.engine.options().max_id_len;
+        if req.domain.is_empty() {
+            return Err(Self::invalid("domain", "a non-empty domain is required"));
+        }
+        if req.descriptors.is_empty() {
+            return Err(Self::invalid(
+                "descriptors",
+                "at least one descriptor is needed",
+            ));
+        }
+        if req.descriptors.len() > MAX_KEYS {
+            return Err(Self::invalid(
+                "descriptors",
+                format!("at most {MAX_KEYS}, got {}", req.descriptors.len()),
+            ));
+        }
+        let rules = self.rules.current();
+        let Some(root) = rules.domains.get(&req.domain) else {
+            let mut known: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(Self::invalid(
+                "domain",
+                format!(
+                    "no rules for domain {:?} (rls_config has: {})",
+                    req.domain,
+                    known.join(", ")
+                ),
+            ));
+        };
+        // Each descriptor to its rule.
+        let mut matched: Vec<Option<Arc<Rule>>> = Vec::with_capacity(req.descriptors.len());
+        let mut keys: Vec<String> = Vec::with_capacity(req.descriptors.len());
+        for (i, d) in req.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(Self::invalid(
+                    format!("descriptors[{i}].entries"),
+                    "at least one entry is needed",
+                ));
+            }
+            if d.entries.len() > MAX_ENTRIES {
+                return Err(Self::invalid(
+                    format!("descriptors[{i}].entries"),
+                    format!("at most {MAX_ENTRIES}, got {}", d.entries.len()),
+                ));
+            }
+            let mut entries = Vec::with_capacity(d.entries.len());
+            // The counter's key: the domain and every entry, as
+            // envoyproxy/ratelimit keys its counters (a wildcard rule counts
+            // each value apart).
+            let mut key = req.domain.clone();
+            // The name of an override's limit: envoyproxy/ratelimit's
+            // descriptor key (`key_value.key_value`).
+            let mut name = String::new();
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key.is_empty() || e.key.len() > max_id {
+                    return Err(Self::invalid(
+                        format!("descriptors[{i}].entries[{j}].key"),
+                        format!("must be 1 to {max_id} bytes, got {}", e.key.len()),
+                    ));
+                }
+                if e.value.len() > max_id {
+                    return Err(Self::invalid(
+                        format!("descriptors[{i}].entries[{j}].value"),
+                        format!("must be at most {max_id} bytes, got {}", e.value.len()),
+                    ));
+                }
+                entries.push((e.key.as_str(), e.value.as_str()));
+                key.push('\u{1f}');
+                key.push_str(&e.key);
+                key.push('=');
+                key.push_str(&e.value);
+                if !name.is_empty() {
+                    name.push('.');
+                }
+                name.push_str(&e.key);
+                if !e.value.is_empty() {
+                    name.push('_');
+                    name.push_str(&e.value);
+                }
+            }
+            let rule = match &d.limit {
+                Some(o) => Some(self.override_rule(i, o, &name)?),
+                None => matching::find(root, &entries).cloned(),
+            };
+            matched.push(rule);
+            keys.push(key);
+        }
+        // `replaces`: a matched rule's name listed by another matched rule
+        // is not applied.
+        let replaced: Vec<String> = matched
+            .iter()
+            .flatten()
+            .flat_map(|r| r.replaces.iter().cloned())
+            .collect();
+        let request_cost = u64::from(req.hits_addend.max(1));
+        let mut checks = Vec::new();
+        let mut outcomes = Vec::with_capacity(matched.len());
+        for ((i, rule), key) in matched.into_iter().enumerate().zip(keys) {
+            let Some(rule) = rule.filter(|r| {
+                r.given_name
+                    .as_deref()
+                    .is_none_or(|n| !replaced.iter().any(|r| r == n))
+            }) else {
+                outcomes.push(Outcome::NoRule);
+                continue;
+            };
+            match &rule.action {
+                Action::Unlimited => outcomes.push(Outcome::Unlimited),
+                Action::Block(unit) => {
+                    let unit = *unit;
+                    outcomes.push(Outcome::Block { rule, unit });
+                }
+                Action::Limit { limits, plain } => {
+                    // A descriptor's own hits_addend wins, 0 included (a
+                    // check that debits nothing), as in envoyproxy/ratelimit.
+                    let cost = req.descriptors[i].hits_addend.unwrap_or(request_cost);
+                    outcomes.push(Outcome::Limited {
+                        check: checks.len(),
+                        plain: *plain,
+                        rule: rule.clone(),
+                    });
+                    checks.push(KeyCheck {
+                        limits: limits.clone(),
+                        key,
+                        cost,
+                        enforced: !rule.shadow,
+                    });
+                }
+            }
+        }
+        // An enforced block denies the request: the others are only looked
+        // at (cost 0), so nothing is debited.
+        let blocked = outcomes
+            .iter()
+            .any(|o| matches!(o, Outcome::Block { rule, .. } if !rule.shadow));
+        if blocked {
+            for c in &mut checks {
+                c.cost = 0;
+            }
+        }
+        let decided = if checks.is_empty() {
+            AllOutcome {
+                allowed: true,
+                decisions: Vec::new(),
+            }
+        } else {
+            in_memory_or_blocking(
+                &self.state,
+                checks,
+                |e: &Engine<C>, c: &Vec<KeyCheck>| e.check_all_in_memory(c),
+                |e: &Engine<C>, c: &Vec<KeyCheck>| e.check_all(c),
+            )
+            .await
+            .map_err(status)?
+        };
+        let now = self.state.engine.now();
+        Ok(self.answer(&outcomes, &decided, blocked, now))
+    }
+
+    /// The response: statuses, overall code and header fields.
+    fn answer(
+        &self,
+        outcomes: &[Outcome],
+        decided: &AllOutcome,
+        blocked: bool,
+        now: u64,
+    ) -> RateLimitResponse {
+        let over = blocked || !decided.allowed;
+        let mut statuses = Vec::with_capacity(outcomes.len());
+        // Header figures: per limited descriptor (name, limit, window s,
+        // remaining, reset s, retry after s if it denied).
+        let mut fields: Vec<Field> = Vec::new();
+        for o in outcomes {
+            let s = match o {
+                Outcome::NoRule => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..DescriptorStatus::default()
+                },
+                Outcome::Unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..DescriptorStatus::default()
+                },
+                Outcome::Block { rule, unit } => {
+                    let secs = unit.secs();
+                    let until = secs - (now / 1_000_000_000) % secs;
+                    if rule.shadow {
+                        self.rules.counters.shadow_over.inc();
+                    }
+                    fields.push(Field {
+                        name: rule.name.clone(),
+                        limit: 0,
+                        window: secs,
+                        remaining: 0,
+                        reset: until,
+                        retry_after: (!rule.shadow).then_some(until),
+                    });
+                    DescriptorStatus {
+                        code: if rule.shadow {
+                            Code::Ok
+                        } else {
+                            Code::OverLimit
+                        } as i32,
+                        current_limit: Some(RateLimit {
+                            name: rule.name.clone(),
+                            requests_per_unit: 0,
+                            unit: pb_unit(Some(*unit)) as i32,
+                        }),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(duration(u128::from(until) * 1_000_000_000)),
+                    }
+                }
+                Outcome::Limited { rule, check, plain } => {
+                    let Some(d) = decided.decisions.get(*check) else {
+                        statuses.push(DescriptorStatus::default());
+                        continue;
+                    };
+                    if !d.allowed && rule.shadow {
+                        self.rules.counters.shadow_over.inc();
+                    }
+                    let (limit, unit, window) = figures(rule, d, *plain);
+                    fields.push(Field {
+                        name: rule.name.clone(),
+                        limit,
+                        window,
+                        remaining: d.remaining,
+                        reset: ceil_secs(d.reset_after),
+                        retry_after: (!d.allowed && !rule.shadow)
+                            .then(|| d.retry_after.map(ceil_secs))
+                            .flatten(),
+                    });
+                    DescriptorStatus {
+                        code: if d.allowed || rule.shadow {
+                            Code::Ok
+                        } else {
+                            Code::OverLimit
+                        } as i32,
+                        current_limit: Some(RateLimit {
+                            name: rule.name.clone(),
+                            requests_per_unit: u32::try_from(limit).unwrap_or(u32::MAX),
+                            unit: pb_unit(unit) as i32,
+                        }),
+                        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+                        duration_until_reset: Some(duration(d.reset_after)),
+                    }
+                }
+            };
+            statuses.push(s);
+        }
+        let counter = if over {
+            &self.rules.counters.over_limit
+        } else {
+            &self.rules.counters.ok
+        };
+        counter.inc();
+        RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers(&fields, over),
+        }
+    }
+}
+
+/// A limited descriptor's figures for the header fields.
+struct Field {
+    name: String,
+    limit: u64,
+    window: u64,
+    remaining: u64,
+    reset: u64,
+    retry_after: Option<u64>,
+}
+
+/// The limit, unit and window (s) `current_limit` and `RateLimit-Policy`
+/// report: a plain rule's own; for `limits`, the item with the least
+/// remaining (its unit only if its window is exactly one).
+fn figures(rule: &Rule, d: &Decision, plain: Option<(u32, Unit)>) -> (u64, Option<Unit>, u64) {
+    if let Some((n, unit)) = plain {
+        return (u64::from(n), Some(unit), unit.secs());
+    }
+    let Action::Limit { limits, .. } = &rule.action else {
+        return (0, None, 0);
+    };
+    let t = d.tightest();
+    let Some(item) = limits.stack.items().get(t) else {
+        return (0, None, 0);
+    };
+    let window = window_ns(item).unwrap_or(0);
+    let unit = u64::try_from(window).ok().and_then(Unit::of_nanos);
+    (item.limit(), unit, ceil_secs(window))
+}
+
+fn pb_unit(u: Option<Unit>) -> PbUnit {
+    match u {
+        None => PbUnit::Unknown,
+        Some(Unit::Second) => PbUnit::Second,
+        Some(Unit::Minute) => PbUnit::Minute,
+        Some(Unit::Hour) => PbUnit::Hour,
+        Some(Unit::Day) => PbUnit::Day,
+        Some(Unit::Week) => PbUnit::Week,
+        Some(Unit::Month) => PbUnit::Month,
+        Some(Unit::Year) => PbUnit::Year,
+    }
+}
+
+fn duration(ns: Span) -> prost_types::Duration {
+    let secs = ns / 1_000_000_000;
+    prost_types::Duration {
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: (ns % 1_000_000_000) as i32,
+    }
+}
+
+/// `RateLimit-Policy` (every limited descriptor), `RateLimit` (the one with
+/// the least remaining; when over, a denying one) and, when over,
+/// `Retry-After` (the longest wait of the denying ones), as HTTP answers
+/// carry them (docs/semantics.md §3.5).
+fn headers(fields: &[Field], over: bool) -> Vec<HeaderValue> {
+    if fields.is_empty() {
+        return Vec::new();
+    }
+    // One entry per policy: two descriptors matching one rule list it once.
+    let mut entries: Vec<String> = Vec::with_capacity(fields.len());
+    for f in fields {
+        let e = format!(
+            "{};q={};w={}",
+            sf_string(&f.name),
+            sf_int(f.limit),
+            sf_int(f.window)
+        );
+        if !entries.contains(&e) {
+            entries.push(e);
+        }
+    }
+    let policy = entries.join(", ");
+    let tightest = fields
+        .iter()
+        .filter(|f| !over || f.retry_after.is_some())
+        .min_by_key(|f| (f.remaining, std::cmp::Reverse(f.reset)))
+        .or_else(|| fields.iter().min_by_key(|f| f.remaining));
+    let mut out = vec![HeaderValue {
+        key: "ratelimit-policy".into(),
+        value: policy,
+    }];
+    if let Some(f) = tightest {
+        out.push(HeaderValue {
+            key: "ratelimit".into(),
+            value: format!(
+                "{};r={};t={}",
+                sf_string(&f.name),
+                sf_int(f.remaining),
+                sf_int(f.reset)
+            ),
+        });
+    }
+    if over && let Some(r) = fields.iter().filter_map(|f| f.retry_after).max() {
+        out.push(HeaderValue {
+            key: "retry-after".into(),
+            value: r.to_string(),
+        });
+    }
+    out
+}
+
+#[tonic::async_trait]
+impl<C: Clock + 'static> pb::rate_limit_service_server::RateLimitService for Service<C> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let answer = async {
+            self.auth.check(&request)?;
+            let _slot = InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight)
+                .map_err(status)?;
+            self.decide(request.into_inner()).await
+        }
+        .await;
+        match answer {
+            Ok(r) => Ok(Response::new(r)),
+            Err(s) => {
+                self.rules.counters.error.inc();
+                // Envoy applies `failure_mode_deny` to an error status, but
+                // lets UNKNOWN through as if allowed: an internal error must
+                // not read as one (docs/rls.md, "Errors").
+                if s.code() == tonic::Code::Internal || s.code() == tonic::Code::Unknown {
+                    return Err(Status::unavailable(s.message().to_owned()));
+                }
+                Err(s)
+            }
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Envoy's rate limit service (docs/rls.md) of a real `freqcap serve`:
+//! - a client generated from Envoy's own protos (PyPI `xds-protos` and
+//!   `grpcio`, tests/rls_envoy.py) over tests/rls/, one scenario per rule;
+//! - all or nothing under concurrency (tonic client of the vendored protos);
+//! - reloading on SIGHUP, whole or not at all;
+//! - a bad rules directory at start, and `freqcap validate`.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use freqcap::rls::pb::{
+    self, RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry,
+    rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
+};
+use tonic::transport::Channel;
+
+struct Node {
+    s: support::Stopped,
+    grpc: String,
+}
+
+fn node(rules: &Path) -> Node {
+    let s = support::Stopped(support::serve(
+        [
+            "--memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--rls-config",
+            rules.to_str().unwrap(),
+        ],
+        false,
+    ));
+    let log = support::log_text(&s.log);
+    let grpc = log
+        .lines()
+        .find_map(|l| l.split("gRPC listening on ").nth(1))
+        .expect("the server logs its gRPC address")
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    Node { s, grpc }
+}
+
+async fn client(n: &Node) -> RateLimitServiceClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects");
+    RateLimitServiceClient::new(ch)
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+fn rules_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls")
+}
+
+/// Seconds to the end of the UTC day; a test that counts in daily windows
+/// waits past midnight if it is closer than a minute.
+fn away_from_midnight() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = 86_400 - now % 86_400;
+    if left < 60 {
+        std::thread::sleep(std::time::Duration::from_secs(left + 1));
+    }
+}
+
+#[test]
+fn envoys_own_client_over_every_rule() {
+    away_from_midnight();
+    let n = node(&rules_dir());
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls_envoy.py"))
+        .arg(&n.grpc)
+        .output()
+        .expect("python3 runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tests/rls_envoy.py (needs grpcio and xds-protos, tests/requirements.txt): {text}"
+    );
+    assert_eq!(text.trim(), "ok 11", "{text}");
+}
+
+/// 200 concurrent requests, each with a descriptor of 30 a day and one of
+/// 1000 a day: exactly 30 are allowed, and the wide one is debited by
+/// exactly those 30. envoyproxy/ratelimit would have debited it 200 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_under_concurrency() {
+    away_from_midnight();
+    let n = node(&rules_dir());
+    let c = client(&n).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let mut c = c.clone();
+        calls.spawn(async move {
+            c.should_rate_limit(request(
+                "internal",
+                vec![desc(&[("shared", "s")]), desc(&[("wide", "w")])],
+            ))
+            .await
+            .expect("answers")
+            .into_inner()
+        });
+    }
+    let answers = calls.join_all().await;
+    let allowed = answers
+        .iter()
+        .filter(|r| r.overall_code == Code::Ok as i32)
+        .count();
+    assert_eq!(allowed, 30);
+    for r in &answers {
+        let over = r.overall_code == Code::OverLimit as i32;
+        assert_eq!(r.statuses[0].code == Code::OverLimit as i32, over, "{r:?}");
+        assert_eq!(r.statuses[1].code, Code::Ok as i32, "{r:?}");
+    }
+    let mut c = c.clone();
+    let r = c
+        .should_rate_limit(RateLimitRequest {
+            hits_addend: 0,
+            ..request("internal", vec![desc(&[("wide", "w")])])
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // 1000 − 30 before this call, 1 for it.
+    assert_eq!(r.statuses[0].limit_remaining, 1000 - 30 - 1);
+}
+
+fn metric(n: &Node, name: &str) -> f64 {
+    let text = ureq::get(&format!("http://{}/metrics", n.s.addr))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_whole_or_keeps_what_it_had() {
+    away_from_midnight();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("app.yaml");
+    let rules = |n: u32| {
+        format!(
+            "domain: app\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {n}}}\n"
+        )
+    };
+    std::fs::write(&file, rules(5)).unwrap();
+    let n = node(dir.path());
+    let mut c = client(&n).await;
+    let limit_of = |r: &pb::RateLimitResponse| {
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    let ask = |c: &mut RateLimitServiceClient<Channel>| {
+        let mut c = c.clone();
+        async move {
+            c.should_rate_limit(request("app", vec![desc(&[("k", "v")])]))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    assert_eq!(limit_of(&ask(&mut c).await), Some(5));
+    let hup = |pid: u32| {
+        let ok = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    };
+    // A good change is applied.
+    std::fs::write(&file, rules(7)).unwrap();
+    hup(n.s.child.id());
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = limit_of(&ask(&mut c).await);
+        if seen == Some(7) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, Some(7));
+    assert_eq!(
+        metric(&n, "freqcap_rls_config_reloads_total{outcome=\"applied\"}"),
+        1.0
+    );
+    // A bad file beside a good change: nothing of it is applied.
+    std::fs::write(&file, rules(9)).unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "domain: other\ndescriptors:\n  - key: x\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    hup(n.s.child.id());
+    let mut refused = 0.0;
+    for _ in 0..100 {
+        refused = metric(&n, "freqcap_rls_config_reloads_total{outcome=\"refused\"}");
+        if refused == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused, 1.0);
+    assert_eq!(limit_of(&ask(&mut c).await), Some(7));
+    let log = support::log_text(&n.s.log);
+    assert!(
+        log.contains("bad.yaml: descriptors[0].rate_limit.unit: unknown unit \"fortnight\""),
+        "{log}"
+    );
+    assert_eq!(metric(&n, "freqcap_rls_rules"), 1.0);
+}
+
+#[test]
+fn a_bad_rules_directory_stops_the_start_naming_the_file_and_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("x.yaml"),
+        "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1, per: 5}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .args(["serve", "--memory", "--listen", "127.0.0.1:0"])
+        .args(["--grpc-listen", "127.0.0.1:0", "--rls-config"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "rls_config: x.yaml: descriptors[0].descriptors[0].rate_limit.per: unknown key"
+        ),
+        "{err}"
+    );
+    // And with gRPC off there is nowhere to serve it.
+    let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .args(["serve", "--memory", "--listen", "127.0.0.1:0"])
+        .args(["--grpc-listen", "off", "--rls-config"])
+        .arg(rules_dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("grpc_listen, which is off"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn validate_accepts_rules_and_names_errors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .arg("validate")
+        .arg(rules_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "11 rules in 2 domains: edge, internal"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yml");
+    std::fs::write(&bad, "domain: d\ndescriptors:\n  - key: a\n  - key: a\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+        .arg("validate")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yml: descriptors[1]: duplicate descriptor \"a\""),
+        "{err}"
+    );
+}
