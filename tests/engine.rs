@@ -1958,3 +1958,85 @@ fn the_memory_store_forgets_event_ids_past_their_horizon() {
     assert_eq!(store.scan(Space::Dedupe).unwrap().len(), 51);
     assert_eq!(e.events(&[ev(120)]).unwrap(), 0);
 }
+
+/// `Engine::check_all` (Envoy's rate limit service, docs/rls.md): several
+/// keys all or nothing, a key given twice, shadow keys, a cost of 0, and
+/// counts kept across a restart on RocksDB.
+#[test]
+fn check_all_is_all_or_nothing() {
+    use freqcap::engine::{KeyCheck, compile_inline};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let limits = |n: u64| {
+        let defs: Vec<freqcap::model::LimitDef> = from_json(&format!(
+            r#"[{{"kind": "window", "limit": {n}, "window": "1h", "align": "fixed"}}]"#
+        ))
+        .unwrap();
+        compile_inline(&defs).unwrap()
+    };
+    let (two, ten) = (limits(2), limits(10));
+    let key = |l: &Arc<freqcap::engine::CompiledInline>, k: &str, cost, enforced| KeyCheck {
+        limits: l.clone(),
+        key: k.into(),
+        cost,
+        enforced,
+    };
+    let remaining = |o: &freqcap::engine::AllOutcome| -> Vec<u64> {
+        o.decisions.iter().map(|d| d.remaining).collect()
+    };
+    {
+        let e = rocks_engine(dir.path(), clock.clone());
+        let pair = [key(&two, "narrow", 1, true), key(&ten, "wide", 1, true)];
+        let o = e.check_all(&pair).unwrap();
+        assert!(o.allowed);
+        assert_eq!(remaining(&o), [1, 9]);
+        // Cost 2 on narrow cannot be paid: nothing moves, wide included,
+        // and wide reports what it has.
+        let o = e
+            .check_all(&[key(&two, "narrow", 2, true), key(&ten, "wide", 1, true)])
+            .unwrap();
+        assert!(!o.allowed);
+        assert!(!o.decisions[0].allowed && o.decisions[1].allowed);
+        assert_eq!(remaining(&o), [1, 9]);
+        // A key given twice sees its first debit: with 1 left, the second
+        // is over (it saw 0 left), and the first is not debited either.
+        let twice = [key(&two, "narrow", 1, true), key(&two, "narrow", 1, true)];
+        let o = e.check_all(&twice).unwrap();
+        assert!(!o.allowed);
+        assert!(o.decisions[0].allowed && !o.decisions[1].allowed);
+        assert_eq!(remaining(&o), [1, 0]);
+        let o = e.check_all(&twice[..1]).unwrap();
+        assert!(o.allowed);
+        assert_eq!(remaining(&o), [0]);
+        // A shadow key over its limit does not deny, and is not debited
+        // further; the enforced one is.
+        let o = e
+            .check_all(&[key(&two, "narrow", 1, false), key(&ten, "wide", 1, true)])
+            .unwrap();
+        assert!(o.allowed);
+        assert!(!o.decisions[0].allowed);
+        assert_eq!(remaining(&o), [0, 8]);
+        // Cost 0 looks without debiting.
+        let o = e.check_all(&[key(&ten, "wide", 0, true)]).unwrap();
+        assert_eq!(remaining(&o), [8]);
+        // Bad input is refused whole.
+        assert!(matches!(
+            e.check_all(&[]),
+            Err(EngineError::InvalidArgument { .. })
+        ));
+        let o = e.check_all(&[key(&ten, "", 1, true)]);
+        assert!(
+            matches!(o, Err(EngineError::InvalidArgument { .. })),
+            "{o:?}"
+        );
+        e.flush().unwrap();
+    }
+    // Counts survive a restart.
+    let e = rocks_engine(dir.path(), clock.clone());
+    let o = e.check_all(&[key(&ten, "wide", 0, true)]).unwrap();
+    assert_eq!(remaining(&o), [8]);
+    // And reset with the window (the next hour from the epoch).
+    clock.set(T0 - T0 % (3600 * SEC) + 3600 * SEC);
+    let o = e.check_all(&[key(&ten, "wide", 1, true)]).unwrap();
+    assert_eq!(remaining(&o), [9]);
+}
