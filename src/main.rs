@@ -84,6 +84,9 @@ struct ServeArgs {
     /// RESP connections served at once.
     #[arg(long, env = "FREQCAP_RESP_MAX_CONNECTIONS")]
     resp_max_connections: Option<usize>,
+    /// gRPC connections served at once.
+    #[arg(long, env = "FREQCAP_GRPC_MAX_CONNECTIONS")]
+    grpc_max_connections: Option<usize>,
     /// RocksDB data directory.
     #[arg(long, env = "FREQCAP_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -201,6 +204,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.resp_max_connections {
             c.resp_max_connections = v;
+        }
+        if let Some(v) = self.grpc_max_connections {
+            c.grpc_max_connections = v;
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;

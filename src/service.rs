@@ -46,6 +46,10 @@ pub struct ServeConfig {
     /// RESP connections served at once (lowered, with `max_connections`, to
     /// fit the file-descriptor limit).
     pub resp_max_connections: usize,
+    /// gRPC connections served at once (lowered, with `max_connections`, to
+    /// fit the file-descriptor limit); past it a connection is closed at
+    /// accept.
+    pub grpc_max_connections: usize,
     /// RocksDB directory.
     pub data_dir: PathBuf,
     /// Keep everything in memory (nothing survives a restart).
@@ -130,6 +134,7 @@ impl Default for ServeConfig {
             resp_listen: None,
             rls_config: None,
             resp_max_connections: 1024,
+            grpc_max_connections: 1024,
             data_dir: PathBuf::from("./freqcap-data"),
             memory: false,
             store: "rocksdb".into(),
@@ -215,6 +220,7 @@ impl ServeConfig {
             ("idle_timeout_secs", self.idle_timeout_secs),
             ("max_connections", self.max_connections as u64),
             ("resp_max_connections", self.resp_max_connections as u64),
+            ("grpc_max_connections", self.grpc_max_connections as u64),
         ] {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
@@ -373,12 +379,17 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     } else {
         0
     };
+    let grpc_max = if config.grpc_addr()?.is_some() {
+        config.grpc_max_connections
+    } else {
+        0
+    };
     let limits = ConnLimits {
         header_timeout: secs(config.header_timeout_secs),
         idle_timeout: secs(config.idle_timeout_secs),
         max_connections: server::fit_to_fd_limit(
             config.max_connections,
-            config.probe_connections + resp_max,
+            config.probe_connections + resp_max + grpc_max,
         ),
         probe_connections: config.probe_connections,
         drain_timeout: secs(config.drain_timeout_secs),
@@ -461,7 +472,11 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         let (state, stop) = (state.clone(), stopped(stop_rx.clone()));
         let rls = rls.clone();
         tokio::spawn(async move {
-            if let Err(e) = crate::grpc::serve(l, state, rls, stop).await {
+            let options = crate::grpc::GrpcOptions {
+                max_connections: grpc_max,
+                request_timeout: secs(config.body_timeout_secs),
+            };
+            if let Err(e) = crate::grpc::serve(l, state, rls, options, stop).await {
                 tracing::error!("gRPC server failed: {e}");
             }
         })

@@ -538,3 +538,73 @@ async fn admin_defines_what_http_reads() {
         .await
         .unwrap();
 }
+
+/// The value of a sample line `name value` of the node's /metrics.
+fn metric(n: &Node, name: &str) -> f64 {
+    let text = ureq::get(&format!("http://{}/metrics", n.s.addr))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// Past `grpc_max_connections` a connection is closed at accept and
+/// counted; a place given back is taken by the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed_at_accept() {
+    use std::io::Read;
+    let n = node(&["--grpc-max-connections", "2"]);
+    let policy = json!({"limits": [{"kind": "window", "limit": 100, "window": "1h"}]});
+    assert_eq!(http(&n, "PUT", "/v1/policies/p", Some(policy)).0, 200);
+    let a = std::net::TcpStream::connect(&n.grpc).unwrap();
+    let b = client(&n).await;
+    // Both places are taken once the server has accepted them.
+    for _ in 0..100 {
+        if metric(&n, "freqcap_grpc_connections_open") == 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&n, "freqcap_grpc_connections_open"), 2.0);
+    let mut c = std::net::TcpStream::connect(&n.grpc).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    // Closed by the server: end of stream (or a reset), not a timeout.
+    match c.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the connection closed, got {other:?}"),
+    }
+    assert_eq!(metric(&n, "freqcap_grpc_connections_refused_total"), 1.0);
+    // The client that has a place is served; the raw connection gives its
+    // place back when it closes.
+    let mut b = b;
+    let d = b
+        .check(check("p", "k", 1))
+        .await
+        .expect("served")
+        .into_inner();
+    assert!(d.allowed);
+    drop(a);
+    let mut ok = false;
+    for _ in 0..100 {
+        if metric(&n, "freqcap_grpc_connections_open") == 1.0 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the closed connection's place is given back");
+    let mut d = client(&n).await;
+    let r = d
+        .check(check("p", "k", 1))
+        .await
+        .expect("served")
+        .into_inner();
+    assert_eq!(r.remaining, 98);
+}

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub resp_protocol_errors: Counter,
     /// Envoy's rate limit service.
     pub rls: RlsCounters,
+    /// The gRPC listener's connections (`src/grpc/mod.rs`).
+    pub grpc_connections: ConnCounters,
 }
 
 /// The engine's and store's own figures at scrape time.
@@ -472,6 +474,17 @@ impl Metrics {
             "RESP connections closed on a frame that could not be read",
             resp_protocol_errors.clone(),
         );
+        let grpc_connections = ConnCounters::default();
+        registry.register(
+            "freqcap_grpc_connections_open",
+            "gRPC connections open now",
+            grpc_connections.open.clone(),
+        );
+        registry.register(
+            "freqcap_grpc_connections_refused",
+            "gRPC connections closed at accept, over grpc_max_connections",
+            grpc_connections.refused.clone(),
+        );
         let rls_calls = Family::<OutcomeLabel, Counter>::default();
         let reloads = Family::<OutcomeLabel, Counter>::default();
         let call = |outcome| rls_calls.get_or_create(&OutcomeLabel { outcome }).clone();
@@ -508,6 +521,7 @@ impl Metrics {
         registry.register_collector(Box::new(figures));
         Metrics {
             rls,
+            grpc_connections,
             resp_commands,
             resp_connections,
             resp_protocol_errors,

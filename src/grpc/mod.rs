@@ -10,9 +10,16 @@ pub mod convert;
 pub mod freqcap;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-use tokio::net::TcpListener;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Status};
 
 use crate::api::{ApiError, AppState};
@@ -96,11 +103,123 @@ impl Auth {
     }
 }
 
+/// Limits of the gRPC listener (docs/grpc.md, "Tokens, limits, probes").
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcOptions {
+    /// Connections at once; past it a connection is closed at accept.
+    pub max_connections: usize,
+    /// The longest a call may take, its messages' sending included: a client
+    /// that trickles a message in holds a stream no longer than this.
+    pub request_timeout: Duration,
+}
+
+/// A connection holding its place under `grpc_max_connections`, given back
+/// when tonic drops the connection.
+struct Capped {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for Capped {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl AsyncRead for Capped {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Capped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Capped {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The connections tonic serves: accepted here, each holding a place under
+/// the cap or closed at once (counted as refused). Ends when tonic stops
+/// taking connections (shutdown).
+fn capped_incoming(
+    listener: TcpListener,
+    max: usize,
+    counters: crate::api::metrics::ConnCounters,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Capped>> {
+    let (tx, rx) = mpsc::channel(16);
+    let places = Arc::new(Semaphore::new(max.max(1)));
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                s = crate::server::accept(&listener) => s,
+                _ = tx.closed() => break,
+            };
+            let Some(stream) = stream else { continue };
+            let Ok(permit) = places.clone().try_acquire_owned() else {
+                counters.refused.inc();
+                drop(stream);
+                continue;
+            };
+            // Small answers go out at once (no Nagle delay), as HTTP's and
+            // RESP's connections do.
+            let _ = stream.set_nodelay(true);
+            counters.open.inc();
+            let conn = Capped {
+                stream,
+                _permit: permit,
+                open: counters.open.clone(),
+            };
+            if tx.send(Ok(conn)).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// Serves gRPC on `listener` until `shutdown` resolves.
 pub async fn serve<C: Clock + 'static>(
     listener: TcpListener,
     state: Arc<AppState<C>>,
     rls: Option<Arc<crate::rls::RulesHandle>>,
+    options: GrpcOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -132,12 +251,18 @@ pub async fn serve<C: Clock + 'static>(
         }
         None => None,
     };
+    let incoming = capped_incoming(
+        listener,
+        options.max_connections,
+        state.metrics.grpc_connections.clone(),
+    );
     let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
         .max_decoding_message_size(max);
     tonic::transport::Server::builder()
         // As the HTTP port's HTTP/2 (src/server.rs): streams per connection,
         // and pings that close connections whose peer went away.
         .max_concurrent_streams(256)
+        .timeout(options.request_timeout)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(health_service)
@@ -145,12 +270,7 @@ pub async fn serve<C: Clock + 'static>(
         .add_service(service)
         .add_service(admin)
         .add_optional_service(rls)
-        .serve_with_incoming_shutdown(
-            // Small answers go out at once (no Nagle delay), as HTTP's and
-            // RESP's connections do.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| e.to_string())
 }
