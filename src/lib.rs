@@ -25,6 +25,7 @@ pub mod api;
 pub mod client;
 pub mod clock;
 pub mod cluster;
+pub mod definitions_dir;
 pub mod engine;
 pub mod grpc;
 pub mod keyed;

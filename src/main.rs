@@ -74,6 +74,11 @@ struct ServeArgs {
     /// Address of the gRPC front (docs/grpc.md), or `off`; default 127.0.0.1:8081.
     #[arg(long, env = "FREQCAP_GRPC_LISTEN")]
     grpc_listen: Option<String>,
+    /// Directory of definition files (policies/*.json|toml,
+    /// campaigns/*.json|toml; docs/service.md), reloaded on SIGHUP and when
+    /// it changes; read-only through the API.
+    #[arg(long, env = "FREQCAP_DEFINITIONS")]
+    definitions: Option<PathBuf>,
     /// Directory of Envoy rate limit rules (envoyproxy/ratelimit's YAML,
     /// docs/rls.md), served on the gRPC listener; reloaded on SIGHUP.
     #[arg(long, env = "FREQCAP_RLS_CONFIG")]
@@ -201,6 +206,9 @@ impl ServeArgs {
         }
         if self.rls_config.is_some() {
             c.rls_config = self.rls_config;
+        }
+        if self.definitions.is_some() {
+            c.definitions = self.definitions;
         }
         if let Some(v) = self.resp_max_connections {
             c.resp_max_connections = v;
@@ -384,6 +392,23 @@ fn run(cli: Cli) -> Result<(), String> {
                 "replayed {} lines, {} answered with an error status",
                 summary.lines, summary.errors
             );
+            Ok(())
+        }
+        Command::Validate { file } if freqcap::definitions_dir::is_definitions_dir(&file) => {
+            // The same validation a reload does, on an engine in memory: every
+            // file, and the parents among them.
+            let engine = freqcap::engine::Engine::open(
+                std::sync::Arc::new(freqcap::store::MemoryStore::new()),
+                freqcap::SystemClock::new(),
+                freqcap::engine::EngineOptions::default(),
+            )
+            .map_err(|e| e.to_string())?;
+            let set = freqcap::definitions_dir::read(&file)?;
+            let (p, c) = (set.policies.len(), set.campaigns.len());
+            engine
+                .replace_file_definitions(set)
+                .map_err(|e| e.to_string())?;
+            let _ = writeln!(std::io::stdout(), "{p} policies, {c} campaigns");
             Ok(())
         }
         Command::Validate { file } if is_rls(&file) => {

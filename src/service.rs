@@ -39,6 +39,10 @@ pub struct ServeConfig {
     pub grpc_listen: String,
     /// Address of the Redis-protocol front (docs/resp.md); unset: off.
     pub resp_listen: Option<SocketAddr>,
+    /// Directory of definition files (`policies/`, `campaigns/`; docs/service.md,
+    /// "Definitions as files"): loaded at start, reloaded on SIGHUP and when
+    /// it changes; those definitions are read-only through the API.
+    pub definitions: Option<PathBuf>,
     /// Directory of Envoy rate limit rules (docs/rls.md), served as
     /// `envoy.service.ratelimit.v3.RateLimitService` on `grpc_listen`;
     /// unset: off. Reloaded on SIGHUP.
@@ -133,6 +137,7 @@ impl Default for ServeConfig {
             grpc_listen: "127.0.0.1:8081".into(),
             resp_listen: None,
             rls_config: None,
+            definitions: None,
             resp_max_connections: 1024,
             grpc_max_connections: 1024,
             data_dir: PathBuf::from("./freqcap-data"),
@@ -329,6 +334,30 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
+    // Definition files before the first request: a bad directory stops the
+    // start, as a bad config file does.
+    let definitions_seen = match &config.definitions {
+        None => None,
+        Some(dir) => {
+            let (e, d) = (engine.clone(), dir.clone());
+            let r = tokio::task::spawn_blocking(move || {
+                let seen = crate::definitions_dir::fingerprint(&d);
+                crate::definitions_dir::load(&e, &d).map(|r| (r, seen))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("definitions: {e}"))?;
+            tracing::info!(
+                dir = %dir.display(),
+                "definitions loaded from {}: {} written, {} deleted, {} unchanged",
+                dir.display(),
+                r.0.written,
+                r.0.deleted,
+                r.0.unchanged
+            );
+            Some(r.1)
+        }
+    };
     let connections = ConnCounters::default();
     let secs = Duration::from_secs;
     let state = api::app_state(
@@ -351,6 +380,14 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         },
     );
     let app = api::router_for(state.clone());
+    if let (Some(dir), Some(seen)) = (&config.definitions, definitions_seen) {
+        tokio::spawn(crate::definitions_dir::watch(
+            engine.clone(),
+            dir.clone(),
+            state.metrics.definition_reloads.clone(),
+            seen,
+        ));
+    }
     let rls = match &config.rls_config {
         None => None,
         Some(dir) => {

@@ -101,6 +101,15 @@ pub struct RlsCounters {
     pub rules: Gauge,
 }
 
+/// Reloads of the definitions directory (`src/definitions_dir.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct DefinitionReloads {
+    /// Reloads applied (the directory's set is in force).
+    pub applied: Counter,
+    /// Reloads refused (the previous definitions stay).
+    pub errors: Counter,
+}
+
 /// Upper bounds of the queueing-delay histogram's buckets, seconds.
 const QUEUE_BUCKETS: [f64; 10] = [
     0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
@@ -126,6 +135,8 @@ pub struct Metrics {
     pub rls: RlsCounters,
     /// The gRPC listener's connections (`src/grpc/mod.rs`).
     pub grpc_connections: ConnCounters,
+    /// Reloads of the definitions directory.
+    pub definition_reloads: DefinitionReloads,
 }
 
 /// The engine's and store's own figures at scrape time.
@@ -474,6 +485,17 @@ impl Metrics {
             "RESP connections closed on a frame that could not be read",
             resp_protocol_errors.clone(),
         );
+        let definition_reloads = DefinitionReloads::default();
+        registry.register(
+            "freqcap_definitions_reloads",
+            "Reloads of the definitions directory applied",
+            definition_reloads.applied.clone(),
+        );
+        registry.register(
+            "freqcap_definitions_reload_errors",
+            "Reloads of the definitions directory refused (the previous definitions stay)",
+            definition_reloads.errors.clone(),
+        );
         let grpc_connections = ConnCounters::default();
         registry.register(
             "freqcap_grpc_connections_open",
@@ -520,6 +542,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(figures));
         Metrics {
+            definition_reloads,
             rls,
             grpc_connections,
             resp_commands,

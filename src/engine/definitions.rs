@@ -24,6 +24,10 @@ use super::{Conflict, Engine, EngineError, corrupt, invalid};
 struct StoredDef<T> {
     id: u32,
     def: T,
+    /// The definitions-directory file it comes from (docs/service.md,
+    /// "Definitions as files"); absent: defined through the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
 }
 
 /// The definitions in `store`, with every campaign's counters.
@@ -50,6 +54,7 @@ pub(crate) fn load_registry(
                 tags: stack_tags(&d.def.limits),
                 def: d.def,
                 stack: Arc::new(compiled.stack),
+                source: d.source.map(Arc::from),
             });
         } else if k.starts_with(b"c/") {
             let d: StoredDef<CampaignDef> =
@@ -76,6 +81,7 @@ pub(crate) fn load_registry(
                 compiled,
                 record,
                 chain: Vec::new(),
+                source: d.source.map(Arc::from),
             };
             let e = Arc::new(entry);
             reg.campaigns_by_id.insert(e.id, e.clone());
@@ -89,7 +95,7 @@ pub(crate) fn load_registry(
 /// Refuses, with a shared store, a campaign whose state would be
 /// cluster-wide: campaign-scope caps, budgets and max_in_flight need leases
 /// (docs/cluster.md, "Not yet").
-fn check_shareable_campaign(
+pub(crate) fn check_shareable_campaign(
     def: &CampaignDef,
     compiled: &CompiledCampaign,
 ) -> Result<(), EngineError> {
@@ -123,7 +129,7 @@ impl<C: Clock> Engine<C> {
     /// A copy of the definitions to change, taken under `defs_write`: with
     /// a shared store, read anew, so that a change another node made a
     /// moment ago is not undone.
-    fn registry_to_change(&self) -> Result<Registry, EngineError> {
+    pub(crate) fn registry_to_change(&self) -> Result<Registry, EngineError> {
         if self.shared().is_some() {
             return Ok(load_registry(&*self.store, Some(&self.registry()))?);
         }
@@ -132,7 +138,7 @@ impl<C: Clock> Engine<C> {
 
     /// An id for a new definition: above every id in use, and with a shared
     /// store one no other node hands out.
-    fn new_definition_id(&self, reg: &Registry) -> Result<u32, EngineError> {
+    pub(crate) fn new_definition_id(&self, reg: &Registry) -> Result<u32, EngineError> {
         match self.shared() {
             Some(shared) => Ok(shared.new_id(reg.max_id)?),
             None => Ok(reg.max_id + 1),
@@ -198,15 +204,7 @@ impl<C: Clock> Engine<C> {
         id: u32,
         def: &T,
     ) -> Result<(), EngineError> {
-        let value = codec::frame(
-            0,
-            &serde_json::to_vec(&StoredDef { id, def }).unwrap_or_default(),
-        );
-        self.write_durably(vec![Op::Put(
-            Space::Definitions,
-            def_key(prefix, name),
-            value,
-        )])
+        self.write_durably(vec![definition_op(prefix, name, id, def, None)])
     }
 
     /// Stores a policy (replacing any of that name) and returns its warnings.
@@ -221,7 +219,10 @@ impl<C: Clock> Engine<C> {
             .unwrap_or_else(PoisonError::into_inner);
         let mut reg = self.registry_to_change()?;
         let id = match reg.policies.get(name) {
-            Some(p) => p.id,
+            Some(p) => {
+                check_not_from_file("policy", name, p.source.as_ref())?;
+                p.id
+            }
             None => self.new_definition_id(&reg)?,
         };
         self.write_definition(b"p/", name, id, &def)?;
@@ -232,6 +233,7 @@ impl<C: Clock> Engine<C> {
             tags: stack_tags(&def.limits),
             def,
             stack: Arc::new(compiled.stack),
+            source: None,
         });
         self.publish(reg);
         Ok(compiled.warnings)
@@ -247,6 +249,9 @@ impl<C: Clock> Engine<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut reg = self.registry_to_change()?;
+        if let Some(p) = reg.policies.get(name) {
+            check_not_from_file("policy", name, p.source.as_ref())?;
+        }
         if reg.remove_policy(name).is_none() {
             return Err(EngineError::NotFound(format!("no policy named {name:?}")));
         }
@@ -269,6 +274,9 @@ impl<C: Clock> Engine<C> {
             check_shareable_campaign(&def, &compiled)?;
         }
         let mut reg = self.registry_to_change()?;
+        if let Some(c) = reg.campaigns.get(name) {
+            check_not_from_file("campaign", name, c.source.as_ref())?;
+        }
         reg.chain_from(name, def.parent.as_deref())
             .map_err(|m| invalid("parent", m))?;
         let id = match reg.campaigns.get(name) {
@@ -285,6 +293,7 @@ impl<C: Clock> Engine<C> {
             compiled,
             record: Arc::new(Mutex::new(SubjectRecord::default())),
             chain: Vec::new(),
+            source: None,
         });
         self.publish(reg);
         Ok(warnings)
@@ -301,9 +310,10 @@ impl<C: Clock> Engine<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut reg = self.registry_to_change()?;
-        if !reg.campaigns.contains_key(name) {
+        let Some(c) = reg.campaigns.get(name) else {
             return Err(EngineError::NotFound(format!("no campaign named {name:?}")));
-        }
+        };
+        check_not_from_file("campaign", name, c.source.as_ref())?;
         if reg.has_children(name) {
             return Err(EngineError::Conflict(Conflict::HasChildren {
                 name: name.to_owned(),
@@ -321,13 +331,46 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-fn def_key(prefix: &[u8], name: &str) -> Vec<u8> {
+/// The store write of a definition under `prefix` + `name`.
+pub(crate) fn definition_op<T: serde::Serialize>(
+    prefix: &[u8],
+    name: &str,
+    id: u32,
+    def: &T,
+    source: Option<&str>,
+) -> Op {
+    let stored = StoredDef {
+        id,
+        def,
+        source: source.map(str::to_owned),
+    };
+    let value = codec::frame(0, &serde_json::to_vec(&stored).unwrap_or_default());
+    Op::Put(Space::Definitions, def_key(prefix, name), value)
+}
+
+/// A change through the API of a definition a file defines: refused
+/// (409), naming the file.
+fn check_not_from_file(
+    kind: &str,
+    name: &str,
+    source: Option<&Arc<str>>,
+) -> Result<(), EngineError> {
+    match source {
+        Some(file) => Err(EngineError::Conflict(Conflict::DefinedByFile {
+            what: format!("{kind} {name:?}"),
+            file: file.to_string(),
+        })),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn def_key(prefix: &[u8], name: &str) -> Vec<u8> {
     let mut k = prefix.to_vec();
     k.extend_from_slice(name.as_bytes());
     k
 }
 
-fn campaign_tags(c: &CompiledCampaign) -> Vec<u32> {
+pub(crate) fn campaign_tags(c: &CompiledCampaign) -> Vec<u32> {
     c.items
         .iter()
         .enumerate()

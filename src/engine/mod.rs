@@ -9,6 +9,8 @@
 //! - [`events`]: impressions without a reservation, deduplicated by id.
 //! - [`definitions`]: put, get and delete of policies and campaigns; loading
 //!   them at open.
+//! - [`file_definitions`]: the set a definitions directory defines, put in
+//!   place whole.
 //! - [`usage`]: a user's usage of a campaign's caps; a campaign's delivery.
 //!
 //! What they share:
@@ -37,6 +39,7 @@ mod check;
 mod check_all;
 mod definitions;
 mod events;
+mod file_definitions;
 mod hot;
 mod leases;
 mod persist;
@@ -66,6 +69,7 @@ use reservations::Reservations;
 pub use check::{compile_inline, compile_limits_at};
 pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
+pub use file_definitions::{FileDef, FileDefinitions, Replaced};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
@@ -216,6 +220,12 @@ pub enum Conflict {
     /// A delete of a campaign that is some campaign's parent.
     #[error("campaign {name:?} still has children; delete them first")]
     HasChildren { name: String },
+    /// A change through the API of a definition the definitions directory
+    /// defines (docs/service.md, "Definitions as files").
+    #[error(
+        "{what} is defined by the file {file} of the definitions directory; change the file instead"
+    )]
+    DefinedByFile { what: String, file: String },
 }
 
 /// What made a reservation.

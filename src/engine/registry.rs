@@ -25,6 +25,9 @@ pub struct PolicyEntry {
     pub stack: Arc<Stack>,
     /// Counter tag of each item (index and definition fingerprint).
     pub tags: Vec<u32>,
+    /// The file of the definitions directory it comes from
+    /// (`policies/api.json`); `None`: defined through the API.
+    pub source: Option<Arc<str>>,
 }
 
 /// A campaign.
@@ -46,6 +49,8 @@ pub struct CampaignEntry {
     pub record: Arc<Mutex<SubjectRecord>>,
     /// Ids from this campaign up to its root, itself first.
     pub chain: Vec<u32>,
+    /// As [`PolicyEntry::source`].
+    pub source: Option<Arc<str>>,
 }
 
 /// A campaign and its ancestors, itself first: what one candidate is decided
@@ -182,6 +187,7 @@ impl Registry {
                     tags: e.tags.clone(),
                     record: e.record.clone(),
                     chain,
+                    source: e.source.clone(),
                 });
                 self.campaigns_by_id.insert(new.id, new.clone());
                 self.campaigns.insert(name, new);
@@ -224,6 +230,7 @@ mod tests {
             tags: stack_tags(&def.limits),
             def,
             stack: Arc::new(compiled.stack),
+            source: None,
         }
     }
 

@@ -1,0 +1,214 @@
+//! Definitions as files (docs/service.md, "Definitions as files"): a
+//! directory of `policies/*.{json,toml}` and `campaigns/*.{json,toml}`, the
+//! file name being the id, read whole ([`read`]) and put in place whole by
+//! the engine ([`crate::engine::Engine::replace_file_definitions`]).
+//!
+//! [`watch`] reloads on SIGHUP and when the directory's content changes. It
+//! reads the files' content every 2 s rather than asking the kernel for
+//! events: a Kubernetes ConfigMap is swapped by renaming a symlinked
+//! directory (`..data`), which file watches miss, and a few hundred small
+//! files are read in well under a millisecond.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::metrics::DefinitionReloads;
+use crate::clock::Clock;
+use crate::engine::{Engine, FileDef, FileDefinitions, Replaced};
+use crate::model::{self, CampaignDef, PolicyDef};
+
+/// Largest definition file read.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// How often the directory is read for changes.
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// The files of `dir`'s `policies/` and `campaigns/` (hidden ones, such as
+/// a ConfigMap's `..data`, left out), sorted, with their content.
+fn files(dir: &Path) -> Result<Vec<(String, PathBuf, String)>, String> {
+    let mut out = Vec::new();
+    let mut any = false;
+    for sub in ["policies", "campaigns"] {
+        let d = dir.join(sub);
+        if !d.exists() {
+            continue;
+        }
+        any = true;
+        let entries = std::fs::read_dir(&d).map_err(|e| format!("{sub}: cannot read: {e}"))?;
+        let mut names = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| format!("{sub}: cannot read: {e}"))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
+            if name.starts_with('.') || !(ext == "json" || ext == "toml") || !path.is_file() {
+                continue;
+            }
+            names.push((format!("{sub}/{name}"), path));
+        }
+        names.sort();
+        for (rel, path) in names {
+            let len = std::fs::metadata(&path)
+                .map_err(|e| format!("{rel}: cannot read: {e}"))?
+                .len();
+            if len > MAX_FILE_BYTES {
+                return Err(format!(
+                    "{rel}: {len} bytes; a definition file may have at most {MAX_FILE_BYTES}"
+                ));
+            }
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{rel}: cannot read: {e}"))?;
+            out.push((rel, path, text));
+        }
+    }
+    if !any {
+        return Err(format!(
+            "{}: neither policies/ nor campaigns/ is there",
+            dir.display()
+        ));
+    }
+    Ok(out)
+}
+
+/// A fingerprint of the directory's definition files (names and content).
+pub fn fingerprint(dir: &Path) -> Option<u64> {
+    let files = files(dir).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (rel, _, text) in &files {
+        rel.hash(&mut h);
+        text.hash(&mut h);
+    }
+    Some(h.finish())
+}
+
+/// Every definition of `dir`; an error names the file and the field.
+pub fn read(dir: &Path) -> Result<FileDefinitions, String> {
+    let mut set = FileDefinitions::default();
+    for (rel, path, text) in files(dir)? {
+        let toml = path.extension().is_some_and(|e| e == "toml");
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let taken = set.policies.iter().map(|f| (&f.source, &f.name));
+        let taken = taken.chain(set.campaigns.iter().map(|f| (&f.source, &f.name)));
+        let kind = rel.split('/').next().unwrap_or_default();
+        if let Some((other, _)) = taken
+            .into_iter()
+            .find(|(s, n)| **n == name && s.starts_with(kind))
+        {
+            return Err(format!("{rel}: id {name:?} is also defined by {other}"));
+        }
+        if kind == "policies" {
+            let def: PolicyDef = if toml {
+                model::from_toml(&text)
+            } else {
+                model::from_json(&text)
+            }
+            .map_err(|e| format!("{rel}: {e}"))?;
+            set.policies.push(FileDef {
+                name,
+                source: rel,
+                def,
+            });
+        } else {
+            let def: CampaignDef = if toml {
+                model::from_toml(&text)
+            } else {
+                model::from_json(&text)
+            }
+            .map_err(|e| format!("{rel}: {e}"))?;
+            set.campaigns.push(FileDef {
+                name,
+                source: rel,
+                def,
+            });
+        }
+    }
+    Ok(set)
+}
+
+/// Reads `dir` and puts its definitions in place, whole; or changes nothing
+/// and says why.
+pub fn load<C: Clock>(engine: &Engine<C>, dir: &Path) -> Result<Replaced, String> {
+    let set = read(dir)?;
+    engine
+        .replace_file_definitions(set)
+        .map_err(|e| e.to_string())
+}
+
+/// Whether `dir` is a definitions directory (it has `policies/` or
+/// `campaigns/`), for `freqcap validate`.
+pub fn is_definitions_dir(dir: &Path) -> bool {
+    dir.join("policies").is_dir() || dir.join("campaigns").is_dir()
+}
+
+/// Reloads `dir` on SIGHUP and whenever its content changes, until the
+/// process ends. A bad directory keeps the definitions in force; the log
+/// names the file and field, and `errors` counts it.
+pub async fn watch<C: Clock + 'static>(
+    engine: Arc<Engine<C>>,
+    dir: PathBuf,
+    counters: DefinitionReloads,
+    mut last: Option<u64>,
+) {
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<bool>();
+        let forced = tokio::select! {
+            s = signalled => s,
+            _ = tick.tick() => false,
+        };
+        let (e, d) = (engine.clone(), dir.clone());
+        let seen = last;
+        let done = tokio::task::spawn_blocking(move || {
+            let now = fingerprint(&d);
+            if !forced && now.is_some() && now == seen {
+                return (now, None);
+            }
+            (now, Some(load(&e, &d)))
+        })
+        .await;
+        let Ok((now, outcome)) = done else { continue };
+        match outcome {
+            None => {}
+            Some(Ok(r)) => {
+                last = now;
+                counters.applied.inc();
+                tracing::info!(
+                    written = r.written,
+                    deleted = r.deleted,
+                    unchanged = r.unchanged,
+                    dir = %dir.display(),
+                    "definitions reloaded: {} written, {} deleted, {} unchanged",
+                    r.written,
+                    r.deleted,
+                    r.unchanged
+                );
+            }
+            Some(Err(why)) => {
+                // Not retried until the content changes again (or SIGHUP):
+                // one log line per bad version, not one per poll.
+                last = now;
+                counters.errors.inc();
+                tracing::error!(
+                    dir = %dir.display(),
+                    "definitions not reloaded, the previous ones stay: {why}"
+                );
+            }
+        }
+    }
+}
