@@ -645,6 +645,64 @@ fn json_logs() {
     assert!(listening, "{log}");
 }
 
+/// Every request has an id: the caller's `x-request-id`, or one made up;
+/// the answer says it, and the request's log lines carry it, as text and as
+/// JSON.
+#[test]
+fn request_ids_in_answers_and_logs() {
+    for format in ["text", "json"] {
+        let s = support::Stopped(support::serve_env(
+            [
+                "--memory",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-format",
+                format,
+            ],
+            &[("FREQCAP_LOG", "info,freqcap::api=debug")],
+            false,
+        ));
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let url = format!("http://{}/v1/policies/nope", s.addr);
+        let r = agent
+            .get(&url)
+            .header("x-request-id", "trace-4f2a")
+            .call()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+        assert_eq!(r.headers()["x-request-id"], "trace-4f2a");
+        // Not one a log line could carry as it is: a new one.
+        let r = agent
+            .get(&url)
+            .header("x-request-id", "has space")
+            .call()
+            .unwrap();
+        let made = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert!(!made.is_empty() && made != "has space", "{made}");
+        let mut found = (false, false);
+        for _ in 0..100 {
+            let log = support::log_text(&s.log);
+            found = (log.contains("trace-4f2a"), log.contains(&made));
+            if found == (true, true) {
+                if format == "json" {
+                    let line = log.lines().find(|l| l.contains("trace-4f2a")).unwrap();
+                    let v: Value = serde_json::from_str(line).unwrap();
+                    assert_eq!(v["fields"]["request_id"], "trace-4f2a", "{line}");
+                    assert_eq!(v["fields"]["status"], 404, "{line}");
+                } else {
+                    assert!(log.contains("request_id=trace-4f2a"), "{log}");
+                }
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(found, (true, true), "{format}");
+    }
+}
+
 /// HTTP/2 with prior knowledge (h2c) on the HTTP port, beside HTTP/1.1:
 /// curl's own HTTP/2 stack against the same routes, answers and headers.
 #[test]

@@ -139,7 +139,7 @@ impl ApiError {
     /// logged under a request id; the client gets the id only, never the
     /// details of the server's insides.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
-        let id = request_id();
+        let id = super::guard::current_request_id().unwrap_or_else(request_id);
         tracing::error!(request_id = %id, "internal error: {detail}");
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -197,7 +197,7 @@ impl IntoResponse for ApiError {
 
 /// An id for a logged error: the process's start time and a counter, so ids
 /// from two runs of the service do not collide in one log.
-fn request_id() -> String {
+pub(crate) fn request_id() -> String {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
     static START: OnceLock<u64> = OnceLock::new();

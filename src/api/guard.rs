@@ -3,6 +3,7 @@
 //! Which token a route needs is decided from the route axum matched and the
 //! method, never from the path's text.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -52,19 +53,60 @@ fn endpoint_label(route: Option<&str>) -> &'static str {
         .unwrap_or("other")
 }
 
-/// The middleware: runs [`guarded`] and counts the answer.
+tokio::task_local! {
+    /// The id of the request being handled (docs/service.md, "Logs").
+    static REQUEST_ID: Arc<str>;
+}
+
+/// The id of the request this task handles, if it is one.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(|id| id.to_string()).ok()
+}
+
+/// The header a request id comes in and goes out in.
+pub const X_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
+
+/// The caller's `x-request-id` if it is one a log line can carry as it is
+/// (1 to 64 visible ASCII characters), else a new one.
+fn request_id_of(headers: &axum::http::HeaderMap) -> Arc<str> {
+    headers
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(Arc::from)
+        .unwrap_or_else(|| Arc::from(super::error::request_id()))
+}
+
+/// The middleware: runs [`guarded`] under the request's id (every log line
+/// of the request carries it, and the answer's `x-request-id` says it) and
+/// counts the answer.
 pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
     let endpoint = endpoint_label(route);
     // `other` (no route matched) needs the decision token, as any unknown route.
     let access = access(req.method(), Some(endpoint));
-    let response = guarded(&s, access, req, next).await;
-    s.metrics.request(
+    let id = request_id_of(req.headers());
+    let method = req.method().clone();
+    let mut response = REQUEST_ID
+        .scope(id.clone(), guarded(&s, access, req, next))
+        .await;
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    s.metrics.request(endpoint, status, elapsed.as_secs_f64());
+    // One line per request at debug level (FREQCAP_LOG=freqcap::api=debug):
+    // at info, a request writes only what goes wrong.
+    tracing::debug!(
+        request_id = %id,
+        %method,
         endpoint,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
+        status,
+        micros = elapsed.as_micros() as u64,
+        "request"
     );
+    if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
+        response.headers_mut().insert(X_REQUEST_ID, v);
+    }
     response
 }
 

@@ -39,6 +39,17 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    serve_env(args, &[], echo)
+}
+
+/// [`serve`] with environment variables set after the defaults (say,
+/// `FREQCAP_LOG`).
+#[allow(dead_code)]
+pub fn serve_env<I, S>(args: I, env: &[(&str, &str)], echo: bool) -> Served
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_freqcap"));
     cmd.arg("serve").args(&args);
@@ -56,6 +67,9 @@ where
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let mut child = cmd.spawn().expect("freqcap serve starts");
     let stderr = child.stderr.take().expect("piped stderr");
     let log = Arc::new(Mutex::new(Vec::new()));
