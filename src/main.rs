@@ -104,6 +104,10 @@ struct ServeArgs {
     /// This node's name in a cluster (default <hostname>:<listen port>).
     #[arg(long, env = "FREQCAP_NODE_ID")]
     node_id: Option<String>,
+    /// Shadow mode for every policy and campaign: decided and counted,
+    /// always answered allowed (`would_deny` says what enforcing would do).
+    #[arg(long, env = "FREQCAP_SHADOW", num_args = 0..=1, default_missing_value = "true")]
+    shadow: Option<bool>,
     /// With a redis-cluster store: screens answer eligible when the user's
     /// record cannot be reached (`--fail-open=false` overrides a file's `true`).
     #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
@@ -236,6 +240,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.node_id {
             c.node_id = Some(v);
+        }
+        if let Some(v) = self.shadow {
+            c.shadow = v;
         }
         if let Some(v) = self.fail_open {
             c.fail_open = v;

@@ -65,6 +65,9 @@ pub struct ServeConfig {
     /// This node's name among the nodes of a cluster (logs, metrics);
     /// default `<hostname>:<listen port>`.
     pub node_id: Option<String>,
+    /// Every policy and campaign in shadow mode (docs/semantics.md,
+    /// "Shadow mode"): decided and counted, never denying.
+    pub shadow: bool,
     /// With a redis-cluster store: a screen whose user's record cannot be
     /// reached answers every known campaign eligible instead of 503.
     pub fail_open: bool,
@@ -144,6 +147,7 @@ impl Default for ServeConfig {
             memory: false,
             store: "rocksdb".into(),
             node_id: None,
+            shadow: false,
             fail_open: false,
             redis_timeout_ms: 100,
             spend_reports: crate::engine::SpendReports::Commit,
@@ -323,6 +327,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
         max_open_reservations: config.max_open_reservations,
         fail_open: config.fail_open,
+        shadow: config.shadow,
         node_id: node_id.clone(),
         spend_reports: config.spend_reports,
         ..EngineOptions::default()

@@ -988,3 +988,58 @@ fn a_repeated_reserve_is_the_same_only_as_the_same_json_value() {
     let (_, peek) = post(r#"{"policy":"p","key":"k","cost":0}"#);
     assert_eq!(peek["remaining"], 4);
 }
+
+/// Shadow mode over HTTP (docs/semantics.md §6.6): a denial answered 200
+/// with `would_deny`, no `Retry-After`, counted as `would_deny`; a shadow
+/// campaign's candidate eligible with `would_deny` naming the cap; nothing
+/// debited for either.
+#[test]
+fn shadow_mode_answers_allowed_with_would_deny() {
+    let live = Live::start(memory(), ApiOptions::default());
+    let policy = json!({"limits": [{"kind": "window", "limit": 1, "window": "1h", "align": "fixed", "name": "hourly"}],
+                        "mode": "shadow"});
+    assert_eq!(
+        live.send("PUT", "/v1/policies/p", Some(policy), None).0,
+        200
+    );
+    let check = json!({"policy": "p", "key": "k"});
+    let (st, first, _) = live.send("POST", "/v1/check", Some(check.clone()), None);
+    assert_eq!(st, 200);
+    assert!(first.get("would_deny").is_none(), "{first}");
+    let (st, v, headers) = live.send("POST", "/v1/check", Some(check), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["would_deny"], true);
+    assert_eq!(v["remaining"], 0);
+    assert_eq!(v["limits"][0]["allowed"], false);
+    assert!(v["retry_after_ms"].is_null());
+    assert!(!headers.contains_key("retry-after"), "{headers:?}");
+    let campaign = json!({"caps": [{"kind": "window", "limit": 1, "window": "1d", "name": "per-user"}],
+                          "mode": "shadow"});
+    assert_eq!(
+        live.send("PUT", "/v1/campaigns/c", Some(campaign), None).0,
+        200
+    );
+    let screen = json!({"user": "u", "candidates": [{"campaign": "c"}]});
+    let (_, a, _) = live.send("POST", "/v1/screen", Some(screen.clone()), None);
+    let id = a["reservation"].as_str().unwrap().to_owned();
+    let commit = json!({"campaign": "c"});
+    let path = format!("/v1/reservations/{id}/commit");
+    let (st, v, _) = live.send("POST", &path, Some(commit.clone()), None);
+    assert_eq!(st, 200, "{v}");
+    let (_, b, _) = live.send("POST", "/v1/screen", Some(screen), None);
+    assert_eq!(b["results"][0]["eligible"], true, "{b}");
+    assert_eq!(b["results"][0]["would_deny"]["cap"], "per-user", "{b}");
+    assert!(b["results"][0].get("denied_by").is_none(), "{b}");
+    // Committing the would-deny candidate debits nothing: still 1 used.
+    let id = b["reservation"].as_str().unwrap().to_owned();
+    let path = format!("/v1/reservations/{id}/commit");
+    assert_eq!(live.send("POST", &path, Some(commit), None).0, 200);
+    let (_, usage, _) = live.send("GET", "/v1/users/u/campaigns/c", None, None);
+    assert_eq!(usage["caps"][0]["used"], 1, "{usage}");
+    let text = live.metrics();
+    let would = r#"freqcap_decisions_total{endpoint="/v1/check",outcome="would_deny"}"#;
+    assert_eq!(sample(&text, would), Some(1.0), "{text}");
+    let would = r#"freqcap_decisions_total{endpoint="/v1/screen",outcome="would_deny"}"#;
+    assert_eq!(sample(&text, would), Some(1.0), "{text}");
+}

@@ -372,6 +372,7 @@ fn a_stack_of_more_than_64_items_is_refused() {
             limits: items(n),
             on_limit: None,
             max_delay_ms: None,
+            mode: None,
         };
         assert!(matches!(
             e.put_policy("big", p),
@@ -390,6 +391,7 @@ fn a_stack_of_more_than_64_items_is_refused() {
         limits: items(64),
         on_limit: None,
         max_delay_ms: None,
+        mode: None,
     };
     e.put_policy("big", big).unwrap();
 }
@@ -2039,4 +2041,159 @@ fn check_all_is_all_or_nothing() {
     clock.set(T0 - T0 % (3600 * SEC) + 3600 * SEC);
     let o = e.check_all(&[key(&ten, "wide", 1, true)]).unwrap();
     assert_eq!(remaining(&o), [9]);
+}
+
+/// Shadow mode (docs/semantics.md, "Shadow mode") debits exactly what
+/// enforcing debits: the same stream of checks, screens, commits and
+/// releases through two engines, one enforcing and one with every
+/// definition in shadow mode, gives the same figures at every step and at
+/// the end; each shadow answer is allowed, with `would_deny` exactly where
+/// the enforced one denied (by the same cap). Once per definition-level
+/// `mode` and once per `--shadow` (the engine option).
+#[test]
+fn shadow_debits_what_enforcement_debits() {
+    for whole_service in [false, true] {
+        let clock = Arc::new(ManualClock::new(T0));
+        let enforced = memory_engine(clock.clone());
+        let shadow = Engine::open(
+            Arc::new(MemoryStore::new()),
+            clock.clone(),
+            EngineOptions {
+                shadow: whole_service,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let mode = if whole_service {
+            ""
+        } else {
+            r#", "mode": "shadow""#
+        };
+        for (e, m) in [(&enforced, ""), (&shadow, mode)] {
+            let p: PolicyDef = from_json(&format!(
+                r#"{{"limits": [{{"kind": "rate", "rate": 3, "per": "1m"}},
+                               {{"kind": "window", "limit": 10, "window": "1h", "align": "fixed"}}]{m}}}"#
+            ))
+            .unwrap();
+            e.put_policy("p", p).unwrap();
+            e.put_campaign(
+                "brand",
+                campaign(&format!(
+                    r#"{{"caps": [{{"kind": "window", "limit": 25, "window": "1d", "scope": "campaign", "name": "brand-daily"}}]{m}}}"#
+                )),
+            )
+            .unwrap();
+            for c in ["c1", "c2"] {
+                e.put_campaign(
+                    c,
+                    campaign(&format!(
+                        r#"{{"parent": "brand", "caps": [{{"kind": "window", "limit": 2, "window": "1d", "name": "per-user"}}],
+                            "budget": {{"amount": 40, "pacing": "asap"}}, "max_in_flight": 3{m}}}"#
+                    )),
+                )
+                .unwrap();
+            }
+        }
+        // A fixed pseudo-random stream (an LCG: the same on every run).
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        let (mut would, mut denied) = (0, 0);
+        for step in 0..600 {
+            clock.advance(next(4_000) * 1_000_000);
+            match next(3) {
+                0 => {
+                    let req = CheckRequest {
+                        target: CheckTarget::Policy("p".into()),
+                        key: format!("k{}", next(3)),
+                        cost: 1 + next(2),
+                        reserve: next(3) == 0,
+                        ttl_ms: Some(2_000),
+                        reservation_id: None,
+                        fingerprint: None,
+                    };
+                    let a = enforced.check(&req).unwrap();
+                    let b = shadow.check(&req).unwrap();
+                    assert!(b.decision.allowed, "step {step}");
+                    assert_eq!(b.would_deny, !a.decision.allowed, "step {step}");
+                    assert_eq!(b.decision.remaining, a.decision.remaining, "step {step}");
+                    assert_eq!(a.reservation.is_some(), a.decision.allowed && req.reserve);
+                    assert_eq!(b.reservation.is_some(), req.reserve, "step {step}");
+                    would += usize::from(b.would_deny);
+                    // The caller settles what it reserved, the same way.
+                    let commit = next(2) == 0;
+                    for (e, out) in [(&enforced, &a), (&shadow, &b)] {
+                        if let Some(id) = &out.reservation {
+                            if commit {
+                                e.commit(id, &CommitRequest::default()).unwrap();
+                            } else {
+                                e.release(id).unwrap();
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    let user = format!("u{}", next(4));
+                    let req = screen(Some(&user), &["c1", "c2"], true);
+                    let a = enforced.screen(&req).unwrap();
+                    let b = shadow.screen(&req).unwrap();
+                    for (ra, rb) in a.results.iter().zip(&b.results) {
+                        assert!(rb.eligible, "step {step}");
+                        assert_eq!(
+                            rb.would_deny.as_ref().map(|d| (&d.campaign, &d.cap)),
+                            ra.denied_by.as_ref().map(|d| (&d.campaign, &d.cap)),
+                            "step {step}"
+                        );
+                        denied += usize::from(!ra.eligible);
+                    }
+                    // The winner is the first candidate enforcing allows.
+                    let winner = a.results.iter().position(|r| r.eligible);
+                    assert_eq!(
+                        winner,
+                        b.results.iter().position(|r| r.would_deny.is_none())
+                    );
+                    // Most auctions are won; some are lost (all released).
+                    let won = winner.filter(|_| next(4) != 0);
+                    for (e, out) in [(&enforced, &a), (&shadow, &b)] {
+                        let Some(id) = &out.reservation else { continue };
+                        match won {
+                            Some(w) => {
+                                let c = CommitRequest {
+                                    campaigns: vec![out.results[w].campaign.to_string()],
+                                    ..CommitRequest::default()
+                                };
+                                e.commit(id, &c).unwrap();
+                            }
+                            None => {
+                                e.release(id).unwrap();
+                            }
+                        }
+                    }
+                }
+            }
+            // The figures agree at every step.
+            for c in ["c1", "c2"] {
+                assert_eq!(
+                    enforced.delivery(c).unwrap(),
+                    shadow.delivery(c).unwrap(),
+                    "step {step}"
+                );
+                for u in 0..4 {
+                    let u = format!("u{u}");
+                    assert_eq!(
+                        enforced.user_usage(&u, c).unwrap(),
+                        shadow.user_usage(&u, c).unwrap(),
+                        "step {step}"
+                    );
+                }
+            }
+        }
+        // The stream met denials of both kinds, so the comparison had
+        // something to compare.
+        assert!(would > 20 && denied > 20, "{would} {denied}");
+    }
 }

@@ -82,6 +82,11 @@ pub(crate) struct DecisionBody<'a> {
     reset_after_ms: u64,
     /// The reservation id when `reserve` held something; null otherwise.
     reservation: Option<String>,
+    /// Present (true) only in shadow mode, when enforcing would have denied:
+    /// the answer is allowed, nothing was debited or held, and the figures
+    /// are enforcement's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    would_deny: bool,
     limits: Vec<ItemBody<'a>>,
 }
 
@@ -139,9 +144,11 @@ pub(crate) async fn check<C: Clock + 'static>(
         remaining: d.remaining.min(MAX_REPORTED),
         reset_after_ms: ms(d.reset_after),
         reservation: out.reservation.clone(),
+        would_deny: out.would_deny,
         limits: items,
     };
     let outcome = match (d.allowed, d.delay > 0) {
+        _ if out.would_deny => "would_deny",
         (false, _) => "denied",
         (true, true) => "delayed",
         (true, false) => "allowed",

@@ -65,6 +65,10 @@ pub(crate) struct ResultBody {
     eligible: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     denied_by: Option<DeniedBody>,
+    /// Shadow mode only: eligible, but enforcing would have denied it by
+    /// this cap; nothing is held for it and committing it debits nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    would_deny: Option<DeniedBody>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -100,7 +104,16 @@ pub(crate) async fn screen<C: Clock + 'static>(
     };
     let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
     let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
-    s.metrics.decisions("/v1/screen", "eligible", eligible);
+    let shadowed = out
+        .results
+        .iter()
+        .filter(|r| r.would_deny.is_some())
+        .count() as u64;
+    if shadowed > 0 {
+        s.metrics.decisions("/v1/screen", "would_deny", shadowed);
+    }
+    s.metrics
+        .decisions("/v1/screen", "eligible", eligible - shadowed);
     s.metrics.decisions(
         "/v1/screen",
         "ineligible",
@@ -114,12 +127,17 @@ pub(crate) async fn screen<C: Clock + 'static>(
             .map(|r| ResultBody {
                 campaign: r.campaign,
                 eligible: r.eligible,
-                denied_by: r.denied_by.map(|d| DeniedBody {
-                    campaign: d.campaign,
-                    cap: d.cap,
-                    retry_after_ms: d.retry_after.map(ms),
-                }),
+                denied_by: r.denied_by.map(denied_body),
+                would_deny: r.would_deny.map(denied_body),
             })
             .collect(),
     }))
+}
+
+fn denied_body(d: crate::engine::DeniedBy) -> DeniedBody {
+    DeniedBody {
+        campaign: d.campaign,
+        cap: d.cap,
+        retry_after_ms: d.retry_after.map(ms),
+    }
 }

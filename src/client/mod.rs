@@ -549,6 +549,7 @@ impl Client {
                         campaign: c.campaign.clone(),
                         eligible: true,
                         denied_by: None,
+                        would_deny: None,
                     })
                     .collect(),
                 failed_open: true,

@@ -86,6 +86,10 @@ pub struct Decision {
     pub reset_after_ms: u64,
     pub reservation: Option<String>,
     pub limits: Vec<Item>,
+    /// Shadow mode: enforcing would have denied (docs/semantics.md,
+    /// "Shadow mode").
+    #[serde(default)]
+    pub would_deny: bool,
     /// Set by the client, not the server: freqcap could not be asked and the
     /// call was made with [`super::FailMode::Open`].
     #[serde(skip)]
@@ -103,6 +107,7 @@ impl Decision {
             reset_after_ms: 0,
             reservation: None,
             limits: Vec::new(),
+            would_deny: false,
             failed_open: true,
         }
     }
@@ -180,6 +185,9 @@ pub struct ScreenResult {
     pub eligible: bool,
     #[serde(default)]
     pub denied_by: Option<DeniedBy>,
+    /// Shadow mode: eligible, but enforcing would have denied it by this cap.
+    #[serde(default)]
+    pub would_deny: Option<DeniedBy>,
 }
 
 /// A screen's answer.

@@ -32,6 +32,8 @@ struct Target {
     tags: Vec<u32>,
     /// Hash namespace of the key: named policy or inline limits.
     namespace: u8,
+    /// Shadow mode: the policy's own, or the whole service's.
+    shadow: bool,
 }
 
 impl<C: Clock> Engine<C> {
@@ -70,6 +72,7 @@ impl<C: Clock> Engine<C> {
             owner,
             tags,
             namespace,
+            shadow,
         } = self.target(&req.target)?;
         let key = self.hash(namespace, owner, &req.key);
         let record = RecordKey::PolicyKey(key);
@@ -152,7 +155,7 @@ impl<C: Clock> Engine<C> {
             }
             decision
         });
-        let decision = match decided {
+        let mut decision = match decided {
             Ok(d) => d,
             Err(e) => {
                 if let Some(c) = &claim {
@@ -161,7 +164,16 @@ impl<C: Clock> Engine<C> {
                 return Err(e);
             }
         };
+        // Shadow mode: the denial was decided (nothing debited, nothing
+        // held) and is answered allowed; a reserve gets its id, holding
+        // nothing, so the caller's commit or release works as ever.
+        let would_deny = shadow && !decision.allowed;
+        if would_deny {
+            decision.allowed = true;
+            decision.retry_after = None;
+        }
         let out = CheckOutcome {
+            would_deny,
             reservation: claim
                 .as_ref()
                 .filter(|_| decision.allowed)
@@ -201,6 +213,7 @@ impl<C: Clock> Engine<C> {
                     owner: p.id,
                     tags: p.tags.clone(),
                     namespace: b'p',
+                    shadow: self.options.shadow || p.def.mode == Some(crate::model::Mode::Shadow),
                 })
             }
             CheckTarget::Inline(limits) => {
@@ -210,6 +223,7 @@ impl<C: Clock> Engine<C> {
                     owner: 0,
                     tags: c.tags.clone(),
                     namespace: b'i',
+                    shadow: self.options.shadow,
                 })
             }
             CheckTarget::Compiled(c) => Ok(Target {
@@ -217,6 +231,7 @@ impl<C: Clock> Engine<C> {
                 owner: 0,
                 tags: c.tags.clone(),
                 namespace: b'i',
+                shadow: self.options.shadow,
             }),
         }
     }

@@ -117,6 +117,9 @@ pub struct EngineOptions {
     /// With a shared store, when a commit's spend on leased campaign state
     /// is reported (docs/cluster.md, "Leases").
     pub spend_reports: SpendReports,
+    /// Every policy and campaign in shadow mode (`--shadow`; docs/semantics.md,
+    /// "Shadow mode"), whatever its own `mode`.
+    pub shadow: bool,
 }
 
 /// When spend on leased campaign state is reported to the shared store.
@@ -162,6 +165,7 @@ impl Default for EngineOptions {
             fail_open: false,
             node_id: "node".into(),
             spend_reports: SpendReports::Commit,
+            shadow: false,
         }
     }
 }

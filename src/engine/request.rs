@@ -61,6 +61,10 @@ pub struct CheckOutcome {
     pub decision: Decision,
     pub stack: Arc<Stack>,
     pub reservation: Option<String>,
+    /// Shadow mode: enforcing would have denied; `decision` says allowed,
+    /// its figures are enforcement's, and nothing was debited or held
+    /// (docs/semantics.md, "Shadow mode").
+    pub would_deny: bool,
 }
 
 /// One candidate of a screen.
@@ -101,6 +105,9 @@ pub struct CandidateResult {
     pub campaign: Arc<str>,
     pub eligible: bool,
     pub denied_by: Option<DeniedBy>,
+    /// Shadow mode: eligible, but enforcing would have denied it by this
+    /// cap; nothing is held for it, and committing it debits nothing.
+    pub would_deny: Option<DeniedBy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -109,8 +109,9 @@ impl<C: Clock> Engine<C> {
         } else {
             None
         };
+        let shadow_all = self.options.shadow;
         let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
-            screen_candidates(&reg, req, user_rec, now, reserving, leases)
+            screen_candidates(&reg, req, user_rec, now, reserving, leases, shadow_all)
         };
         let decided = match user {
             Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
@@ -258,6 +259,7 @@ fn failed_open(reg: &Registry, req: &ScreenRequest) -> Vec<CandidateResult> {
                     cap: "unknown_campaign".into(),
                     retry_after: None,
                 }),
+                would_deny: None,
             }
         })
         .collect()
@@ -272,6 +274,7 @@ fn screen_candidates(
     now: Nanos,
     reserving: Option<Reserving>,
     leases: Option<&Leases>,
+    shadow_all: bool,
 ) -> (Vec<CandidateResult>, Vec<HeldCandidate>) {
     let mut results = Vec::with_capacity(req.candidates.len());
     let mut held = Vec::new();
@@ -292,12 +295,13 @@ fn screen_candidates(
                     cap: "unknown_campaign".into(),
                     retry_after: None,
                 }),
+                would_deny: None,
             });
             continue;
         };
         let cost = cand.cost.unwrap_or(1);
         let index = ci as u32;
-        let denied = decide_chain(
+        let verdict = decide_chain(
             chain,
             user_rec.as_deref_mut(),
             now,
@@ -305,9 +309,17 @@ fn screen_candidates(
             index,
             reserving,
             leases,
+            shadow_all,
         );
+        let (denied, would_deny) = match verdict {
+            Verdict::Allowed => (None, None),
+            Verdict::Denied(d) => (Some(d), None),
+            Verdict::WouldDeny(d) => (None, Some(d)),
+        };
         // The chain starts with the candidate's own entry.
         let name = chain[0].name.clone();
+        // A shadow denial is held too, holding nothing: its commit works,
+        // and debits nothing, as enforcing would have.
         if denied.is_none() && reserving.is_some() {
             held.push(HeldCandidate {
                 index,
@@ -319,6 +331,7 @@ fn screen_candidates(
             campaign: name,
             eligible: denied.is_none(),
             denied_by: denied,
+            would_deny,
         });
     }
     if let (Some(u), Some(r)) = (user_rec, reserving) {
@@ -327,11 +340,28 @@ fn screen_candidates(
     (results, held)
 }
 
+/// What a candidate's chain came to.
+enum Verdict {
+    Allowed,
+    /// By the first denying cap of an enforced campaign, in chain order.
+    Denied(DeniedBy),
+    /// Only campaigns in shadow mode deny: the first of their denying caps.
+    WouldDeny(DeniedBy),
+}
+
+/// Whether campaign `e`'s denials are only counted (docs/semantics.md,
+/// "Shadow mode").
+fn in_shadow(e: &CampaignEntry, shadow_all: bool) -> bool {
+    shadow_all || e.def.mode == Some(crate::model::Mode::Shadow)
+}
+
 /// Decides candidate `cand` over its chain, all-or-nothing; when
-/// `reserving`, debits it as pending. Returns the first denying cap in
-/// chain order.
+/// `reserving` and it is allowed, debits it as pending. A denial by a
+/// campaign in shadow mode does not stop the probe: an enforced cap further
+/// on may deny for real.
 /// With a shared store, `leases` holds this node's grants: a leased item
 /// allows only within them (see [`super::leases`]).
+#[allow(clippy::too_many_arguments)]
 fn decide_chain(
     chain: &[Arc<CampaignEntry>],
     mut user: Option<&mut SubjectRecord>,
@@ -340,17 +370,23 @@ fn decide_chain(
     cand: u32,
     reserving: Option<Reserving>,
     leases: Option<&Leases>,
-) -> Option<DeniedBy> {
-    if user.is_none()
-        && let Some(e) = chain
-            .iter()
-            .find(|e| e.compiled.unknown_user == crate::model::UnknownUser::Deny)
-    {
-        return Some(DeniedBy {
-            campaign: e.name.clone(),
-            cap: "unknown_user".into(),
-            retry_after: None,
-        });
+    shadow_all: bool,
+) -> Verdict {
+    let mut shadowed: Option<DeniedBy> = None;
+    if user.is_none() {
+        for e in chain {
+            if e.compiled.unknown_user == crate::model::UnknownUser::Deny {
+                let d = DeniedBy {
+                    campaign: e.name.clone(),
+                    cap: "unknown_user".into(),
+                    retry_after: None,
+                };
+                if !in_shadow(e, shadow_all) {
+                    return Verdict::Denied(d);
+                }
+                shadowed.get_or_insert(d);
+            }
+        }
     }
     let mut guards = lock_chain(chain, Locking::Deciding);
     // Probe every item first; nothing changes unless all allow.
@@ -378,22 +414,32 @@ fn decide_chain(
             if leased_out {
                 // This node's grant has no room: another node may have
                 // some; a retry soon may find a refreshed grant here.
-                return Some(DeniedBy {
+                return Verdict::Denied(DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
                     retry_after: Some(LEASE_RETRY),
                 });
             }
             if !p.allowed {
-                return Some(DeniedBy {
+                let d = DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
                     retry_after: cap.item.retry(st, &p, now, n),
-                });
+                };
+                if !in_shadow(e, shadow_all) {
+                    return Verdict::Denied(d);
+                }
+                shadowed.get_or_insert(d);
             }
         }
     }
-    let Reserving { seq, deadline } = reserving?;
+    if let Some(d) = shadowed {
+        // Enforcing would have denied: nothing is debited or held.
+        return Verdict::WouldDeny(d);
+    }
+    let Some(Reserving { seq, deadline }) = reserving else {
+        return Verdict::Allowed;
+    };
     for e in chain {
         for (i, cap) in e.compiled.items.iter().enumerate() {
             let t = e.tags[i];
@@ -422,5 +468,5 @@ fn decide_chain(
             rec.idle_at = rec.idle_at.max(deadline);
         }
     }
-    None
+    Verdict::Allowed
 }

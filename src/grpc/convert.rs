@@ -64,6 +64,7 @@ pub fn decision(out: &CheckOutcome) -> pb::Decision {
         remaining: u(d.remaining),
         reset_after_ms: ms(d.reset_after),
         reservation: out.reservation.clone(),
+        would_deny: out.would_deny,
         limits: d
             .items
             .iter()
@@ -108,13 +109,18 @@ pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
             .map(|r| pb::ScreenResult {
                 campaign: r.campaign.to_string(),
                 eligible: r.eligible,
-                denied_by: r.denied_by.map(|d| pb::DeniedBy {
-                    campaign: d.campaign.to_string(),
-                    cap: d.cap,
-                    retry_after_ms: d.retry_after.map(ms),
-                }),
+                denied_by: r.denied_by.map(denied_by),
+                would_deny: r.would_deny.map(denied_by),
             })
             .collect(),
+    }
+}
+
+fn denied_by(d: crate::engine::DeniedBy) -> pb::DeniedBy {
+    pb::DeniedBy {
+        campaign: d.campaign.to_string(),
+        cap: d.cap,
+        retry_after_ms: d.retry_after.map(ms),
     }
 }
 

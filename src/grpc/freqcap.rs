@@ -75,10 +75,10 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let out = in_memory_or_blocking(&self.state, r, Engine::check_in_memory, Engine::check)
             .await
             .map_err(status)?;
-        let outcome = if out.decision.allowed {
-            "allowed"
-        } else {
-            "denied"
+        let outcome = match (out.would_deny, out.decision.allowed) {
+            (true, _) => "would_deny",
+            (false, true) => "allowed",
+            (false, false) => "denied",
         };
         self.state.metrics.decisions("grpc Check", outcome, 1);
         Ok(Response::new(convert::decision(&out)))
@@ -94,8 +94,16 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
             .await
             .map_err(status)?;
         let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
+        let shadowed = out
+            .results
+            .iter()
+            .filter(|r| r.would_deny.is_some())
+            .count() as u64;
         let m = &self.state.metrics;
-        m.decisions("grpc Screen", "eligible", eligible);
+        if shadowed > 0 {
+            m.decisions("grpc Screen", "would_deny", shadowed);
+        }
+        m.decisions("grpc Screen", "eligible", eligible - shadowed);
         m.decisions(
             "grpc Screen",
             "ineligible",

@@ -136,6 +136,10 @@ pub struct CampaignDef {
     /// Screens without a user: `deny` (default) or `allow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown_user: Option<UnknownUser>,
+    /// `enforce` (default) or `shadow`: its caps, budget and max_in_flight
+    /// are decided and counted but never make a candidate ineligible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::model::limit::Mode>,
 }
 
 /// One compiled cap, budget or max_in_flight item of a campaign.

@@ -308,6 +308,20 @@ pub enum OnLimit {
     Delay,
 }
 
+/// Whether a definition's denials are enforced (docs/semantics.md,
+/// "Shadow mode").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Denials deny.
+    #[default]
+    Enforce,
+    /// Decided and counted as if enforced, always answered allowed
+    /// (`would_deny` says what enforcing would have answered); only what an
+    /// enforced decision would have debited is debited.
+    Shadow,
+}
+
 /// A named policy: a stack of limit items decided all-or-nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -329,6 +343,9 @@ pub struct PolicyDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600000))]
     pub max_delay_ms: Option<u64>,
+    /// `enforce` (default) or `shadow`: try the policy without denying anyone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
 }
 
 /// The longest delay delay mode accepts: one hour.

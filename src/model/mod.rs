@@ -10,7 +10,7 @@ mod raw;
 pub use campaign::{CampaignDef, CompiledCampaign, Scope, UnknownUser};
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
-pub use limit::{CompiledPolicy, LimitDef, PolicyDef};
+pub use limit::{CompiledPolicy, LimitDef, Mode, PolicyDef};
 
 use serde::de::DeserializeOwned;
 
