@@ -191,6 +191,14 @@ struct ServeArgs {
     /// The directory checkpoints are written into (unset: checkpoints off).
     #[arg(long, env = "FREQCAP_BACKUP_DIR")]
     backup_dir: Option<PathBuf>,
+    /// Campaign and policy ids with series of their own in /metrics
+    /// (comma-separated).
+    #[arg(long, env = "FREQCAP_METRICS_DEFINITIONS", value_delimiter = ',')]
+    metrics_definitions: Option<Vec<String>>,
+    /// Also export series for this many of the most active other campaigns
+    /// and policies.
+    #[arg(long, env = "FREQCAP_METRICS_TOP")]
+    metrics_top: Option<usize>,
 }
 
 impl ServeArgs {
@@ -309,6 +317,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.shed_queue_delay_ms {
             c.shed_queue_delay_ms = v;
+        }
+        if let Some(v) = self.metrics_definitions {
+            c.metrics_definitions = v;
+        }
+        if let Some(v) = self.metrics_top {
+            c.metrics_top = v;
         }
         if let Some(v) = self.allowed_hosts {
             c.allowed_hosts = v;

@@ -127,6 +127,12 @@ pub struct ServeConfig {
     pub allowed_hosts: Vec<String>,
     /// The directory `POST /v1/admin/checkpoint` writes into (unset: off).
     pub backup_dir: Option<PathBuf>,
+    /// Campaign and policy ids whose own series `/metrics` exports
+    /// (docs/service.md, "Per-definition metrics").
+    pub metrics_definitions: Vec<String>,
+    /// How many of the most active other campaigns (and policies) `/metrics`
+    /// exports series for.
+    pub metrics_top: usize,
 }
 
 impl Default for ServeConfig {
@@ -175,6 +181,8 @@ impl Default for ServeConfig {
             shed_queue_delay_ms: u64::try_from(a.shed_queue_delay.as_millis()).unwrap_or(u64::MAX),
             allowed_hosts: Vec::new(),
             backup_dir: None,
+            metrics_definitions: Vec::new(),
+            metrics_top: 0,
         }
     }
 }
@@ -234,6 +242,20 @@ impl ServeConfig {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
             }
+        }
+        // Each chosen campaign exports about 10 series plus one per cap:
+        // a bound keeps a typo from exporting millions.
+        if self.metrics_top > 1000 {
+            return Err(format!(
+                "metrics_top: at most 1000, got {}",
+                self.metrics_top
+            ));
+        }
+        if self.metrics_definitions.len() > 1000 {
+            return Err(format!(
+                "metrics_definitions: at most 1000 ids, got {}",
+                self.metrics_definitions.len()
+            ));
         }
         for h in &self.allowed_hosts {
             if h.is_empty() || h.contains([':', '/', ' ']) {
@@ -382,6 +404,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
                 .then(|| config.allowed_hosts.clone()),
             backup_dir: config.backup_dir.clone(),
             connections: connections.clone(),
+            metrics_definitions: config.metrics_definitions.clone(),
+            metrics_top: config.metrics_top,
         },
     );
     let app = api::router_for(state.clone());

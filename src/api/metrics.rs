@@ -140,7 +140,7 @@ pub struct Metrics {
 }
 
 /// The engine's and store's own figures at scrape time.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Figures {
     pub reservations_open: u64,
     pub reservations_expired: u64,
@@ -170,6 +170,9 @@ pub struct Figures {
     pub grants: u64,
     pub grant_units: u64,
     pub redis: Option<RedisFigures>,
+    /// The chosen campaigns and policies (docs/service.md, "Per-definition
+    /// metrics").
+    pub definitions: crate::engine::DefinitionFigures,
 }
 
 /// A Redis Cluster store's calls (docs/cluster.md, metrics).
@@ -203,6 +206,138 @@ fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Re
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
     let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
     g.encode(e.encode_descriptor(name, &format!("{help}."), None, g.metric_type())?)
+}
+
+/// A family of series, one per (labels, value).
+fn family<'a>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: prometheus_client::metrics::MetricType,
+    series: impl IntoIterator<Item = (Vec<(&'static str, &'a str)>, u64)>,
+) -> fmt::Result {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    let mut d = e.encode_descriptor(name, &format!("{help}."), None, kind)?;
+    for (labels, v) in series {
+        let m = d.encode_family(&labels)?;
+        match kind {
+            prometheus_client::metrics::MetricType::Counter => ConstCounter::new(v).encode(m)?,
+            _ => ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(m)?,
+        }
+    }
+    Ok(())
+}
+
+/// The per-campaign and per-policy series (opt-in, bounded: see
+/// docs/service.md, "Per-definition metrics").
+fn definitions(e: &mut DescriptorEncoder, d: &crate::engine::DefinitionFigures) -> fmt::Result {
+    use prometheus_client::metrics::MetricType::{Counter as C, Gauge as G};
+    let cs = &d.campaigns;
+    family(
+        e,
+        "freqcap_campaign_screened",
+        "Candidates of a campaign found eligible, or eligible in shadow mode only (outcome would_deny)",
+        C,
+        cs.iter().flat_map(|c| {
+            [
+                (
+                    vec![("campaign", c.campaign.as_str()), ("outcome", "eligible")],
+                    c.eligible,
+                ),
+                (
+                    vec![("campaign", c.campaign.as_str()), ("outcome", "would_deny")],
+                    c.would_deny,
+                ),
+            ]
+        }),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_denied",
+        "Candidates denied by a campaign's cap (budget, max_in_flight and unknown_user included)",
+        C,
+        cs.iter().flat_map(|c| {
+            c.denied.iter().map(|(cap, n)| {
+                (
+                    vec![("campaign", c.campaign.as_str()), ("cap", cap.as_str())],
+                    *n,
+                )
+            })
+        }),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_commits",
+        "Commits won by a candidate of a campaign",
+        C,
+        cs.iter()
+            .map(|c| (vec![("campaign", c.campaign.as_str())], c.commits)),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_reservations_open",
+        "Open screen reservations holding a candidate of a campaign",
+        G,
+        cs.iter()
+            .map(|c| (vec![("campaign", c.campaign.as_str())], c.reservations_open)),
+    )?;
+    let budgets = || {
+        cs.iter()
+            .filter_map(|c| Some((c.campaign.as_str(), c.budget?)))
+    };
+    family(
+        e,
+        "freqcap_campaign_budget",
+        "A campaign's budget for the period",
+        G,
+        budgets().map(|(c, b)| (vec![("campaign", c)], b.amount)),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_spend",
+        "A campaign's committed spend this period",
+        G,
+        budgets().map(|(c, b)| (vec![("campaign", c)], b.spent)),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_spend_cap_now",
+        "What a campaign's pacing allows to have been spent by now (the pacing line)",
+        G,
+        budgets().map(|(c, b)| (vec![("campaign", c)], b.cap_now)),
+    )?;
+    family(
+        e,
+        "freqcap_campaign_spend_pending",
+        "A campaign's spend held by open reservations",
+        G,
+        budgets().map(|(c, b)| (vec![("campaign", c)], b.pending)),
+    )?;
+    family(
+        e,
+        "freqcap_policy_decisions",
+        "Checks of a named policy by outcome (allowed, denied, would_deny)",
+        C,
+        d.policies.iter().flat_map(|p| {
+            [
+                (
+                    vec![("policy", p.policy.as_str()), ("outcome", "allowed")],
+                    p.allowed,
+                ),
+                (
+                    vec![("policy", p.policy.as_str()), ("outcome", "denied")],
+                    p.denied,
+                ),
+                (
+                    vec![("policy", p.policy.as_str()), ("outcome", "would_deny")],
+                    p.would_deny,
+                ),
+            ]
+        }),
+    )
 }
 
 impl Collector for EngineFigures {
@@ -310,6 +445,7 @@ impl Collector for EngineFigures {
             "RocksDB's estimate of keys of state (0 in memory)",
             f.rocksdb_estimated_keys,
         )?;
+        definitions(&mut e, &f.definitions)?;
         let Some(r) = f.redis else {
             return Ok(());
         };
@@ -410,6 +546,11 @@ impl Metrics {
         });
         let decisions = Family::<DecisionLabels, Counter>::default();
         let overloaded = Family::<ReasonLabel, Counter>::default();
+        // Every reason exported from the start (at 0), so a rate over it
+        // has a series before the first shed.
+        for reason in ["queue_delay", "in_flight", "connections", "reservations"] {
+            let _ = overloaded.get_or_create(&ReasonLabel { reason });
+        }
         let queue_delay = Histogram::new(QUEUE_BUCKETS.iter().copied());
         let in_flight = Gauge::default();
         registry.register(

@@ -63,6 +63,11 @@ pub struct ApiOptions {
     pub backup_dir: Option<std::path::PathBuf>,
     /// The listener's figures, exported with the others.
     pub connections: ConnCounters,
+    /// Campaigns and policies whose own series `/metrics` exports, and how
+    /// many of the most active others (docs/service.md, "Per-definition
+    /// metrics").
+    pub metrics_definitions: Vec<String>,
+    pub metrics_top: usize,
 }
 
 impl Default for ApiOptions {
@@ -78,6 +83,8 @@ impl Default for ApiOptions {
             allowed_hosts: None,
             backup_dir: None,
             connections: ConnCounters::default(),
+            metrics_definitions: Vec::new(),
+            metrics_top: 0,
         }
     }
 }
@@ -117,7 +124,11 @@ pub(crate) fn is_public(route: &str) -> bool {
     guard::access(&Method::GET, Some(route)) == guard::Access::Public
 }
 
-fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
+fn figures<C: Clock + 'static>(
+    engine: &Engine<C>,
+    allow: &[String],
+    top: usize,
+) -> metrics::Figures {
     let st = &engine.stats;
     let store = engine.store().stats();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -154,6 +165,7 @@ fn figures<C: Clock + 'static>(engine: &Engine<C>) -> metrics::Figures {
             latency_sum_us: get(&r.latency_us),
             buckets: std::array::from_fn(|i| get(&r.latency_buckets[i])),
         }),
+        definitions: engine.definition_figures(allow, top),
     }
 }
 
@@ -210,8 +222,9 @@ pub fn app_state<C: Clock + 'static>(
     options: ApiOptions,
 ) -> Arc<AppState<C>> {
     let figures_of = engine.clone();
+    let (allow, top) = (options.metrics_definitions.clone(), options.metrics_top);
     let metrics = Metrics::new(
-        metrics::EngineFigures(Box::new(move || figures(&figures_of))),
+        metrics::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,
     );
     Arc::new(AppState {

@@ -34,6 +34,8 @@ struct Target {
     namespace: u8,
     /// Shadow mode: the policy's own, or the whole service's.
     shadow: bool,
+    /// A named policy's decision counts (per-policy metrics).
+    counts: Option<Arc<super::registry::PolicyCounts>>,
 }
 
 impl<C: Clock> Engine<C> {
@@ -73,6 +75,7 @@ impl<C: Clock> Engine<C> {
             tags,
             namespace,
             shadow,
+            counts,
         } = self.target(&req.target)?;
         let key = self.hash(namespace, owner, &req.key);
         let record = RecordKey::PolicyKey(key);
@@ -168,6 +171,14 @@ impl<C: Clock> Engine<C> {
         // held) and is answered allowed; a reserve gets its id, holding
         // nothing, so the caller's commit or release works as ever.
         let would_deny = shadow && !decision.allowed;
+        if let Some(c) = &counts {
+            use std::sync::atomic::Ordering::Relaxed;
+            match (would_deny, decision.allowed) {
+                (true, _) => c.would_deny.fetch_add(1, Relaxed),
+                (false, true) => c.allowed.fetch_add(1, Relaxed),
+                (false, false) => c.denied.fetch_add(1, Relaxed),
+            };
+        }
         if would_deny {
             decision.allowed = true;
             decision.retry_after = None;
@@ -214,6 +225,7 @@ impl<C: Clock> Engine<C> {
                     tags: p.tags.clone(),
                     namespace: b'p',
                     shadow: self.options.shadow || p.def.mode == Some(crate::model::Mode::Shadow),
+                    counts: Some(p.counts.clone()),
                 })
             }
             CheckTarget::Inline(limits) => {
@@ -224,6 +236,7 @@ impl<C: Clock> Engine<C> {
                     tags: c.tags.clone(),
                     namespace: b'i',
                     shadow: self.options.shadow,
+                    counts: None,
                 })
             }
             CheckTarget::Compiled(c) => Ok(Target {
@@ -232,6 +245,7 @@ impl<C: Clock> Engine<C> {
                 tags: c.tags.clone(),
                 namespace: b'i',
                 shadow: self.options.shadow,
+                counts: None,
             }),
         }
     }

@@ -15,7 +15,7 @@ use crate::store::{Op, Space, Store, StoreError, codec};
 use super::hot::RecordKey;
 use super::leases::leasable;
 use super::record::{SubjectRecord, tag};
-use super::registry::{CampaignEntry, PolicyEntry, Registry, stack_tags};
+use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 
@@ -55,6 +55,7 @@ pub(crate) fn load_registry(
                 def: d.def,
                 stack: Arc::new(compiled.stack),
                 source: d.source.map(Arc::from),
+                counts: Arc::default(),
             });
         } else if k.starts_with(b"c/") {
             let d: StoredDef<CampaignDef> =
@@ -78,6 +79,7 @@ pub(crate) fn load_registry(
                 tags: campaign_tags(&compiled),
                 name: Arc::from(name.as_str()),
                 def: d.def,
+                counts: CampaignCounts::new(compiled.items.len()),
                 compiled,
                 record,
                 chain: Vec::new(),
@@ -234,6 +236,7 @@ impl<C: Clock> Engine<C> {
             def,
             stack: Arc::new(compiled.stack),
             source: None,
+            counts: Arc::default(),
         });
         self.publish(reg);
         Ok(compiled.warnings)
@@ -290,6 +293,7 @@ impl<C: Clock> Engine<C> {
             name: Arc::from(name),
             tags: campaign_tags(&compiled),
             def,
+            counts: CampaignCounts::new(compiled.items.len()),
             compiled,
             record: Arc::new(Mutex::new(SubjectRecord::default())),
             chain: Vec::new(),

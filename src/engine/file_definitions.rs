@@ -19,7 +19,7 @@ use crate::store::{Op, Space};
 use super::definitions::{campaign_tags, check_shareable_campaign, def_key, definition_op};
 use super::hot::RecordKey;
 use super::record::SubjectRecord;
-use super::registry::{CampaignEntry, PolicyEntry, stack_tags};
+use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, stack_tags};
 use super::request::check_def_name;
 use super::{Engine, EngineError, invalid};
 
@@ -128,6 +128,7 @@ impl<C: Clock> Engine<C> {
                 def: f.def,
                 stack: Arc::new(compiled.stack),
                 source: Some(Arc::from(f.source.as_str())),
+                counts: Arc::default(),
             });
         }
 
@@ -182,6 +183,7 @@ impl<C: Clock> Engine<C> {
                     name: Arc::from(f.name.as_str()),
                     tags: campaign_tags(&compiled),
                     def: f.def,
+                    counts: CampaignCounts::new(compiled.items.len()),
                     compiled,
                     record: Arc::new(Mutex::new(SubjectRecord::default())),
                     chain: Vec::new(),

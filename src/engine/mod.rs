@@ -12,6 +12,7 @@
 //! - [`file_definitions`]: the set a definitions directory defines, put in
 //!   place whole.
 //! - [`usage`]: a user's usage of a campaign's caps; a campaign's delivery.
+//! - [`figures`]: the per-definition metrics' figures.
 //!
 //! What they share:
 //! - [`request`]: request and outcome types, and the one set of validators.
@@ -39,6 +40,7 @@ mod check;
 mod check_all;
 mod definitions;
 mod events;
+mod figures;
 mod file_definitions;
 mod hot;
 mod leases;
@@ -69,6 +71,7 @@ use reservations::Reservations;
 pub use check::{compile_inline, compile_limits_at};
 pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
+pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};
 pub use file_definitions::{FileDef, FileDefinitions, Replaced};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,

@@ -3,6 +3,7 @@
 //! builds a new one, so a decision sees one consistent set of definitions.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use crate::limits::stack::Stack;
@@ -13,6 +14,43 @@ use super::record::{SubjectRecord, tag};
 
 /// The deepest parent chain accepted. Chains are walked on every decision.
 pub const MAX_DEPTH: usize = 16;
+
+/// A policy's decisions since it was defined, for the per-policy metrics
+/// (docs/service.md, "Per-definition metrics"): three relaxed atomic adds
+/// per check at most.
+#[derive(Debug, Default)]
+pub struct PolicyCounts {
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+    pub would_deny: AtomicU64,
+}
+
+/// A campaign's screen results and commits since it was defined, for the
+/// per-campaign metrics.
+#[derive(Debug, Default)]
+pub struct CampaignCounts {
+    /// Candidates of it found eligible (without `would_deny`).
+    pub eligible: AtomicU64,
+    /// Candidates of it answered eligible in shadow mode only.
+    pub would_deny: AtomicU64,
+    /// Candidates denied by one of its items, by the item's index (caps,
+    /// then budget, then max_in_flight); any candidate whose chain holds it
+    /// counts here.
+    pub denied: Box<[AtomicU64]>,
+    /// Screens without a user it refused (`unknown_user: deny`).
+    pub unknown_user: AtomicU64,
+    /// Commits won by a candidate of it.
+    pub commits: AtomicU64,
+}
+
+impl CampaignCounts {
+    pub fn new(items: usize) -> Arc<Self> {
+        Arc::new(CampaignCounts {
+            denied: (0..items).map(|_| AtomicU64::new(0)).collect(),
+            ..CampaignCounts::default()
+        })
+    }
+}
 
 /// A named policy.
 #[derive(Debug)]
@@ -28,6 +66,7 @@ pub struct PolicyEntry {
     /// The file of the definitions directory it comes from
     /// (`policies/api.json`); `None`: defined through the API.
     pub source: Option<Arc<str>>,
+    pub counts: Arc<PolicyCounts>,
 }
 
 /// A campaign.
@@ -51,6 +90,7 @@ pub struct CampaignEntry {
     pub chain: Vec<u32>,
     /// As [`PolicyEntry::source`].
     pub source: Option<Arc<str>>,
+    pub counts: Arc<CampaignCounts>,
 }
 
 /// A campaign and its ancestors, itself first: what one candidate is decided
@@ -188,6 +228,7 @@ impl Registry {
                     record: e.record.clone(),
                     chain,
                     source: e.source.clone(),
+                    counts: e.counts.clone(),
                 });
                 self.campaigns_by_id.insert(new.id, new.clone());
                 self.campaigns.insert(name, new);
@@ -231,6 +272,7 @@ mod tests {
             def,
             stack: Arc::new(compiled.stack),
             source: None,
+            counts: Arc::default(),
         }
     }
 

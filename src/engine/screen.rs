@@ -311,6 +311,7 @@ fn screen_candidates(
             leases,
             shadow_all,
         );
+        count(chain, &verdict);
         let (denied, would_deny) = match verdict {
             Verdict::Allowed => (None, None),
             Verdict::Denied(d) => (Some(d), None),
@@ -347,6 +348,33 @@ enum Verdict {
     Denied(DeniedBy),
     /// Only campaigns in shadow mode deny: the first of their denying caps.
     WouldDeny(DeniedBy),
+}
+
+/// Counts a candidate's result for the per-campaign metrics: eligible or
+/// would-deny on its own campaign, a denial on the campaign of the cap that
+/// denied (one relaxed atomic add).
+fn count(chain: &[Arc<CampaignEntry>], v: &Verdict) {
+    use std::sync::atomic::Ordering::Relaxed;
+    match v {
+        Verdict::Allowed => {
+            chain[0].counts.eligible.fetch_add(1, Relaxed);
+        }
+        Verdict::WouldDeny(_) => {
+            chain[0].counts.would_deny.fetch_add(1, Relaxed);
+        }
+        Verdict::Denied(d) => {
+            let Some(e) = chain.iter().find(|e| e.name == d.campaign) else {
+                return;
+            };
+            if d.cap == "unknown_user" {
+                e.counts.unknown_user.fetch_add(1, Relaxed);
+            } else if let Some(i) = e.compiled.items.iter().position(|c| c.name == d.cap)
+                && let Some(n) = e.counts.denied.get(i)
+            {
+                n.fetch_add(1, Relaxed);
+            }
+        }
+    }
 }
 
 /// Whether campaign `e`'s denials are only counted (docs/semantics.md,

@@ -678,6 +678,12 @@ impl<C: Clock> Engine<C> {
         let mut next = 0;
         for c in candidates {
             let win = winners.contains(&c.index);
+            if win {
+                c.chain[0]
+                    .counts
+                    .commits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let defs = Defs::Chain(&c.chain);
             let end = next + mine[next..].partition_point(|p| p.cand <= c.index);
             if let Some(u) = user_rec.as_deref_mut() {
