@@ -17,6 +17,11 @@
 //! The client is raw tokio TCP on a current-thread runtime (one core) with a
 //! minimal HTTP/1.1 writer/parser and a minimal RESP writer/parser: every
 //! connection keeps one request in flight (keep-alive, no pipelining).
+//! The gRPC targets (`freqcap-grpc`: Check, Screen + Commit; `freqcap-rls`:
+//! Envoy's `ShouldRateLimit`) use the tonic clients generated in the
+//! library, one HTTP/2 connection per load connection (benches/grpc.sh).
+//! With `--server-pid`, a run also reports the server's CPU, its own and
+//! other processes' over the measured seconds (a shared machine shows).
 //! Open loop (`--rate R`): connection `i` of `N` sends at `t0 + (i + jN)/R`;
 //! latency counts from that intended time, so a server that falls behind is
 //! charged for the queue it causes (no coordinated omission). Closed loop
@@ -24,6 +29,7 @@
 //! arrives.
 
 use freqcap::grpc::pb::freqcap_client::FreqcapClient;
+use freqcap::rls::pb::rate_limit_service_client::RateLimitServiceClient;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -36,6 +42,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 use tokio::net::TcpStream;
+use tonic::transport::Channel;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -57,10 +64,17 @@ enum Target {
     /// freqcap's RESP front (`--resp-listen`): `CL.THROTTLE` for the check
     /// workloads, the same arguments as the Redis GCRA's.
     FreqcapResp,
-    /// freqcap's gRPC front (`freqcap.v1.Freqcap/Check` at `--grpc-addr`,
-    /// one HTTP/2 connection per load connection) for the check workloads;
-    /// `--addr` is the HTTP port, used to define the policy.
+    /// freqcap's gRPC front (`--grpc-addr`, one HTTP/2 connection per load
+    /// connection): `freqcap.v1.Freqcap/Check` for the check workloads,
+    /// `Screen` then `Commit` for `screen`; `--addr` is the HTTP port, used
+    /// to define the policy and the campaigns.
     FreqcapGrpc,
+    /// Envoy's rate limit service on freqcap's gRPC front (`--grpc-addr`,
+    /// served with `--rls-config`): `ShouldRateLimit` with three descriptors
+    /// per request, `[client=K] [path=/api/N] [tenant=tT]`, for the check
+    /// workloads (check-hot: one of each; check-1m: each drawn from `--keys`).
+    /// The rules are the server's (benches/grpc.sh writes them).
+    FreqcapRls,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -82,9 +96,16 @@ struct RunArgs {
     target: Target,
     #[arg(long)]
     addr: String,
-    /// The gRPC address, for `--target freqcap-grpc`.
+    /// The gRPC address, for `--target freqcap-grpc` and `freqcap-rls`.
     #[arg(long)]
     grpc_addr: Option<String>,
+    /// The server's process id: its CPU over the measured period is reported
+    /// (`server_cpu`, in cores, from /proc/PID/stat).
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// The rate limit domain of `--target freqcap-rls`.
+    #[arg(long, default_value = "bench")]
+    rls_domain: String,
     #[arg(long, value_enum)]
     workload: Workload,
     /// Connections (each one request in flight).
@@ -575,6 +596,8 @@ struct Shared {
     measure_from: Instant,
     end: Instant,
     candidates_json: String,
+    /// The same candidates, for gRPC's `Screen`.
+    candidates: Vec<freqcap::grpc::pb::Candidate>,
 }
 
 #[derive(Default)]
@@ -597,21 +620,22 @@ struct Tally {
 async fn run(a: RunArgs) -> Res<()> {
     let zipf = matches!(a.workload, Workload::Screen | Workload::Events)
         .then(|| Zipf::new(a.users, a.zipf));
+    let check = matches!(a.workload, Workload::CheckHot | Workload::Check1m);
     let shas = if a.target == Target::Redis {
         let mut c = Conn::connect(&a.addr).await?;
         Some(load_scripts(&mut c).await?)
-    } else if a.target == Target::FreqcapGrpc
-        && !matches!(a.workload, Workload::CheckHot | Workload::Check1m)
-    {
+    } else if a.target == Target::FreqcapGrpc && a.workload == Workload::Events {
         return Err(err(
-            "--target freqcap-grpc runs check-hot and check-1m only",
+            "--target freqcap-grpc runs check-hot, check-1m and screen",
         ));
-    } else if a.target == Target::FreqcapResp {
-        if !matches!(a.workload, Workload::CheckHot | Workload::Check1m) {
+    } else if matches!(a.target, Target::FreqcapResp | Target::FreqcapRls) {
+        if !check {
             return Err(err(
-                "--target freqcap-resp runs check-hot and check-1m only",
+                "--target freqcap-resp and freqcap-rls run check-hot and check-1m only",
             ));
         }
+        // RESP defines nothing; the rate limit service's rules are the
+        // server's --rls-config.
         None
     } else {
         setup_freqcap(a.addr_of(0), a.k).await?;
@@ -648,6 +672,12 @@ async fn run(a: RunArgs) -> Res<()> {
         measure_from,
         end,
         candidates_json,
+        candidates: (0..a.k)
+            .map(|i| freqcap::grpc::pb::Candidate {
+                campaign: campaign_name(i),
+                cost: None,
+            })
+            .collect(),
     });
     let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
         1_000,
@@ -666,6 +696,39 @@ async fn run(a: RunArgs) -> Res<()> {
         3,
     )?));
     let local = tokio::task::LocalSet::new();
+    // This process's CPU (and the server's, given its pid) over the measured
+    // period, in cores: which side was the bound. With the server's pid,
+    // also the user CPU of every other process on the machine (builds,
+    // profilers): a run that shared its cores says so.
+    let cpu = Rc::new(std::cell::Cell::new(CpuShares::default()));
+    {
+        let (sh, cpu, pid) = (sh.clone(), cpu.clone(), a.server_pid);
+        local.spawn_local(async move {
+            tokio::time::sleep_until(sh.measure_from.into()).await;
+            let (c0, s0, m0, t0) = (
+                cpu_seconds(),
+                pid.and_then(pid_cpu_seconds),
+                machine_user_seconds(),
+                Instant::now(),
+            );
+            tokio::time::sleep_until(sh.end.into()).await;
+            let (c1, s1, m1, t1) = (
+                cpu_seconds(),
+                pid.and_then(pid_cpu_seconds),
+                machine_user_seconds(),
+                Instant::now(),
+            );
+            let dt = t1.duration_since(t0).as_secs_f64();
+            let server = s0.zip(s1);
+            cpu.set(CpuShares {
+                client: Some((c1.0 + c1.1 - c0.0 - c0.1) / dt),
+                server: server.map(|(s0, s1)| (s1.0 + s1.1 - s0.0 - s0.1) / dt),
+                others: server.zip(m0.zip(m1)).map(|((s0, s1), (m0, m1))| {
+                    ((m1 - m0) - (s1.0 - s0.0) - (c1.0 - c0.0)).max(0.0) / dt
+                }),
+            });
+        });
+    }
     if a.probe_healthz && a.target == Target::Freqcap {
         let (sh, probe_hist, tally) = (sh.clone(), probe_hist.clone(), tally.clone());
         local.spawn_local(async move {
@@ -702,6 +765,11 @@ async fn run(a: RunArgs) -> Res<()> {
     let sh_h = shed_hist.borrow();
     let pr_h = probe_hist.borrow();
     let ops_s = t.ops as f64 / wall;
+    let CpuShares {
+        client: client_cpu,
+        server: server_cpu,
+        others: others_cpu,
+    } = cpu.get();
     if a.json {
         let v = serde_json::json!({
             "target": format!("{:?}", a.target).to_lowercase(),
@@ -720,12 +788,13 @@ async fn run(a: RunArgs) -> Res<()> {
             "healthz_p99_us": pr_h.value_at_quantile(0.99) as f64 / 1000.0,
             "healthz_max_us": pr_h.max() as f64 / 1000.0,
             "verify": verify,
+            "client_cpu": client_cpu, "server_cpu": server_cpu, "others_cpu": others_cpu,
             "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         });
         println!("{v}");
     } else {
         println!(
-            "{:?} {:?} conns={} rate={} : {:.0} ops/s ({:.0} req/s), errors {}, p50 {:.0} µs p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; commits {} none-eligible {} denied {}",
+            "{:?} {:?} conns={} rate={} : {:.0} ops/s ({:.0} req/s), errors {}, p50 {:.0} µs p90 {:.0} p99 {:.0} p99.9 {:.0} max {:.0}; commits {} none-eligible {} denied {}; cpu client {:.0} % server {} others {}",
             a.target,
             a.workload,
             a.conns,
@@ -740,7 +809,10 @@ async fn run(a: RunArgs) -> Res<()> {
             h.max() as f64 / 1000.0,
             t.commits,
             t.none_eligible,
-            t.denied
+            t.denied,
+            client_cpu.unwrap_or(f64::NAN) * 100.0,
+            server_cpu.map_or("-".to_owned(), |c| format!("{:.0} %", c * 100.0)),
+            others_cpu.map_or("-".to_owned(), |c| format!("{:.0} %", c * 100.0))
         );
         if t.shed > 0 || !pr_h.is_empty() {
             println!(
@@ -794,13 +866,22 @@ async fn conn_loop(
     let a = &sh.a;
     let mut c = Conn::connect(a.addr_of(i)).await?;
     let mut grpc = match (a.target, &a.grpc_addr) {
-        (Target::FreqcapGrpc, Some(g)) => Some(FreqcapClient::new(
-            tonic::transport::Endpoint::from_shared(format!("http://{g}"))?
+        (Target::FreqcapGrpc | Target::FreqcapRls, Some(g)) => {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{g}"))?
                 .tcp_nodelay(true)
                 .connect()
-                .await?,
-        )),
-        (Target::FreqcapGrpc, None) => return Err(err("--target freqcap-grpc needs --grpc-addr")),
+                .await?;
+            Some(if a.target == Target::FreqcapRls {
+                Rpc::Rls(RateLimitServiceClient::new(ch))
+            } else {
+                Rpc::Freqcap(FreqcapClient::new(ch))
+            })
+        }
+        (Target::FreqcapGrpc | Target::FreqcapRls, None) => {
+            return Err(err(
+                "--target freqcap-grpc and freqcap-rls need --grpc-addr",
+            ));
+        }
         _ => None,
     };
     let mut rng = Rng(0x5EED
@@ -879,6 +960,54 @@ async fn conn_loop(
     Ok(())
 }
 
+/// Cores used over the measured period.
+#[derive(Clone, Copy, Default)]
+struct CpuShares {
+    client: Option<f64>,
+    server: Option<f64>,
+    /// User CPU of every other process.
+    others: Option<f64>,
+}
+
+/// User and system CPU seconds of this process.
+fn cpu_seconds() -> (f64, f64) {
+    // SAFETY: getrusage writes the struct it is given, nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+fn clock_ticks() -> Option<f64> {
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then_some(hz as f64)
+}
+
+/// User and system CPU seconds of process `pid` (all its threads).
+fn pid_cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesized command name; utime and stime are the
+    // 14th and 15th fields of the line, the 12th and 13th after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split(' ').skip(11);
+    let user: u64 = f.next()?.parse().ok()?;
+    let system: u64 = f.next()?.parse().ok()?;
+    let hz = clock_ticks()?;
+    Some((user as f64 / hz, system as f64 / hz))
+}
+
+/// User (and nice) CPU seconds of the whole machine, from /proc/stat.
+fn machine_user_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let mut f = stat.lines().next()?.split_whitespace().skip(1);
+    let user: u64 = f.next()?.parse().ok()?;
+    let nice: u64 = f.next()?.parse().ok()?;
+    Some((user + nice) as f64 / clock_ticks()?)
+}
+
 /// Sleeps to within a millisecond of `at` (tokio's timer resolution), then
 /// yields until it, so sends leave on time rather than on the next tick.
 async fn wait_until(at: Instant) {
@@ -906,36 +1035,145 @@ struct Outcome {
     error_body: Vec<u8>,
 }
 
-/// One check over gRPC (`--target freqcap-grpc`): the same policy and keys
-/// as the HTTP check workloads.
-async fn grpc_op(
-    sh: &Shared,
-    g: &mut FreqcapClient<tonic::transport::Channel>,
-    rng: &mut Rng,
-) -> Res<Outcome> {
+/// A gRPC client on one HTTP/2 connection.
+enum Rpc {
+    Freqcap(FreqcapClient<Channel>),
+    Rls(RateLimitServiceClient<Channel>),
+}
+
+/// One operation over gRPC: a check (`--target freqcap-grpc`), the same
+/// policy and keys as the HTTP check workloads; a screen then a commit, the
+/// same campaigns, users and choice of winner as the HTTP screen workload;
+/// or a `ShouldRateLimit` of three descriptors (`--target freqcap-rls`).
+async fn grpc_op(sh: &Shared, g: &mut Rpc, rng: &mut Rng) -> Res<Outcome> {
+    use freqcap::grpc::pb;
     let a = &sh.a;
-    let key = if a.workload == Workload::CheckHot {
-        "hot".to_owned()
-    } else {
-        format!("k{}", rng.below(a.keys))
-    };
-    let req = freqcap::grpc::pb::CheckRequest {
-        policy: Some("lg-rate".into()),
-        key,
-        cost: Some(1),
-        ..Default::default()
-    };
     let mut o = Outcome {
         requests: 1,
         ..Outcome::default()
     };
-    match g.check(req).await {
-        Ok(d) => o.denied = !d.into_inner().allowed,
-        Err(s) if s.code() == tonic::Code::Unavailable => o.shed = true,
-        Err(s) => {
+    let failed = |o: &mut Outcome, s: tonic::Status| {
+        if s.code() == tonic::Code::Unavailable {
+            o.shed = true;
+        } else {
             o.error = true;
             o.error_body = s.to_string().into_bytes();
         }
+    };
+    match (g, a.workload) {
+        (Rpc::Freqcap(g), Workload::CheckHot | Workload::Check1m) => {
+            let key = if a.workload == Workload::CheckHot {
+                "hot".to_owned()
+            } else {
+                format!("k{}", rng.below(a.keys))
+            };
+            let req = pb::CheckRequest {
+                policy: Some("lg-rate".into()),
+                key,
+                cost: Some(1),
+                ..Default::default()
+            };
+            match g.check(req).await {
+                Ok(d) => o.denied = !d.into_inner().allowed,
+                Err(s) => failed(&mut o, s),
+            }
+        }
+        (Rpc::Freqcap(g), Workload::Screen) => {
+            let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+            let u = zipf.sample(rng);
+            let req = pb::ScreenRequest {
+                user: Some(format!("u{}-{u}", sh.run_id)),
+                candidates: sh.candidates.clone(),
+                // JSON's default; proto3's is false (a dry run).
+                reserve: true,
+                ..Default::default()
+            };
+            let ans = match g.screen(req).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    // Any failure, a shed one (UNAVAILABLE) included, is an
+                    // error, as a non-200 screen is over HTTP.
+                    o.error = true;
+                    o.error_body = format!("screen: {s}").into_bytes();
+                    return Ok(o);
+                }
+            };
+            let eligible: Vec<usize> = ans
+                .results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.eligible)
+                .map(|(i, _)| i)
+                .collect();
+            let Some(res) = ans.reservation else {
+                o.none_eligible = true;
+                return Ok(o);
+            };
+            if eligible.is_empty() {
+                o.none_eligible = true;
+                return Ok(o);
+            }
+            let w = eligible[rng.below(eligible.len() as u64) as usize];
+            let req = pb::CommitRequest {
+                reservation: res,
+                campaign: vec![campaign_name(w)],
+                cost: Some(1),
+                ..Default::default()
+            };
+            o.requests = 2;
+            match g.commit(req).await {
+                Ok(_) => o.committed = Some((u, w)),
+                Err(s) => {
+                    o.error = true;
+                    o.error_body = format!("commit: {s}").into_bytes();
+                }
+            }
+        }
+        (Rpc::Rls(g), Workload::CheckHot | Workload::Check1m) => {
+            use freqcap::rls::pb::{
+                RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry,
+                rate_limit_response::Code,
+            };
+            let (client, path, tenant) = if a.workload == Workload::CheckHot {
+                (0, 0, 0)
+            } else {
+                (rng.below(a.keys), rng.below(a.keys), rng.below(a.keys))
+            };
+            let one = |key: &str, value: String| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.into(),
+                    value,
+                }],
+                ..Default::default()
+            };
+            let req = RateLimitRequest {
+                domain: a.rls_domain.clone(),
+                descriptors: vec![
+                    one("client", format!("k{client}")),
+                    one("path", format!("/api/{path}")),
+                    one("tenant", format!("t{tenant}")),
+                ],
+                hits_addend: 0,
+            };
+            match g.should_rate_limit(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if r.overall_code == Code::OverLimit as i32 {
+                        o.denied = true;
+                    } else if r.overall_code != Code::Ok as i32 || r.statuses.len() != 3 {
+                        o.error = true;
+                        o.error_body = format!(
+                            "ShouldRateLimit: code {} with {} statuses",
+                            r.overall_code,
+                            r.statuses.len()
+                        )
+                        .into_bytes();
+                    }
+                }
+                Err(s) => failed(&mut o, s),
+            }
+        }
+        (_, w) => return Err(err(format!("{:?} does not run {w:?}", a.target))),
     }
     Ok(o)
 }
@@ -999,9 +1237,9 @@ async fn one_op(
                 }
             }
         }
-        (Target::FreqcapResp | Target::FreqcapGrpc, _) => {
+        (Target::FreqcapResp | Target::FreqcapGrpc | Target::FreqcapRls, _) => {
             return Err(err(
-                "freqcap-resp and freqcap-grpc run the check workloads only",
+                "freqcap-resp, freqcap-grpc and freqcap-rls are not HTTP/1.1 or Redis targets",
             ));
         }
         (Target::Freqcap, Workload::Screen) => {
@@ -1230,7 +1468,8 @@ async fn verify_caps(
         let user = format!("u{}-{u}", sh.run_id);
         let camp = campaign_name(w);
         let used = match sh.a.target {
-            Target::Freqcap => {
+            // gRPC's screens are read back over HTTP, on the same server.
+            Target::Freqcap | Target::FreqcapGrpc => {
                 let path = format!("/v1/users/{user}/campaigns/{camp}");
                 let (st, r) = c.http("GET", &path, b"", &mut out).await?;
                 if st != 200 {
@@ -1248,8 +1487,8 @@ async fn verify_caps(
                 }
                 worst
             }
-            Target::FreqcapResp | Target::FreqcapGrpc => {
-                return Err(err("no accuracy check over RESP or gRPC"));
+            Target::FreqcapResp | Target::FreqcapRls => {
+                return Err(err("no accuracy check over RESP or the rate limit service"));
             }
             Target::Redis => {
                 let key = format!("rz:{user}:{camp}");
