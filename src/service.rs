@@ -564,6 +564,8 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     }
     sweeper.abort();
     tracing::info!("draining done; flushing the writer");
+    // The campaigns' minutes (the ad-ops page) go with the last batch.
+    engine.flush_timelines();
     engine.flush().map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())

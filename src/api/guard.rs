@@ -35,7 +35,11 @@ pub enum Access {
 /// route matched needs the decision token (its 404 tells nothing to others).
 pub fn access(method: &Method, route: Option<&str>) -> Access {
     match route {
-        Some("/healthz" | "/readyz" | "/metrics" | "/openapi.json") => Access::Public,
+        // The page's static files hold no data; what it shows comes from the
+        // API, with the decision token when one is set.
+        Some("/healthz" | "/readyz" | "/metrics" | "/openapi.json" | "/ui" | "/ui/{file}") => {
+            Access::Public
+        }
         Some("/v1/admin/checkpoint") => Access::Admin,
         Some("/v1/policies/{name}" | "/v1/campaigns/{id}")
             if method != Method::GET && method != Method::HEAD =>

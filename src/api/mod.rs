@@ -14,6 +14,8 @@ pub mod openapi;
 pub(crate) mod request;
 mod screen;
 mod settle;
+mod timeline;
+mod ui;
 mod usage;
 
 use std::sync::Arc;
@@ -30,7 +32,10 @@ use crate::model::{CampaignDef, PolicyDef};
 // The body types, for the OpenAPI document (`openapi.rs` reads them through
 // `super::*`).
 #[allow(unused_imports)]
-use {admin::*, check::*, definitions::*, events::*, request::*, screen::*, settle::*, usage::*};
+use {
+    admin::*, check::*, definitions::*, events::*, request::*, screen::*, settle::*, timeline::*,
+    usage::*,
+};
 
 pub use error::ApiError;
 pub use metrics::{ConnCounters, Metrics};
@@ -107,7 +112,9 @@ pub const ROUTES: &[&str] = &[
     "/v1/reservations/{id}/commit",
     "/v1/reservations/{id}/release",
     "/v1/campaigns/{id}",
+    "/v1/campaigns",
     "/v1/campaigns/{id}/delivery",
+    "/v1/campaigns/{id}/timeline",
     "/v1/screen",
     "/v1/events",
     "/v1/users/{user}/campaigns/{id}",
@@ -116,6 +123,8 @@ pub const ROUTES: &[&str] = &[
     "/healthz",
     "/readyz",
     "/openapi.json",
+    "/ui",
+    "/ui/{file}",
 ];
 
 /// Whether a route template is open to everyone (probes, scrapes, the API's
@@ -183,7 +192,9 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/v1/campaigns/{id}" => put(put_def::<C, CampaignDef>)
             .get(get_def::<C, CampaignDef>)
             .delete(delete_def::<C, CampaignDef>),
+        "/v1/campaigns" => get(campaigns::<C>),
         "/v1/campaigns/{id}/delivery" => get(delivery::<C>),
+        "/v1/campaigns/{id}/timeline" => get(timeline::<C>),
         "/v1/screen" => post(screen::<C>),
         "/v1/events" => post(events::<C>),
         "/v1/users/{user}/campaigns/{id}" => get(usage::<C>),
@@ -192,6 +203,8 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/healthz" => get(|| async { "ok" }),
         "/readyz" => get(readyz::<C>),
         "/openapi.json" => get(openapi_json),
+        "/ui" => get(ui::index),
+        "/ui/{file}" => get(ui::asset),
         _ => return None,
     })
 }

@@ -351,6 +351,26 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "get",
+            path: "/v1/campaigns",
+            summary: "Every campaign's id, sorted, and whether it has a budget (the ad-ops page's list).",
+            admin: false,
+            request: None,
+            responses: vec![(200, "campaigns", schema::<CampaignList>(g))],
+        },
+        Op {
+            method: "get",
+            path: "/v1/campaigns/{id}/timeline",
+            summary: "A campaign's current and previous period minute by minute (spend, commits, cap hits), its pacing line, denials by cap, open reservations and impressions per user against its user cap (docs/semantics.md §7.4).",
+            admin: false,
+            request: None,
+            responses: vec![
+                (200, "timeline", schema::<TimelineBody>(g)),
+                e(400, "the id is over max_id_len bytes"),
+                e(404, "no such campaign"),
+            ],
+        },
+        Op {
+            method: "get",
             path: "/v1/campaigns/{id}/delivery",
             summary: "A campaign's budget now: amount, spent, pending, the paced cap and the period.",
             admin: false,
@@ -426,6 +446,22 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "get",
+            path: "/ui",
+            summary: "The ad-ops page (HTML; static, embedded). Public: its data comes from the API.",
+            admin: false,
+            request: None,
+            responses: vec![(200, "the page", text.clone())],
+        },
+        Op {
+            method: "get",
+            path: "/ui/{file}",
+            summary: "The page's script, style and chart library (app.js, app.css, uplot.js, uplot.css). Public.",
+            admin: false,
+            request: None,
+            responses: vec![(200, "the file", text.clone()), e(404, "no such file")],
+        },
+        Op {
+            method: "get",
             path: "/healthz",
             summary: "Liveness: the process answers. Public.",
             admin: false,
@@ -478,6 +514,11 @@ pub fn document() -> Value {
                         super::metrics::CONTENT_TYPE
                     } else if matches!(op.path, "/healthz" | "/readyz") {
                         "text/plain"
+                    } else if op.path == "/ui" {
+                        "text/html"
+                    } else if op.path == "/ui/{file}" && *status == 200 {
+                        // app.js and uplot.js; the stylesheets are text/css.
+                        "text/javascript"
                     } else {
                         "application/json"
                     };
@@ -566,7 +607,10 @@ fn common_errors(op: &Op) -> Vec<(u16, &'static str)> {
         errors.push((415, "the body's Content-Type is not application/json"));
     }
     errors.push((405, "the path does not take this method"));
-    if !matches!(op.path, "/healthz" | "/readyz" | "/openapi.json") {
+    if !matches!(
+        op.path,
+        "/healthz" | "/readyz" | "/openapi.json" | "/ui" | "/ui/{file}"
+    ) {
         errors.push((500, "internal error: the store failed"));
     }
     errors

@@ -17,6 +17,7 @@ use super::leases::leasable;
 use super::record::{SubjectRecord, tag};
 use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
+use super::timeline::{Timeline, timeline_key};
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 
 /// A definition as stored: its id and what the user wrote.
@@ -73,6 +74,17 @@ pub(crate) fn load_registry(
                     },
                 )),
             };
+            // Its minutes (the ad-ops page); an unreadable copy only blanks
+            // the page's history.
+            let timeline = match keep.and_then(|r| r.campaign_by_id(d.id)) {
+                Some(e) => e.timeline.clone(),
+                None => Arc::new(Mutex::new(
+                    store
+                        .get(Space::State, &timeline_key(d.id))?
+                        .and_then(|v| Timeline::from_stored(&v).ok())
+                        .unwrap_or_default(),
+                )),
+            };
             reg.max_id = reg.max_id.max(d.id);
             let entry = CampaignEntry {
                 id: d.id,
@@ -80,6 +92,7 @@ pub(crate) fn load_registry(
                 name: Arc::from(name.as_str()),
                 def: d.def,
                 counts: CampaignCounts::new(compiled.items.len()),
+                timeline,
                 compiled,
                 record,
                 chain: Vec::new(),
@@ -294,6 +307,7 @@ impl<C: Clock> Engine<C> {
             tags: campaign_tags(&compiled),
             def,
             counts: CampaignCounts::new(compiled.items.len()),
+            timeline: Arc::default(),
             compiled,
             record: Arc::new(Mutex::new(SubjectRecord::default())),
             chain: Vec::new(),
@@ -329,6 +343,7 @@ impl<C: Clock> Engine<C> {
         self.write_durably(vec![
             Op::Delete(Space::Definitions, def_key(b"c/", name)),
             Op::Delete(Space::State, RecordKey::Campaign(e.id).disk_key()),
+            Op::Delete(Space::State, timeline_key(e.id)),
         ])?;
         self.publish(reg);
         Ok(())

@@ -146,6 +146,10 @@ impl<C: Clock> Engine<C> {
                     Space::State,
                     RecordKey::Campaign(e.id).disk_key(),
                 ));
+                ops.push(Op::Delete(
+                    Space::State,
+                    super::timeline::timeline_key(e.id),
+                ));
                 done.deleted += 1;
             }
         }
@@ -184,6 +188,7 @@ impl<C: Clock> Engine<C> {
                     tags: campaign_tags(&compiled),
                     def: f.def,
                     counts: CampaignCounts::new(compiled.items.len()),
+                    timeline: Arc::default(),
                     compiled,
                     record: Arc::new(Mutex::new(SubjectRecord::default())),
                     chain: Vec::new(),

@@ -13,6 +13,8 @@
 //!   place whole.
 //! - [`usage`]: a user's usage of a campaign's caps; a campaign's delivery.
 //! - [`figures`]: the per-definition metrics' figures.
+//! - [`timeline`]: a campaign's minutes (spend, commits, cap hits) for the
+//!   ad-ops page.
 //!
 //! What they share:
 //! - [`request`]: request and outcome types, and the one set of validators.
@@ -52,6 +54,7 @@ pub(crate) mod reservations;
 mod screen;
 mod settle;
 mod shared;
+mod timeline;
 mod usage;
 
 use std::hash::{BuildHasher, Hasher};
@@ -78,6 +81,7 @@ pub use request::{
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};
+pub use timeline::{Bucket, CampaignTimeline, Minute, PerUser};
 pub use usage::{CapUsage, Delivery};
 
 /// Sizing and limits of an [`Engine`].
@@ -496,6 +500,7 @@ impl<C: Clock> Engine<C> {
     pub fn sweep(&self) -> usize {
         let now = self.now();
         self.expire(now);
+        self.flush_timelines();
         self.hot.sweep(
             now.saturating_sub(self.options.idle_grace),
             &self.store.written_seq(),

@@ -91,6 +91,9 @@ pub struct CampaignEntry {
     /// As [`PolicyEntry::source`].
     pub source: Option<Arc<str>>,
     pub counts: Arc<CampaignCounts>,
+    /// Its minutes (`super::timeline`), kept across redefinitions as
+    /// `record` is.
+    pub timeline: Arc<Mutex<super::timeline::Timeline>>,
 }
 
 /// A campaign and its ancestors, itself first: what one candidate is decided
@@ -178,6 +181,7 @@ impl Registry {
     pub fn insert_campaign(&mut self, mut entry: CampaignEntry) {
         if let Some(old) = self.campaigns.get(&*entry.name) {
             entry.record = old.record.clone();
+            entry.timeline = old.timeline.clone();
             entry.id = old.id;
         }
         self.max_id = self.max_id.max(entry.id);
@@ -229,6 +233,7 @@ impl Registry {
                     chain,
                     source: e.source.clone(),
                     counts: e.counts.clone(),
+                    timeline: e.timeline.clone(),
                 });
                 self.campaigns_by_id.insert(new.id, new.clone());
                 self.campaigns.insert(name, new);

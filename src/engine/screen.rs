@@ -311,7 +311,7 @@ fn screen_candidates(
             leases,
             shadow_all,
         );
-        count(chain, &verdict);
+        count(chain, &verdict, now);
         let (denied, would_deny) = match verdict {
             Verdict::Allowed => (None, None),
             Verdict::Denied(d) => (Some(d), None),
@@ -353,7 +353,7 @@ enum Verdict {
 /// Counts a candidate's result for the per-campaign metrics: eligible or
 /// would-deny on its own campaign, a denial on the campaign of the cap that
 /// denied (one relaxed atomic add).
-fn count(chain: &[Arc<CampaignEntry>], v: &Verdict) {
+fn count(chain: &[Arc<CampaignEntry>], v: &Verdict, now: Nanos) {
     use std::sync::atomic::Ordering::Relaxed;
     match v {
         Verdict::Allowed => {
@@ -366,6 +366,10 @@ fn count(chain: &[Arc<CampaignEntry>], v: &Verdict) {
             let Some(e) = chain.iter().find(|e| e.name == d.campaign) else {
                 return;
             };
+            e.timeline
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .add(now, 0, 0, 1);
             if d.cap == "unknown_user" {
                 e.counts.unknown_user.fetch_add(1, Relaxed);
             } else if let Some(i) = e.compiled.items.iter().position(|c| c.name == d.cap)

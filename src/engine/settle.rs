@@ -691,10 +691,26 @@ impl<C: Clock> Engine<C> {
                 settle_entries(u, entries, defs, settling(win), at);
             }
             next = end;
-            for e in c.chain.iter() {
+            for (depth, e) in c.chain.iter().enumerate() {
+                let mut spend = 0;
                 if let Some(g) = guard_of(&mut guards, e.id) {
                     let entries = g.take_pending(seq, Some(c.index));
+                    if win {
+                        // The budget's spend: the final cost, else what was
+                        // reserved (docs/semantics.md §6.5).
+                        spend = entries
+                            .iter()
+                            .filter(|p| is_budget(e, p.tag))
+                            .map(|p| final_cost.unwrap_or(p.n))
+                            .sum();
+                    }
                     settle_entries(g, entries, defs, settling(win), at);
+                }
+                if win {
+                    e.timeline
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .add(at.max(now), spend, u64::from(depth == 0), 0);
                 }
                 if win && !written.contains(&e.id) {
                     written.push(e.id);
@@ -716,6 +732,14 @@ impl<C: Clock> Engine<C> {
         }
         Some(self.persist(changes, Defs::Registry(&reg), now, Ack::Durable))
     }
+}
+
+/// Whether counter `tag` of campaign `e` is its budget's.
+fn is_budget(e: &super::registry::CampaignEntry, tag: u32) -> bool {
+    e.tags
+        .iter()
+        .zip(&e.compiled.items)
+        .any(|(&t, x)| t == tag && matches!(x.item, crate::limits::Item::Budget(_)))
 }
 
 /// Whether a chain holds anything campaign-side (a campaign-scope item).

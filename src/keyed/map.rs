@@ -511,6 +511,17 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             .sum()
     }
 
+    /// Runs `f` on every record, one shard's lock at a time (for figures read
+    /// rarely: the ad-ops page's impressions per user).
+    pub fn for_each(&self, mut f: impl FnMut(&V)) {
+        for s in self.shards.iter() {
+            let s = s.lock();
+            for (_, v) in s.table.iter() {
+                f(v);
+            }
+        }
+    }
+
     /// Drops every record idle at `now` (e.g. from a periodic sweeper). Returns
     /// how many were dropped.
     pub fn sweep(&self, now: Nanos, ctx: &V::Ctx) -> usize {

@@ -1,0 +1,305 @@
+//! A campaign's day minute by minute (docs/semantics.md §7.4), for the
+//! ad-ops page (`/ui`) and `GET /v1/campaigns/{id}/timeline`: spend,
+//! commits and cap hits per minute over the current and the previous budget
+//! period, the pacing line, and impressions per user against the user cap.
+//!
+//! Minutes are kept sparse (only those with activity), in memory beside
+//! the campaign's record and across its redefinitions, and written to the
+//! store behind (at most once a second, by the sweeper), so a restart does
+//! not blank the page; a `kill -9` may lose the last second of it.
+
+use std::collections::BTreeMap;
+use std::sync::PoisonError;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, Nanos};
+use crate::limits::{Item, calendar};
+use crate::model::Scope;
+use crate::store::{Op, Space};
+
+use super::record::SubjectRecord;
+use super::{Engine, EngineError};
+
+/// One minute in ns.
+pub const MINUTE: Nanos = 60_000_000_000;
+
+/// Most minutes kept per campaign: two 31-day periods (a monthly budget's
+/// current and previous one), at 24 bytes each at most 2.1 MB for a
+/// campaign active every minute; pruned to two periods by the sweeper.
+const MAX_MINUTES: usize = 2 * 31 * 1440;
+
+/// One minute's activity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Budget spend committed (final costs).
+    pub spend: u64,
+    /// Commits won: impressions.
+    pub commits: u64,
+    /// Candidates denied by one of the campaign's items.
+    pub denied: u64,
+}
+
+/// A campaign's minutes, by minute since the epoch.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub minutes: BTreeMap<u64, Bucket>,
+    /// Changed since it was last written.
+    pub dirty: bool,
+}
+
+impl Timeline {
+    pub fn add(&mut self, now: Nanos, spend: u64, commits: u64, denied: u64) {
+        let b = self.minutes.entry(now / MINUTE).or_default();
+        b.spend = b.spend.saturating_add(spend);
+        b.commits += commits;
+        b.denied += denied;
+        self.dirty = true;
+        while self.minutes.len() > MAX_MINUTES {
+            self.minutes.pop_first();
+        }
+    }
+
+    /// Drops the minutes before `from` (ns).
+    pub fn prune(&mut self, from: Nanos) {
+        let keep = self.minutes.split_off(&(from / MINUTE));
+        if keep.len() != self.minutes.len() {
+            self.dirty = true;
+        }
+        self.minutes = keep;
+    }
+
+    pub fn to_stored(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.minutes.iter().collect::<Vec<_>>()).unwrap_or_default()
+    }
+
+    pub fn from_stored(v: &[u8]) -> Result<Timeline, String> {
+        let minutes: Vec<(u64, Bucket)> = serde_json::from_slice(v).map_err(|e| e.to_string())?;
+        Ok(Timeline {
+            minutes: minutes.into_iter().collect(),
+            dirty: false,
+        })
+    }
+}
+
+/// The store key of campaign `id`'s timeline.
+pub(crate) fn timeline_key(id: u32) -> Vec<u8> {
+    let mut k = b"t".to_vec();
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// One minute of the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Minute {
+    pub start: Nanos,
+    pub bucket: Bucket,
+}
+
+/// `GET /v1/campaigns/{id}/timeline`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignTimeline {
+    pub campaign: String,
+    /// The campaign's time zone (its budget's, else the campaign's, else UTC).
+    pub tz: String,
+    /// The current period and the one before it (the budget's; a UTC day
+    /// without a budget).
+    pub period: (Nanos, Nanos),
+    pub previous_start: Nanos,
+    pub now: Nanos,
+    /// The budget's amount and pacing name, if it has one.
+    pub budget: Option<(u64, String)>,
+    /// What the pacing allows by each quarter hour of the current period
+    /// (the pacing line), and at `now`.
+    pub pacing_line: Vec<(Nanos, u64)>,
+    /// Minutes with activity, from `previous_start` on.
+    pub minutes: Vec<Minute>,
+    /// The first user-scope window or rate cap, and how many users in
+    /// memory have used it 0, 1, 2, … times (the last entry: the limit or
+    /// more).
+    pub per_user: Option<PerUser>,
+    /// Candidates denied by each of its items since it was defined (the
+    /// per-campaign metrics' counts), `unknown_user` last.
+    pub denied_by_cap: Vec<(String, u64)>,
+    /// Open screen reservations holding one of its candidates.
+    pub reservations_open: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerUser {
+    pub cap: String,
+    pub limit: u64,
+    /// `users[k]`: users who used `k` of the cap (`k` = 0..=limit, at most
+    /// 100 buckets).
+    pub users: Vec<u64>,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Every campaign's id, sorted, and whether it has a budget (the ad-ops
+    /// page's list).
+    pub fn campaign_list(&self) -> Vec<(String, bool)> {
+        let reg = self.registry();
+        let mut v: Vec<(String, bool)> = reg
+            .campaigns
+            .iter()
+            .map(|(n, e)| (n.clone(), e.def.budget.is_some()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A campaign's timeline (docs/semantics.md §7.4).
+    pub fn timeline(&self, campaign: &str) -> Result<CampaignTimeline, EngineError> {
+        let now = self.now();
+        let reg = self.registry();
+        let Some(c) = reg.campaigns.get(campaign) else {
+            return Err(EngineError::NotFound(format!(
+                "no campaign named {campaign:?}"
+            )));
+        };
+        let budget = c
+            .compiled
+            .items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| match &x.item {
+                Item::Budget(b) => Some((i, b)),
+                _ => None,
+            });
+        let tz = c
+            .def
+            .budget
+            .as_ref()
+            .and_then(|b| match &b.0 {
+                crate::model::LimitDef::Budget(d) => d.tz.clone(),
+                _ => None,
+            })
+            .or_else(|| c.def.tz.clone())
+            .unwrap_or_else(|| "UTC".into());
+        let (period, previous_start, pacing_line) = match budget {
+            Some((_, b)) => {
+                let (start, end) = b.calendar.bounds(now);
+                let (prev, _) = b.calendar.bounds(start.saturating_sub(1));
+                let step = 15 * MINUTE;
+                let mut line = Vec::new();
+                let mut t = start;
+                while t < end && line.len() < 5_000 {
+                    line.push((t, b.cap(start, end, t)));
+                    t += step;
+                }
+                line.push((end, b.cap(start, end, end)));
+                ((start, end), prev, line)
+            }
+            None => {
+                let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
+                let start = now - now % day;
+                ((start, start + day), start - day, Vec::new())
+            }
+        };
+        let minutes = c
+            .timeline
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .minutes
+            .range(previous_start / MINUTE..)
+            .map(|(m, b)| Minute {
+                start: m * MINUTE,
+                bucket: *b,
+            })
+            .collect();
+        let budget_of = budget.map(|(_, b)| {
+            let pacing = match b.pacing {
+                crate::limits::budget::Pacing::Asap => "asap",
+                crate::limits::budget::Pacing::Even => "even",
+                crate::limits::budget::Pacing::Profile(_) => "profile",
+                crate::limits::budget::Pacing::Adaptive(_) => "adaptive",
+            };
+            (b.amount, pacing.to_owned())
+        });
+        let per_user = self.per_user(c);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let mut denied_by_cap: Vec<(String, u64)> = c
+            .compiled
+            .items
+            .iter()
+            .zip(c.counts.denied.iter())
+            .map(|(cap, n)| (cap.name.clone(), n.load(relaxed)))
+            .collect();
+        denied_by_cap.push(("unknown_user".into(), c.counts.unknown_user.load(relaxed)));
+        let reservations_open = self.reservations.open_by_campaign(&[&c.name])[0];
+        Ok(CampaignTimeline {
+            denied_by_cap,
+            reservations_open,
+            campaign: c.name.to_string(),
+            tz,
+            period,
+            previous_start,
+            now,
+            budget: budget_of,
+            pacing_line,
+            minutes,
+            per_user,
+        })
+    }
+
+    /// How many users in memory used the campaign's first user-scope cap
+    /// how often (the hot tier holds every user seen within `idle_grace`).
+    fn per_user(&self, c: &super::registry::CampaignEntry) -> Option<PerUser> {
+        let now = self.now();
+        let (i, cap) = c.compiled.items.iter().enumerate().find(|(_, x)| {
+            x.scope == Scope::User && matches!(x.item, Item::Window(_) | Item::Rate { .. })
+        })?;
+        let limit = cap.item.limit();
+        let n = usize::try_from(limit.min(99)).unwrap_or(99) + 1;
+        let mut users = vec![0u64; n];
+        let tag = c.tags[i];
+        self.hot.for_each(|rec: &SubjectRecord| {
+            if let Some(st) = rec.state(c.id, tag) {
+                let (remaining, _) = cap.item.figures(st, now);
+                let used = limit.saturating_sub(remaining);
+                if let Some(u) = users.get_mut(usize::try_from(used).unwrap_or(n - 1).min(n - 1)) {
+                    *u += 1;
+                }
+            }
+        });
+        Some(PerUser {
+            cap: cap.name.clone(),
+            limit,
+            users,
+        })
+    }
+
+    /// Writes the timelines changed since the last call (behind), and drops
+    /// minutes older than the previous period (the sweeper calls it).
+    pub fn flush_timelines(&self) {
+        let now = self.now();
+        let reg = self.registry();
+        let mut ops = Vec::new();
+        for c in reg.campaigns.values() {
+            let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+            let from = c
+                .compiled
+                .items
+                .iter()
+                .find_map(|x| match &x.item {
+                    Item::Budget(b) => {
+                        let (start, _) = b.calendar.bounds(now);
+                        Some(b.calendar.bounds(start.saturating_sub(1)).0)
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| {
+                    let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
+                    (now - now % day).saturating_sub(day)
+                });
+            t.prune(from);
+            if t.dirty {
+                t.dirty = false;
+                ops.push(Op::Put(Space::State, timeline_key(c.id), t.to_stored()));
+            }
+        }
+        if !ops.is_empty() && self.shared().is_none() {
+            let _ = self.store.submit(ops, false);
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The ad-ops page (`/ui`) and the timeline it draws
+//! (`GET /v1/campaigns/{id}/timeline`, docs/semantics.md §7.4), on a real
+//! `freqcap serve`:
+//! - the timeline's figures for a seeded campaign, and the same after a
+//!   restart (the minutes are kept with the store);
+//! - the page in Debian's headless Chromium: no console errors, the seeded
+//!   figures in the DOM (the summary, the delivery curve's and the pacing
+//!   line's data, denials by cap, impressions per user), and a screenshot
+//!   written as an artefact (`$CARGO_TARGET_TMPDIR/ui/spring.png`).
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+fn send(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let url = format!("http://{addr}{path}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = match (method, body) {
+        ("PUT", Some(b)) => agent.put(&url).send_json(b),
+        ("POST", Some(b)) => agent.post(&url).send_json(b),
+        (_, _) => agent.get(&url).call(),
+    }
+    .expect("HTTP answers");
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn serve(data: &Path) -> support::Stopped {
+    support::Stopped(support::serve(
+        [
+            "--data-dir".as_ref(),
+            data.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ],
+        false,
+    ))
+}
+
+/// Campaign `spring` (1 000 a day, paced evenly; 3 per user a day): seven
+/// commits of 10 (u1 three times, u2 to u5 once) and one denial (u1's
+/// fourth).
+fn seed(addr: &str) {
+    let campaign = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "per-user"}],
+                          "budget": {"amount": 1000, "pacing": "even"}});
+    assert_eq!(
+        send(addr, "PUT", "/v1/campaigns/spring", Some(campaign)).0,
+        200
+    );
+    for u in ["u1", "u2", "u3", "u4", "u5", "u1", "u1", "u1"] {
+        let (_, v) = send(
+            addr,
+            "POST",
+            "/v1/screen",
+            Some(json!({"user": u, "candidates": [{"campaign": "spring", "cost": 10}]})),
+        );
+        if let Some(id) = v["reservation"].as_str() {
+            let (st, v) = send(
+                addr,
+                "POST",
+                &format!("/v1/reservations/{id}/commit"),
+                Some(json!({"campaign": "spring"})),
+            );
+            assert_eq!(st, 200, "{v}");
+        }
+    }
+}
+
+/// Spend, commits and denials summed over the timeline's minutes.
+fn totals(t: &Value) -> (u64, u64, u64) {
+    let m = t["minutes"].as_array().unwrap();
+    let sum = |k: &str| m.iter().map(|x| x[k].as_u64().unwrap()).sum();
+    (sum("spend"), sum("commits"), sum("denied"))
+}
+
+/// Seconds to the end of the UTC day: the seeded minutes must fall in one
+/// period, so a run within a minute of midnight waits for it.
+fn away_from_midnight() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = 86_400 - now % 86_400;
+    if left < 60 {
+        std::thread::sleep(std::time::Duration::from_secs(left + 1));
+    }
+}
+
+#[test]
+fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
+    away_from_midnight();
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    seed(&s.addr);
+    let (st, t) = send(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
+    assert_eq!(st, 200, "{t}");
+    assert_eq!(totals(&t), (70, 7, 1), "{t}");
+    assert_eq!(t["amount"], 1000);
+    assert_eq!(t["pacing"], "even");
+    assert_eq!(t["tz"], "UTC");
+    // 96 quarter hours and the period's end.
+    assert_eq!(t["pacing_line"].as_array().unwrap().len(), 97);
+    assert_eq!(t["pacing_line"][96]["cap"], 1000);
+    assert_eq!(t["per_user"]["users"], json!([0, 4, 0, 1]), "{t}");
+    let per_user = t["denied_by_cap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cap"] == "per-user")
+        .unwrap();
+    assert_eq!(per_user["denied"], 1);
+    assert_eq!(
+        send(&s.addr, "GET", "/v1/campaigns/nope/timeline", None).0,
+        404
+    );
+    // A restart (SIGTERM: drained and flushed) keeps the minutes.
+    let ok = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let mut s = s;
+    let _ = s.0.child.wait();
+    drop(s);
+    let s = serve(data.path());
+    let (_, t) = send(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
+    assert_eq!(totals(&t), (70, 7, 1), "{t}");
+}
+
+/// The value of attribute `name` of the element with id `id` in `dom`.
+fn attr<'a>(dom: &'a str, id: &str, name: &str) -> Option<&'a str> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let tag_start = dom[..start].rfind('<')?;
+    let tag_end = start + dom[start..].find('>')?;
+    let tag = &dom[tag_start..tag_end];
+    let key = format!("{name}=\"");
+    let v = tag.find(&key)? + key.len();
+    Some(&tag[v..v + tag[v..].find('"')?])
+}
+
+/// The text of the element with id `id` (no nested elements).
+fn text<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
+    let start = dom.find(&format!("id=\"{id}\""))?;
+    let open = start + dom[start..].find('>')? + 1;
+    Some(&dom[open..open + dom[open..].find('<')?])
+}
+
+fn chromium(args: &[&str], url: &str) -> std::process::Output {
+    Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--window-size=1280,1400",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("Debian's chromium is installed (make deps, .ci/run)")
+}
+
+#[test]
+fn the_page_shows_the_seeded_day_in_chromium() {
+    away_from_midnight();
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    seed(&s.addr);
+    let url = format!("http://{}/ui?campaign=spring", s.addr);
+    let profile = tempfile::tempdir().unwrap();
+    let user_dir = format!("--user-data-dir={}", profile.path().display());
+    let out = chromium(&[&user_dir, "--dump-dom"], &url);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    // No console error or warning, no uncaught exception.
+    let console: Vec<&str> = log.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(
+        console
+            .iter()
+            .all(|l| !l.contains("ERROR:CONSOLE") && !l.contains("WARNING:CONSOLE")),
+        "{console:#?}"
+    );
+    assert!(!log.contains("Uncaught"), "{log}");
+    // The summary.
+    assert_eq!(text(&dom, "spent"), Some("70"), "{dom}");
+    assert_eq!(text(&dom, "commits"), Some("7"));
+    assert_eq!(text(&dom, "budget"), Some("1,000 (even)"));
+    assert_eq!(text(&dom, "open"), Some("0"));
+    assert_eq!(text(&dom, "tz"), Some("UTC"));
+    // The delivery curve: the period's start, a point per minute with
+    // activity (one or two here: the seeding took under a second), and now
+    // if the last such minute ended before it; it ends at 70.
+    let points: usize = attr(&dom, "delivery", "data-points")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((2..=4).contains(&points), "{points}");
+    assert_eq!(attr(&dom, "delivery", "data-last-spend"), Some("70"));
+    assert_eq!(attr(&dom, "delivery", "data-budget"), Some("1000"));
+    // The pacing line now, as the server computes it (even pacing: the
+    // day's elapsed fraction of 1 000; the page was drawn a moment before).
+    let (_, d) = send(&s.addr, "GET", "/v1/campaigns/spring/delivery", None);
+    let served = d["cap_now"].as_u64().unwrap() as i64;
+    let drawn: i64 = attr(&dom, "delivery", "data-pacing-now")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((served - drawn).abs() <= 2, "{served} {drawn}");
+    // Uplot drew its canvases.
+    assert!(dom.matches("<canvas").count() >= 3, "{dom}");
+    // Denials by cap and impressions per user.
+    assert!(
+        dom.contains("data-cap=\"per-user\"><td>per-user</td><td>1</td>"),
+        "{dom}"
+    );
+    assert_eq!(attr(&dom, "per-user", "data-users"), Some("0,4,0,1"));
+    // A screenshot, for people.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = dir.join("spring.png");
+    let _ = std::fs::remove_file(&png);
+    let shot = format!("--screenshot={}", png.display());
+    let out = chromium(&[&user_dir, &shot], &url);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png).expect("the screenshot is written");
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 20_000,
+        "{}",
+        bytes.len()
+    );
+    eprintln!("screenshot: {}", png.display());
+}
