@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn write(dir: &Path, rel: &str, text: &str) {
     let p = dir.join(rel);
@@ -40,35 +40,6 @@ fn serve(dir: &Path, data: &Path) -> support::Stopped {
     ))
 }
 
-fn send(s: &support::Stopped, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let url = format!("http://{}{path}", s.addr);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut r = match (method, body) {
-        ("PUT", Some(b)) => agent.put(&url).send_json(b),
-        ("POST", Some(b)) => agent.post(&url).send_json(b),
-        ("DELETE", _) => agent.delete(&url).call(),
-        (_, _) => agent.get(&url).call(),
-    }
-    .expect("HTTP answers");
-    let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn metric(s: &support::Stopped, name: &str) -> f64 {
-    let (_, v) = send(s, "GET", "/metrics", None);
-    let text = v.as_str().unwrap_or_default().to_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Waits (20 s at most) until `f` holds.
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     for _ in 0..200 {
@@ -81,8 +52,8 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 fn remaining(s: &support::Stopped, policy: &str, key: &str) -> u64 {
-    let (st, v) = send(
-        s,
+    let (st, v) = support::http(
+        &s.addr,
         "POST",
         "/v1/check",
         Some(json!({"policy": policy, "key": key})),
@@ -109,12 +80,18 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
         r#"{"parent": "brand", "caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "calendar"}]}"#,
     );
     let s = serve(d, data.path());
-    assert_eq!(send(&s, "GET", "/v1/policies/api", None).0, 200);
-    assert_eq!(send(&s, "GET", "/v1/campaigns/spring", None).0, 200);
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/policies/api", None).0,
+        200
+    );
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/campaigns/spring", None).0,
+        200
+    );
 
     // Read-only through the API: 409 naming the file.
-    let (st, v) = send(
-        &s,
+    let (st, v) = support::http(
+        &s.addr,
         "PUT",
         "/v1/policies/api",
         Some(serde_json::from_str(POLICY_5).unwrap()),
@@ -127,7 +104,7 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
             .contains("policies/api.json"),
         "{v}"
     );
-    let (st, v) = send(&s, "DELETE", "/v1/campaigns/brand", None);
+    let (st, v) = support::http(&s.addr, "DELETE", "/v1/campaigns/brand", None);
     assert_eq!(st, 409, "{v}");
     assert!(
         v["error"]["message"]
@@ -138,8 +115,8 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
     );
     // Others may still be defined through the API.
     assert_eq!(
-        send(
-            &s,
+        support::http(
+            &s.addr,
             "PUT",
             "/v1/policies/adhoc",
             Some(serde_json::from_str(POLICY_5).unwrap())
@@ -158,12 +135,15 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
                        {"kind": "window", "limit": 100, "window": "1d", "align": "fixed"}]}"#,
     );
     eventually("the watched change is applied", || {
-        send(&s, "GET", "/v1/policies/api", None).1["limits"]
+        support::http(&s.addr, "GET", "/v1/policies/api", None).1["limits"]
             .as_array()
             .is_some_and(|l| l.len() == 2)
     });
     assert_eq!(remaining(&s, "api", "k"), 2);
-    assert_eq!(metric(&s, "freqcap_definitions_reloads_total"), 1.0);
+    assert_eq!(
+        support::metric(&s.addr, "freqcap_definitions_reloads_total").unwrap_or(0.0),
+        1.0
+    );
 
     // A bad file beside a good change: nothing of it is applied.
     write(d, "policies/api.json", POLICY_5);
@@ -173,15 +153,18 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
         r#"{"caps": [{"kind": "window", "limit": 0, "window": "1d"}]}"#,
     );
     eventually("the bad directory is refused", || {
-        metric(&s, "freqcap_definitions_reload_errors_total") == 1.0
+        support::metric(&s.addr, "freqcap_definitions_reload_errors_total").unwrap_or(0.0) == 1.0
     });
     assert_eq!(
-        send(&s, "GET", "/v1/policies/api", None).1["limits"]
+        support::http(&s.addr, "GET", "/v1/policies/api", None).1["limits"]
             .as_array()
             .map(Vec::len),
         Some(2)
     );
-    assert_eq!(send(&s, "GET", "/v1/campaigns/bad", None).0, 404);
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/campaigns/bad", None).0,
+        404
+    );
     let log = support::log_text(&s.log);
     assert!(log.contains("campaigns/bad.json: caps[0].limit"), "{log}");
 
@@ -193,17 +176,17 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
         .success();
     assert!(ok);
     eventually("SIGHUP reloads", || {
-        metric(&s, "freqcap_definitions_reload_errors_total") == 2.0
+        support::metric(&s.addr, "freqcap_definitions_reload_errors_total").unwrap_or(0.0) == 2.0
     });
 
     // Fixed, and a file removed: its definition is deleted.
     std::fs::remove_file(d.join("campaigns/bad.json")).unwrap();
     std::fs::remove_file(d.join("campaigns/spring.json")).unwrap();
     eventually("the fixed directory is applied", || {
-        send(&s, "GET", "/v1/campaigns/spring", None).0 == 404
+        support::http(&s.addr, "GET", "/v1/campaigns/spring", None).0 == 404
     });
     assert_eq!(
-        send(&s, "GET", "/v1/policies/api", None).1["limits"]
+        support::http(&s.addr, "GET", "/v1/policies/api", None).1["limits"]
             .as_array()
             .map(Vec::len),
         Some(1)
@@ -214,9 +197,18 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
     // definitions made through the API stay.
     std::fs::remove_file(d.join("policies/api.json")).unwrap();
     let s = serve(d, data.path());
-    assert_eq!(send(&s, "GET", "/v1/policies/api", None).0, 404);
-    assert_eq!(send(&s, "GET", "/v1/policies/adhoc", None).0, 200);
-    assert_eq!(send(&s, "GET", "/v1/campaigns/brand", None).0, 200);
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/policies/api", None).0,
+        404
+    );
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/policies/adhoc", None).0,
+        200
+    );
+    assert_eq!(
+        support::http(&s.addr, "GET", "/v1/campaigns/brand", None).0,
+        200
+    );
 }
 
 /// A Kubernetes ConfigMap volume: the files are symlinks into `..data`, a
@@ -241,7 +233,7 @@ fn a_configmap_style_swap_is_seen() {
     std::os::unix::fs::symlink("..2026_11_24_v2", r.join("..data_tmp")).unwrap();
     std::fs::rename(r.join("..data_tmp"), r.join("..data")).unwrap();
     eventually("the swapped directory is applied", || {
-        send(&s, "GET", "/v1/policies/api", None).1["limits"][0]["limit"] == 9
+        support::http(&s.addr, "GET", "/v1/policies/api", None).1["limits"][0]["limit"] == 9
     });
 }
 

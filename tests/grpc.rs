@@ -54,20 +54,7 @@ async fn client(n: &Node) -> FreqcapClient<Channel> {
 }
 
 fn http(n: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let url = format!("http://{}{path}", n.s.addr);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut r = match (method, body) {
-        ("PUT", Some(b)) => agent.put(&url).send_json(b),
-        ("POST", Some(b)) => agent.post(&url).send_json(b),
-        (_, _) => agent.get(&url).call(),
-    }
-    .expect("HTTP answers");
-    let status = r.status().as_u16();
-    let v = r.body_mut().read_json().unwrap_or(Value::Null);
-    (status, v)
+    support::http(&n.s.addr, method, path, body)
 }
 
 /// A gRPC Decision as the JSON body HTTP would give.
@@ -539,19 +526,6 @@ async fn admin_defines_what_http_reads() {
         .unwrap();
 }
 
-/// The value of a sample line `name value` of the node's /metrics.
-fn metric(n: &Node, name: &str) -> f64 {
-    let text = ureq::get(&format!("http://{}/metrics", n.s.addr))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(-1.0)
-}
-
 /// Past `grpc_max_connections` a connection is closed at accept and
 /// counted; a place given back is taken by the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,12 +538,15 @@ async fn connections_past_the_cap_are_closed_at_accept() {
     let b = client(&n).await;
     // Both places are taken once the server has accepted them.
     for _ in 0..100 {
-        if metric(&n, "freqcap_grpc_connections_open") == 2.0 {
+        if support::metric(&n.s.addr, "freqcap_grpc_connections_open") == Some(2.0) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert_eq!(metric(&n, "freqcap_grpc_connections_open"), 2.0);
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_grpc_connections_open"),
+        Some(2.0)
+    );
     let mut c = std::net::TcpStream::connect(&n.grpc).unwrap();
     c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
@@ -580,7 +557,10 @@ async fn connections_past_the_cap_are_closed_at_accept() {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         other => panic!("expected the connection closed, got {other:?}"),
     }
-    assert_eq!(metric(&n, "freqcap_grpc_connections_refused_total"), 1.0);
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_grpc_connections_refused_total"),
+        Some(1.0)
+    );
     // The client that has a place is served; the raw connection gives its
     // place back when it closes.
     let mut b = b;
@@ -593,7 +573,7 @@ async fn connections_past_the_cap_are_closed_at_accept() {
     drop(a);
     let mut ok = false;
     for _ in 0..100 {
-        if metric(&n, "freqcap_grpc_connections_open") == 1.0 {
+        if support::metric(&n.s.addr, "freqcap_grpc_connections_open") == Some(1.0) {
             ok = true;
             break;
         }

@@ -9,28 +9,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-fn send(s: &support::Stopped, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let url = format!("http://{}{path}", s.addr);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut r = match (method, body) {
-        ("PUT", Some(b)) => agent.put(&url).send_json(b),
-        ("POST", Some(b)) => agent.post(&url).send_json(b),
-        (_, _) => agent.get(&url).call(),
-    }
-    .expect("HTTP answers");
-    let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 fn metrics(s: &support::Stopped) -> String {
-    send(s, "GET", "/metrics", None)
+    support::http(&s.addr, "GET", "/metrics", None)
         .1
         .as_str()
         .unwrap_or_default()
@@ -76,22 +56,37 @@ fn board_queries(v: &Value, out: &mut Vec<String>) {
 fn setup(s: &support::Stopped) {
     let policy =
         json!({"limits": [{"kind": "window", "limit": 1, "window": "1h", "align": "fixed"}]});
-    assert_eq!(send(s, "PUT", "/v1/policies/p", Some(policy)).0, 200);
+    assert_eq!(
+        support::http(&s.addr, "PUT", "/v1/policies/p", Some(policy)).0,
+        200
+    );
     for c in ["c", "c2", "c3"] {
         let campaign = json!({"caps": [{"kind": "window", "limit": 1, "window": "1d", "name": "per-user"}],
                               "budget": {"amount": 1000, "pacing": "asap"}});
         assert_eq!(
-            send(s, "PUT", &format!("/v1/campaigns/{c}"), Some(campaign)).0,
+            support::http(
+                &s.addr,
+                "PUT",
+                &format!("/v1/campaigns/{c}"),
+                Some(campaign)
+            )
+            .0,
             200
         );
     }
     let check = json!({"policy": "p", "key": "k"});
-    assert_eq!(send(s, "POST", "/v1/check", Some(check.clone())).0, 200);
-    assert_eq!(send(s, "POST", "/v1/check", Some(check)).0, 429);
+    assert_eq!(
+        support::http(&s.addr, "POST", "/v1/check", Some(check.clone())).0,
+        200
+    );
+    assert_eq!(
+        support::http(&s.addr, "POST", "/v1/check", Some(check)).0,
+        429
+    );
     // c: one screen committed at cost 7, one denied by per-user, one open.
     let screen = |user: &str, c: &str| {
-        let (st, v) = send(
-            s,
+        let (st, v) = support::http(
+            &s.addr,
             "POST",
             "/v1/screen",
             Some(json!({"user": user, "candidates": [{"campaign": c, "cost": 7}]})),
@@ -101,8 +96,8 @@ fn setup(s: &support::Stopped) {
     };
     let v = screen("u1", "c");
     let id = v["reservation"].as_str().unwrap().to_owned();
-    let (st, v) = send(
-        s,
+    let (st, v) = support::http(
+        &s.addr,
         "POST",
         &format!("/v1/reservations/{id}/commit"),
         Some(json!({"campaign": "c"})),

@@ -79,22 +79,9 @@ fn rules_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls")
 }
 
-/// Seconds to the end of the UTC day; a test that counts in daily windows
-/// waits past midnight if it is closer than a minute.
-fn away_from_midnight() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let left = 86_400 - now % 86_400;
-    if left < 60 {
-        std::thread::sleep(std::time::Duration::from_secs(left + 1));
-    }
-}
-
 #[test]
 fn envoys_own_client_over_every_rule() {
-    away_from_midnight();
+    support::away_from_midnight();
     let n = node(&rules_dir());
     let out = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls_envoy.py"))
@@ -115,7 +102,7 @@ fn envoys_own_client_over_every_rule() {
 /// exactly those 30. envoyproxy/ratelimit would have debited it 200 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_or_nothing_under_concurrency() {
-    away_from_midnight();
+    support::away_from_midnight();
     let n = node(&rules_dir());
     let c = client(&n).await;
     let mut calls = tokio::task::JoinSet::new();
@@ -155,21 +142,9 @@ async fn all_or_nothing_under_concurrency() {
     assert_eq!(r.statuses[0].limit_remaining, 1000 - 30 - 1);
 }
 
-fn metric(n: &Node, name: &str) -> f64 {
-    let text = ureq::get(&format!("http://{}/metrics", n.s.addr))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_whole_or_keeps_what_it_had() {
-    away_from_midnight();
+    support::away_from_midnight();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("app.yaml");
     let rules = |n: u32| {
@@ -217,7 +192,11 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
     }
     assert_eq!(seen, Some(7));
     assert_eq!(
-        metric(&n, "freqcap_rls_config_reloads_total{outcome=\"applied\"}"),
+        support::metric(
+            &n.s.addr,
+            "freqcap_rls_config_reloads_total{outcome=\"applied\"}"
+        )
+        .unwrap_or(0.0),
         1.0
     );
     // A bad file beside a good change: nothing of it is applied.
@@ -230,7 +209,11 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
     hup(n.s.child.id());
     let mut refused = 0.0;
     for _ in 0..100 {
-        refused = metric(&n, "freqcap_rls_config_reloads_total{outcome=\"refused\"}");
+        refused = support::metric(
+            &n.s.addr,
+            "freqcap_rls_config_reloads_total{outcome=\"refused\"}",
+        )
+        .unwrap_or(0.0);
         if refused == 1.0 {
             break;
         }
@@ -243,7 +226,10 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
         log.contains("bad.yaml: descriptors[0].rate_limit.unit: unknown unit \"fortnight\""),
         "{log}"
     );
-    assert_eq!(metric(&n, "freqcap_rls_rules"), 1.0);
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_rls_rules").unwrap_or(0.0),
+        1.0
+    );
 }
 
 #[test]

@@ -15,26 +15,6 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-fn send(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let url = format!("http://{addr}{path}");
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut r = match (method, body) {
-        ("PUT", Some(b)) => agent.put(&url).send_json(b),
-        ("POST", Some(b)) => agent.post(&url).send_json(b),
-        (_, _) => agent.get(&url).call(),
-    }
-    .expect("HTTP answers");
-    let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
 fn serve(data: &Path) -> support::Stopped {
     support::Stopped(support::serve(
         [
@@ -54,18 +34,18 @@ fn seed(addr: &str) {
     let campaign = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "per-user"}],
                           "budget": {"amount": 1000, "pacing": "even"}});
     assert_eq!(
-        send(addr, "PUT", "/v1/campaigns/spring", Some(campaign)).0,
+        support::http(addr, "PUT", "/v1/campaigns/spring", Some(campaign)).0,
         200
     );
     for u in ["u1", "u2", "u3", "u4", "u5", "u1", "u1", "u1"] {
-        let (_, v) = send(
+        let (_, v) = support::http(
             addr,
             "POST",
             "/v1/screen",
             Some(json!({"user": u, "candidates": [{"campaign": "spring", "cost": 10}]})),
         );
         if let Some(id) = v["reservation"].as_str() {
-            let (st, v) = send(
+            let (st, v) = support::http(
                 addr,
                 "POST",
                 &format!("/v1/reservations/{id}/commit"),
@@ -83,26 +63,13 @@ fn totals(t: &Value) -> (u64, u64, u64) {
     (sum("spend"), sum("commits"), sum("denied"))
 }
 
-/// Seconds to the end of the UTC day: the seeded minutes must fall in one
-/// period, so a run within a minute of midnight waits for it.
-fn away_from_midnight() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let left = 86_400 - now % 86_400;
-    if left < 60 {
-        std::thread::sleep(std::time::Duration::from_secs(left + 1));
-    }
-}
-
 #[test]
 fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
-    away_from_midnight();
+    support::away_from_midnight();
     let data = tempfile::tempdir().unwrap();
     let s = serve(data.path());
     seed(&s.addr);
-    let (st, t) = send(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
+    let (st, t) = support::http(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
     assert_eq!(st, 200, "{t}");
     assert_eq!(totals(&t), (70, 7, 1), "{t}");
     assert_eq!(t["amount"], 1000);
@@ -120,7 +87,7 @@ fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
         .unwrap();
     assert_eq!(per_user["denied"], 1);
     assert_eq!(
-        send(&s.addr, "GET", "/v1/campaigns/nope/timeline", None).0,
+        support::http(&s.addr, "GET", "/v1/campaigns/nope/timeline", None).0,
         404
     );
     // A restart (SIGTERM: drained and flushed) keeps the minutes.
@@ -134,7 +101,7 @@ fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
     let _ = s.0.child.wait();
     drop(s);
     let s = serve(data.path());
-    let (_, t) = send(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
+    let (_, t) = support::http(&s.addr, "GET", "/v1/campaigns/spring/timeline", None);
     assert_eq!(totals(&t), (70, 7, 1), "{t}");
 }
 
@@ -177,7 +144,7 @@ fn chromium(args: &[&str], url: &str) -> std::process::Output {
 
 #[test]
 fn the_page_shows_the_seeded_day_in_chromium() {
-    away_from_midnight();
+    support::away_from_midnight();
     let data = tempfile::tempdir().unwrap();
     let s = serve(data.path());
     seed(&s.addr);
@@ -215,7 +182,7 @@ fn the_page_shows_the_seeded_day_in_chromium() {
     assert_eq!(attr(&dom, "delivery", "data-budget"), Some("1000"));
     // The pacing line now, as the server computes it (even pacing: the
     // day's elapsed fraction of 1 000; the page was drawn a moment before).
-    let (_, d) = send(&s.addr, "GET", "/v1/campaigns/spring/delivery", None);
+    let (_, d) = support::http(&s.addr, "GET", "/v1/campaigns/spring/delivery", None);
     let served = d["cap_now"].as_u64().unwrap() as i64;
     let drawn: i64 = attr(&dom, "delivery", "data-pacing-now")
         .unwrap()

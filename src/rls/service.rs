@@ -339,20 +339,14 @@ impl<C: Clock + 'static> Service<C> {
                         reset: until,
                         retry_after: (!rule.shadow).then_some(until),
                     });
-                    DescriptorStatus {
-                        code: if rule.shadow {
-                            Code::Ok
-                        } else {
-                            Code::OverLimit
-                        } as i32,
-                        current_limit: Some(RateLimit {
-                            name: rule.name.clone(),
-                            requests_per_unit: 0,
-                            unit: pb_unit(Some(*unit)) as i32,
-                        }),
-                        limit_remaining: 0,
-                        duration_until_reset: Some(duration(u128::from(until) * 1_000_000_000)),
-                    }
+                    limited(
+                        !rule.shadow,
+                        &rule.name,
+                        0,
+                        Some(*unit),
+                        0,
+                        u128::from(until) * 1_000_000_000,
+                    )
                 }
                 Outcome::Limited { rule, check, plain } => {
                     let Some(d) = decided.decisions.get(*check) else {
@@ -373,20 +367,14 @@ impl<C: Clock + 'static> Service<C> {
                             .then(|| d.retry_after.map(ceil_secs))
                             .flatten(),
                     });
-                    DescriptorStatus {
-                        code: if d.allowed || rule.shadow {
-                            Code::Ok
-                        } else {
-                            Code::OverLimit
-                        } as i32,
-                        current_limit: Some(RateLimit {
-                            name: rule.name.clone(),
-                            requests_per_unit: u32::try_from(limit).unwrap_or(u32::MAX),
-                            unit: pb_unit(unit) as i32,
-                        }),
-                        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
-                        duration_until_reset: Some(duration(d.reset_after)),
-                    }
+                    limited(
+                        !d.allowed && !rule.shadow,
+                        &rule.name,
+                        limit,
+                        unit,
+                        d.remaining,
+                        d.reset_after,
+                    )
                 }
             };
             statuses.push(s);
@@ -432,6 +420,28 @@ fn figures(rule: &Rule, d: &Decision, plain: Option<(u32, Unit)>) -> (u64, Optio
     let window = window_ns(item).unwrap_or(0);
     let unit = u64::try_from(window).ok().and_then(Unit::of_nanos);
     (item.limit(), unit, ceil_secs(window))
+}
+
+/// The status of a descriptor a rule limits: over or not, and the rule's
+/// figures (u32 fields saturate).
+fn limited(
+    over: bool,
+    name: &str,
+    limit: u64,
+    unit: Option<Unit>,
+    remaining: u64,
+    reset: Span,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit: Some(RateLimit {
+            name: name.to_owned(),
+            requests_per_unit: u32::try_from(limit).unwrap_or(u32::MAX),
+            unit: pb_unit(unit) as i32,
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(duration(reset)),
+    }
 }
 
 fn pb_unit(u: Option<Unit>) -> PbUnit {

@@ -44,7 +44,6 @@ where
 
 /// [`serve`] with environment variables set after the defaults (say,
 /// `FREQCAP_LOG`).
-#[allow(dead_code)]
 pub fn serve_env<I, S>(args: I, env: &[(&str, &str)], echo: bool) -> Served
 where
     I: IntoIterator<Item = S>,
@@ -137,5 +136,56 @@ impl std::ops::Deref for Stopped {
     type Target = Served;
     fn deref(&self) -> &Served {
         &self.0
+    }
+}
+
+/// One HTTP call to a served node at `addr`: the status (never an error)
+/// and the body as JSON, or as a JSON string when it is not JSON.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let url = format!("http://{addr}{path}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = match (method, body) {
+        ("PUT", Some(b)) => agent.put(&url).send_json(b),
+        ("POST", Some(b)) => agent.post(&url).send_json(b),
+        ("DELETE", _) => agent.delete(&url).call(),
+        (_, _) => agent.get(&url).call(),
+    }
+    .expect("HTTP answers");
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    let v = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, v)
+}
+
+/// The value of the sample `series` (`name{labels}`, exactly as exported)
+/// in the node's `/metrics`.
+pub fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, v) = http(addr, "GET", "/metrics", None);
+    v.as_str()?.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Waits past midnight UTC when it is less than a minute away: a test that
+/// counts in daily windows must not see one end half way.
+pub fn away_from_midnight() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let left = 86_400 - now % 86_400;
+    if left < 60 {
+        std::thread::sleep(Duration::from_secs(left + 1));
     }
 }
