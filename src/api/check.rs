@@ -85,7 +85,7 @@ pub(crate) struct DecisionBody<'a> {
     /// Present (true) only in shadow mode, when enforcing would have denied:
     /// the answer is allowed, nothing was debited or held, and the figures
     /// are enforcement's.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     would_deny: bool,
     limits: Vec<ItemBody<'a>>,
 }
