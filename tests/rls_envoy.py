@@ -194,6 +194,11 @@ def nested_and_wildcards():
     a, b = "/api/" + fresh(), "/api/" + fresh()
     assert call(desc(("path", a))).statuses[0].limit_remaining == 1
     assert call(desc(("path", b))).statuses[0].limit_remaining == 1
+    # A long value (250 bytes; each entry may have max_id_len, 256) in a
+    # descriptor of several entries is counted like any other.
+    long = "/api/" + "x" * 245
+    r = call(desc(("path", long)), desc(("tenant", t), ("plan", "gold")))
+    assert r.overall_code == OK and r.statuses[0].limit_remaining == 1, r
     # A specific value before the default of its key.
     r = call(desc(("client", "partner")))
     assert r.statuses[0].current_limit.requests_per_unit == 1000, r

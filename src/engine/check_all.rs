@@ -33,6 +33,10 @@ const NAMESPACE: u8 = b'r';
 /// lookup under the locks of all of them).
 pub const MAX_KEYS: usize = 64;
 
+/// Longest key: an RLS key is its domain and up to 32 entries of at most
+/// `max_id_len` bytes each.
+const MAX_KEY_BYTES: usize = 1 << 16;
+
 /// Lock stripes: enough that unrelated requests rarely share one, few
 /// enough that taking a request's handful stays cheap.
 const STRIPES: usize = 64;
@@ -135,7 +139,16 @@ impl<C: Clock> Engine<C> {
             .into());
         }
         for c in checks {
-            self.check_id("key", &c.key)?;
+            // Keys are hashed, so their length costs nothing past here; the
+            // caller bounds what it builds them from (an RLS descriptor's
+            // entries each within max_id_len).
+            if c.key.is_empty() || c.key.len() > MAX_KEY_BYTES {
+                return Err(invalid(
+                    "key",
+                    format!("must be 1 to {MAX_KEY_BYTES} bytes, got {}", c.key.len()),
+                )
+                .into());
+            }
             check_cost("cost", c.cost)?;
         }
         let now = self.now();
@@ -160,7 +173,8 @@ impl<C: Clock> Engine<C> {
                 .limits
                 .stack
                 .decide(&mut states, now, c.cost, Hold::Immediate);
-            if d.allowed {
+            // A zero cost only looks: nothing to write back.
+            if d.allowed && c.cost > 0 {
                 match scratch.iter().position(|(r, _)| *r == record) {
                     Some(i) => scratch[i].1 = states,
                     None => scratch.push((record, states)),
@@ -178,7 +192,10 @@ impl<C: Clock> Engine<C> {
             // their figures as they stand.
             for ((c, &record), d) in checks.iter().zip(&records).zip(decisions.iter_mut()) {
                 if d.allowed {
-                    let mut states = self.states_of(record, c, now, Reads::MayWait)?;
+                    // Read in pass 1 (and kept in memory since), so this
+                    // waits on nothing; were one gone, a memory-only call
+                    // stops here having changed nothing.
+                    let mut states = self.states_of(record, c, now, reads)?;
                     *d = c
                         .limits
                         .stack
@@ -229,7 +246,10 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         reads: Reads,
     ) -> Result<SmallVec<[ItemState; 4]>, Halt> {
-        self.with_record(record, now, reads, |rec, _| {
+        self.with_record(record, now, reads, |rec, now| {
+            // Kept in the hot tier until this call has written it back:
+            // pass 2 must find it in memory, not stop half way on a read.
+            rec.idle_at = rec.idle_at.max(now + 1);
             c.limits
                 .tags
                 .iter()

@@ -374,6 +374,8 @@ impl Reservations {
     /// candidate), for the per-campaign metrics: one pass over the table
     /// under its lock, at scrape time only (about 1 ms per 100 000 open).
     pub fn open_by_campaign(&self, campaigns: &[&str]) -> Vec<u64> {
+        let index: HashMap<&str, usize> =
+            campaigns.iter().enumerate().map(|(i, c)| (*c, i)).collect();
         let mut n = vec![0u64; campaigns.len()];
         let t = self.lock();
         for r in t.by_id.values() {
@@ -381,7 +383,7 @@ impl Reservations {
                 && let Reserved::Screen { candidates, .. } = &**reserved
             {
                 for c in candidates {
-                    if let Some(i) = campaigns.iter().position(|x| **x == *c.campaign) {
+                    if let Some(&i) = index.get(&*c.campaign) {
                         n[i] += 1;
                     }
                 }

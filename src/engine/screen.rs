@@ -446,11 +446,16 @@ fn decide_chain(
             if leased_out {
                 // This node's grant has no room: another node may have
                 // some; a retry soon may find a refreshed grant here.
-                return Verdict::Denied(DeniedBy {
+                let d = DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
                     retry_after: Some(LEASE_RETRY),
-                });
+                };
+                if !in_shadow(e, shadow_all) {
+                    return Verdict::Denied(d);
+                }
+                shadowed.get_or_insert(d);
+                continue;
             }
             if !p.allowed {
                 let d = DeniedBy {

@@ -26,6 +26,9 @@ use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
 use crate::grpc::{Auth, status};
 use crate::limits::stack::Decision;
 
+/// The largest cost (docs/semantics.md §1.3).
+const MAX_COST: u64 = (1 << 53) - 1;
+
 /// Most entries one descriptor may have.
 const MAX_ENTRIES: usize = 32;
 
@@ -190,8 +193,9 @@ impl<C: Clock + 'static> Service<C> {
             let mut entries = Vec::with_capacity(d.entries.len());
             // The counter's key: the domain and every entry, as
             // envoyproxy/ratelimit keys its counters (a wildcard rule counts
-            // each value apart).
-            let mut key = req.domain.clone();
+            // each value apart); each part length-prefixed, so no value can
+            // spell another descriptor's key.
+            let mut key = format!("{}:{}", req.domain.len(), req.domain);
             // The name of an override's limit: envoyproxy/ratelimit's
             // descriptor key (`key_value.key_value`).
             let mut name = String::new();
@@ -209,10 +213,13 @@ impl<C: Clock + 'static> Service<C> {
                     ));
                 }
                 entries.push((e.key.as_str(), e.value.as_str()));
-                key.push('\u{1f}');
-                key.push_str(&e.key);
-                key.push('=');
-                key.push_str(&e.value);
+                key.push_str(&format!(
+                    "|{}:{}{}:{}",
+                    e.key.len(),
+                    e.key,
+                    e.value.len(),
+                    e.value
+                ));
                 if !name.is_empty() {
                     name.push('.');
                 }
@@ -221,6 +228,14 @@ impl<C: Clock + 'static> Service<C> {
                     name.push('_');
                     name.push_str(&e.value);
                 }
+            }
+            if let Some(h) = d.hits_addend
+                && h > MAX_COST
+            {
+                return Err(Self::invalid(
+                    format!("descriptors[{i}].hits_addend"),
+                    format!("at most {MAX_COST}, got {h}"),
+                ));
             }
             let rule = match &d.limit {
                 Some(o) => Some(self.override_rule(i, o, &name)?),
@@ -237,6 +252,8 @@ impl<C: Clock + 'static> Service<C> {
             .flat_map(|r| r.replaces.iter().cloned())
             .collect();
         let request_cost = u64::from(req.hits_addend.max(1));
+        // `--shadow` puts every rule in shadow mode too.
+        let shadow_all = self.state.engine.options().shadow;
         let mut checks = Vec::new();
         let mut outcomes = Vec::with_capacity(matched.len());
         for ((i, rule), key) in matched.into_iter().enumerate().zip(keys) {
@@ -247,6 +264,14 @@ impl<C: Clock + 'static> Service<C> {
             }) else {
                 outcomes.push(Outcome::NoRule);
                 continue;
+            };
+            let rule = if shadow_all && !rule.shadow {
+                Arc::new(Rule {
+                    shadow: true,
+                    ..(*rule).clone()
+                })
+            } else {
+                rule
             };
             match &rule.action {
                 Action::Unlimited => outcomes.push(Outcome::Unlimited),
