@@ -7,7 +7,8 @@
 //! reads the files' content every 2 s rather than asking the kernel for
 //! events: a Kubernetes ConfigMap is swapped by renaming a symlinked
 //! directory (`..data`), which file watches miss, and a few hundred small
-//! files are read in well under a millisecond.
+//! files are read in well under a millisecond. A change is applied when two
+//! reads agree (so 2–4 s after it), never half way through a copy.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -154,6 +155,8 @@ pub async fn watch<C: Clock + 'static>(
     counters: DefinitionReloads,
     mut last: Option<u64>,
 ) {
+    // A fingerprint seen once, waiting for the next read to agree.
+    let mut pending: Option<Option<u64>> = None;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut tick = tokio::time::interval(POLL);
@@ -172,20 +175,30 @@ pub async fn watch<C: Clock + 'static>(
             s = signalled => s,
             _ = tick.tick() => false,
         };
-        let (e, d) = (engine.clone(), dir.clone());
-        let seen = last;
-        let done = tokio::task::spawn_blocking(move || {
-            let now = fingerprint(&d);
-            if !forced && now.is_some() && now == seen {
-                return (now, None);
+        let d = dir.clone();
+        let Ok(now) = tokio::task::spawn_blocking(move || fingerprint(&d)).await else {
+            continue;
+        };
+        if !forced {
+            if now == last {
+                pending = None;
+                continue;
             }
-            (now, Some(load(&e, &d)))
-        })
-        .await;
-        let Ok((now, outcome)) = done else { continue };
+            // A change is applied once two reads 2 s apart agree: a copy
+            // in progress (rsync, a checkout) is not taken for a directory
+            // whose files are gone.
+            if pending != Some(now) {
+                pending = Some(now);
+                continue;
+            }
+        }
+        pending = None;
+        let (e, d) = (engine.clone(), dir.clone());
+        let Ok(outcome) = tokio::task::spawn_blocking(move || load(&e, &d)).await else {
+            continue;
+        };
         match outcome {
-            None => {}
-            Some(Ok(r)) => {
+            Ok(r) => {
                 last = now;
                 counters.applied.inc();
                 tracing::info!(
@@ -199,7 +212,7 @@ pub async fn watch<C: Clock + 'static>(
                     r.unchanged
                 );
             }
-            Some(Err(why)) => {
+            Err(why) => {
                 // Not retried until the content changes again (or SIGHUP):
                 // one log line per bad version, not one per poll.
                 last = now;

@@ -50,9 +50,9 @@ pub struct ServeConfig {
     /// RESP connections served at once (lowered, with `max_connections`, to
     /// fit the file-descriptor limit).
     pub resp_max_connections: usize,
-    /// gRPC connections served at once (lowered, with `max_connections`, to
-    /// fit the file-descriptor limit); past it a connection is closed at
-    /// accept.
+    /// gRPC connections served at once; past it a connection is closed at
+    /// accept. HTTP's `max_connections` is lowered, if needed, so both fit
+    /// the file-descriptor limit.
     pub grpc_max_connections: usize,
     /// RocksDB directory.
     pub data_dir: PathBuf,
@@ -541,6 +541,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             let options = crate::grpc::GrpcOptions {
                 max_connections: grpc_max,
                 request_timeout: secs(config.body_timeout_secs),
+                handshake_timeout: secs(config.header_timeout_secs),
             };
             if let Err(e) = crate::grpc::serve(l, state, rls, options, stop).await {
                 tracing::error!("gRPC server failed: {e}");
@@ -565,7 +566,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     sweeper.abort();
     tracing::info!("draining done; flushing the writer");
     // The campaigns' minutes (the ad-ops page) go with the last batch.
-    engine.flush_timelines();
+    engine.flush_timelines(true);
     engine.flush().map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())

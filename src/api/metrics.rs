@@ -648,6 +648,11 @@ impl Metrics {
             "gRPC connections closed at accept, over grpc_max_connections",
             grpc_connections.refused.clone(),
         );
+        registry.register(
+            "freqcap_grpc_connections_timed_out",
+            "gRPC connections closed for sending nothing within header_timeout_secs",
+            grpc_connections.timed_out.clone(),
+        );
         let rls_calls = Family::<OutcomeLabel, Counter>::default();
         let reloads = Family::<OutcomeLabel, Counter>::default();
         let call = |outcome| rls_calls.get_or_create(&OutcomeLabel { outcome }).clone();

@@ -56,7 +56,12 @@ pub(crate) fn load_registry(
                 def: d.def,
                 stack: Arc::new(compiled.stack),
                 source: d.source.map(Arc::from),
-                counts: Arc::default(),
+                // Counts carry over a re-read (a shared store re-reads every
+                // definition on any change in the cluster).
+                counts: keep
+                    .and_then(|r| r.policy_by_id(d.id))
+                    .map(|p| p.counts.clone())
+                    .unwrap_or_default(),
             });
         } else if k.starts_with(b"c/") {
             let d: StoredDef<CampaignDef> =
@@ -91,7 +96,11 @@ pub(crate) fn load_registry(
                 tags: campaign_tags(&compiled),
                 name: Arc::from(name.as_str()),
                 def: d.def,
-                counts: CampaignCounts::new(compiled.items.len()),
+                counts: keep
+                    .and_then(|r| r.campaign_by_id(d.id))
+                    .filter(|e| e.counts.denied.len() == compiled.items.len())
+                    .map(|e| e.counts.clone())
+                    .unwrap_or_else(|| CampaignCounts::new(compiled.items.len())),
                 timeline,
                 compiled,
                 record,

@@ -338,6 +338,8 @@ pub struct Engine<C: Clock> {
     dedupe: Dedupe,
     /// The locks [`Engine::check_all`] takes its keys under.
     key_locks: check_all::KeyLocks,
+    /// When the campaigns' timelines were last written (engine time).
+    timelines_flushed_at: AtomicU64,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
     /// a client picks cannot be made to collide.
     hash_key: [u8; 16],
@@ -406,6 +408,7 @@ impl<C: Clock> Engine<C> {
             leases: leases::Leases::default(),
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),
+            timelines_flushed_at: AtomicU64::new(0),
             hash_key,
             id_nonce: options.id_nonce.unwrap_or_else(|| {
                 let k = random_key();
@@ -500,7 +503,7 @@ impl<C: Clock> Engine<C> {
     pub fn sweep(&self) -> usize {
         let now = self.now();
         self.expire(now);
-        self.flush_timelines();
+        self.flush_timelines(false);
         self.hot.sweep(
             now.saturating_sub(self.options.idle_grace),
             &self.store.written_seq(),

@@ -165,6 +165,9 @@ impl<C: Clock> Engine<C> {
                 return Err(e);
             }
         };
+        // Counted once the screen stands (a shared store may have run the
+        // decision more than once).
+        count(&reg, &results, now);
         let reservation = match claim {
             Some(c) if !candidates.is_empty() => {
                 let out = ScreenOutcome {
@@ -311,7 +314,6 @@ fn screen_candidates(
             leases,
             shadow_all,
         );
-        count(chain, &verdict, now);
         let (denied, would_deny) = match verdict {
             Verdict::Allowed => (None, None),
             Verdict::Denied(d) => (Some(d), None),
@@ -350,21 +352,24 @@ enum Verdict {
     WouldDeny(DeniedBy),
 }
 
-/// Counts a candidate's result for the per-campaign metrics: eligible or
-/// would-deny on its own campaign, a denial on the campaign of the cap that
-/// denied (one relaxed atomic add).
-fn count(chain: &[Arc<CampaignEntry>], v: &Verdict, now: Nanos) {
+/// Counts a screen's results for the per-campaign metrics and timelines:
+/// eligible or would-deny on the candidate's campaign, a denial on the
+/// campaign of the cap that denied (a relaxed atomic add each; a denial
+/// also takes that campaign's timeline lock).
+fn count(reg: &Registry, results: &[CandidateResult], now: Nanos) {
     use std::sync::atomic::Ordering::Relaxed;
-    match v {
-        Verdict::Allowed => {
-            chain[0].counts.eligible.fetch_add(1, Relaxed);
+    for r in results {
+        let Some(own) = reg.campaigns.get(&*r.campaign) else {
+            continue;
+        };
+        if r.would_deny.is_some() {
+            own.counts.would_deny.fetch_add(1, Relaxed);
+        } else if r.eligible {
+            own.counts.eligible.fetch_add(1, Relaxed);
         }
-        Verdict::WouldDeny(_) => {
-            chain[0].counts.would_deny.fetch_add(1, Relaxed);
-        }
-        Verdict::Denied(d) => {
-            let Some(e) = chain.iter().find(|e| e.name == d.campaign) else {
-                return;
+        if let Some(d) = &r.denied_by {
+            let Some(e) = reg.campaigns.get(&*d.campaign) else {
+                continue;
             };
             e.timeline
                 .lock()

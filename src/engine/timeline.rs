@@ -5,8 +5,8 @@
 //!
 //! Minutes are kept sparse (only those with activity), in memory beside
 //! the campaign's record and across its redefinitions, and written to the
-//! store behind (at most once a second, by the sweeper), so a restart does
-//! not blank the page; a `kill -9` may lose the last second of it.
+//! store behind (at most every 10 s, by the sweeper, and at shutdown), so a
+//! restart does not blank the page; a `kill -9` may lose the last 10 s.
 
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
@@ -23,6 +23,11 @@ use super::{Engine, EngineError};
 
 /// One minute in ns.
 pub const MINUTE: Nanos = 60_000_000_000;
+
+/// How often changed timelines are written: each write is the whole map (at
+/// most 2 880 minutes, ~100 KB, for a daily budget; up to ~4 MB for a busy
+/// monthly one), so not every second; a `kill -9` may lose this much.
+pub const FLUSH_EVERY: Nanos = 10_000_000_000;
 
 /// Most minutes kept per campaign: two 31-day periods (a monthly budget's
 /// current and previous one), at 24 bytes each at most 2.1 MB for a
@@ -193,7 +198,7 @@ impl<C: Clock> Engine<C> {
             None => {
                 let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
                 let start = now - now % day;
-                ((start, start + day), start - day, Vec::new())
+                ((start, start + day), start.saturating_sub(day), Vec::new())
             }
         };
         let minutes = c
@@ -269,10 +274,19 @@ impl<C: Clock> Engine<C> {
         })
     }
 
-    /// Writes the timelines changed since the last call (behind), and drops
+    /// Writes the timelines changed since they were last written (behind),
+    /// at most every [`FLUSH_EVERY`] unless `force` (shutdown), and drops
     /// minutes older than the previous period (the sweeper calls it).
-    pub fn flush_timelines(&self) {
+    pub fn flush_timelines(&self, force: bool) {
         let now = self.now();
+        let last = self
+            .timelines_flushed_at
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if !force && now.saturating_sub(last) < FLUSH_EVERY {
+            return;
+        }
+        self.timelines_flushed_at
+            .store(now, std::sync::atomic::Ordering::Relaxed);
         let reg = self.registry();
         let mut ops = Vec::new();
         for c in reg.campaigns.values() {

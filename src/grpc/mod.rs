@@ -111,6 +111,9 @@ pub struct GrpcOptions {
     /// The longest a call may take, its messages' sending included: a client
     /// that trickles a message in holds a stream no longer than this.
     pub request_timeout: Duration,
+    /// How long a new connection may stay silent before its first bytes
+    /// (HTTP/2's preface): silent sockets cannot hold every place.
+    pub handshake_timeout: Duration,
 }
 
 /// A connection holding its place under `grpc_max_connections`, given back
@@ -181,6 +184,7 @@ impl Connected for Capped {
 fn capped_incoming(
     listener: TcpListener,
     max: usize,
+    handshake: Duration,
     counters: crate::api::metrics::ConnCounters,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Capped>> {
     let (tx, rx) = mpsc::channel(16);
@@ -206,9 +210,20 @@ fn capped_incoming(
                 _permit: permit,
                 open: counters.open.clone(),
             };
-            if tx.send(Ok(conn)).await.is_err() {
-                break;
-            }
+            // Handed to tonic once it has sent something; a connection
+            // silent past the handshake timeout is closed (its place freed).
+            let (tx, timed_out) = (tx.clone(), counters.timed_out.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(handshake, conn.stream.readable()).await {
+                    Ok(Ok(())) => {
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Ok(Err(_)) => {}
+                    Err(_) => {
+                        timed_out.inc();
+                    }
+                }
+            });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -254,6 +269,7 @@ pub async fn serve<C: Clock + 'static>(
     let incoming = capped_incoming(
         listener,
         options.max_connections,
+        options.handshake_timeout,
         state.metrics.grpc_connections.clone(),
     );
     let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
