@@ -41,6 +41,10 @@ pub struct CampaignCounts {
     pub unknown_user: AtomicU64,
     /// Commits won by a candidate of it.
     pub commits: AtomicU64,
+    /// The last impressions-per-user figures of the timeline and when they
+    /// were counted: counting walks the hot tier, so it is redone at most
+    /// every 30 s however many pages are open.
+    pub per_user: Mutex<Option<(crate::clock::Nanos, super::timeline::PerUser)>>,
 }
 
 impl CampaignCounts {

@@ -24,6 +24,10 @@ use super::{Engine, EngineError};
 /// One minute in ns.
 pub const MINUTE: Nanos = 60_000_000_000;
 
+/// How often impressions per user are counted again: a walk of the whole
+/// hot tier, one shard lock at a time.
+const PER_USER_EVERY: Nanos = 30_000_000_000;
+
 /// How often changed timelines are written: each write is the whole map (at
 /// most 2 880 minutes, ~100 KB, for a daily budget; up to ~4 MB for a busy
 /// monthly one), so not every second; a `kill -9` may lose this much.
@@ -221,7 +225,21 @@ impl<C: Clock> Engine<C> {
             };
             (b.amount, pacing.to_owned())
         });
-        let per_user = self.per_user(c);
+        let per_user = {
+            let mut cached = c
+                .counts
+                .per_user
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match &*cached {
+                Some((at, p)) if now.saturating_sub(*at) < PER_USER_EVERY => Some(p.clone()),
+                _ => {
+                    let p = self.per_user(c);
+                    *cached = p.clone().map(|p| (now, p));
+                    p
+                }
+            }
+        };
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         let mut denied_by_cap: Vec<(String, u64)> = c
             .compiled
