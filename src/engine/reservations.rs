@@ -372,7 +372,7 @@ impl Reservations {
 
     /// Open screen reservations holding each of `campaigns` (as a
     /// candidate), for the per-campaign metrics: one pass over the table
-    /// under its lock, at scrape time only (about 1 ms per 100 000 open).
+    /// under its lock, at scrape time only.
     pub fn open_by_campaign(&self, campaigns: &[&str]) -> Vec<u64> {
         let index: HashMap<&str, usize> =
             campaigns.iter().enumerate().map(|(i, c)| (*c, i)).collect();
