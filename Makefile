@@ -1,14 +1,13 @@
 # Every command sets itself up on a fresh Debian machine (see README.md).
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/freqcap-target
 
-.PHONY: deps pydeps test bench schemas run
+.PHONY: deps testdeps pydeps test bench schemas run
 
 # Native build dependencies, Redis for the cluster and RESP tests, curl for
-# HTTP/2 (tests/e2e.rs), pip for the Python test tools, chromium for the
-# ad-ops page (tests/ui.rs),
+# HTTP/2 (tests/e2e.rs), pip for the Python test tools,
 # installed only when missing (needs root or sudo).
 deps:
-	@for p in libclang-dev build-essential pkg-config redis-server redis-tools curl python3-pip chromium; do \
+	@for p in libclang-dev build-essential pkg-config redis-server redis-tools curl python3-pip; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -22,10 +21,17 @@ pydeps:
 	  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
 	    python3 -m pip install -q -r tests/requirements.txt; fi
 
+# Chromium, for the ad-ops page's test (tests/ui.rs): for the tests only, it
+# is large.
+testdeps:
+	@dpkg -s chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
+
 # All tests, in the release profile (one profile for tests, benches and the binary),
 # with the client and tower features (src/client/, src/tower.rs) built and tested.
 FEATURES = --features client,tower
-test: deps pydeps
+test: deps testdeps pydeps
 	cargo test --release --all-targets $(FEATURES)
 	cargo test --release --doc $(FEATURES)
 
