@@ -22,18 +22,21 @@ struct Node {
 }
 
 fn node(rules: &Path) -> Node {
-    let s = support::Stopped(support::serve(
-        [
-            "--memory",
-            "--listen",
-            "127.0.0.1:0",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--rls-config",
-            rules.to_str().unwrap(),
-        ],
-        false,
-    ));
+    node_with(rules, &[])
+}
+
+fn node_with(rules: &Path, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--memory",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--rls-config",
+        rules.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let s = support::Stopped(support::serve(args, false));
     let log = support::log_text(&s.log);
     let grpc = log
         .lines()
@@ -140,6 +143,51 @@ async fn all_or_nothing_under_concurrency() {
         .into_inner();
     // 1000 − 30 before this call, 1 for it.
     assert_eq!(r.statuses[0].limit_remaining, 1000 - 30 - 1);
+}
+
+/// `--shadow`: every answer OK, and debited exactly as enforcing would:
+/// of 40 requests over a descriptor of 30 a day and one of 1000 a day, the
+/// 10 that enforcement would refuse debit nothing (the wide one ends at
+/// 1000 − 30), and each is counted as a shadow descriptor over its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_service_shadow_debits_as_enforcement() {
+    support::away_from_midnight();
+    let n = node_with(&rules_dir(), &["--shadow"]);
+    let mut c = client(&n).await;
+    for i in 0..40 {
+        let r = c
+            .should_rate_limit(request(
+                "internal",
+                vec![desc(&[("shared", "s")]), desc(&[("wide", "w")])],
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32, "{i}: {r:?}");
+        assert!(
+            r.statuses.iter().all(|s| s.code == Code::Ok as i32),
+            "{r:?}"
+        );
+        assert!(
+            r.response_headers_to_add
+                .iter()
+                .all(|h| h.key != "retry-after"),
+            "{r:?}"
+        );
+    }
+    let r = c
+        .should_rate_limit(RateLimitRequest {
+            hits_addend: 0,
+            ..request("internal", vec![desc(&[("wide", "w")])])
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 1000 - 30 - 1);
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_rls_shadow_over_limit_total"),
+        Some(10.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -252,8 +252,6 @@ impl<C: Clock + 'static> Service<C> {
             .flat_map(|r| r.replaces.iter().cloned())
             .collect();
         let request_cost = u64::from(req.hits_addend.max(1));
-        // `--shadow` puts every rule in shadow mode too.
-        let shadow_all = self.state.engine.options().shadow;
         let mut checks = Vec::new();
         let mut outcomes = Vec::with_capacity(matched.len());
         for ((i, rule), key) in matched.into_iter().enumerate().zip(keys) {
@@ -264,14 +262,6 @@ impl<C: Clock + 'static> Service<C> {
             }) else {
                 outcomes.push(Outcome::NoRule);
                 continue;
-            };
-            let rule = if shadow_all && !rule.shadow {
-                Arc::new(Rule {
-                    shadow: true,
-                    ..(*rule).clone()
-                })
-            } else {
-                rule
             };
             match &rule.action {
                 Action::Unlimited => outcomes.push(Outcome::Unlimited),
@@ -334,7 +324,11 @@ impl<C: Clock + 'static> Service<C> {
         blocked: bool,
         now: u64,
     ) -> RateLimitResponse {
-        let over = blocked || !decided.allowed;
+        // `--shadow` (docs/semantics.md §6.6): decided and debited as
+        // enforced — the engine gated every rule as usual — and answered OK.
+        let shadow_all = self.state.engine.options().shadow;
+        let shadowed = |rule: &Rule| rule.shadow || shadow_all;
+        let over = (blocked || !decided.allowed) && !shadow_all;
         let mut statuses = Vec::with_capacity(outcomes.len());
         // Header figures: per limited descriptor (name, limit, window s,
         // remaining, reset s, retry after s if it denied).
@@ -353,7 +347,7 @@ impl<C: Clock + 'static> Service<C> {
                 Outcome::Block { rule, unit } => {
                     let secs = unit.secs();
                     let until = secs - (now / 1_000_000_000) % secs;
-                    if rule.shadow {
+                    if shadowed(rule) {
                         self.rules.counters.shadow_over.inc();
                     }
                     fields.push(Field {
@@ -362,10 +356,10 @@ impl<C: Clock + 'static> Service<C> {
                         window: secs,
                         remaining: 0,
                         reset: until,
-                        retry_after: (!rule.shadow).then_some(until),
+                        retry_after: (!shadowed(rule)).then_some(until),
                     });
                     limited(
-                        !rule.shadow,
+                        !shadowed(rule),
                         &rule.name,
                         0,
                         Some(*unit),
@@ -378,7 +372,7 @@ impl<C: Clock + 'static> Service<C> {
                         statuses.push(DescriptorStatus::default());
                         continue;
                     };
-                    if !d.allowed && rule.shadow {
+                    if !d.allowed && shadowed(rule) {
                         self.rules.counters.shadow_over.inc();
                     }
                     let (limit, unit, window) = figures(rule, d, *plain);
@@ -388,12 +382,12 @@ impl<C: Clock + 'static> Service<C> {
                         window,
                         remaining: d.remaining,
                         reset: ceil_secs(d.reset_after),
-                        retry_after: (!d.allowed && !rule.shadow)
+                        retry_after: (!d.allowed && !shadowed(rule))
                             .then(|| d.retry_after.map(ceil_secs))
                             .flatten(),
                     });
                     limited(
-                        !d.allowed && !rule.shadow,
+                        !d.allowed && !shadowed(rule),
                         &rule.name,
                         limit,
                         unit,
