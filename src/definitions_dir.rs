@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::api::metrics::DefinitionReloads;
 use crate::clock::Clock;
 use crate::engine::{Engine, FileDef, FileDefinitions, Replaced};
-use crate::model::{self, CampaignDef, PolicyDef};
+use crate::model;
 
 /// Largest definition file read.
 const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -103,32 +103,33 @@ pub fn read(dir: &Path) -> Result<FileDefinitions, String> {
             return Err(format!("{rel}: id {name:?} is also defined by {other}"));
         }
         if kind == "policies" {
-            let def: PolicyDef = if toml {
-                model::from_toml(&text)
-            } else {
-                model::from_json(&text)
-            }
-            .map_err(|e| format!("{rel}: {e}"))?;
-            set.policies.push(FileDef {
-                name,
-                source: rel,
-                def,
-            });
+            set.policies.push(parse(name, rel, &text, toml)?);
         } else {
-            let def: CampaignDef = if toml {
-                model::from_toml(&text)
-            } else {
-                model::from_json(&text)
-            }
-            .map_err(|e| format!("{rel}: {e}"))?;
-            set.campaigns.push(FileDef {
-                name,
-                source: rel,
-                def,
-            });
+            set.campaigns.push(parse(name, rel, &text, toml)?);
         }
     }
     Ok(set)
+}
+
+/// One file's definition (JSON, or TOML by its extension); an error names
+/// the file and the field.
+fn parse<T: serde::de::DeserializeOwned>(
+    name: String,
+    rel: String,
+    text: &str,
+    toml: bool,
+) -> Result<FileDef<T>, String> {
+    let def = if toml {
+        model::from_toml(text)
+    } else {
+        model::from_json(text)
+    }
+    .map_err(|e| format!("{rel}: {e}"))?;
+    Ok(FileDef {
+        name,
+        source: rel,
+        def,
+    })
 }
 
 /// Reads `dir` and puts its definitions in place, whole; or changes nothing

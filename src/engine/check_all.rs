@@ -161,23 +161,24 @@ impl<C: Clock> Engine<C> {
 
         // Pass 1: decide each key on a copy of its states. A key that comes
         // twice sees its first debit (the copies are kept by record).
-        let mut scratch: Vec<(RecordKey, SmallVec<[ItemState; 4]>)> = Vec::new();
+        // Each copy with the record and the check it is written back for.
+        let mut scratch: Vec<(RecordKey, &KeyCheck, SmallVec<[ItemState; 4]>)> = Vec::new();
         let mut decisions = Vec::with_capacity(checks.len());
         for (c, &record) in checks.iter().zip(&records) {
-            let states = match scratch.iter().position(|(r, _)| *r == record) {
-                Some(i) => scratch[i].1.clone(),
+            let earlier = scratch.iter().position(|(r, _, _)| *r == record);
+            let mut states = match earlier {
+                Some(i) => scratch[i].2.clone(),
                 None => self.states_of(record, c, now, reads)?,
             };
-            let mut states = states;
             let (d, _) = c
                 .limits
                 .stack
                 .decide(&mut states, now, c.cost, Hold::Immediate);
             // A zero cost only looks: nothing to write back.
             if d.allowed && c.cost > 0 {
-                match scratch.iter().position(|(r, _)| *r == record) {
-                    Some(i) => scratch[i].1 = states,
-                    None => scratch.push((record, states)),
+                match earlier {
+                    Some(i) => scratch[i].2 = states,
+                    None => scratch.push((record, c, states)),
                 }
             }
             decisions.push(d);
@@ -209,15 +210,7 @@ impl<C: Clock> Engine<C> {
         // Pass 2: write the copies back. The records were read in pass 1, so
         // this waits on nothing unless one was evicted in between; it may
         // wait then (never stopping half way, as `MemoryOnly` could).
-        for (record, states) in scratch {
-            let Some(c) = checks
-                .iter()
-                .zip(&records)
-                .find(|(_, r)| **r == record)
-                .map(|(c, _)| c)
-            else {
-                continue;
-            };
+        for (record, c, states) in scratch {
             let owner = 0;
             let tags = &c.limits.tags;
             let stack = &c.limits.stack;

@@ -167,7 +167,7 @@ impl<C: Clock> Engine<C> {
         };
         // Counted once the screen stands (a shared store may have run the
         // decision more than once).
-        count(&reg, &results, now);
+        count(&reg, &results);
         let reservation = match claim {
             Some(c) if !candidates.is_empty() => {
                 let out = ScreenOutcome {
@@ -352,11 +352,11 @@ enum Verdict {
     WouldDeny(DeniedBy),
 }
 
-/// Counts a screen's results for the per-campaign metrics and timelines:
-/// eligible or would-deny on the candidate's campaign, a denial on the
-/// campaign of the cap that denied (a relaxed atomic add each; a denial
-/// also takes that campaign's timeline lock).
-fn count(reg: &Registry, results: &[CandidateResult], now: Nanos) {
+/// Counts a screen's results for the per-campaign metrics (and, through
+/// them, the timelines' denials): eligible or would-deny on the candidate's
+/// campaign, a denial on the campaign of the cap that denied; a relaxed
+/// atomic add each, no lock.
+fn count(reg: &Registry, results: &[CandidateResult]) {
     use std::sync::atomic::Ordering::Relaxed;
     for r in results {
         let Some(own) = reg.campaigns.get(&*r.campaign) else {
@@ -371,10 +371,6 @@ fn count(reg: &Registry, results: &[CandidateResult], now: Nanos) {
             let Some(e) = reg.campaigns.get(&*d.campaign) else {
                 continue;
             };
-            e.timeline
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .add(now, 0, 0, 1);
             if d.cap == "unknown_user" {
                 e.counts.unknown_user.fetch_add(1, Relaxed);
             } else if let Some(i) = e.compiled.items.iter().position(|c| c.name == d.cap)

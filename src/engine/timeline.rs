@@ -19,6 +19,7 @@ use crate::model::Scope;
 use crate::store::{Op, Space};
 
 use super::record::SubjectRecord;
+use super::registry::CampaignEntry;
 use super::{Engine, EngineError};
 
 /// One minute in ns.
@@ -55,6 +56,11 @@ pub struct Timeline {
     pub minutes: BTreeMap<u64, Bucket>,
     /// Changed since it was last written.
     pub dirty: bool,
+    /// The campaign's denial count (its `CampaignCounts`) when last read:
+    /// denials reach the minutes as the count's growth, read by the
+    /// sweeper every second and before a timeline is answered, so a screen
+    /// never takes this lock.
+    pub denied_seen: u64,
 }
 
 impl Timeline {
@@ -87,6 +93,7 @@ impl Timeline {
         Ok(Timeline {
             minutes: minutes.into_iter().collect(),
             dirty: false,
+            denied_seen: 0,
         })
     }
 }
@@ -96,6 +103,47 @@ pub(crate) fn timeline_key(id: u32) -> Vec<u8> {
     let mut k = b"t".to_vec();
     k.extend_from_slice(&id.to_be_bytes());
     k
+}
+
+/// The current period of campaign `c` at `now` and the start of the one
+/// before: its budget's, else the UTC day.
+fn periods(c: &CampaignEntry, now: Nanos) -> ((Nanos, Nanos), Nanos) {
+    match budget_of(c) {
+        Some(b) => {
+            let (start, end) = b.calendar.bounds(now);
+            ((start, end), b.calendar.bounds(start.saturating_sub(1)).0)
+        }
+        None => {
+            let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
+            let start = now - now % day;
+            ((start, start + day), start.saturating_sub(day))
+        }
+    }
+}
+
+fn budget_of(c: &CampaignEntry) -> Option<&crate::limits::budget::Budget> {
+    c.compiled.items.iter().find_map(|x| match &x.item {
+        Item::Budget(b) => Some(b),
+        _ => None,
+    })
+}
+
+/// Adds the campaign's denials counted since the last call to the current
+/// minute (see [`Timeline::denied_seen`]).
+fn take_denials(c: &CampaignEntry, t: &mut Timeline, now: Nanos) {
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let total = c.counts.unknown_user.load(relaxed)
+        + c.counts.denied.iter().map(|n| n.load(relaxed)).sum::<u64>();
+    // A redefinition starts the counts afresh.
+    let seen = if total < t.denied_seen {
+        0
+    } else {
+        t.denied_seen
+    };
+    if total > seen {
+        t.add(now, 0, 0, total - seen);
+    }
+    t.denied_seen = total;
 }
 
 /// One minute of the answer.
@@ -166,15 +214,7 @@ impl<C: Clock> Engine<C> {
                 "no campaign named {campaign:?}"
             )));
         };
-        let budget = c
-            .compiled
-            .items
-            .iter()
-            .enumerate()
-            .find_map(|(i, x)| match &x.item {
-                Item::Budget(b) => Some((i, b)),
-                _ => None,
-            });
+        let budget = budget_of(c);
         let tz = c
             .def
             .budget
@@ -185,30 +225,20 @@ impl<C: Clock> Engine<C> {
             })
             .or_else(|| c.def.tz.clone())
             .unwrap_or_else(|| "UTC".into());
-        let (period, previous_start, pacing_line) = match budget {
-            Some((_, b)) => {
-                let (start, end) = b.calendar.bounds(now);
-                let (prev, _) = b.calendar.bounds(start.saturating_sub(1));
-                let step = 15 * MINUTE;
-                let mut line = Vec::new();
-                let mut t = start;
-                while t < end && line.len() < 5_000 {
-                    line.push((t, b.cap(start, end, t)));
-                    t += step;
-                }
-                line.push((end, b.cap(start, end, end)));
-                ((start, end), prev, line)
+        let (period, previous_start) = periods(c, now);
+        let mut pacing_line = Vec::new();
+        if let Some(b) = budget {
+            let (start, end) = period;
+            let mut t = start;
+            while t < end && pacing_line.len() < 5_000 {
+                pacing_line.push((t, b.cap(start, end, t)));
+                t += 15 * MINUTE;
             }
-            None => {
-                let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
-                let start = now - now % day;
-                ((start, start + day), start.saturating_sub(day), Vec::new())
-            }
-        };
-        let minutes = c
-            .timeline
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            pacing_line.push((end, b.cap(start, end, end)));
+        }
+        let mut timeline = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        take_denials(c, &mut timeline, now);
+        let minutes = timeline
             .minutes
             .range(previous_start / MINUTE..)
             .map(|(m, b)| Minute {
@@ -216,7 +246,8 @@ impl<C: Clock> Engine<C> {
                 bucket: *b,
             })
             .collect();
-        let budget_of = budget.map(|(_, b)| {
+        drop(timeline);
+        let budget_figures = budget.map(|b| {
             let pacing = match b.pacing {
                 crate::limits::budget::Pacing::Asap => "asap",
                 crate::limits::budget::Pacing::Even => "even",
@@ -258,7 +289,7 @@ impl<C: Clock> Engine<C> {
             period,
             previous_start,
             now,
-            budget: budget_of,
+            budget: budget_figures,
             pacing_line,
             minutes,
             per_user,
@@ -267,7 +298,7 @@ impl<C: Clock> Engine<C> {
 
     /// How many users in memory used the campaign's first user-scope cap
     /// how often (the hot tier holds every user seen within `idle_grace`).
-    fn per_user(&self, c: &super::registry::CampaignEntry) -> Option<PerUser> {
+    fn per_user(&self, c: &CampaignEntry) -> Option<PerUser> {
         let now = self.now();
         let (i, cap) = c.compiled.items.iter().enumerate().find(|(_, x)| {
             x.scope == Scope::User && matches!(x.item, Item::Window(_) | Item::Rate { .. })
@@ -292,11 +323,22 @@ impl<C: Clock> Engine<C> {
         })
     }
 
-    /// Writes the timelines changed since they were last written (behind),
-    /// at most every [`FLUSH_EVERY`] unless `force` (shutdown), and drops
-    /// minutes older than the previous period (the sweeper calls it).
+    /// Adds the denials counted since the last call to each campaign's
+    /// minutes; writes the timelines changed since they were last written
+    /// (behind), at most every [`FLUSH_EVERY`] unless `force` (shutdown),
+    /// and drops minutes older than the previous period (the sweeper calls
+    /// it every second).
     pub fn flush_timelines(&self, force: bool) {
         let now = self.now();
+        let reg = self.registry();
+        // Denials reach the minutes every call (every second).
+        for c in reg.campaigns.values() {
+            take_denials(
+                c,
+                &mut c.timeline.lock().unwrap_or_else(PoisonError::into_inner),
+                now,
+            );
+        }
         let last = self
             .timelines_flushed_at
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -305,26 +347,10 @@ impl<C: Clock> Engine<C> {
         }
         self.timelines_flushed_at
             .store(now, std::sync::atomic::Ordering::Relaxed);
-        let reg = self.registry();
         let mut ops = Vec::new();
         for c in reg.campaigns.values() {
             let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            let from = c
-                .compiled
-                .items
-                .iter()
-                .find_map(|x| match &x.item {
-                    Item::Budget(b) => {
-                        let (start, _) = b.calendar.bounds(now);
-                        Some(b.calendar.bounds(start.saturating_sub(1)).0)
-                    }
-                    _ => None,
-                })
-                .unwrap_or_else(|| {
-                    let day = calendar::nominal_nanos(calendar::CalendarUnit::Day);
-                    (now - now % day).saturating_sub(day)
-                });
-            t.prune(from);
+            t.prune(periods(c, now).1);
             if t.dirty {
                 t.dirty = false;
                 ops.push(Op::Put(Space::State, timeline_key(c.id), t.to_stored()));
