@@ -169,12 +169,7 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
     assert!(log.contains("campaigns/bad.json: caps[0].limit"), "{log}");
 
     // SIGHUP reloads even when nothing changed: refused once more.
-    let ok = Command::new("kill")
-        .args(["-HUP", &s.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    support::signal(&s.child, libc::SIGHUP);
     eventually("SIGHUP reloads", || {
         support::metric(&s.addr, "freqcap_definitions_reload_errors_total").unwrap_or(0.0) == 2.0
     });

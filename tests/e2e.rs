@@ -197,12 +197,10 @@ impl Server {
         }
     }
 
+    /// The child has not been reaped yet (only `wait_exit` reaps, after
+    /// this), so its pid is its own.
     fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits");
-        // SAFETY: kill(2) on our own child's pid; it has not been reaped yet
-        // (only `wait_exit` reaps, after this), so the pid is not reused.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+        support::signal(&self.child, sig);
     }
 
     /// SIGTERM, then the exit status: a graceful shutdown.

@@ -219,17 +219,9 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
         }
     };
     assert_eq!(limit_of(&ask(&mut c).await), Some(5));
-    let hup = |pid: u32| {
-        let ok = Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    };
     // A good change is applied.
     std::fs::write(&file, rules(7)).unwrap();
-    hup(n.s.child.id());
+    support::signal(&n.s.child, libc::SIGHUP);
     let mut seen = None;
     for _ in 0..100 {
         seen = limit_of(&ask(&mut c).await);
@@ -254,7 +246,7 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
         "domain: other\ndescriptors:\n  - key: x\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     )
     .unwrap();
-    hup(n.s.child.id());
+    support::signal(&n.s.child, libc::SIGHUP);
     let mut refused = 0.0;
     for _ in 0..100 {
         refused = support::metric(

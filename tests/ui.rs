@@ -91,12 +91,7 @@ fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
         404
     );
     // A restart (SIGTERM: drained and flushed) keeps the minutes.
-    let ok = Command::new("kill")
-        .args(["-TERM", &s.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    support::signal(&s.child, libc::SIGTERM);
     let mut s = s;
     let _ = s.0.child.wait();
     drop(s);

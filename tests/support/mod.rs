@@ -189,3 +189,12 @@ pub fn away_from_midnight() {
         std::thread::sleep(Duration::from_secs(left + 1));
     }
 }
+
+/// Sends `sig` to the served child `child` (not yet reaped, so its pid is
+/// still its own): kill(2), no `kill` binary needed.
+pub fn signal(child: &Child, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid fits");
+    // SAFETY: kill(2) on our own unreaped child's pid.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+}
