@@ -131,6 +131,10 @@ struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, env = "FREQCAP_MAX_BODY")]
     max_body: Option<usize>,
+    /// Bytes of request bodies being received at once, all connections and
+    /// listeners together (past it: 503 overloaded).
+    #[arg(long, env = "FREQCAP_BODY_MEMORY")]
+    body_memory: Option<usize>,
     /// Most candidates per screen.
     #[arg(long, env = "FREQCAP_MAX_CANDIDATES")]
     max_candidates: Option<usize>,
@@ -272,6 +276,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_body {
             c.max_body = v;
+        }
+        if let Some(v) = self.body_memory {
+            c.body_memory = v;
         }
         if let Some(v) = self.max_candidates {
             c.max_candidates = v;

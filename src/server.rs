@@ -23,7 +23,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -52,6 +52,13 @@ pub struct ConnLimits {
     pub probe_connections: usize,
     /// How long shutdown waits for requests in progress.
     pub drain_timeout: Duration,
+    /// How long a new connection may go without sending a request; `None`:
+    /// `idle_timeout` (the HTTP port). gRPC's is `header_timeout`, so that
+    /// silent sockets cannot hold every place for long.
+    pub first_request_timeout: Option<Duration>,
+    /// Serve HTTP/2 only (the gRPC listener); else HTTP/1.1, or HTTP/2 when a
+    /// connection opens with its preface.
+    pub http2_only: bool,
 }
 
 impl Default for ConnLimits {
@@ -62,6 +69,8 @@ impl Default for ConnLimits {
             max_connections: 10_000,
             probe_connections: 64,
             drain_timeout: Duration::from_secs(10),
+            first_request_timeout: None,
+            http2_only: false,
         }
     }
 }
@@ -71,6 +80,20 @@ const H2_MAX_STREAMS: u32 = 256;
 /// HTTP/2 header list of one request, bytes (HTTP/1's head is bounded by
 /// hyper's own 100 headers and buffer).
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// HTTP/2 flow-control windows, bytes: what a peer may send before the
+/// server reads it, per stream and per connection (hyper's defaults are
+/// 1 MiB each). Bodies are read at once into the body memory budget, so the
+/// windows bound only what is in transit; 256 KiB per connection keeps that
+/// term of the memory formula small (docs/service.md, "Memory") and still
+/// moves a 1 MiB body on loopback in a few round trips.
+const H2_STREAM_WINDOW: u32 = 64 * 1024;
+const H2_CONN_WINDOW: u32 = 256 * 1024;
+
+/// HTTP/2 pings: every 30 s of silence, and a peer that does not answer
+/// within 10 s is gone (its connection closed).
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Timeouts of a connection over the cap, kept only for probes: a client
 /// that fills them too is closed within this time.
@@ -152,6 +175,10 @@ impl Conn {
 
 struct ConnState {
     probe_only: bool,
+    /// HTTP/1 or HTTP/2, once the first bytes tell ([`PROTO_UNKNOWN`]...).
+    proto: AtomicU8,
+    /// Whether a request has come (the first-request timeout no longer runs).
+    served: AtomicBool,
     /// When the task was woken and not yet run (0: not woken since its last poll).
     woken_at: AtomicU64,
     /// The wait measured at the current poll, ns.
@@ -166,10 +193,20 @@ struct ConnState {
     idle_since: AtomicU64,
 }
 
+const PROTO_UNKNOWN: u8 = 0;
+const PROTO_HTTP1: u8 = 1;
+const PROTO_HTTP2: u8 = 2;
+
 impl ConnState {
-    fn new(probe_only: bool) -> Self {
+    fn new(probe_only: bool, http2_only: bool) -> Self {
         ConnState {
             probe_only,
+            proto: AtomicU8::new(if http2_only {
+                PROTO_HTTP2
+            } else {
+                PROTO_UNKNOWN
+            }),
+            served: AtomicBool::new(false),
             woken_at: AtomicU64::new(0),
             delay: AtomicU64::new(0),
             waker: Mutex::new(None),
@@ -233,7 +270,10 @@ impl<F: Future> Future for Measured<F> {
 }
 
 /// The socket, noting when a request head starts arriving on an idle
-/// connection (the header timeout runs from there).
+/// HTTP/1 connection (the header timeout runs from there). An HTTP/2
+/// connection's bytes are not heads: pings, window updates and settings
+/// come and go while it is idle, so its streams, not its bytes, say whether
+/// it is in use.
 struct Tracked {
     io: TcpStream,
     state: Arc<ConnState>,
@@ -248,7 +288,22 @@ impl AsyncRead for Tracked {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
-        if buf.filled().len() > before
+        let got = &buf.filled()[before..];
+        if got.is_empty() {
+            return r;
+        }
+        let mut proto = this.state.proto.load(Ordering::Relaxed);
+        if proto == PROTO_UNKNOWN {
+            // HTTP/2's preface opens "PRI * HTTP/2.0"; no HTTP/1 method
+            // starts "PR".
+            proto = if got.starts_with(b"PR") {
+                PROTO_HTTP2
+            } else {
+                PROTO_HTTP1
+            };
+            this.state.proto.store(proto, Ordering::Relaxed);
+        }
+        if proto == PROTO_HTTP1
             && this.state.busy.load(Ordering::Relaxed) == 0
             && this.state.head_started.load(Ordering::Relaxed) == 0
         {
@@ -294,6 +349,7 @@ struct Busy(Arc<ConnState>);
 impl Busy {
     fn new(state: &Arc<ConnState>) -> Self {
         state.busy.fetch_add(1, Ordering::Relaxed);
+        state.served.store(true, Ordering::Relaxed);
         state.head_started.store(0, Ordering::Relaxed);
         Busy(state.clone())
     }
@@ -307,11 +363,20 @@ impl Drop for Busy {
 }
 
 /// Resolves when the connection has been idle, or slow to send a request
-/// head, past its timeout.
-async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration) {
+/// head, past its timeout. A connection that never sent a request has
+/// `first` from its opening: gRPC's silent sockets, which got the server's
+/// SETTINGS and were never closed, held every place of the listener and
+/// SIGTERM for as long as their peer liked (security probe, cases
+/// 1.27–1.29).
+async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration, first: Duration) {
     let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     loop {
         let now = mono_ns();
+        let idle_for = if state.served.load(Ordering::Relaxed) {
+            idle
+        } else {
+            first
+        };
         let deadline = if state.busy.load(Ordering::Relaxed) > 0 {
             // Handling a request: its body has the router's deadline; look
             // again once an idle period could have passed.
@@ -321,7 +386,7 @@ async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration) {
                 0 => state
                     .idle_since
                     .load(Ordering::Relaxed)
-                    .saturating_add(ns(idle)),
+                    .saturating_add(ns(idle_for)),
                 started => started.saturating_add(ns(header)),
             }
         };
@@ -336,7 +401,7 @@ async fn watchdog(state: Arc<ConnState>, header: Duration, idle: Duration) {
 /// HTTP connection's is: [`Conn::queue_delay`] is what load shedding
 /// compares. The RESP front runs its connections in it.
 pub fn measured<F: Future>(make: impl FnOnce(Conn) -> F) -> impl Future<Output = F::Output> {
-    let state = Arc::new(ConnState::new(false));
+    let state = Arc::new(ConnState::new(false, false));
     let waker = Waker::from(Arc::new(Probe(state.clone())));
     let inner = Box::pin(make(Conn(state.clone())));
     Measured {
@@ -372,7 +437,10 @@ pub async fn serve(
                     continue;
                 }
                 let _ = stream.set_nodelay(true);
-                let state = Arc::new(ConnState::new(open >= limits.max_connections));
+                let state = Arc::new(ConnState::new(
+                    open >= limits.max_connections,
+                    limits.http2_only,
+                ));
                 let waker = Waker::from(Arc::new(Probe(state.clone())));
                 let conn = connection(
                     stream,
@@ -395,7 +463,7 @@ pub async fn serve(
 /// The next connection; `None` after a failed accept (out of file
 /// descriptors or memory), having waited 50 ms so the connections in
 /// progress can finish before the listener tries again. Every listener
-/// (HTTP, RESP) accepts through it.
+/// (HTTP, gRPC, RESP) accepts through it.
 pub(crate) async fn accept(listener: &TcpListener) -> Option<TcpStream> {
     match listener.accept().await {
         Ok((stream, _peer)) => Some(stream),
@@ -409,7 +477,7 @@ pub(crate) async fn accept(listener: &TcpListener) -> Option<TcpStream> {
 
 /// Waits for the connections told to stop, `timeout` at most, then closes
 /// what is left; `counters.open` follows each one closed. Every listener
-/// (HTTP, RESP) ends with it.
+/// (HTTP, gRPC, RESP) ends with it.
 pub(crate) async fn drain<T: 'static>(
     mut conns: JoinSet<T>,
     counters: &ConnCounters,
@@ -442,14 +510,17 @@ fn connection(
     mut stop: watch::Receiver<bool>,
     counters: ConnCounters,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let (header, idle) = if state.probe_only {
+    let first = limits.first_request_timeout.unwrap_or(limits.idle_timeout);
+    let (header, idle, first) = if state.probe_only {
         (
             limits.header_timeout.min(PROBE_TIMEOUT),
             limits.idle_timeout.min(PROBE_TIMEOUT),
+            first.min(PROBE_TIMEOUT),
         )
     } else {
-        (limits.header_timeout, limits.idle_timeout)
+        (limits.header_timeout, limits.idle_timeout, first)
     };
+    let http2_only = limits.http2_only;
     async move {
         let conn_ext = Conn(state.clone());
         let svc_state = state.clone();
@@ -470,6 +541,9 @@ fn connection(
         // HTTP/1.1, or HTTP/2 when the connection opens with its preface
         // (h2c with prior knowledge), on the same port.
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        if http2_only {
+            builder = builder.http2_only();
+        }
         builder
             .http1()
             .timer(TokioTimer::new())
@@ -485,10 +559,14 @@ fn connection(
             // which the in-flight cap counts too.
             .max_concurrent_streams(H2_MAX_STREAMS)
             // Headers of one request, as HTTP/1's head is bounded by hyper.
-            .max_header_list_size(H2_MAX_HEADER_LIST);
+            .max_header_list_size(H2_MAX_HEADER_LIST)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONN_WINDOW)
+            .keep_alive_interval(Some(H2_PING_INTERVAL))
+            .keep_alive_timeout(H2_PING_TIMEOUT);
         let conn = builder.serve_connection(io, svc);
         tokio::pin!(conn);
-        let dog = watchdog(state, header, idle);
+        let dog = watchdog(state, header, idle, first);
         tokio::pin!(dog);
         let mut draining = false;
         loop {

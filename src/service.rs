@@ -86,6 +86,9 @@ pub struct ServeConfig {
     pub memory_budget: usize,
     /// Largest request body, bytes.
     pub max_body: usize,
+    /// Bytes of request bodies being received at once, every front and
+    /// connection together; at least `max_body` (docs/service.md, "Memory").
+    pub body_memory: usize,
     /// Most candidates per screen.
     pub max_candidates: usize,
     /// Longest key, user, campaign or event id, bytes.
@@ -161,6 +164,7 @@ impl Default for ServeConfig {
             log_format: LogFormat::Text,
             memory_budget: e.memory_budget,
             max_body: a.max_body,
+            body_memory: a.body_memory,
             max_candidates: e.max_candidates,
             max_id_len: e.max_id_len,
             max_in_flight: a.max_in_flight,
@@ -230,6 +234,12 @@ impl ServeConfig {
             if let Some(t) = token {
                 api::guard::check_token(t).map_err(|e| format!("{name}: {e}"))?;
             }
+        }
+        if self.body_memory < self.max_body {
+            return Err(format!(
+                "body_memory: must be at least max_body ({} bytes), got {}",
+                self.max_body, self.body_memory
+            ));
         }
         for (name, v) in [
             ("header_timeout_secs", self.header_timeout_secs),
@@ -391,6 +401,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         engine.clone(),
         ApiOptions {
             max_body: config.max_body,
+            body_memory: config.body_memory,
             max_in_flight: config.max_in_flight,
             decision_token: config.decision_token.clone(),
             admin_token: config.admin_token.clone(),
@@ -455,10 +466,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         idle_timeout: secs(config.idle_timeout_secs),
         max_connections: server::fit_to_fd_limit(
             config.max_connections,
-            config.probe_connections + resp_max + grpc_max,
+            // gRPC keeps probe room of its own too.
+            config.probe_connections * 2 + resp_max + grpc_max,
         ),
         probe_connections: config.probe_connections,
         drain_timeout: secs(config.drain_timeout_secs),
+        first_request_timeout: None,
+        http2_only: false,
     };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -537,13 +551,16 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let grpc = grpc_listener.map(|l| {
         let (state, stop) = (state.clone(), stopped(stop_rx.clone()));
         let rls = rls.clone();
+        // HTTP's connection rules, HTTP/2 only, and a connection must send
+        // its first call within header_timeout_secs (docs/grpc.md).
+        let limits = ConnLimits {
+            max_connections: grpc_max,
+            first_request_timeout: Some(limits.header_timeout),
+            http2_only: true,
+            ..limits.clone()
+        };
         tokio::spawn(async move {
-            let options = crate::grpc::GrpcOptions {
-                max_connections: grpc_max,
-                request_timeout: secs(config.body_timeout_secs),
-                handshake_timeout: secs(config.header_timeout_secs),
-            };
-            if let Err(e) = crate::grpc::serve(l, state, rls, options, stop).await {
+            if let Err(e) = crate::grpc::serve(l, state, rls, limits, stop).await {
                 tracing::error!("gRPC server failed: {e}");
             }
         })

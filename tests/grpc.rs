@@ -26,18 +26,7 @@ fn node(extra: &[&str]) -> Node {
     ];
     args.extend_from_slice(extra);
     let s = support::Stopped(support::serve(args, false));
-    let log = support::log_text(&s.log);
-    let line = log
-        .lines()
-        .find(|l| l.contains("gRPC listening on "))
-        .expect("the server logs its gRPC address");
-    let grpc = line
-        .split("gRPC listening on ")
-        .nth(1)
-        .unwrap()
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
+    let grpc = support::logged_addr(&s.log, "gRPC listening on ");
     Node { s, grpc }
 }
 

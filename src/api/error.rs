@@ -38,7 +38,7 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "invalid_argument",
-            message,
+            message: bounded(&message).into_owned(),
         }
     }
 
@@ -170,12 +170,31 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// The most of a message an answer carries, bytes: messages quote what was
+/// wrong, and a client's 100 KB value quoted whole made a gRPC answer's
+/// metadata exceed grpc-core's 16 KiB limit, so the client saw
+/// RESOURCE_EXHAUSTED instead of the error (security probe, case 1.22).
+pub const MAX_MESSAGE: usize = 1024;
+
+/// `text` cut to [`MAX_MESSAGE`] bytes (on a character boundary), saying how
+/// long it was.
+pub fn bounded(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_MESSAGE {
+        return text.into();
+    }
+    let mut end = MAX_MESSAGE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len()).into()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Body {
             error: Inner {
                 code: self.code,
-                message: &self.message,
+                message: &bounded(&self.message),
             },
         };
         let mut r = (self.status, axum::Json(body)).into_response();
@@ -213,6 +232,15 @@ pub(crate) fn request_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_bounded() {
+        let long = format!("domain: {}", "é".repeat(5000));
+        let e = ApiError::invalid("x", &long);
+        assert!(e.message.len() < MAX_MESSAGE + 40, "{}", e.message.len());
+        assert!(e.message.ends_with("(10011 bytes in all)"), "{}", e.message);
+        assert_eq!(bounded("short"), "short");
+    }
 
     /// A store failure's text (paths, RocksDB's words) stays in the log;
     /// the client gets a request id to quote.

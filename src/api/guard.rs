@@ -6,13 +6,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use http_body_util::BodyExt;
 
+use super::body_budget::Charge;
 use super::{ApiError, ApiOptions, AppState, Metrics, ROUTES, St};
 use crate::clock::Clock;
 use crate::server::Conn;
@@ -89,7 +91,14 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
     let endpoint = endpoint_label(route);
     // `other` (no route matched) needs the decision token, as any unknown route.
-    let access = access(req.method(), Some(endpoint));
+    let access = match access(req.method(), Some(endpoint)) {
+        // Per-definition series name campaigns, budgets and spend: the data
+        // `/v1/campaigns/{id}/delivery` gives only with a token.
+        Access::Public if endpoint == "/metrics" && s.options.per_definition_metrics() => {
+            Access::Decision
+        }
+        a => a,
+    };
     let id = request_id_of(req.headers());
     let method = req.method().clone();
     let mut response = REQUEST_ID
@@ -108,9 +117,18 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
         micros = elapsed.as_micros() as u64,
         "request"
     );
+    let headers = response.headers_mut();
     if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
-        response.headers_mut().insert(X_REQUEST_ID, v);
+        headers.insert(X_REQUEST_ID, v);
     }
+    // No answer is to be sniffed into another type (a 404 under /ui echoes
+    // the path it did not find) or framed by another site's page (CSP's
+    // frame-ancestors says it to current browsers, this to older ones).
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
 }
 
@@ -120,7 +138,7 @@ async fn guarded<C: Clock + 'static>(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Err(e) = host_allowed(&s.options, req.headers()) {
+    if let Err(e) = host_allowed(&s.options, &req) {
         return e.into_response();
     }
     let conn = req.extensions().get::<Conn>().cloned();
@@ -150,12 +168,21 @@ async fn guarded<C: Clock + 'static>(
         s.metrics.overloaded("queue_delay");
         return ApiError::overloaded("the server is saturated; retry shortly").into_response();
     }
-    let _slot = match InFlight::try_enter(&s.metrics, s.options.max_in_flight) {
-        Ok(slot) => slot,
+    // The body first, under the body memory budget, then the in-flight slot:
+    // a request counts in flight once it can be decided. Counted from its
+    // head, 17 HTTP/2 connections opening 256 streams each and sending no
+    // body held all 4096 slots, and every front answered 503 (security
+    // probe, case 1.30).
+    let mut charge = s.body_budget.charge();
+    if let Err(e) = charge.add(head_bytes(req.headers())) {
+        return e.into_response();
+    }
+    let (req, _charge) = match read_body(s, req, charge).await {
+        Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let req = match read_body(&s.options, req).await {
-        Ok(r) => r,
+    let _slot = match InFlight::try_enter(&s.metrics, s.options.max_in_flight) {
+        Ok(slot) => slot,
         Err(e) => return e.into_response(),
     };
     let response = next.run(req).await;
@@ -171,10 +198,17 @@ async fn guarded<C: Clock + 'static>(
 /// `max_body` by its `Content-Length` is 413 before any byte is read (so an
 /// `Expect: 100-continue` client gets no `100 Continue`); a body that is not
 /// JSON by its `Content-Type` is 415; a body not in within `body_timeout` is
-/// 408 and the connection is closed.
-async fn read_body(o: &ApiOptions, req: Request) -> Result<Request, ApiError> {
+/// 408 and the connection is closed. Each chunk is charged to the body
+/// memory budget as it arrives ([`super::body_budget`]), after the head's
+/// bytes; the charge is held until the request is answered.
+async fn read_body<C: Clock>(
+    s: &AppState<C>,
+    req: Request,
+    mut charge: Charge,
+) -> Result<(Request, Charge), ApiError> {
+    let o = &s.options;
     if req.method() != Method::POST && req.method() != Method::PUT {
-        return Ok(req);
+        return Ok((req, charge));
     }
     let declared = req
         .headers()
@@ -182,32 +216,58 @@ async fn read_body(o: &ApiOptions, req: Request) -> Result<Request, ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > o.max_body as u64) {
-        return Err(ApiError::too_large(format!(
-            "the request body is over the size limit of {} bytes",
-            o.max_body
-        )));
+        return Err(too_large(o.max_body));
     }
     let json = is_json(req.headers());
     if declared.is_some_and(|n| n > 0) && !json {
         return Err(unsupported_media_type(req.headers()));
     }
-    let (parts, body) = req.into_parts();
-    let limited = http_body_util::Limited::new(body, o.max_body);
-    let bytes: Bytes = match tokio::time::timeout(o.body_timeout, limited.collect()).await {
-        Err(_) => return Err(ApiError::request_timeout(o.body_timeout)),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::too_large(format!(
-                "the request body is over the size limit of {} bytes",
-                o.max_body
-            )));
+    let (parts, mut body) = req.into_parts();
+    let mut bytes = BytesMut::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|e| ApiError::invalid("", format!("cannot read the body: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if bytes.len() + data.len() > o.max_body {
+                return Err(too_large(o.max_body));
+            }
+            charge.add(data.len())?;
+            bytes.extend_from_slice(&data);
         }
-        Ok(Err(e)) => return Err(ApiError::invalid("", format!("cannot read the body: {e}"))),
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(())
     };
+    match tokio::time::timeout(o.body_timeout, read).await {
+        Err(_) => return Err(ApiError::request_timeout(o.body_timeout)),
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(())) => {}
+    }
     if !json && !bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(unsupported_media_type(&parts.headers));
     }
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+    Ok((
+        Request::from_parts(parts, Body::from(bytes.freeze())),
+        charge,
+    ))
+}
+
+/// The bytes a request's head holds, as HTTP/2 counts a header list (each
+/// field's name and value plus 32): a stream waiting for its body holds its
+/// head, up to 64 KiB, and HPACK lets a client send it in a few bytes, so
+/// heads are charged to the body memory budget with their bodies.
+pub(crate) fn head_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 32)
+        .sum()
+}
+
+fn too_large(max_body: usize) -> ApiError {
+    ApiError::too_large(format!(
+        "the request body is over the size limit of {max_body} bytes"
+    ))
 }
 
 /// Whether the request says its body is JSON: `application/json`, with any
@@ -233,26 +293,48 @@ fn unsupported_media_type(headers: &HeaderMap) -> ApiError {
 /// The `Host` check against DNS rebinding: a browser's page on another site
 /// can reach a loopback service only under a name its own DNS controls, so a
 /// service listening on loopback answers only loopback names (and
-/// `allowed_hosts`). Requests without `Host` (HTTP/1.0 tools) pass: browsers
-/// always send it.
-fn host_allowed(o: &ApiOptions, headers: &HeaderMap) -> Result<(), ApiError> {
+/// `allowed_hosts`). The name is the `Host` header's and, over HTTP/2 (and
+/// HTTP/1's absolute form), the request target's authority: both are
+/// checked, and must agree when both are given (a proxy speaking HTTP/2
+/// upstream forwards the browser's name as `:authority`; before, only `Host`
+/// was read and `:authority: evil.example` was answered). Requests without
+/// either (HTTP/1.0 tools) pass: browsers always send one.
+fn host_allowed(o: &ApiOptions, req: &Request) -> Result<(), ApiError> {
     let Some(allowed) = &o.allowed_hosts else {
         return Ok(());
     };
-    let Some(host) = headers.get(header::HOST) else {
-        return Ok(());
+    let host = req.headers().get(header::HOST);
+    let authority = req
+        .uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+    let refuse = |v: &HeaderValue, what: &str| {
+        ApiError::forbidden(format!(
+            "{what}: {:?} is not a name this service answers to (loopback names, or allowed_hosts)",
+            super::error::bounded(&String::from_utf8_lossy(v.as_bytes()))
+        ))
     };
-    let name = host_name(host);
-    if name
-        .as_deref()
-        .is_some_and(|n| is_loopback_name(n) || allowed.iter().any(|a| a.eq_ignore_ascii_case(n)))
+    let ok = |v: &HeaderValue| {
+        host_name(v).as_deref().is_some_and(|n| {
+            is_loopback_name(n) || allowed.iter().any(|a| a.eq_ignore_ascii_case(n))
+        })
+    };
+    if let Some(h) = host
+        && !ok(h)
     {
-        return Ok(());
+        return Err(refuse(h, "Host"));
     }
-    Err(ApiError::forbidden(format!(
-        "Host: {:?} is not a name this service answers to (loopback names, or allowed_hosts)",
-        String::from_utf8_lossy(host.as_bytes())
-    )))
+    if let Some(a) = &authority {
+        if !ok(a) {
+            return Err(refuse(a, ":authority"));
+        }
+        if host.is_some_and(|h| host_name(h) != host_name(a)) {
+            return Err(ApiError::forbidden(
+                "Host and :authority name different hosts; a request has one",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The name of a `Host` value, without its port; `None` if unreadable.
@@ -280,8 +362,9 @@ fn is_loopback_name(n: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Whether the request carries the token `access` needs.
-fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
+/// Whether the request carries the token `access` needs: the one access
+/// rule of every front (HTTP here, gRPC's metadata is the same headers).
+pub(crate) fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
     let admin_ok = o
         .admin_token
         .as_deref()
@@ -293,12 +376,14 @@ fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
             (None, Some(t)) => bearer_matches(headers, t),
             (None, None) => true,
         },
-        Access::Decision => {
-            admin_ok
-                || o.decision_token
-                    .as_deref()
-                    .is_none_or(|t| bearer_matches(headers, t))
-        }
+        // With any token set, decisions and reads need one: with only an
+        // admin token, HTTP left them open while gRPC and RESP required it
+        // (security probe, case 1.6). One rule for every front.
+        Access::Decision => match (&o.admin_token, &o.decision_token) {
+            (None, None) => true,
+            (_, Some(t)) => admin_ok || bearer_matches(headers, t),
+            (Some(_), None) => admin_ok,
+        },
     }
 }
 

@@ -548,7 +548,13 @@ impl Metrics {
         let overloaded = Family::<ReasonLabel, Counter>::default();
         // Every reason exported from the start (at 0), so a rate over it
         // has a series before the first shed.
-        for reason in ["queue_delay", "in_flight", "connections", "reservations"] {
+        for reason in [
+            "queue_delay",
+            "in_flight",
+            "connections",
+            "reservations",
+            "body_memory",
+        ] {
             let _ = overloaded.get_or_create(&ReasonLabel { reason });
         }
         let queue_delay = Histogram::new(QUEUE_BUCKETS.iter().copied());
@@ -570,7 +576,7 @@ impl Metrics {
         );
         registry.register(
             "freqcap_overloaded",
-            "Requests answered 503 overloaded by load shedding, by reason (queue_delay, in_flight, connections, reservations)",
+            "Requests answered 503 overloaded by load shedding, by reason (queue_delay, in_flight, connections, reservations, body_memory)",
             overloaded.clone(),
         );
         registry.register(
@@ -743,6 +749,13 @@ impl Metrics {
     /// Counts a request shed for `reason`.
     pub fn overloaded(&self, reason: &'static str) {
         self.overloaded.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// The counter of sheds for `reason`, for a part that counts its own.
+    pub fn overloaded_counter(&self, reason: &'static str) -> Counter {
+        self.overloaded
+            .get_or_create(&ReasonLabel { reason })
+            .clone()
     }
 
     /// Notes a request's queueing delay.

@@ -3,6 +3,7 @@
 //! calls and back; every decision is the engine's.
 
 mod admin;
+pub mod body_budget;
 mod check;
 mod definitions;
 pub mod error;
@@ -46,6 +47,10 @@ pub(crate) use usage::{pacing_of, rfc3339 as usage_rfc3339};
 pub struct ApiOptions {
     /// Largest request body, bytes (larger: 413 `too_large`).
     pub max_body: usize,
+    /// Bytes of request bodies being received at once, every front and
+    /// connection together (`src/api/body_budget.rs`); past it 503
+    /// `overloaded`. At least `max_body`.
+    pub body_memory: usize,
     /// Requests handled at once; past it, 503 `overloaded` at once.
     pub max_in_flight: usize,
     /// Bearer token for decisions (check, screen, commit, release, events,
@@ -79,6 +84,7 @@ impl Default for ApiOptions {
     fn default() -> Self {
         ApiOptions {
             max_body: 1 << 20,
+            body_memory: DEFAULT_BODY_MEMORY,
             max_in_flight: 4096,
             decision_token: None,
             admin_token: None,
@@ -94,10 +100,24 @@ impl Default for ApiOptions {
     }
 }
 
+/// The default of [`ApiOptions::body_memory`]: 64 bodies of the default
+/// `max_body` (1 MiB) at once.
+pub const DEFAULT_BODY_MEMORY: usize = 64 << 20;
+
+impl ApiOptions {
+    /// Whether `/metrics` carries series named by campaigns and policies
+    /// (it then needs a token, as their delivery does).
+    pub fn per_definition_metrics(&self) -> bool {
+        self.metrics_top > 0 || !self.metrics_definitions.is_empty()
+    }
+}
+
 /// What every handler shares.
 pub struct AppState<C: Clock> {
     pub engine: Arc<Engine<C>>,
     pub options: ApiOptions,
+    /// Bytes of request bodies being received, every front together.
+    pub body_budget: body_budget::BodyBudget,
     /// Request counters, and the in-flight count that load shedding reads.
     pub metrics: Metrics,
 }
@@ -240,10 +260,15 @@ pub fn app_state<C: Clock + 'static>(
         metrics::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,
     );
+    let body_budget = body_budget::BodyBudget::new(
+        options.body_memory.max(options.max_body),
+        metrics.overloaded_counter("body_memory"),
+    );
     Arc::new(AppState {
         engine,
         options,
         metrics,
+        body_budget,
     })
 }
 

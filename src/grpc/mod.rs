@@ -4,26 +4,29 @@
 //! maps messages to engine requests and back, [`freqcap`] and [`admin`] call
 //! the engine; the tokens, the in-flight cap and the
 //! metrics are HTTP's own ([`AppState`]).
+//!
+//! Connections are HTTP's too: accepted, capped, timed out and drained by
+//! `src/server.rs` (HTTP/2 only here), and every call passes [`guard`]
+//! before tonic sees its message. tonic's own server ran them before: a
+//! silent socket was never closed, 50 of them locked out every client and
+//! Envoy's RLS, and one held SIGTERM for as long as its peer liked
+//! (security probe, cases 1.27–1.29).
 
 pub mod admin;
 pub mod convert;
+pub mod frames;
 pub mod freqcap;
+pub mod guard;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
-use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tokio::net::TcpListener;
 use tonic::{Request, Status};
 
 use crate::api::{ApiError, AppState};
 use crate::clock::Clock;
+use crate::server::ConnLimits;
 
 /// The messages and services generated from `schemas/freqcap/v1/freqcap.proto`.
 pub mod pb {
@@ -50,7 +53,10 @@ pub fn status(e: ApiError) -> Status {
         "request_timeout" => Code::DeadlineExceeded,
         _ => Code::Internal,
     };
-    let mut s = Status::new(code, format!("{}: {}", e.code, e.message));
+    let mut s = Status::new(
+        code,
+        format!("{}: {}", e.code, crate::api::error::bounded(&e.message)),
+    );
     if code == Code::Unavailable {
         // gRPC's retry pushback: try again in a second, as HTTP's
         // `Retry-After: 1`.
@@ -103,138 +109,13 @@ impl Auth {
     }
 }
 
-/// Limits of the gRPC listener (docs/grpc.md, "Tokens, limits, probes").
-#[derive(Debug, Clone, Copy)]
-pub struct GrpcOptions {
-    /// Connections at once; past it a connection is closed at accept.
-    pub max_connections: usize,
-    /// The longest a call may take, its messages' sending included: a client
-    /// that trickles a message in holds a stream no longer than this.
-    pub request_timeout: Duration,
-    /// How long a new connection may stay silent before its first bytes
-    /// (HTTP/2's preface): silent sockets cannot hold every place.
-    pub handshake_timeout: Duration,
-}
-
-/// A connection holding its place under `grpc_max_connections`, given back
-/// when tonic drops the connection.
-struct Capped {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-    open: Gauge,
-}
-
-impl Drop for Capped {
-    fn drop(&mut self) {
-        self.open.dec();
-    }
-}
-
-impl AsyncRead for Capped {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Capped {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-}
-
-impl Connected for Capped {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
-/// The connections tonic serves: accepted here, each holding a place under
-/// the cap or closed at once (counted as refused). Ends when tonic stops
-/// taking connections (shutdown).
-fn capped_incoming(
-    listener: TcpListener,
-    max: usize,
-    handshake: Duration,
-    counters: crate::api::metrics::ConnCounters,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<Capped>> {
-    let (tx, rx) = mpsc::channel(16);
-    let places = Arc::new(Semaphore::new(max.max(1)));
-    tokio::spawn(async move {
-        loop {
-            let stream = tokio::select! {
-                s = crate::server::accept(&listener) => s,
-                _ = tx.closed() => break,
-            };
-            let Some(stream) = stream else { continue };
-            let Ok(permit) = places.clone().try_acquire_owned() else {
-                counters.refused.inc();
-                drop(stream);
-                continue;
-            };
-            // Small answers go out at once (no Nagle delay), as HTTP's and
-            // RESP's connections do.
-            let _ = stream.set_nodelay(true);
-            counters.open.inc();
-            let conn = Capped {
-                stream,
-                _permit: permit,
-                open: counters.open.clone(),
-            };
-            // Handed to tonic once it has sent something; a connection
-            // silent past the handshake timeout is closed (its place freed).
-            let (tx, timed_out) = (tx.clone(), counters.timed_out.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(handshake, conn.stream.readable()).await {
-                    Ok(Ok(())) => {
-                        let _ = tx.send(Ok(conn)).await;
-                    }
-                    Ok(Err(_)) => {}
-                    Err(_) => {
-                        timed_out.inc();
-                    }
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// Serves gRPC on `listener` until `shutdown` resolves.
+/// Serves gRPC on `listener` until `shutdown` resolves, then drains, with
+/// `limits` (HTTP/2 only; `src/server.rs`).
 pub async fn serve<C: Clock + 'static>(
     listener: TcpListener,
     state: Arc<AppState<C>>,
     rls: Option<Arc<crate::rls::RulesHandle>>,
-    options: GrpcOptions,
+    limits: ConnLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), String> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -252,41 +133,31 @@ pub async fn serve<C: Clock + 'static>(
         .await;
     let admin = pb::admin_server::AdminServer::new(admin::Service::new(state.clone()))
         .max_decoding_message_size(max);
-    // Envoy's rate limit service, when rules are configured (src/rls/).
-    let rls = match rls {
-        Some(rules) => {
-            type Rls<C> = crate::rls::pb::rate_limit_service_server::RateLimitServiceServer<
-                crate::rls::service::Service<C>,
-            >;
-            health.set_serving::<Rls<C>>().await;
-            Some(
-                Rls::new(crate::rls::service::Service::new(state.clone(), rules))
-                    .max_decoding_message_size(max),
-            )
-        }
-        None => None,
-    };
-    let incoming = capped_incoming(
-        listener,
-        options.max_connections,
-        options.handshake_timeout,
-        state.metrics.grpc_connections.clone(),
-    );
-    let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state))
+    let service = pb::freqcap_server::FreqcapServer::new(freqcap::Service::new(state.clone()))
         .max_decoding_message_size(max);
-    tonic::transport::Server::builder()
-        // As the HTTP port's HTTP/2 (src/server.rs): streams per connection,
-        // and pings that close connections whose peer went away.
-        .max_concurrent_streams(256)
-        .timeout(options.request_timeout)
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-        .add_service(health_service)
+    let mut routes = tonic::service::Routes::new(health_service)
         .add_service(reflection)
         .add_service(service)
-        .add_service(admin)
-        .add_optional_service(rls)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|e| e.to_string())
+        .add_service(admin);
+    // Envoy's rate limit service, when rules are configured (src/rls/).
+    if let Some(rules) = rls {
+        type Rls<C> = crate::rls::pb::rate_limit_service_server::RateLimitServiceServer<
+            crate::rls::service::Service<C>,
+        >;
+        health.set_serving::<Rls<C>>().await;
+        routes = routes.add_service(
+            Rls::new(crate::rls::service::Service::new(state.clone(), rules))
+                .max_decoding_message_size(max),
+        );
+    }
+    let router = routes
+        .prepare()
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard::<C>,
+        ));
+    let counters = state.metrics.grpc_connections.clone();
+    crate::server::serve(listener, router, limits, counters, shutdown).await;
+    Ok(())
 }

@@ -121,6 +121,20 @@ pub fn listening_addr(line: &str) -> Option<String> {
     (port.parse::<u16>().ok()? != 0).then_some(addr)
 }
 
+/// The address a served node logged after `what` (`"gRPC listening on "`,
+/// logged before the HTTP address, so it is in the log once [`serve`]
+/// returns).
+pub fn logged_addr(log: &Mutex<Vec<String>>, what: &str) -> String {
+    let text = log_text(log);
+    let rest = text
+        .lines()
+        .find_map(|l| l.split(what).nth(1))
+        .unwrap_or_else(|| panic!("the server logs {what:?}; its log:\n{text}"));
+    rest.chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect()
+}
+
 /// A served process, stopped by its PID when the test ends (also when it
 /// fails).
 pub struct Stopped(pub Served);
