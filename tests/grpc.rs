@@ -515,12 +515,19 @@ async fn admin_defines_what_http_reads() {
         .unwrap();
 }
 
-/// Past `grpc_max_connections` a connection is closed at accept and
-/// counted; a place given back is taken by the next one.
+/// Past `grpc_max_connections` a connection serves probes only (health
+/// checks; a call is UNAVAILABLE), past `probe_connections` more it is
+/// closed at accept and counted; a place given back is taken by the next
+/// one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_cap_are_closed_at_accept() {
     use std::io::Read;
-    let n = node(&["--grpc-max-connections", "2"]);
+    let n = node(&[
+        "--grpc-max-connections",
+        "2",
+        "--probe-connections",
+        "1",
+    ]);
     let policy = json!({"limits": [{"kind": "window", "limit": 100, "window": "1h"}]});
     assert_eq!(http(&n, "PUT", "/v1/policies/p", Some(policy)).0, 200);
     let a = std::net::TcpStream::connect(&n.grpc).unwrap();
@@ -536,6 +543,20 @@ async fn connections_past_the_cap_are_closed_at_accept() {
         support::metric(&n.s.addr, "freqcap_grpc_connections_open"),
         Some(2.0)
     );
+    // Over the cap: a probe's place. Health answers, a call does not.
+    let probe = channel(&n).await;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(probe.clone());
+    h.check(tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    })
+    .await
+    .expect("a probe is answered");
+    let e = FreqcapClient::new(probe)
+        .check(check("p", "k", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    // Past the probes' room too: closed at accept.
     let mut c = std::net::TcpStream::connect(&n.grpc).unwrap();
     c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
@@ -559,7 +580,7 @@ async fn connections_past_the_cap_are_closed_at_accept() {
         .expect("served")
         .into_inner();
     assert!(d.allowed);
-    drop(a);
+    drop((a, h));
     let mut ok = false;
     for _ in 0..100 {
         if support::metric(&n.s.addr, "freqcap_grpc_connections_open") == Some(1.0) {

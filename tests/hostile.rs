@@ -237,6 +237,11 @@ async fn header_only_streams_do_not_fill_in_flight() {
         200
     );
     let _held = Holding::start(&["hold-headers", &port(&n.s.addr), "100", "30"]);
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_in_flight_requests"),
+        Some(0.0),
+        "heads waiting for their bodies are not in flight"
+    );
     let (status, body) = support::http(
         &n.s.addr,
         "POST",
