@@ -522,12 +522,7 @@ async fn admin_defines_what_http_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_cap_are_closed_at_accept() {
     use std::io::Read;
-    let n = node(&[
-        "--grpc-max-connections",
-        "2",
-        "--probe-connections",
-        "1",
-    ]);
+    let n = node(&["--grpc-max-connections", "2", "--probe-connections", "1"]);
     let policy = json!({"limits": [{"kind": "window", "limit": 100, "window": "1h"}]});
     assert_eq!(http(&n, "PUT", "/v1/policies/p", Some(policy)).0, 200);
     let a = std::net::TcpStream::connect(&n.grpc).unwrap();

@@ -260,19 +260,19 @@ async fn header_only_streams_do_not_fill_in_flight() {
 
 /// The body memory budget: bodies being received are charged as their
 /// bytes arrive, and past `body_memory` a request is refused 503 at once.
-/// 4 streams each sending 50 000 of 60 000 bytes against 131 072: at most
-/// two can be held.
+/// 5 streams each sending 50 000 of 60 000 bytes (and 8 KiB of state and
+/// head each) against 196 608: at most three can be held.
 #[test]
 fn bodies_being_received_are_bounded() {
     let n = node(&[
         "--max-body",
         "65536",
         "--body-memory",
-        "131072",
+        "196608",
         "--body-timeout-secs",
         "5",
     ]);
-    let v = probe(&["bodies", &port(&n.s.addr), "4", "60000", "50000", "2"]);
+    let v = probe(&["bodies", &port(&n.s.addr), "5", "60000", "50000", "2"]);
     assert!(v["status"]["503"].as_i64() >= Some(2), "{v}");
     let shed = support::metric(
         &n.s.addr,

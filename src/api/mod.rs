@@ -260,8 +260,9 @@ pub fn app_state<C: Clock + 'static>(
         metrics::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,
     );
+    // Room for one largest body and its head whatever was configured.
     let body_budget = body_budget::BodyBudget::new(
-        options.body_memory.max(options.max_body),
+        options.body_memory.max(options.max_body + (128 << 10)),
         metrics.overloaded_counter("body_memory"),
     );
     Arc::new(AppState {
