@@ -77,9 +77,14 @@ impl Default for ConnLimits {
 
 /// HTTP/2 streams (requests) at once on one connection.
 const H2_MAX_STREAMS: u32 = 256;
-/// HTTP/2 header list of one request, bytes (HTTP/1's head is bounded by
-/// hyper's own 100 headers and buffer).
+/// HTTP/2 header list of one request, bytes.
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// HTTP/1's read buffer, bytes: a request head must fit (past it, 431).
+/// hyper's default (~400 KiB) let 100 connections trickling a head hold
+/// 67.6 MB (676 KB each) until the header timeout; the same 64 KiB as
+/// HTTP/2's header list keeps a connection's share small.
+const H1_MAX_BUF: usize = 64 * 1024;
 
 /// HTTP/2 flow-control windows, bytes: what a peer may send before the
 /// server reads it, per stream and per connection (hyper's defaults are
@@ -551,6 +556,7 @@ fn connection(
             // for a request, idle time included: a backstop behind the
             // watchdog, which tells idle from slow.
             .header_read_timeout(header + idle)
+            .max_buf_size(H1_MAX_BUF)
             .keep_alive(true);
         builder
             .http2()
