@@ -307,6 +307,20 @@ fn get(addr: &str, path: &str, token: Option<&str>) -> (u16, ureq::http::HeaderM
     (r.status().as_u16(), r.headers().clone())
 }
 
+/// Case 1.13: two `Host` fields are refused, whichever comes first.
+#[test]
+fn two_host_fields_are_refused() {
+    use std::io::Write;
+    let n = node(&[]);
+    let mut c = TcpStream::connect(&n.s.addr).unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+}
+
 /// Item 6 (case 1.6): with only the admin token set, decisions and reads
 /// need a token on HTTP too, as on gRPC and RESP. d5eefae: open on HTTP.
 #[test]
