@@ -575,6 +575,48 @@ fn connections_over_the_cap_are_closed_at_accept() {
     }
 }
 
+/// D4: a web page can make a browser POST text to the RESP port (no
+/// preflight for `text/plain`). As Redis does since 3.2.7, a command named
+/// `POST` or `Host:` closes the connection before anything after it runs.
+#[test]
+fn cross_protocol_requests_close_before_anything_runs() {
+    let f = front();
+    let victim = ["CL.THROTTLE", "victim", "0", "1", "86400", "1"];
+    let body = "\r\nCL.THROTTLE victim 0 1 86400 1\r\nCL.THROTTLE victim 0 1 86400 1\r\nQUIT\r\n";
+    let post = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut c = f.client();
+    c.send(post.as_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&c.rest_until_closed()),
+        "",
+        "closed with no reply"
+    );
+    // A GET's request line is an unknown command; its Host: header closes.
+    let mut c = f.client();
+    c.send(format!("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n{body}").as_bytes());
+    let got = String::from_utf8_lossy(&c.rest_until_closed()).into_owned();
+    assert!(
+        got.is_empty() || got.starts_with("-ERR unknown command 'GET'") && got.lines().count() == 1,
+        "{got}"
+    );
+    // In RESP's own framing too, and in any case.
+    let mut c = f.client();
+    let mut batch = Client::encode(&["post", "/"]);
+    batch.extend(Client::encode(&victim));
+    c.send(&batch);
+    assert!(c.rest_until_closed().is_empty());
+    // Nothing was debited: the key's one unit is still there.
+    assert_eq!(f.client().cmd(&victim), ints(&[0, 1, 0, -1, 86400]));
+    assert_eq!(
+        f.metric(r#"freqcap_resp_connections_closed_total{reason="cross_protocol"}"#),
+        Some(3.0)
+    );
+}
+
 /// D9, case 1.24: a command whose arguments are each under the limit but
 /// whose total is over it is refused once its size is announced, not read
 /// and run.

@@ -79,6 +79,9 @@ const PRE_AUTH_MAX_COMMAND: usize = 64 * 1024;
 /// A read buffer over this, once emptied, is given back (after a large
 /// command, so an idle connection does not keep a `max_command` buffer).
 const KEEP_READ_BUF: usize = 4 * READ_CHUNK;
+/// How often a cross-protocol attempt is logged at most (Redis's period);
+/// the metric counts them all.
+const CROSS_PROTOCOL_LOG_EVERY_S: u64 = 60;
 
 /// What the connections of one listener share.
 pub struct Front<C: Clock> {
@@ -94,6 +97,9 @@ pub struct Front<C: Clock> {
     /// `CL.THROTTLE`'s items, compiled once per parameters.
     compiled: cmd::throttle::Compiled,
     counters: cmd::Counters,
+    /// Seconds from `started` to the last cross-protocol warning, plus one
+    /// (0: never).
+    cross_protocol_logged: AtomicU64,
 }
 
 impl<C: Clock> Front<C> {
@@ -107,6 +113,29 @@ impl<C: Clock> Front<C> {
 
     fn limits(&self, authed: bool) -> &frame::Limits {
         if authed { &self.limits } else { &self.pre_auth }
+    }
+
+    /// Counts a connection closed for sending an HTTP request, and warns
+    /// once a minute at most, so that an attack cannot flood the log.
+    fn cross_protocol(&self, peer: Option<SocketAddr>) {
+        self.state.metrics.resp_closed.cross_protocol.inc();
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.cross_protocol_logged.load(Ordering::Relaxed);
+        let due = last == 0 || now >= last + CROSS_PROTOCOL_LOG_EVERY_S;
+        if due
+            && self
+                .cross_protocol_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let peer = peer.map_or_else(|| "an unknown address".to_owned(), |p| p.to_string());
+            tracing::warn!(
+                "RESP: closed a connection from {peer} that sent an HTTP request (a command \
+                 named POST or Host:), as a web page attacking the port through a browser \
+                 would; logged once a minute at most, all counted in \
+                 freqcap_resp_connections_closed_total{{reason=\"cross_protocol\"}}"
+            );
+        }
     }
 }
 
@@ -147,6 +176,7 @@ pub async fn serve<C: Clock + 'static>(
         next_id: AtomicU64::new(1),
         compiled: cmd::throttle::Compiled::default(),
         counters,
+        cross_protocol_logged: AtomicU64::new(0),
     });
     let counters = front.state.metrics.resp_connections.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -251,8 +281,13 @@ async fn connection<C: Clock + 'static>(
                     let at = used;
                     used += n;
                     let args = args.slices(&buf[at..]);
-                    if args.is_empty() {
+                    let Some(name) = args.first() else {
                         continue;
+                    };
+                    if cmd::cross_protocol(name) {
+                        // Nothing after it runs, nor is anything answered.
+                        front.cross_protocol(stream.peer_addr().ok());
+                        return;
                     }
                     // The reply is dropped once written: a large one is not
                     // held twice while the client is slow to read.

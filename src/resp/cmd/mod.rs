@@ -105,6 +105,16 @@ pub fn eq(arg: &[u8], word: &str) -> bool {
     arg.eq_ignore_ascii_case(word.as_bytes())
 }
 
+/// Whether a command's name shows an HTTP request, read as commands: its
+/// request line (`POST / HTTP/1.1`) or its `Host:` header. A web page can
+/// make a browser POST `text/plain` to any port without a preflight, and
+/// the body's lines would run as commands; Redis (≥ 3.2.7, its
+/// `securityWarningCommand`) closes the connection on these two names, and
+/// so does the front (docs/resp.md, "Security").
+pub fn cross_protocol(name: &[u8]) -> bool {
+    eq(name, "POST") || eq(name, "Host:")
+}
+
 /// Redis's wrong-arity error.
 pub fn arity(name: &str) -> Reply {
     Reply::error(format!(
