@@ -719,6 +719,52 @@ fn before_auth_only_small_commands_are_read() {
     );
 }
 
+/// D16: wrong tokens are not guessed at line rate: a connection is closed
+/// at its tenth failed AUTH (or HELLO ... AUTH), RESET included.
+#[test]
+fn failed_auths_close_the_connection_at_the_tenth() {
+    let f = front_with(tokens(), resp_options());
+    let mut c = f.client();
+    let mut batch = Vec::new();
+    for _ in 0..4 {
+        batch.extend(Client::encode(&["AUTH", "guess"]));
+    }
+    batch.extend(Client::encode(&["HELLO", "3", "AUTH", "default", "guess"]));
+    // RESET forgets the authentication, not the failures.
+    batch.extend(Client::encode(&["RESET"]));
+    for _ in 0..20 {
+        batch.extend(Client::encode(&["AUTH", "default", "guess"]));
+    }
+    c.send(&batch);
+    for i in 0..5 {
+        assert!(err_text(&c.read()).starts_with("WRONGPASS"), "failure {i}");
+    }
+    assert_eq!(c.read(), V::Simple("RESET".into()));
+    for i in 5..10 {
+        assert!(err_text(&c.read()).starts_with("WRONGPASS"), "failure {i}");
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&c.rest_until_closed()),
+        "",
+        "closed after the tenth"
+    );
+    assert_eq!(
+        f.metric(r#"freqcap_resp_connections_closed_total{reason="auth_failures"}"#),
+        Some(1.0)
+    );
+    // Per connection: a new one authenticates, and its failures before
+    // that do not close it under ten.
+    let mut c = f.client();
+    for _ in 0..9 {
+        assert!(err_text(&c.cmd(&["AUTH", "guess"])).starts_with("WRONGPASS"));
+    }
+    assert_eq!(c.cmd(&["AUTH", "dec-tok"]), V::Simple("OK".into()));
+    assert!(matches!(
+        c.cmd(&["CL.THROTTLE", "a", "1", "1", "1"]),
+        V::Array(_)
+    ));
+}
+
 // ---- a real process, real clients ----
 
 /// The RESP address in the server's log.

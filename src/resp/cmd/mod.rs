@@ -29,6 +29,9 @@ pub struct Session {
     pub name: Option<String>,
     pub lib_name: Option<String>,
     pub lib_ver: Option<String>,
+    /// `AUTH`s (and `HELLO ... AUTH`s) refused on this connection, `RESET`
+    /// included: at [`connection::MAX_FAILED_AUTHS`] it is closed.
+    pub failed_auths: u32,
 }
 
 impl Session {
@@ -40,6 +43,7 @@ impl Session {
             name: None,
             lib_name: None,
             lib_ver: None,
+            failed_auths: 0,
         }
     }
 
@@ -239,8 +243,18 @@ async fn dispatch<C: Clock + 'static>(
                 Err(e) => api_error(&e),
             },
         }),
-        "hello" => go(connection::hello(s, args, &front.tokens)),
-        "auth" => go(connection::auth(s, args, &front.tokens)),
+        "hello" | "auth" => {
+            let reply = if label == "auth" {
+                connection::auth(s, args, &front.tokens)
+            } else {
+                connection::hello(s, args, &front.tokens)
+            };
+            if s.failed_auths >= connection::MAX_FAILED_AUTHS {
+                front.state.metrics.resp_closed.auth_failures.inc();
+                return (reply, Next::Close);
+            }
+            go(reply)
+        }
         "ping" => go(connection::ping(args)),
         "echo" => go(connection::echo(args)),
         "select" => go(connection::select(args)),
@@ -250,7 +264,11 @@ async fn dispatch<C: Clock + 'static>(
         "config" => go(introspect::config(args)),
         "quit" => (Reply::Simple("OK"), Next::Close),
         "reset" => {
+            // Forgets the authentication, not the failures: RESET must not
+            // buy a guesser ten more tries.
+            let failed_auths = s.failed_auths;
             *s = Session::new(s.id, !front.tokens.required());
+            s.failed_auths = failed_auths;
             go(Reply::Simple("RESET"))
         }
         _ => go(unknown(name, args)),
