@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use freqcap::ManualClock;
-use freqcap::api::{ApiOptions, app_state};
+use freqcap::api::{ApiOptions, AppState, app_state};
 use freqcap::engine::{Engine, EngineOptions};
 use freqcap::resp::RespOptions;
 use freqcap::store::MemoryStore;
@@ -91,6 +91,25 @@ impl Client {
         let mut chunk = [0u8; 64];
         matches!(self.s.read(&mut chunk), Ok(0) | Err(_))
     }
+
+    /// Everything the server sends until it closes the connection (or
+    /// resets it), with what was already buffered; panics if it is still
+    /// open after 10 s or sent over 1 MiB.
+    fn rest_until_closed(&mut self) -> Vec<u8> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = std::mem::take(&mut self.buf);
+        let mut chunk = [0u8; 4096];
+        for _ in 0..256 {
+            match self.s.read(&mut chunk) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+                Err(e) => panic!("the server did not close the connection: {e}"),
+            }
+            assert!(Instant::now() < deadline, "the server closed in time");
+        }
+        panic!("the server sent over 1 MiB instead of closing");
+    }
 }
 
 fn parse(b: &[u8]) -> Option<(V, usize)> {
@@ -149,6 +168,7 @@ fn err_text(v: &V) -> &str {
 struct Front {
     addr: String,
     clock: Arc<ManualClock>,
+    state: Arc<AppState<Arc<ManualClock>>>,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -161,6 +181,7 @@ fn front_with(api: ApiOptions, resp: RespOptions) -> Front {
     )
     .unwrap();
     let state = app_state(Arc::new(engine), api);
+    let served = state.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -171,11 +192,12 @@ fn front_with(api: ApiOptions, resp: RespOptions) -> Front {
     std_listener.set_nonblocking(true).unwrap();
     rt.spawn(async move {
         let l = tokio::net::TcpListener::from_std(std_listener).unwrap();
-        freqcap::resp::serve(l, state, resp, std::future::pending()).await;
+        freqcap::resp::serve(l, served, resp, std::future::pending()).await;
     });
     Front {
         addr,
         clock,
+        state,
         _rt: rt,
     }
 }
@@ -201,6 +223,21 @@ impl Front {
 
     fn at(&self, ms: u64) {
         self.clock.set(START + ms * MS);
+    }
+
+    /// The value of a metric series, by its exposition line's start.
+    fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.state.metrics.render().unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+}
+
+fn tokens() -> ApiOptions {
+    ApiOptions {
+        decision_token: Some("dec-tok".into()),
+        admin_token: Some("adm-tok".into()),
+        ..ApiOptions::default()
     }
 }
 
@@ -442,12 +479,7 @@ fn hello_switches_protocols_and_client_commands_answer() {
 
 #[test]
 fn auth_with_the_decision_or_admin_token() {
-    let api = ApiOptions {
-        decision_token: Some("dec-tok".into()),
-        admin_token: Some("adm-tok".into()),
-        ..ApiOptions::default()
-    };
-    let f = front_with(api, resp_options());
+    let f = front_with(tokens(), resp_options());
     let mut c = f.client();
     let throttle = ["CL.THROTTLE", "a", "1", "1", "1"];
     assert_eq!(
@@ -541,6 +573,196 @@ fn connections_over_the_cap_are_closed_at_accept() {
         assert!(Instant::now() < deadline, "a slot came back");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// D4: a web page can make a browser POST text to the RESP port (no
+/// preflight for `text/plain`). As Redis does since 3.2.7, a command named
+/// `POST` or `Host:` closes the connection before anything after it runs.
+#[test]
+fn cross_protocol_requests_close_before_anything_runs() {
+    let f = front();
+    let victim = ["CL.THROTTLE", "victim", "0", "1", "86400", "1"];
+    let body = "\r\nCL.THROTTLE victim 0 1 86400 1\r\nCL.THROTTLE victim 0 1 86400 1\r\nQUIT\r\n";
+    let post = format!(
+        "POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut c = f.client();
+    c.send(post.as_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&c.rest_until_closed()),
+        "",
+        "closed with no reply"
+    );
+    // A GET's request line is an unknown command; its Host: header closes.
+    let mut c = f.client();
+    c.send(format!("GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n{body}").as_bytes());
+    let got = String::from_utf8_lossy(&c.rest_until_closed()).into_owned();
+    assert!(
+        got.is_empty() || got.starts_with("-ERR unknown command 'GET'") && got.lines().count() == 1,
+        "{got}"
+    );
+    // In RESP's own framing too, and in any case.
+    let mut c = f.client();
+    let mut batch = Client::encode(&["post", "/"]);
+    batch.extend(Client::encode(&victim));
+    c.send(&batch);
+    assert!(c.rest_until_closed().is_empty());
+    // Nothing was debited: the key's one unit is still there.
+    assert_eq!(f.client().cmd(&victim), ints(&[0, 1, 0, -1, 86400]));
+    assert_eq!(
+        f.metric(r#"freqcap_resp_connections_closed_total{reason="cross_protocol"}"#),
+        Some(3.0)
+    );
+}
+
+/// D9, case 1.24: a command whose arguments are each under the limit but
+/// whose total is over it is refused once its size is announced, not read
+/// and run.
+#[test]
+fn a_command_over_max_command_in_total_is_refused_when_announced() {
+    let f = front();
+    let x = "x".repeat(3000);
+    let over = "ERR Protocol error: a command is over the size limit of 4096 bytes";
+    // The second bulk's length takes the command past 4096: refused before
+    // its bytes are sent.
+    let mut c = f.client();
+    c.send(format!("*3\r\n$4\r\nECHO\r\n$3000\r\n{x}\r\n$3000\r\n").as_bytes());
+    assert_eq!(err_text(&c.read()), over);
+    assert!(c.closed());
+    // Sent whole in one write: refused all the same, not run.
+    let mut c = f.client();
+    c.send(&Client::encode(&["ECHO", &x, &x]));
+    assert_eq!(err_text(&c.read()), over);
+    assert!(c.rest_until_closed().is_empty());
+    // Many small arguments add up the same way.
+    let mut c = f.client();
+    let mut many = vec!["ECHO"];
+    many.extend(std::iter::repeat_n("abcdefgh", 400));
+    c.send(&Client::encode(&many));
+    assert_eq!(err_text(&c.read()), over);
+    // Under the limit, pipelined after another command, it is served.
+    let mut c = f.client();
+    let y = "y".repeat(4000);
+    let mut batch = Client::encode(&["PING"]);
+    batch.extend(Client::encode(&["ECHO", &y]));
+    c.send(&batch);
+    assert_eq!(c.read(), V::Simple("PONG".into()));
+    assert_eq!(c.read(), V::Bulk(y.into_bytes()));
+    assert_eq!(f.metric("freqcap_resp_protocol_errors_total"), Some(3.0));
+}
+
+/// D9 (CVE-2021-32675 in Redis): before AUTH, a client may send only what
+/// authenticating needs: at most 10 arguments of at most 16 KiB, in Redis's
+/// words, so an unauthenticated connection cannot make the server hold a
+/// `max_body` buffer.
+#[test]
+fn before_auth_only_small_commands_are_read() {
+    let resp = RespOptions {
+        max_command: 1 << 20,
+        ..resp_options()
+    };
+    let f = front_with(tokens(), resp.clone());
+    let mut c = f.client();
+    c.send(b"*2\r\n$4\r\nECHO\r\n$1048000\r\n");
+    assert_eq!(
+        err_text(&c.read()),
+        "ERR Protocol error: unauthenticated bulk length"
+    );
+    assert!(c.closed());
+    let mut c = f.client();
+    c.send(b"*11\r\n");
+    assert_eq!(
+        err_text(&c.read()),
+        "ERR Protocol error: unauthenticated multibulk length"
+    );
+    assert!(c.closed());
+    // Ten arguments of 16 KiB are 160 KiB: over what a command may be
+    // before AUTH (64 KiB), refused when announced.
+    // (Sent up to the fourth argument's length: the server reads all of it
+    // before it answers, so the reply is never lost to a reset.)
+    let mut c = f.client();
+    let arg = "a".repeat(16 * 1024);
+    let ten = Client::encode(&[arg.as_str(); 10]);
+    c.send(&ten[..5 + 3 * (16 * 1024 + 10) + 8]);
+    assert_eq!(
+        err_text(&c.read()),
+        "ERR Protocol error: a command is over the size limit of 65536 bytes"
+    );
+    assert!(c.closed());
+    // A bulk of 16 KiB is fine (the NOAUTH is the command's answer).
+    let mut c = f.client();
+    assert_eq!(
+        err_text(&c.cmd(&["ECHO", &arg])),
+        "NOAUTH Authentication required."
+    );
+    // Once authenticated, in the same write, the limits are max_command's.
+    let big = "b".repeat(100_000);
+    let mut batch = Client::encode(&["AUTH", "dec-tok"]);
+    batch.extend(Client::encode(&["ECHO", &big]));
+    c.send(&batch);
+    assert_eq!(c.read(), V::Simple("OK".into()));
+    assert_eq!(c.read(), V::Bulk(big.clone().into_bytes()));
+    // RESET forgets the authentication, and the limits come back.
+    assert_eq!(c.cmd(&["RESET"]), V::Simple("RESET".into()));
+    c.send(b"*2\r\n$4\r\nECHO\r\n$100000\r\n");
+    assert_eq!(
+        err_text(&c.read()),
+        "ERR Protocol error: unauthenticated bulk length"
+    );
+    // Without tokens there is nothing to authenticate: max_command's limits.
+    let open = front_with(ApiOptions::default(), resp);
+    assert_eq!(
+        open.client().cmd(&["ECHO", &big]),
+        V::Bulk(big.into_bytes())
+    );
+}
+
+/// D16: wrong tokens are not guessed at line rate: a connection is closed
+/// at its tenth failed AUTH (or HELLO ... AUTH), RESET included.
+#[test]
+fn failed_auths_close_the_connection_at_the_tenth() {
+    let f = front_with(tokens(), resp_options());
+    let mut c = f.client();
+    let mut batch = Vec::new();
+    for _ in 0..4 {
+        batch.extend(Client::encode(&["AUTH", "guess"]));
+    }
+    batch.extend(Client::encode(&["HELLO", "3", "AUTH", "default", "guess"]));
+    // RESET forgets the authentication, not the failures.
+    batch.extend(Client::encode(&["RESET"]));
+    for _ in 0..20 {
+        batch.extend(Client::encode(&["AUTH", "default", "guess"]));
+    }
+    c.send(&batch);
+    for i in 0..5 {
+        assert!(err_text(&c.read()).starts_with("WRONGPASS"), "failure {i}");
+    }
+    assert_eq!(c.read(), V::Simple("RESET".into()));
+    for i in 5..10 {
+        assert!(err_text(&c.read()).starts_with("WRONGPASS"), "failure {i}");
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&c.rest_until_closed()),
+        "",
+        "closed after the tenth"
+    );
+    assert_eq!(
+        f.metric(r#"freqcap_resp_connections_closed_total{reason="auth_failures"}"#),
+        Some(1.0)
+    );
+    // Per connection: a new one authenticates, and its failures before
+    // that do not close it under ten.
+    let mut c = f.client();
+    for _ in 0..9 {
+        assert!(err_text(&c.cmd(&["AUTH", "guess"])).starts_with("WRONGPASS"));
+    }
+    assert_eq!(c.cmd(&["AUTH", "dec-tok"]), V::Simple("OK".into()));
+    assert!(matches!(
+        c.cmd(&["CL.THROTTLE", "a", "1", "1", "1"]),
+        V::Array(_)
+    ));
 }
 
 // ---- a real process, real clients ----

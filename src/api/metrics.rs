@@ -77,6 +77,17 @@ pub struct ConnCounters {
     pub timed_out: Counter,
 }
 
+/// RESP connections the server closed for what they sent (`src/resp/`),
+/// beside protocol errors and timeouts.
+#[derive(Debug, Clone, Default)]
+pub struct RespClosed {
+    /// A command named `POST` or `Host:`: an HTTP request, as a browser
+    /// sends it when a web page attacks the port (cross-protocol scripting).
+    pub cross_protocol: Counter,
+    /// Too many failed `AUTH`s on one connection.
+    pub auth_failures: Counter,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
@@ -131,6 +142,8 @@ pub struct Metrics {
     pub resp_connections: ConnCounters,
     /// RESP connections closed on a frame that could not be read.
     pub resp_protocol_errors: Counter,
+    /// RESP connections closed for what they sent, by reason.
+    pub resp_closed: RespClosed,
     /// Envoy's rate limit service.
     pub rls: RlsCounters,
     /// The gRPC listener's connections (`src/grpc/mod.rs`).
@@ -632,6 +645,17 @@ impl Metrics {
             "RESP connections closed on a frame that could not be read",
             resp_protocol_errors.clone(),
         );
+        let closed = Family::<ReasonLabel, Counter>::default();
+        let closed_for = |reason| closed.get_or_create(&ReasonLabel { reason }).clone();
+        let resp_closed = RespClosed {
+            cross_protocol: closed_for("cross_protocol"),
+            auth_failures: closed_for("auth_failures"),
+        };
+        registry.register(
+            "freqcap_resp_connections_closed",
+            "RESP connections closed for what they sent, by reason (cross_protocol: an HTTP request; auth_failures: too many failed AUTH)",
+            closed,
+        );
         let definition_reloads = DefinitionReloads::default();
         registry.register(
             "freqcap_definitions_reloads",
@@ -700,6 +724,7 @@ impl Metrics {
             resp_commands,
             resp_connections,
             resp_protocol_errors,
+            resp_closed,
             registry,
             requests,
             latency,

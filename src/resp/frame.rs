@@ -6,9 +6,11 @@
 //! RESP2's types, plus RESP3's map and null for clients that said `HELLO 3`.
 //!
 //! Parsing never allocates on a length the client announces: a bulk length
-//! over [`Limits::max_bulk`] or an array over [`Limits::max_args`] is a
-//! protocol error before any byte of it is buffered, so a client cannot make
-//! the server reserve memory it has not sent.
+//! over [`Limits::max_bulk`], an array over [`Limits::max_args`], or a bulk
+//! that would take the command past [`Limits::max_command`] is a protocol
+//! error before any byte of it is buffered, so a client cannot make the
+//! server reserve memory it has not sent, and a command waiting for more
+//! bytes is never longer than `max_command`.
 
 use std::ops::Range;
 
@@ -21,6 +23,11 @@ pub struct Limits {
     pub max_args: usize,
     /// The longest inline command line, bytes.
     pub max_inline: usize,
+    /// The longest command in all (its arguments and their framing), bytes.
+    pub max_command: usize,
+    /// Whether these are the limits before `AUTH`: an argument count or a
+    /// bulk length over them then gets Redis's `unauthenticated` errors.
+    pub pre_auth: bool,
 }
 
 /// A frame that cannot be read: answered with the error and the connection
@@ -42,6 +49,25 @@ pub enum FrameError {
     Unbalanced,
     #[error("Protocol error: bulk string not followed by CRLF")]
     BulkEnd,
+    #[error("Protocol error: unauthenticated multibulk length")]
+    UnauthArrayLen,
+    #[error("Protocol error: unauthenticated bulk length")]
+    UnauthBulkLen,
+    // Redis has no total limit below its 1 GB query buffer; this one is
+    // freqcap's `max_body`, named so the operator knows which to raise.
+    #[error("Protocol error: a command is over the size limit of {0} bytes")]
+    TooBig(usize),
+}
+
+impl Limits {
+    /// The error for an argument count over [`Limits::max_args`].
+    fn too_many_args(&self) -> FrameError {
+        if self.pre_auth {
+            FrameError::UnauthArrayLen
+        } else {
+            FrameError::ArrayLen
+        }
+    }
 }
 
 /// A parsed command: its arguments, as ranges of the buffer it was read
@@ -69,11 +95,17 @@ const MAX_COUNT_LINE: usize = 32;
 /// needed, else the command and how many bytes it used. An empty command
 /// (`*0`, a blank inline line) comes back with no arguments: skip it.
 pub fn parse(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, FrameError> {
-    match buf.first() {
+    let parsed = match buf.first() {
         None => Ok(None),
         Some(b'*') => parse_array(buf, limits),
         Some(_) => parse_inline(buf, limits),
+    }?;
+    // Every byte of `buf` belongs to the command still incomplete: the
+    // count line under way is the only part not checked when announced.
+    if parsed.is_none() && buf.len() > limits.max_command {
+        return Err(FrameError::TooBig(limits.max_command));
     }
+    Ok(parsed)
 }
 
 /// The line starting at `at`, without its CRLF, and where the next begins.
@@ -102,7 +134,7 @@ fn parse_array(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, Fra
     }
     let n = usize::try_from(n).map_err(|_| FrameError::ArrayLen)?;
     if n > limits.max_args {
-        return Err(FrameError::ArrayLen);
+        return Err(limits.too_many_args());
     }
     // Capacity from what is buffered, not from what the client announced.
     let mut args = Vec::with_capacity(n.min(16));
@@ -117,9 +149,18 @@ fn parse_array(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, Fra
         };
         let len = number(len)
             .and_then(|l| usize::try_from(l).ok())
-            .filter(|&l| l <= limits.max_bulk)
             .ok_or(FrameError::BulkLen)?;
+        if len > limits.max_bulk {
+            return Err(if limits.pre_auth {
+                FrameError::UnauthBulkLen
+            } else {
+                FrameError::BulkLen
+            });
+        }
         let end = start + len;
+        if end.saturating_add(2) > limits.max_command {
+            return Err(FrameError::TooBig(limits.max_command));
+        }
         if buf.len() < end + 2 {
             return Ok(None);
         }
@@ -147,7 +188,7 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, Fr
     let text = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
     let args = split_args(text)?;
     if args.len() > limits.max_args {
-        return Err(FrameError::ArrayLen);
+        return Err(limits.too_many_args());
     }
     Ok(Some((Args::Owned(args), nl + 1)))
 }
@@ -307,6 +348,8 @@ mod tests {
         max_bulk: 16,
         max_args: 5,
         max_inline: 32,
+        max_command: 64,
+        pre_auth: false,
     };
 
     type Parsed = Option<(Vec<Vec<u8>>, usize)>;
@@ -344,6 +387,42 @@ mod tests {
         assert_eq!(args(b"*1\r\n$2\r\nabcd"), Err(FrameError::BulkEnd));
         // A count line that never ends is cut off, not buffered for ever.
         assert_eq!(args(&[b'*'; 64]), Err(FrameError::CountLine));
+    }
+
+    #[test]
+    fn a_command_is_bounded_in_total_when_announced() {
+        // Four bulks of 10 are each under max_bulk; the fourth's length
+        // takes the command past 64 bytes: refused before its bytes come.
+        let ten = b"$10\r\n0123456789\r\n";
+        let mut b = b"*5\r\n".to_vec();
+        for _ in 0..3 {
+            b.extend_from_slice(ten);
+        }
+        assert_eq!(args(&b), Ok(None));
+        b.extend_from_slice(b"$10\r\n");
+        assert_eq!(args(&b), Err(FrameError::TooBig(64)));
+        // A count line under way past the total is refused too.
+        let mut b = b"*5\r\n".to_vec();
+        b.extend_from_slice(&ten[..]);
+        b.extend_from_slice(&ten[..]);
+        b.extend_from_slice(b"$1\r\nx\r\n$1\r\nx\r\n$1");
+        b.extend_from_slice(&[b'0'; 20]);
+        assert_eq!(args(&b), Err(FrameError::TooBig(64)));
+        // Before AUTH the errors are Redis's unauthenticated ones.
+        let pre = Limits {
+            pre_auth: true,
+            ..L
+        };
+        assert_eq!(parse(b"*6\r\n", &pre), Err(FrameError::UnauthArrayLen));
+        assert_eq!(
+            parse(b"*1\r\n$17\r\n", &pre),
+            Err(FrameError::UnauthBulkLen)
+        );
+        assert_eq!(parse(b"*1\r\n$-1\r\n", &pre), Err(FrameError::BulkLen));
+        assert_eq!(
+            parse(b"a b c d e f\n", &pre),
+            Err(FrameError::UnauthArrayLen)
+        );
     }
 
     #[test]

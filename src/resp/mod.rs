@@ -10,12 +10,17 @@
 //! decision (~50 ns; BENCHMARKS.md). RESP costs a fraction of that per
 //! request and pipelines.
 //!
-//! Bounds, so that no client can make the server hold more than it allows:
-//! one command is at most `max_command` bytes (HTTP's `max_body`) and is read
-//! into a buffer of at most that plus one read; its replies are written
-//! before more is read, so a client that does not read its replies stops
-//! being read (TCP pushes back) and is closed after `idle_timeout`; a command
-//! must arrive whole within `command_timeout` of its first byte.
+//! Bounds, so that no client can make the server hold more than it allows
+//! (docs/resp.md, "Limits", has the per-connection figure):
+//! - one command is at most `max_command` bytes (HTTP's `max_body`), refused
+//!   as soon as its announced lengths pass it, and is read into a buffer of
+//!   at most that plus one read ([`make_room`]); before `AUTH`, Redis 7's
+//!   smaller limits ([`PRE_AUTH_MAX_BULK`] ...);
+//! - replies are written once [`FLUSH_AT`] bytes wait, and before more is
+//!   read, so a client that does not read its replies stops being read (TCP
+//!   pushes back) and is closed after `idle_timeout`; while they wait the
+//!   connection holds them and the command under way, not what it answered;
+//! - a command must arrive whole within `command_timeout` of its first byte.
 
 pub mod cmd;
 pub mod frame;
@@ -62,12 +67,29 @@ const FLUSH_AT: usize = 64 * 1024;
 /// The most arguments in one command: the longest command served takes 6;
 /// `COMMAND INFO` with many names is the only long one.
 const MAX_ARGS: usize = 1024;
+/// Before `AUTH` (when tokens are set) a client may send what
+/// authenticating needs, as Redis 7 allows (CVE-2021-32675): 10 arguments
+/// of 16 KiB. Without it, 100 unauthenticated connections each sending most
+/// of a 1 MiB bulk held 219 MB for `header_timeout` (security probe, turn 3,
+/// case 1.26).
+const PRE_AUTH_MAX_ARGS: usize = 10;
+const PRE_AUTH_MAX_BULK: usize = 16 * 1024;
+/// ... and 64 KiB in all, the inline limit (Redis has no total limit).
+const PRE_AUTH_MAX_COMMAND: usize = 64 * 1024;
+/// A read buffer over this, once emptied, is given back (after a large
+/// command, so an idle connection does not keep a `max_command` buffer).
+const KEEP_READ_BUF: usize = 4 * READ_CHUNK;
+/// How often a cross-protocol attempt is logged at most (Redis's period);
+/// the metric counts them all.
+const CROSS_PROTOCOL_LOG_EVERY_S: u64 = 60;
 
 /// What the connections of one listener share.
 pub struct Front<C: Clock> {
     state: Arc<AppState<C>>,
     tokens: Tokens,
+    /// What a command may be once authenticated, and before.
     limits: frame::Limits,
+    pre_auth: frame::Limits,
     options: RespOptions,
     started: Instant,
     port: u16,
@@ -75,6 +97,9 @@ pub struct Front<C: Clock> {
     /// `CL.THROTTLE`'s items, compiled once per parameters.
     compiled: cmd::throttle::Compiled,
     counters: cmd::Counters,
+    /// Seconds from `started` to the last cross-protocol warning, plus one
+    /// (0: never).
+    cross_protocol_logged: AtomicU64,
 }
 
 impl<C: Clock> Front<C> {
@@ -83,6 +108,33 @@ impl<C: Clock> Front<C> {
             port: self.port,
             uptime_s: self.started.elapsed().as_secs(),
             clients: u64::try_from(self.state.metrics.resp_connections.open.get()).unwrap_or(0),
+        }
+    }
+
+    fn limits(&self, authed: bool) -> &frame::Limits {
+        if authed { &self.limits } else { &self.pre_auth }
+    }
+
+    /// Counts a connection closed for sending an HTTP request, and warns
+    /// once a minute at most, so that an attack cannot flood the log.
+    fn cross_protocol(&self, peer: Option<SocketAddr>) {
+        self.state.metrics.resp_closed.cross_protocol.inc();
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.cross_protocol_logged.load(Ordering::Relaxed);
+        let due = last == 0 || now >= last + CROSS_PROTOCOL_LOG_EVERY_S;
+        if due
+            && self
+                .cross_protocol_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let peer = peer.map_or_else(|| "an unknown address".to_owned(), |p| p.to_string());
+            tracing::warn!(
+                "RESP: closed a connection from {peer} that sent an HTTP request (a command \
+                 named POST or Host:), as a web page attacking the port through a browser \
+                 would; logged once a minute at most, all counted in \
+                 freqcap_resp_connections_closed_total{{reason=\"cross_protocol\"}}"
+            );
         }
     }
 }
@@ -107,6 +159,15 @@ pub async fn serve<C: Clock + 'static>(
             max_bulk: max_command,
             max_args: MAX_ARGS,
             max_inline: max_command.min(64 * 1024),
+            max_command,
+            pre_auth: false,
+        },
+        pre_auth: frame::Limits {
+            max_bulk: max_command.min(PRE_AUTH_MAX_BULK),
+            max_args: PRE_AUTH_MAX_ARGS,
+            max_inline: max_command.min(PRE_AUTH_MAX_COMMAND),
+            max_command: max_command.min(PRE_AUTH_MAX_COMMAND),
+            pre_auth: true,
         },
         state,
         options,
@@ -115,6 +176,7 @@ pub async fn serve<C: Clock + 'static>(
         next_id: AtomicU64::new(1),
         compiled: cmd::throttle::Compiled::default(),
         counters,
+        cross_protocol_logged: AtomicU64::new(0),
     });
     let counters = front.state.metrics.resp_connections.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -154,7 +216,35 @@ async fn flush(stream: &mut TcpStream, out: &mut Vec<u8>, timeout: Duration) -> 
         Ok(Ok(()))
     );
     out.clear();
+    // Pipelined replies fill it to FLUSH_AT and a little over (its doubling
+    // stops at 2 × FLUSH_AT); past that it held a large reply: give it back.
+    if out.capacity() > 2 * FLUSH_AT {
+        out.shrink_to(FLUSH_AT);
+    }
     ok
+}
+
+/// Makes room in `buf` for a read, keeping it within a command of `max`
+/// bytes and one read: it grows by doubling, as `Vec` does, but stops at
+/// `max + READ_CHUNK` (Vec's own doubling took a 1 MiB command's buffer to
+/// 2 MiB). The parser refuses a command over `max` before it needs more, so
+/// `buf` never holds more than `max` when it is read into.
+fn make_room(buf: &mut Vec<u8>, max: usize) {
+    if buf.capacity() - buf.len() >= READ_CHUNK {
+        return;
+    }
+    let cap = (buf.capacity().saturating_mul(2))
+        .max(buf.len() + READ_CHUNK)
+        .min(max.saturating_add(READ_CHUNK));
+    buf.reserve_exact(cap.saturating_sub(buf.len()));
+}
+
+/// Gives back a read buffer grown for a large command once little of it is
+/// used.
+fn shrink(buf: &mut Vec<u8>) {
+    if buf.len() < READ_CHUNK && buf.capacity() > KEEP_READ_BUF {
+        buf.shrink_to(READ_CHUNK);
+    }
 }
 
 /// One connection: read, answer every whole command in order, write the
@@ -185,23 +275,47 @@ async fn connection<C: Clock + 'static>(
         let mut used = 0;
         let mut close = false;
         while used < buf.len() {
-            match frame::parse(&buf[used..], &front.limits) {
+            // The limits change with AUTH, which may be in this batch.
+            match frame::parse(&buf[used..], front.limits(s.authed)) {
                 Ok(Some((args, n))) => {
                     let at = used;
                     used += n;
                     let args = args.slices(&buf[at..]);
-                    if args.is_empty() {
+                    let Some(name) = args.first() else {
                         continue;
+                    };
+                    if cmd::cross_protocol(name) {
+                        // Nothing after it runs, nor is anything answered.
+                        front.cross_protocol(stream.peer_addr().ok());
+                        return;
                     }
-                    let (reply, next) = cmd::run(&front, &mut s, Some(&conn), &args).await;
-                    reply.write(s.proto, &mut out);
+                    // The reply is dropped once written: a large one is not
+                    // held twice while the client is slow to read.
+                    let next = {
+                        let (reply, next) = cmd::run(&front, &mut s, Some(&conn), &args).await;
+                        // Room for a large reply (an ECHO) exactly, not by
+                        // doubling: `out` stays within FLUSH_AT + one reply.
+                        if let Reply::Bulk(b) = &reply
+                            && b.len() > READ_CHUNK
+                        {
+                            out.reserve_exact(b.len() + 32);
+                        }
+                        reply.write(s.proto, &mut out);
+                        next
+                    };
                     if next == Next::Close {
                         close = true;
                         break;
                     }
-                    if out.len() >= FLUSH_AT && !flush(&mut stream, &mut out, o.idle_timeout).await
-                    {
-                        return;
+                    if out.len() >= FLUSH_AT {
+                        // The client may not read: while waiting, hold the
+                        // replies and what is not answered yet, no more.
+                        buf.drain(..used);
+                        used = 0;
+                        shrink(&mut buf);
+                        if !flush(&mut stream, &mut out, o.idle_timeout).await {
+                            return;
+                        }
                     }
                 }
                 Ok(None) => break,
@@ -214,20 +328,11 @@ async fn connection<C: Clock + 'static>(
             }
         }
         buf.drain(..used);
+        shrink(&mut buf);
         if !out.is_empty() && !flush(&mut stream, &mut out, o.idle_timeout).await {
             return;
         }
         if close {
-            return;
-        }
-        if buf.len() > o.max_command {
-            front.state.metrics.resp_protocol_errors.inc();
-            Reply::error(format!(
-                "ERR Protocol error: a command is over the size limit of {} bytes",
-                o.max_command
-            ))
-            .write(s.proto, &mut out);
-            flush(&mut stream, &mut out, o.idle_timeout).await;
             return;
         }
         let deadline = if buf.is_empty() {
@@ -243,7 +348,7 @@ async fn connection<C: Clock + 'static>(
         if deadline < set || deadline > set + RESET_SLACK {
             timer.as_mut().reset(deadline.into());
         }
-        buf.reserve(READ_CHUNK);
+        make_room(&mut buf, front.limits(s.authed).max_command);
         tokio::select! {
             read = stream.read_buf(&mut buf) => match read {
                 Ok(0) | Err(_) => return,
@@ -265,3 +370,37 @@ async fn connection<C: Clock + 'static>(
 
 /// How far behind the idle deadline the timer may be before it is reset.
 const RESET_SLACK: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command of `max` bytes arriving in reads of every size never makes
+    /// the buffer larger than `max` and one read; emptied, it is given back.
+    #[test]
+    fn the_read_buffer_stays_within_a_command_and_one_read() {
+        let max = 1 << 20;
+        for read in [1000, READ_CHUNK - 1, READ_CHUNK, 3 * READ_CHUNK + 7] {
+            let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+            for _ in 0..max {
+                if buf.len() == max {
+                    break;
+                }
+                make_room(&mut buf, max);
+                assert!(buf.capacity() - buf.len() >= READ_CHUNK.min(max - buf.len()));
+                // A read takes what the socket has, up to the room there is.
+                let n = read.min(buf.capacity() - buf.len()).min(max - buf.len());
+                buf.resize(buf.len() + n, b'x');
+                assert!(
+                    buf.capacity() <= max + READ_CHUNK,
+                    "reads of {read}: {} bytes for a command of {max}",
+                    buf.capacity()
+                );
+            }
+            assert_eq!(buf.len(), max);
+            buf.clear();
+            shrink(&mut buf);
+            assert!(buf.capacity() <= READ_CHUNK, "{}", buf.capacity());
+        }
+    }
+}

@@ -29,6 +29,9 @@ pub struct Session {
     pub name: Option<String>,
     pub lib_name: Option<String>,
     pub lib_ver: Option<String>,
+    /// `AUTH`s (and `HELLO ... AUTH`s) refused on this connection, `RESET`
+    /// included: at [`connection::MAX_FAILED_AUTHS`] it is closed.
+    pub failed_auths: u32,
 }
 
 impl Session {
@@ -40,6 +43,7 @@ impl Session {
             name: None,
             lib_name: None,
             lib_ver: None,
+            failed_auths: 0,
         }
     }
 
@@ -103,6 +107,16 @@ pub const COMMANDS: &[CommandInfo] = &[
 /// Whether an argument is `word`, in any case.
 pub fn eq(arg: &[u8], word: &str) -> bool {
     arg.eq_ignore_ascii_case(word.as_bytes())
+}
+
+/// Whether a command's name shows an HTTP request, read as commands: its
+/// request line (`POST / HTTP/1.1`) or its `Host:` header. A web page can
+/// make a browser POST `text/plain` to any port without a preflight, and
+/// the body's lines would run as commands; Redis (≥ 3.2.7, its
+/// `securityWarningCommand`) closes the connection on these two names, and
+/// so does the front (docs/resp.md, "Security").
+pub fn cross_protocol(name: &[u8]) -> bool {
+    eq(name, "POST") || eq(name, "Host:")
 }
 
 /// Redis's wrong-arity error.
@@ -229,8 +243,18 @@ async fn dispatch<C: Clock + 'static>(
                 Err(e) => api_error(&e),
             },
         }),
-        "hello" => go(connection::hello(s, args, &front.tokens)),
-        "auth" => go(connection::auth(s, args, &front.tokens)),
+        "hello" | "auth" => {
+            let reply = if label == "auth" {
+                connection::auth(s, args, &front.tokens)
+            } else {
+                connection::hello(s, args, &front.tokens)
+            };
+            if s.failed_auths >= connection::MAX_FAILED_AUTHS {
+                front.state.metrics.resp_closed.auth_failures.inc();
+                return (reply, Next::Close);
+            }
+            go(reply)
+        }
         "ping" => go(connection::ping(args)),
         "echo" => go(connection::echo(args)),
         "select" => go(connection::select(args)),
@@ -240,7 +264,11 @@ async fn dispatch<C: Clock + 'static>(
         "config" => go(introspect::config(args)),
         "quit" => (Reply::Simple("OK"), Next::Close),
         "reset" => {
+            // Forgets the authentication, not the failures: RESET must not
+            // buy a guesser ten more tries.
+            let failed_auths = s.failed_auths;
             *s = Session::new(s.id, !front.tokens.required());
+            s.failed_auths = failed_auths;
             go(Reply::Simple("RESET"))
         }
         _ => go(unknown(name, args)),
