@@ -718,3 +718,67 @@ async fn malformed_messages_and_non_finite_doubles_are_invalid_arguments() {
     // Nothing was defined by the refused puts.
     assert_eq!(http(&n, "GET", "/v1/campaigns/c", None).0, 404);
 }
+
+/// The number of a failed event stream's first events that were applied,
+/// from the status's metadata.
+fn applied(e: &tonic::Status) -> Option<u64> {
+    e.metadata()
+        .get("freqcap-events-applied")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// A RecordEvents stream that fails part way says in its status's metadata
+/// how many of its first events were applied, so the client knows what
+/// counted: a malformed message after 600 events, then a stream cut by
+/// body_timeout (case 1.35 of the turn-3 probe: 512 of 600 counted, and
+/// CANCELLED said nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_event_stream_says_how_many_events_it_applied() {
+    use prost::Message;
+    use tokio_stream::StreamExt;
+    support::away_from_midnight();
+    let n = node(&["--body-timeout-secs", "2"]);
+    let camp = json!({"caps": [{"kind": "window", "limit": 100000, "window": "1d",
+        "align": "calendar"}]});
+    assert_eq!(http(&n, "PUT", "/v1/campaigns/c", Some(camp)).0, 200);
+    let used = || {
+        let (st, v) = http(&n, "GET", "/v1/users/u1/campaigns/c", None);
+        assert_eq!(st, 200, "{v}");
+        v["caps"][0]["used"].as_u64().unwrap()
+    };
+    let event = pb::Event {
+        user: Some("u1".into()),
+        campaign: "c".into(),
+        cost: None,
+        event_id: None,
+    };
+
+    let mut messages = vec![event.encode_to_vec(); 600];
+    messages.push(vec![0xff; 5]);
+    let e = raw_client(&n)
+        .await
+        .client_streaming(
+            tonic::Request::new(tokio_stream::iter(messages)),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/freqcap.v1.Freqcap/RecordEvents",
+            ),
+            Raw::<pb::EventsCounted>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(applied(&e), Some(512), "{e:?}");
+    assert_eq!(used(), 512);
+
+    // 600 events, then silence until the server ends the call.
+    let stream = tokio_stream::iter(vec![event; 600]).chain(tokio_stream::pending());
+    let started = std::time::Instant::now();
+    let e = client(&n).await.record_events(stream).await.unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert_eq!(applied(&e), Some(512), "{e:?}");
+    assert_eq!(used(), 1024);
+}
