@@ -287,8 +287,9 @@ impl ServeConfig {
             if len < MIN_TOKEN_CHARS {
                 let chars = if len == 1 { "character" } else { "characters" };
                 out.push(format!(
-                    "{name}: {len} {chars}; a token shorter than {MIN_TOKEN_CHARS} can be guessed \
-                     (nothing slows repeated tries): use 32 random ones, e.g. `openssl rand -hex 16`"
+                    "{name}: {len} {chars}; a token shorter than {MIN_TOKEN_CHARS} characters can be \
+                     guessed (nothing slows repeated tries): use 32 random characters, e.g. \
+                     `openssl rand -hex 16`"
                 ));
             }
         }
