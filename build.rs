@@ -22,6 +22,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec, but a message that does not decode is
+        // INVALID_ARGUMENT, not INTERNAL (src/grpc/convert.rs).
+        .codec_path("crate::grpc::convert::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

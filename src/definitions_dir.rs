@@ -28,12 +28,20 @@ pub const POLL: Duration = Duration::from_secs(2);
 
 /// The files of `dir`'s `policies/` and `campaigns/` (hidden ones, such as
 /// a ConfigMap's `..data`, left out), sorted, with their content.
+///
+/// An entry that is there but cannot be read as a regular file (a dangling
+/// or looping symlink, a FIFO, a device, a directory named `*.json`) is an
+/// error naming it, not a file left out: taken for a removed file, it would
+/// delete its definition and that definition's counters on a passing fault
+/// (an NFS hiccup, a half-applied ConfigMap, a mistyped link target).
 fn files(dir: &Path) -> Result<Vec<(String, PathBuf, String)>, String> {
     let mut out = Vec::new();
     let mut any = false;
     for sub in ["policies", "campaigns"] {
         let d = dir.join(sub);
-        if !d.exists() {
+        // Absent means no such definitions; a dangling link to the
+        // subdirectory is there, and read_dir below says why it fails.
+        if std::fs::symlink_metadata(&d).is_err() {
             continue;
         }
         any = true;
@@ -44,23 +52,14 @@ fn files(dir: &Path) -> Result<Vec<(String, PathBuf, String)>, String> {
             let name = e.file_name().to_string_lossy().into_owned();
             let path = e.path();
             let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
-            if name.starts_with('.') || !(ext == "json" || ext == "toml") || !path.is_file() {
+            if name.starts_with('.') || !(ext == "json" || ext == "toml") {
                 continue;
             }
             names.push((format!("{sub}/{name}"), path));
         }
         names.sort();
         for (rel, path) in names {
-            let len = std::fs::metadata(&path)
-                .map_err(|e| format!("{rel}: cannot read: {e}"))?
-                .len();
-            if len > MAX_FILE_BYTES {
-                return Err(format!(
-                    "{rel}: {len} bytes; a definition file may have at most {MAX_FILE_BYTES}"
-                ));
-            }
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{rel}: cannot read: {e}"))?;
+            let text = read_file(&rel, &path)?;
             out.push((rel, path, text));
         }
     }
@@ -71,6 +70,60 @@ fn files(dir: &Path) -> Result<Vec<(String, PathBuf, String)>, String> {
         ));
     }
     Ok(out)
+}
+
+/// One definition file's text, or why it cannot be read (`rel` names it).
+fn read_file(rel: &str, path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("{rel}: cannot read: {e}");
+    let meta = std::fs::metadata(path).map_err(|e| {
+        if std::fs::symlink_metadata(path).is_ok() {
+            format!("{rel}: a symbolic link whose target cannot be read: {e}")
+        } else {
+            cannot(e)
+        }
+    })?;
+    let not_regular = |m: &std::fs::Metadata| {
+        let kind = if m.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        format!("{rel}: {kind}; a definition must be a regular file")
+    };
+    // Checked before opening: opening a FIFO waits for a writer, and opening
+    // a device may do something.
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Should the entry be swapped for a FIFO after the check, opening it
+    // does not wait for a writer (a regular file reads the same).
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(not_regular(&meta));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{rel}: {} bytes; a definition file may have at most {MAX_FILE_BYTES}",
+            meta.len()
+        ));
+    }
+    // Bounded even if the file grows while it is read.
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{rel}: more than {MAX_FILE_BYTES} bytes; a definition file may have at most {MAX_FILE_BYTES}"
+        ));
+    }
+    Ok(text)
 }
 
 /// A fingerprint of the directory's definition files (names and content).

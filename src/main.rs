@@ -162,10 +162,14 @@ struct ServeArgs {
     /// Total size of RocksDB's write-ahead log files, in bytes.
     #[arg(long, env = "FREQCAP_MAX_WAL_BYTES")]
     max_wal_bytes: Option<u64>,
-    /// Bearer token for decision endpoints.
+    /// Bearer token for decision endpoints (16 characters or more; shorter
+    /// ones are warned about). A flag shows in `ps`: set FREQCAP_DECISION_TOKEN
+    /// or `decision_token` in the --config file instead.
     #[arg(long, env = "FREQCAP_DECISION_TOKEN", hide_env_values = true)]
     decision_token: Option<String>,
-    /// Bearer token for definition (admin) endpoints.
+    /// Bearer token for definition (admin) endpoints (16 characters or more;
+    /// shorter ones are warned about). A flag shows in `ps`: set
+    /// FREQCAP_ADMIN_TOKEN or `admin_token` in the --config file instead.
     #[arg(long, env = "FREQCAP_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// Seconds from a request's first byte to the end of its head.

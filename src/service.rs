@@ -278,7 +278,34 @@ impl ServeConfig {
     }
 }
 
+/// Tokens shorter than this are warned about at start.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 impl ServeConfig {
+    /// What the service runs with but should not (logged at start as
+    /// warnings), each naming its option.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, token) in [
+            ("decision_token", &self.decision_token),
+            ("admin_token", &self.admin_token),
+        ] {
+            // Not refused: a short token may be a test's, and refusing
+            // would stop a service that ran before. Counted in characters,
+            // as a person reads them (check_token allows ASCII only).
+            let len = token.as_deref().map_or(MIN_TOKEN_CHARS, str::len);
+            if len < MIN_TOKEN_CHARS {
+                let chars = if len == 1 { "character" } else { "characters" };
+                out.push(format!(
+                    "{name}: {len} {chars}; a token shorter than {MIN_TOKEN_CHARS} characters can be \
+                     guessed (nothing slows repeated tries): use 32 random characters, e.g. \
+                     `openssl rand -hex 16`"
+                ));
+            }
+        }
+        out
+    }
+
     /// The gRPC address, `None` for `off`.
     pub fn grpc_addr(&self) -> Result<Option<SocketAddr>, String> {
         match self.grpc_listen.trim() {
@@ -316,6 +343,9 @@ async fn shutdown_signal() {
 /// flight, then flushes the writer.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
     config.check()?;
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
     let node_id = config.node_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
@@ -634,6 +664,28 @@ mod tests {
         assert!(e.starts_with("listen"), "{e}");
         let e = parse("idle_grace_secs = -1\n").unwrap_err();
         assert!(e.starts_with("idle_grace_secs"), "{e}");
+    }
+
+    /// Tokens shorter than 16 characters are warned about, naming the
+    /// option; longer ones and unset ones are not.
+    #[test]
+    fn short_tokens_are_warned_about_naming_the_option() {
+        let config = ServeConfig {
+            decision_token: Some("a".into()),
+            admin_token: Some("0123456789abcde".into()),
+            ..ServeConfig::default()
+        };
+        let w = config.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].starts_with("decision_token: 1 character"), "{w:?}");
+        assert!(w[1].starts_with("admin_token: 15 characters"), "{w:?}");
+        assert!(w.iter().all(|w| w.contains("16")), "{w:?}");
+        let config = ServeConfig {
+            decision_token: Some("0123456789abcdef".into()),
+            ..ServeConfig::default()
+        };
+        assert_eq!(config.warnings(), Vec::<String>::new());
+        assert_eq!(ServeConfig::default().warnings(), Vec::<String>::new());
     }
 
     #[test]

@@ -291,3 +291,104 @@ fn a_bad_directory_stops_the_start_and_validate_names_the_file() {
         "{out:?}"
     );
 }
+
+/// An entry that is there but cannot be read as a regular file (here a
+/// dangling symlink over a live campaign's file) is an error that keeps the
+/// previous definitions whole, not a removed file: the campaign and its
+/// users' counts stay (case 1.38 of the turn-3 probe).
+#[test]
+fn an_unreadable_entry_keeps_the_previous_definitions_and_counts() {
+    support::away_from_midnight();
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(
+        d,
+        "campaigns/brand.json",
+        r#"{"caps": [{"kind": "window", "limit": 10, "window": "1d", "align": "calendar"}]}"#,
+    );
+    let s = serve(d, data.path());
+    let (st, v) = support::http(
+        &s.addr,
+        "POST",
+        "/v1/events",
+        Some(json!({"user": "u1", "campaign": "brand"})),
+    );
+    assert_eq!((st, &v["counted"]), (200, &json!(1)), "{v}");
+    let used = || {
+        let (st, v) = support::http(&s.addr, "GET", "/v1/users/u1/campaigns/brand", None);
+        assert_eq!(st, 200, "the campaign is still defined: {v}");
+        v["caps"][0]["used"].clone()
+    };
+    assert_eq!(used(), 1);
+
+    std::fs::remove_file(d.join("campaigns/brand.json")).unwrap();
+    std::os::unix::fs::symlink(d.join("missing.json"), d.join("campaigns/brand.json")).unwrap();
+    support::signal(&s.child, libc::SIGHUP);
+    let reloads = |name: &str| support::metric(&s.addr, name).unwrap_or(0.0);
+    eventually("a reload is tried", || {
+        reloads("freqcap_definitions_reloads_total")
+            + reloads("freqcap_definitions_reload_errors_total")
+            >= 1.0
+    });
+    assert_eq!(used(), 1);
+    assert_eq!(reloads("freqcap_definitions_reloads_total"), 0.0);
+    assert_eq!(reloads("freqcap_definitions_reload_errors_total"), 1.0);
+    let log = support::log_text(&s.log);
+    assert!(
+        log.contains("ERROR") && log.contains("campaigns/brand.json"),
+        "{log}"
+    );
+
+    // Restored: the counts are the ones from before.
+    std::fs::remove_file(d.join("campaigns/brand.json")).unwrap();
+    write(
+        d,
+        "campaigns/brand.json",
+        r#"{"caps": [{"kind": "window", "limit": 10, "window": "1d", "align": "calendar"}]}"#,
+    );
+    support::signal(&s.child, libc::SIGHUP);
+    eventually("the restored directory is applied", || {
+        reloads("freqcap_definitions_reloads_total") >= 1.0
+    });
+    assert_eq!(used(), 1);
+}
+
+/// `freqcap validate DIR` names each kind of entry that is there but is not
+/// a readable regular file, and never hangs on a FIFO or /dev/zero.
+#[test]
+fn validate_names_entries_that_are_not_readable_files() {
+    type Make = fn(&Path);
+    let cases: [(&str, Make); 5] = [
+        ("dangling symlink", |p| {
+            std::os::unix::fs::symlink("/nonexistent/x.json", p).unwrap()
+        }),
+        ("symlink loop", |p| {
+            std::os::unix::fs::symlink(p, p).unwrap()
+        }),
+        ("directory", |p| std::fs::create_dir(p).unwrap()),
+        ("/dev/zero", |p| {
+            std::os::unix::fs::symlink("/dev/zero", p).unwrap()
+        }),
+        ("fifo", |p| {
+            let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo(3) on a NUL-terminated path we own.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        }),
+    ];
+    for (what, make) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, "policies/api.json", POLICY_5);
+        std::fs::create_dir(d.join("campaigns")).unwrap();
+        make(&d.join("campaigns/odd.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_freqcap"))
+            .arg("validate")
+            .arg(d)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: {out:?}");
+        assert!(err.contains("campaigns/odd.json"), "{what}: {err}");
+    }
+}

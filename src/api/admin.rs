@@ -26,6 +26,11 @@ pub(crate) struct CheckpointBody {
     dir: String,
 }
 
+/// The longest checkpoint directory name, in bytes: a file name has at most
+/// 255 (Linux's NAME_MAX, and most file systems' limit elsewhere), and
+/// RocksDB writes the checkpoint into `<dir>.tmp` before renaming it.
+const MAX_DIR_NAME: usize = 255 - ".tmp".len();
+
 /// Where a checkpoint named `dir` goes: directly inside `backup_dir`, never
 /// elsewhere (the endpoint used to write wherever it was told).
 pub(crate) fn checkpoint_dir(
@@ -57,6 +62,17 @@ pub(crate) fn checkpoint_dir(
         .map(Path::new)
         .map(|n| n.components().collect::<Vec<_>>())
     {
+        // A longer name fails in the store's mkdir (ENAMETOOLONG): a 500
+        // and a store failure for the client's mistake.
+        Some(c) if matches!(c.as_slice(), [Component::Normal(n)] if n.len() > MAX_DIR_NAME) => {
+            Err(ApiError::invalid(
+                "dir",
+                format!(
+                    "a directory name has at most {MAX_DIR_NAME} bytes, got {}",
+                    c[0].as_os_str().len()
+                ),
+            ))
+        }
         Some(c) if matches!(c.as_slice(), [Component::Normal(_)]) => {
             Ok(base.join(c[0].as_os_str()))
         }

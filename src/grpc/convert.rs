@@ -21,7 +21,7 @@ pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, ApiError> {
     struct Limits {
         limits: Vec<LimitDef>,
     }
-    let list: Vec<serde_json::Value> = items.into_iter().map(limit_json).collect();
+    let list = limit_list("limits", items)?;
     definition::<Limits>(serde_json::json!({ "limits": list })).map(|l| l.limits)
 }
 
@@ -189,10 +189,30 @@ pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
 
 // ---- definitions (the Admin service) ----
 
+/// Flat `Limit`s as a JSON list; `field` names the list in errors.
+fn limit_list(field: &str, items: Vec<pb::Limit>) -> Result<serde_json::Value, ApiError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| limit_json(&format!("{field}[{i}]"), l))
+        .collect()
+}
+
 /// A flat `Limit` as its JSON object (an empty `kind` is left out: a
-/// campaign's budget may omit it).
-fn limit_json(l: pb::Limit) -> serde_json::Value {
+/// campaign's budget may omit it); `field` names it in errors.
+fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, ApiError> {
     use serde_json::{Map, Value};
+    // JSON has no NaN or infinity: serde_json would turn them into null,
+    // which reads as "not given" and would be dropped silently.
+    let tolerance = match l.tolerance {
+        Some(t) if !t.is_finite() => {
+            return Err(ApiError::invalid(
+                &format!("{field}.tolerance"),
+                format!("must be a fraction from 0 to 1, got {t}"),
+            ));
+        }
+        t => t,
+    };
     let mut m = Map::new();
     if !l.kind.is_empty() {
         m.insert("kind".into(), Value::from(l.kind));
@@ -225,9 +245,9 @@ fn limit_json(l: pb::Limit) -> serde_json::Value {
             }
         }),
     );
-    put("tolerance", l.tolerance.map(Value::from));
+    put("tolerance", tolerance.map(Value::from));
     put("max", l.max.map(Value::from));
-    Value::Object(m)
+    Ok(Value::Object(m))
 }
 
 /// A limit item's JSON object as the flat message.
@@ -263,10 +283,7 @@ fn definition<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T,
 
 pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, ApiError> {
     let mut m = serde_json::Map::new();
-    m.insert(
-        "limits".into(),
-        p.limits.into_iter().map(limit_json).collect(),
-    );
+    m.insert("limits".into(), limit_list("limits", p.limits)?);
     if let Some(o) = p.on_limit {
         m.insert("on_limit".into(), o.into());
     }
@@ -285,10 +302,10 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, ApiErr
         m.insert("tz".into(), t.into());
     }
     if !c.caps.is_empty() {
-        m.insert("caps".into(), c.caps.into_iter().map(limit_json).collect());
+        m.insert("caps".into(), limit_list("caps", c.caps)?);
     }
     if let Some(b) = c.budget {
-        m.insert("budget".into(), limit_json(b));
+        m.insert("budget".into(), limit_json("budget", b)?);
     }
     if let Some(x) = c.max_in_flight {
         m.insert("max_in_flight".into(), x.into());
@@ -321,5 +338,58 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         budget: v.get("budget").filter(|b| b.is_object()).map(limit_of),
         max_in_flight: v["max_in_flight"].as_u64(),
         unknown_user: v["unknown_user"].as_str().map(str::to_owned),
+    }
+}
+
+// ---- bytes to messages ----
+
+/// The codec of every generated service, freqcap's and Envoy's rate limit
+/// service (build.rs, `codec_path`): prost's, except that a message that
+/// does not decode (garbage, a string that is not UTF-8, a wrong wire type)
+/// is the client's error, INVALID_ARGUMENT, where tonic's codec answers
+/// INTERNAL, which monitoring counts as a server fault.
+#[derive(Debug, Clone)]
+pub struct Codec<T, U>(std::marker::PhantomData<(T, U)>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Codec(std::marker::PhantomData)
+    }
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = Decoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        Decoder(std::marker::PhantomData)
+    }
+}
+
+/// [`Codec`]'s decoder.
+#[derive(Debug, Clone)]
+pub struct Decoder<U>(std::marker::PhantomData<U>);
+
+impl<U: prost::Message + Default> tonic::codec::Decoder for Decoder<U> {
+    type Item = U;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<U>, tonic::Status> {
+        U::decode(buf)
+            .map(Some)
+            .map_err(|e| tonic::Status::invalid_argument(format!("invalid_argument: {e}")))
     }
 }

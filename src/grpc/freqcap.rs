@@ -16,6 +16,13 @@ use crate::api::request::{blocking, commit_reservation, count_events, in_memory_
 use crate::clock::Clock;
 use crate::engine::Engine;
 
+/// RecordEvents counts its events in batches of this many.
+const BATCH: usize = 512;
+
+/// How much earlier than body_timeout RecordEvents ends a stream itself (a
+/// tenth of the timeout, at most this): before tonic's own cut.
+const MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The service, over the state every front shares.
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
@@ -46,6 +53,43 @@ impl<C: Clock + 'static> Service<C> {
     /// path parameters are.
     fn id(&self, field: &str, v: &str) -> Result<(), Status> {
         crate::api::request::id_param(&self.state, field, v).map_err(status)
+    }
+
+    /// RecordEvents' stream, counted in batches of [`BATCH`] as they
+    /// arrive (so a long stream holds little) into `counted` and
+    /// `duplicates`, until it ends, fails, or `deadline`.
+    async fn record(
+        &self,
+        stream: &mut Streaming<pb::Event>,
+        deadline: tokio::time::Instant,
+        limit: std::time::Duration,
+        counted: &mut u64,
+        duplicates: &mut u64,
+    ) -> Result<(), Status> {
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let next = tokio::time::timeout_at(deadline, stream.next())
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded(format!(
+                        "request_timeout: the stream did not end within {} ms",
+                        limit.as_millis()
+                    ))
+                })?;
+            let end = next.is_none();
+            if let Some(e) = next {
+                batch.push(convert::event(e?));
+            }
+            if (end && !batch.is_empty()) || batch.len() >= BATCH {
+                let _slot = self.slot()?;
+                let n = self.count(std::mem::take(&mut batch)).await?;
+                *counted += n.counted;
+                *duplicates += n.duplicates;
+            }
+            if end {
+                return Ok(());
+            }
+        }
     }
 
     async fn count(&self, events: Vec<crate::engine::Event>) -> Result<pb::EventsCounted, Status> {
@@ -159,26 +203,25 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         req: Request<Streaming<pb::Event>>,
     ) -> Result<Response<pb::EventsCounted>, Status> {
         self.auth.check(&req)?;
+        // The call may take body_timeout; past it tonic drops this future and
+        // answers CANCELLED, which could not say what was counted. So the
+        // stream is ended here a little earlier, and answered as any error.
+        let limit = self.state.options.body_timeout;
+        let deadline = tokio::time::Instant::now() + limit - (limit / 10).min(MARGIN);
         let mut stream = req.into_inner();
-        // Counted in batches as they arrive, so a long stream holds little.
-        const BATCH: usize = 512;
         let (mut counted, mut duplicates) = (0, 0);
-        let mut batch = Vec::with_capacity(BATCH);
-        loop {
-            let next = stream.next().await;
-            let end = next.is_none();
-            if let Some(e) = next {
-                batch.push(convert::event(e?));
-            }
-            if (end && !batch.is_empty()) || batch.len() >= BATCH {
-                let _slot = self.slot()?;
-                let n = self.count(std::mem::take(&mut batch)).await?;
-                counted += n.counted;
-                duplicates += n.duplicates;
-            }
-            if end {
-                break;
-            }
+        let result = self
+            .record(&mut stream, deadline, limit, &mut counted, &mut duplicates)
+            .await;
+        if let Err(mut e) = result {
+            // Events are applied in batches as they arrive: a stream that
+            // fails part way has had its first `applied` events applied
+            // (counted or found duplicate) and no others. A retry resends
+            // the rest, or all with `event_id`s (docs/grpc.md).
+            let m = e.metadata_mut();
+            m.insert("freqcap-events-applied", (counted + duplicates).into());
+            m.insert("freqcap-events-counted", counted.into());
+            return Err(e);
         }
         if counted + duplicates == 0 {
             return Err(status(ApiError::invalid(

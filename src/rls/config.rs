@@ -209,6 +209,8 @@ impl Rules {
                 path,
                 message,
             };
+            check_nesting(text)
+                .map_err(|(line, message)| err(at("", format!("line {line}: {message}"))))?;
             let doc: Value = serde_yaml_ng::from_str(text)
                 .map_err(|e| err(at("", format!("not valid YAML: {e}"))))?;
             let (domain, node, count) = parse_file(&doc).map_err(err)?;
@@ -223,6 +225,144 @@ impl Rules {
         }
         Ok(rules)
     }
+}
+
+/// Deepest nesting of collections a rules file may have, flow (`[`, `{`)
+/// and block (indentation, `- - x`) together. Descriptors nested
+/// [`MAX_DEPTH`] deep take about two levels each, in either style.
+const MAX_NESTING: usize = 64;
+
+/// Refuses a text whose collections nest deeper than [`MAX_NESTING`], with
+/// the line (from 1) where they do. libyaml's scanner takes quadratic time
+/// on deep flow nesting (80 000 `[` took 13 s, before serde's recursion
+/// limit refused the file), so it is measured first, in one pass.
+///
+/// A scan, not a parser: brackets inside quoted scalars, comments and words
+/// (`a[b`) are not counted, nor the lines of block scalars (`|`, `>`). It may
+/// overcount a plain scalar with a bracket after a space (`a [b`); it takes
+/// 64 such brackets to refuse a file wrongly.
+fn check_nesting(text: &str) -> std::result::Result<(), (usize, String)> {
+    let too_deep = |line: usize| {
+        Err((
+            line,
+            format!(
+                "collections nest more than {MAX_NESTING} deep (descriptors nest at most {MAX_DEPTH})"
+            ),
+        ))
+    };
+    // Block indentation columns open, innermost last.
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    // A quoted scalar may go on over lines.
+    let mut quote: Option<u8> = None;
+    // The column of the node holding a block scalar, while its lines last.
+    let mut block_scalar: Option<usize> = None;
+    for (n, line) in text.lines().enumerate() {
+        let n = n + 1;
+        let b = line.as_bytes();
+        let indent = b.iter().take_while(|&&c| c == b' ').count();
+        let blank = b[indent..].iter().all(|c| c.is_ascii_whitespace());
+        if let Some(header) = block_scalar {
+            if blank || indent > header {
+                continue;
+            }
+            block_scalar = None;
+        }
+        let mut i = 0;
+        // Where the line's innermost block node starts (past any `- `).
+        let mut node_col = indent;
+        if quote.is_none() && flow == 0 {
+            if blank || b[indent] == b'#' {
+                continue;
+            }
+            // The line's block level, then one more for each `- ` opening
+            // a sequence inside the one before on the same line.
+            let mut col = indent;
+            loop {
+                while indents.last().is_some_and(|&top| top > col) {
+                    indents.pop();
+                }
+                if indents.last() != Some(&col) {
+                    indents.push(col);
+                }
+                if indents.len() > MAX_NESTING {
+                    return too_deep(n);
+                }
+                let rest = &b[col..];
+                if rest.first() == Some(&b'-')
+                    && rest.get(1).is_none_or(|c| *c == b' ' || *c == b'\t')
+                {
+                    col += 1 + rest[1..].iter().take_while(|&&c| c == b' ').count();
+                    if col < b.len() && b[col] != b'#' {
+                        continue;
+                    }
+                }
+                break;
+            }
+            i = col;
+            node_col = col;
+        }
+        // The character before (a tab reads as a space): what a bracket,
+        // quote or `#` follows decides whether it opens something.
+        let mut prev = b' ';
+        while i < b.len() {
+            let c = b[i];
+            match quote {
+                Some(b'\'') => {
+                    if c == b'\'' {
+                        if b.get(i + 1) == Some(&b'\'') {
+                            i += 1;
+                        } else {
+                            quote = None;
+                        }
+                    }
+                }
+                Some(_) => {
+                    if c == b'\\' {
+                        i += 1;
+                    } else if c == b'"' {
+                        quote = None;
+                    }
+                }
+                None => {
+                    let after_space = prev == b' ';
+                    // Inside a flow collection a node also starts after
+                    // these; in block context a word may hold brackets.
+                    let node_start = after_space || (flow > 0 && b"[{,:?".contains(&prev));
+                    match c {
+                        b'#' if after_space => break,
+                        b'\'' | b'"' if node_start => quote = Some(c),
+                        b'[' | b'{' if flow > 0 || after_space => {
+                            flow += 1;
+                            if indents.len() + flow > MAX_NESTING {
+                                return too_deep(n);
+                            }
+                        }
+                        b']' | b'}' if flow > 0 => flow -= 1,
+                        b'|' | b'>' if flow == 0 && after_space => {
+                            // A block scalar's header (`|`, `>-`, `|2`)
+                            // ends its line; the lines indented past the
+                            // node it is in are its text.
+                            let tail = &b[i + 1..];
+                            let header = tail
+                                .iter()
+                                .take_while(|c| matches!(c, b'-' | b'+' | b'0'..=b'9'))
+                                .count();
+                            let mut after = tail[header..].iter().skip_while(|c| **c == b' ');
+                            if after.next().is_none_or(|c| *c == b'#') {
+                                block_scalar = Some(node_col);
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            prev = if c == b'\t' { b' ' } else { c };
+            i += 1;
+        }
+    }
+    Ok(())
 }
 
 fn object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>> {
@@ -723,6 +863,74 @@ descriptors:
         }
         let e = parse("domain: [unclosed\n").unwrap_err();
         assert!(e.message.contains("not valid YAML"), "{e}");
+    }
+
+    /// Deep nesting is refused by a linear scan before the YAML parser sees
+    /// it (libyaml's scan of 200 000 nested `[` took minutes; case 1.41 of
+    /// the turn-3 probe), naming the file and the line.
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let deep = 200_000;
+        let (open, close) = ("[".repeat(deep), "]".repeat(deep));
+        // After a key on its line, where libyaml's time is quadratic.
+        let flow = format!("domain: d\ndescriptors: {open}{close}\n");
+        let e = parse(&flow).unwrap_err();
+        assert_eq!(e.file, "rules.yaml");
+        assert!(
+            e.message.starts_with("line 2: ") && e.message.contains("nest more than 64"),
+            "{e}"
+        );
+        let flow = format!("domain: d\ndescriptors:\n  {open}{close}\n");
+        let e = parse(&flow).unwrap_err();
+        assert!(e.message.starts_with("line 3: "), "{e}");
+        let mapping = format!("domain: d\ndescriptors: {}\n", "{a: ".repeat(deep));
+        let e = parse(&mapping).unwrap_err();
+        assert!(e.message.starts_with("line 2: "), "{e}");
+        // Block nesting, by indentation and by `- - -` on one line.
+        let mut block = String::from("domain: d\n");
+        for i in 0..100 {
+            block.push_str(&format!("{}k{i}:\n", " ".repeat(i)));
+        }
+        let e = parse(&block).unwrap_err();
+        assert!(e.message.starts_with("line 66: "), "{e}");
+        let dashes = format!("domain: d\ndescriptors:\n{}x\n", "- ".repeat(100));
+        let e = parse(&dashes).unwrap_err();
+        assert!(e.message.starts_with("line 3: "), "{e}");
+        // Brackets in quotes, comments and words are not nesting.
+        let quoted = format!(
+            "domain: d\n# {open}\ndescriptors:\n  - key: k\n    value: \"{open}\"\n  - key: '{open}'\n  - key: a{open}\n",
+            open = "[".repeat(100)
+        );
+        assert_eq!(parse(&quoted).unwrap().domains["d"].children.len(), 3);
+    }
+
+    /// Descriptors at the deepest level allowed, written in block style or
+    /// in flow style, are within the scan's bound.
+    #[test]
+    fn the_deepest_descriptors_pass_the_scan() {
+        // The last level's (empty) descriptors count as one: 15 levels.
+        let levels = MAX_DEPTH - 1;
+        let mut block = String::from("domain: d\ndescriptors:\n");
+        for i in 0..levels {
+            let pad = "  ".repeat(2 * i);
+            block.push_str(&format!("{pad}- key: k{i}\n"));
+            if i + 1 < levels {
+                block.push_str(&format!("{pad}  descriptors:\n"));
+            } else {
+                block.push_str(&format!(
+                    "{pad}  limits: [{{kind: rate, rate: 1, per: 1s}}]\n"
+                ));
+            }
+        }
+        assert_eq!(parse(&block).unwrap().count, 1, "{block}");
+        let mut flow = String::from("domain: d\ndescriptors: ");
+        for i in 0..levels {
+            flow.push_str(&format!("[{{key: k{i}, descriptors: "));
+        }
+        flow.push_str("[]");
+        flow.push_str(&"}]".repeat(levels));
+        flow.push('\n');
+        assert!(parse(&flow).is_ok(), "{flow}");
     }
 
     #[test]
