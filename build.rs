@@ -24,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // prost's codec, but a message that does not decode is
         // INVALID_ARGUMENT, not INTERNAL (src/grpc/convert.rs).
-        .codec_path("crate::grpc::convert::Codec")
+        .codec_path("crate::grpc::codec::Codec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -314,7 +314,9 @@ fn host_allowed(o: &ApiOptions, req: &Request) -> Result<(), ApiError> {
     // Two `Host` fields are a bad request (RFC 9112 §3.2): which one a
     // proxy in front read is anyone's guess.
     if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
-        return Err(ApiError::forbidden("a request has one Host field, not several"));
+        return Err(ApiError::forbidden(
+            "a request has one Host field, not several",
+        ));
     }
     let host = req.headers().get(header::HOST);
     let authority = req

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Auth, convert, pb, status};
+use super::{convert, pb, status};
 use crate::api::ApiError;
 use crate::api::AppState;
 use crate::api::guard::InFlight;
@@ -26,21 +26,16 @@ const MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// The service, over the state every front shares.
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
-    auth: Auth,
 }
 
 impl<C: Clock + 'static> Service<C> {
     pub fn new(state: Arc<AppState<C>>) -> Self {
-        let auth = Auth::new(
-            state.options.decision_token.clone(),
-            state.options.admin_token.clone(),
-        );
-        Service { state, auth }
+        Service { state }
     }
 
-    /// The token, then an in-flight slot.
-    fn enter<T>(&self, req: &Request<T>) -> Result<InFlight<'_>, Status> {
-        self.auth.check(req)?;
+    /// An in-flight slot for a call (its token was checked on its headers,
+    /// src/grpc/guard.rs).
+    fn enter<T>(&self, _req: &Request<T>) -> Result<InFlight<'_>, Status> {
         self.slot()
     }
 
@@ -202,7 +197,6 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<Streaming<pb::Event>>,
     ) -> Result<Response<pb::EventsCounted>, Status> {
-        self.auth.check(&req)?;
         // The call may take body_timeout; past it tonic drops this future and
         // answers CANCELLED, which could not say what was counted. So the
         // stream is ended here a little earlier, and answered as any error.

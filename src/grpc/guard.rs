@@ -92,11 +92,7 @@ pub async fn guard<C: Clock + 'static>(
     // a client trickling a message holds a stream no longer than that.
     match tokio::time::timeout(s.options.body_timeout, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => Status::cancelled(format!(
-            "the call took longer than body_timeout_secs ({} s)",
-            s.options.body_timeout.as_secs()
-        ))
-        .into_http::<Body>(),
+        Err(_) => refuse(ApiError::request_timeout(s.options.body_timeout)),
     }
 }
 

@@ -2,7 +2,7 @@
 //! `freqcap.v1.Admin` on `grpc_listen`, with gRPC health checking and
 //! reflection. A thin translation like the HTTP and RESP fronts: [`convert`]
 //! maps messages to engine requests and back, [`freqcap`] and [`admin`] call
-//! the engine; the tokens, the in-flight cap and the
+//! the engine; the tokens, the in-flight cap, the body memory budget and the
 //! metrics are HTTP's own ([`AppState`]).
 //!
 //! Connections are HTTP's too: accepted, capped, timed out and drained by
@@ -13,6 +13,7 @@
 //! (security probe, cases 1.27–1.29).
 
 pub mod admin;
+pub mod codec;
 pub mod convert;
 pub mod frames;
 pub mod freqcap;
@@ -22,7 +23,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::{Request, Status};
+use tonic::Status;
 
 use crate::api::{ApiError, AppState};
 use crate::clock::Clock;
@@ -66,47 +67,6 @@ pub fn status(e: ApiError) -> Status {
         );
     }
     s
-}
-
-/// The bearer-token check of every call: the decision or the admin token in
-/// the `authorization` metadata, as `Bearer <token>`.
-#[derive(Clone)]
-pub struct Auth {
-    tokens: Arc<[String]>,
-}
-
-impl Auth {
-    pub fn new(decision: Option<String>, admin: Option<String>) -> Auth {
-        Auth {
-            tokens: decision.into_iter().chain(admin).collect(),
-        }
-    }
-
-    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        if self.tokens.is_empty() {
-            return Ok(());
-        }
-        let got = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim().as_bytes());
-        match got {
-            Some(t)
-                if self
-                    .tokens
-                    .iter()
-                    .any(|w| crate::api::guard::token_matches(t, w)) =>
-            {
-                Ok(())
-            }
-            _ => Err(Status::unauthenticated(
-                "unauthenticated: a valid bearer token is required (authorization: Bearer <token>)",
-            )),
-        }
-    }
 }
 
 /// Serves gRPC on `listener` until `shutdown` resolves, then drains, with

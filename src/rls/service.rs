@@ -23,7 +23,7 @@ use crate::api::{ApiError, AppState};
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
 use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
-use crate::grpc::{Auth, status};
+use crate::grpc::status;
 use crate::limits::stack::Decision;
 
 /// The largest cost (docs/semantics.md §1.3).
@@ -40,21 +40,15 @@ const MAX_OVERRIDES: usize = 1024;
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
     rules: Arc<RulesHandle>,
-    auth: Auth,
     /// Compiled `limit` overrides (requests_per_unit, unit).
     overrides: Mutex<HashMap<(u32, i32), Arc<CompiledInline>>>,
 }
 
 impl<C: Clock + 'static> Service<C> {
     pub fn new(state: Arc<AppState<C>>, rules: Arc<RulesHandle>) -> Self {
-        let auth = Auth::new(
-            state.options.decision_token.clone(),
-            state.options.admin_token.clone(),
-        );
         Service {
             state,
             rules,
-            auth,
             overrides: Mutex::default(),
         }
     }
@@ -542,7 +536,6 @@ impl<C: Clock + 'static> pb::rate_limit_service_server::RateLimitService for Ser
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let answer = async {
-            self.auth.check(&request)?;
             let _slot = InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight)
                 .map_err(status)?;
             self.decide(request.into_inner()).await
