@@ -355,8 +355,10 @@ fn past_max_in_flight_requests_are_shed_with_503() {
     );
 }
 
-#[test]
-fn checkpoint_writes_a_copy_that_opens_with_the_data() {
+/// A server on RocksDB in a temporary directory, with `backup_dir` inside
+/// it: the directory (kept while the test runs), the backups' path, the
+/// server.
+fn checkpointing() -> (tempfile::TempDir, std::path::PathBuf, Live) {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(RocksStore::open(&dir.path().join("data"), Durability::Wal).unwrap());
     let backups = dir.path().join("backups");
@@ -368,6 +370,12 @@ fn checkpoint_writes_a_copy_that_opens_with_the_data() {
             ..ApiOptions::default()
         },
     );
+    (dir, backups, live)
+}
+
+#[test]
+fn checkpoint_writes_a_copy_that_opens_with_the_data() {
+    let (dir, backups, live) = checkpointing();
     let campaign = json!({"caps": [{"name": "daily", "kind": "window", "limit": 5, "window": "1d", "align": "calendar"}]});
     assert_eq!(
         live.send("PUT", "/v1/campaigns/c", Some(campaign), None).0,
@@ -486,17 +494,7 @@ fn checkpoint_of_memory_or_without_a_backup_dir_is_a_400() {
 /// probe); 251 bytes are written.
 #[test]
 fn checkpoint_dir_longer_than_a_file_name_is_a_400() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(RocksStore::open(&dir.path().join("data"), Durability::Wal).unwrap());
-    let backups = dir.path().join("backups");
-    std::fs::create_dir(&backups).unwrap();
-    let live = Live::start(
-        store,
-        ApiOptions {
-            backup_dir: Some(backups.clone()),
-            ..ApiOptions::default()
-        },
-    );
+    let (_dir, backups, live) = checkpointing();
     let long = "n".repeat(252);
     // By its name, and by its full path inside backup_dir; 2-byte
     // characters count as 2.

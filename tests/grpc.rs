@@ -11,24 +11,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
 
-struct Node {
-    s: support::Stopped,
-    grpc: String,
-}
-
-fn node(extra: &[&str]) -> Node {
-    let mut args = vec![
-        "--memory",
-        "--listen",
-        "127.0.0.1:0",
-        "--grpc-listen",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    let s = support::Stopped(support::serve(args, false));
-    let grpc = support::logged_addr(&s.log, "gRPC listening on ");
-    Node { s, grpc }
-}
+use support::{GrpcNode as Node, grpc_node as node};
 
 async fn channel(n: &Node) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{}", n.grpc))

@@ -15,25 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tonic::Code;
 
-struct Node {
-    s: support::Stopped,
-    grpc: String,
-}
-
-/// A server in memory on free ports, gRPC on.
-fn node(extra: &[&str]) -> Node {
-    let mut args = vec![
-        "--memory",
-        "--listen",
-        "127.0.0.1:0",
-        "--grpc-listen",
-        "127.0.0.1:0",
-    ];
-    args.extend_from_slice(extra);
-    let s = support::Stopped(support::serve(args, false));
-    let grpc = support::logged_addr(&s.log, "gRPC listening on ");
-    Node { s, grpc }
-}
+use support::grpc_node as node;
 
 fn port(addr: &str) -> String {
     addr.rsplit(':').next().unwrap().to_owned()

@@ -16,36 +16,16 @@ use freqcap::rls::pb::{
 };
 use tonic::transport::Channel;
 
-struct Node {
-    s: support::Stopped,
-    grpc: String,
-}
+use support::GrpcNode as Node;
 
 fn node(rules: &Path) -> Node {
     node_with(rules, &[])
 }
 
 fn node_with(rules: &Path, extra: &[&str]) -> Node {
-    let mut args = vec![
-        "--memory",
-        "--listen",
-        "127.0.0.1:0",
-        "--grpc-listen",
-        "127.0.0.1:0",
-        "--rls-config",
-        rules.to_str().unwrap(),
-    ];
+    let mut args = vec!["--rls-config", rules.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let s = support::Stopped(support::serve(args, false));
-    let log = support::log_text(&s.log);
-    let grpc = log
-        .lines()
-        .find_map(|l| l.split("gRPC listening on ").nth(1))
-        .expect("the server logs its gRPC address")
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    Node { s, grpc }
+    support::grpc_node(&args)
 }
 
 async fn client(n: &Node) -> RateLimitServiceClient<Channel> {

@@ -15,7 +15,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tonic::Status;
 
 use crate::api::guard::{Access, authorized};
 use crate::api::{ApiError, AppState};
@@ -53,10 +52,7 @@ pub async fn guard<C: Clock + 'static>(
             return refuse(ApiError::overloaded("too many connections; retry shortly"));
         }
         if !authorized(&s.options, access, req.headers()) {
-            return Status::unauthenticated(
-                "unauthenticated: a valid bearer token is required (authorization: Bearer <token>)",
-            )
-            .into_http::<Body>();
+            return refuse(ApiError::unauthenticated());
         }
         // As HTTP's: a call that waited past the bound to be run is shed
         // before its message is read.

@@ -135,6 +135,27 @@ pub fn logged_addr(log: &Mutex<Vec<String>>, what: &str) -> String {
         .collect()
 }
 
+/// A node in memory on free ports with gRPC on, and its gRPC address.
+pub struct GrpcNode {
+    pub s: Stopped,
+    pub grpc: String,
+}
+
+/// Starts a [`GrpcNode`] with `extra` arguments.
+pub fn grpc_node(extra: &[&str]) -> GrpcNode {
+    let mut args = vec![
+        "--memory",
+        "--listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let s = Stopped(serve(args, false));
+    let grpc = logged_addr(&s.log, "gRPC listening on ");
+    GrpcNode { s, grpc }
+}
+
 /// A served process, stopped by its PID when the test ends (also when it
 /// fails).
 pub struct Stopped(pub Served);
