@@ -152,12 +152,28 @@ pub const LATENCY_BOUNDS_US: [u64; 9] = [
 pub struct RedisStore {
     /// The client's own runtime: the engine calls from blocking threads
     /// and waits here, so a slow shard never parks the server's executor.
-    rt: tokio::runtime::Runtime,
+    /// An `Option` only so that [`Drop`] can shut it down without blocking.
+    rt: Option<tokio::runtime::Runtime>,
+    /// `rt`'s handle, which calls run on.
+    handle: tokio::runtime::Handle,
     conn: Conn,
     options: RedisOptions,
     pub stats: RedisStats,
     /// Whether the seeds are a cluster (else one Redis).
     pub clustered: bool,
+}
+
+impl Drop for RedisStore {
+    /// A runtime dropped on an async thread panics ("Cannot drop a runtime
+    /// in a context where blocking is not allowed"): a start-up error after
+    /// connecting (a bad `rls_config`, say) returns through the server's
+    /// runtime and dropped the store there, so the process panicked instead
+    /// of saying what was wrong. Shut down in the background instead.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl RedisStore {
@@ -175,7 +191,8 @@ impl RedisStore {
             })?;
         let (conn, clustered) = rt.block_on(connect(&options))?;
         let store = RedisStore {
-            rt,
+            handle: rt.handle().clone(),
+            rt: Some(rt),
             conn,
             options,
             stats: RedisStats::default(),
@@ -219,8 +236,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let r = self
-            .rt
-            .handle()
+            .handle
             .block_on(async { tokio::time::timeout(deadline, fut).await });
         let us = started.elapsed().as_micros() as u64;
         let s = &self.stats;
