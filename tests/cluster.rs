@@ -614,6 +614,32 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
         "budget under-delivered: {bud} of {BUDGET}"
     );
     assert_eq!(cap, CAMPAIGN_CAP, "campaign cap under-delivered");
+    // One truth: every node answers the fleet's delivery and campaign-scope
+    // use, what was acknowledged through all three (at d5eefae each node
+    // answered its own share, about a third). A commit made on another node
+    // than its screen's counts once the screening node learns of it, at the
+    // hold's deadline (ttl_ms 2 s here, plus a sweep): polled for 15 s.
+    let agree = |k: usize, n: &Node| {
+        let until = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (_, d) = n.call_retrying("GET", "/v1/campaigns/bud/delivery", None);
+            let (_, u) = n.call_retrying("GET", "/v1/users/nobody/campaigns/cap", None);
+            if (d["spent"] == json!(bud) && u["caps"][0]["used"] == json!(cap))
+                || Instant::now() > until
+            {
+                return (k, d["spent"].clone(), u["caps"][0]["used"].clone());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    for (k, n) in nodes.iter().enumerate() {
+        let (k, spent, used) = agree(k, n);
+        eprintln!(
+            "one truth: node {k}: delivery spent {spent}, campaign cap used {used}; acknowledged {bud} and {cap}"
+        );
+        assert_eq!(spent, json!(bud), "node {k}'s delivery");
+        assert_eq!(used, json!(cap), "node {k}'s campaign-scope usage");
+    }
 
     // max_in_flight: holds (not committed) taken round robin over the nodes
     // never exceed it in all.

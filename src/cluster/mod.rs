@@ -543,6 +543,34 @@ impl Shared for RedisStore {
         Ok(int(&v).unwrap_or(0))
     }
 
+    /// One HGETALL of the lease hash, the `s:<holder>` fields summed: a read
+    /// for a delivery or usage answer, never on a decision's path.
+    fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
+        let mut c = redis::cmd("HGETALL");
+        c.arg(redis_key(key));
+        let v = self.query("HGETALL lease", c)?;
+        // RESP2 answers a flat array, RESP3 a map.
+        let pairs: Vec<(&Value, &Value)> = match &v {
+            Value::Array(flat) => flat
+                .chunks(2)
+                .filter_map(|p| match p {
+                    [f, n] => Some((f, n)),
+                    _ => None,
+                })
+                .collect(),
+            Value::Map(m) => m.iter().map(|(f, n)| (f, n)).collect(),
+            _ => return Err(unexpected("HGETALL lease", &v)),
+        };
+        let mut spent = 0u64;
+        for (f, n) in pairs {
+            if bytes(f).is_some_and(|f| f.starts_with(b"s:")) {
+                let n = int(n).ok_or_else(|| unexpected("HGETALL lease", &v))?;
+                spent = spent.saturating_add(n);
+            }
+        }
+        Ok(spent)
+    }
+
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_lease_v1")

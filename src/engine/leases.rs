@@ -250,6 +250,35 @@ impl<C: Clock> Engine<C> {
         format!("{}/{:08x}", self.options.node_id, self.id_nonce)
     }
 
+    /// What the fleet has committed on item `i` of campaign `e` in its
+    /// current period, with a shared store and a leased item counted in
+    /// units (budgets, fixed and calendar campaign-scope windows): what
+    /// every holder reported (one read of the lease), plus what this node
+    /// committed and has not reported yet (`spend_reports = "batched"`).
+    /// `None` where the node's own record is the whole truth (no shared
+    /// store, or an item not leased in units). Each node's record holds
+    /// only its own commits: before, delivery answered a third of a
+    /// campaign's spend on each of three nodes (docs/cluster.md).
+    pub(crate) fn fleet_committed(
+        &self,
+        e: &CampaignEntry,
+        i: usize,
+        now: Nanos,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(shared) = self.shared() else {
+            return Ok(None);
+        };
+        if !leasable(&e.compiled.items[i].item) {
+            return Ok(None);
+        }
+        let Some((key, v)) = campaign_view(e, i, now).filter(|(_, v)| !v.slots) else {
+            return Ok(None);
+        };
+        let reported = self.leases.lock().get(&key).map_or(0, |g| g.reported);
+        let fleet = shared.lease_spent(&lease_key(key))?;
+        Ok(Some(fleet + v.committed.saturating_sub(reported)))
+    }
+
     /// Calls the lease function for `key`, reporting `v.committed` and
     /// asking for `want` units of headroom, and records the grant.
     fn lease_call(

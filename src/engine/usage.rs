@@ -59,6 +59,17 @@ impl<C: Clock> Engine<C> {
             let Some(e) = reg.campaign_by_id(*id) else {
                 continue;
             };
+            // The fleet's use of campaign-scope items, read before the
+            // campaign's lock is taken.
+            let mut fleet = Vec::with_capacity(e.compiled.items.len());
+            for (i, cap) in e.compiled.items.iter().enumerate() {
+                fleet.push(match cap.scope {
+                    crate::model::Scope::Campaign if matches!(cap.item, Item::Window(_)) => {
+                        self.fleet_committed(e, i, now)?
+                    }
+                    _ => None,
+                });
+            }
             let camp = e.record.lock().unwrap_or_else(PoisonError::into_inner);
             for (i, cap) in e.compiled.items.iter().enumerate() {
                 if !matches!(cap.item, Item::Rate { .. } | Item::Window(_)) {
@@ -73,13 +84,20 @@ impl<C: Clock> Engine<C> {
                 let (remaining, reset_after) = cap.item.figures(st, now);
                 let limit = cap.item.limit();
                 let pending = rec.pending_on(e.id, t);
+                let (used, remaining) = match fleet[i] {
+                    Some(used) => (used, limit.saturating_sub(used).saturating_sub(pending)),
+                    None => (
+                        limit.saturating_sub(remaining).saturating_sub(pending),
+                        remaining,
+                    ),
+                };
                 out.push(CapUsage {
                     campaign: e.name.to_string(),
                     name: cap.name.clone(),
                     scope: cap.scope,
                     kind: cap.item.kind().as_str(),
                     limit,
-                    used: limit.saturating_sub(remaining).saturating_sub(pending),
+                    used,
                     pending,
                     remaining,
                     reset_after,
@@ -115,6 +133,8 @@ impl<C: Clock> Engine<C> {
                 "campaign {campaign:?} has no budget"
             )));
         };
+        // The fleet's spend, read before the campaign's lock is taken.
+        let fleet = self.fleet_committed(c, i, now)?;
         let rec = c.record.lock().unwrap_or_else(PoisonError::into_inner);
         let st = match rec.state(c.id, c.tags[i]) {
             Some(crate::limits::ItemState::Budget(s)) => **s,
@@ -124,7 +144,7 @@ impl<C: Clock> Engine<C> {
         Ok(Delivery {
             campaign: c.name.to_string(),
             amount: cap.item.limit(),
-            spent: v.spent,
+            spent: fleet.unwrap_or(v.spent),
             pending: v.pending,
             cap_now: v.cap,
             period_start: v.period.0,

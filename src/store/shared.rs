@@ -121,6 +121,11 @@ pub trait Shared: Send + Sync {
     /// A slots call: reports the slots the holder holds and returns how many
     /// it may hold.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
+
+    /// The units every holder of lease `key` has reported spent (0 for a
+    /// lease no one holds): the fleet's spend on a campaign item in a period,
+    /// which delivery and usage answer on every node.
+    fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError>;
 }
 
 /// One holder of a lease in [`SharedMemory`] (as `fc_lease_v1` keeps it).
@@ -326,6 +331,13 @@ impl Shared for SharedMemory {
             granted: me.granted,
             spent_total: spent,
         })
+    }
+
+    fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
+        let leases = self.leases.lock().map_err(|_| StoreError::Closed)?;
+        Ok(leases
+            .get(key)
+            .map_or(0, |holders| holders.values().map(|h| h.spent).sum()))
     }
 
     /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
