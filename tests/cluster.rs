@@ -670,3 +670,74 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
     );
     assert!(held >= 3, "every node should get a slot: {held}");
 }
+
+/// (d) A budget survives a dead node: a node's unspent grant goes back to
+/// the pool once its grant and its open holds' deadlines have passed
+/// (seconds), so ≥ 99 % of a budget is delivered, and never more, with a
+/// node killed (`kill -9`) and restarted a third of the way in. At d5eefae
+/// the dead node's headroom stayed stranded for an hour (79–82 % delivered).
+#[test]
+fn a_budget_is_delivered_after_a_node_dies() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7570);
+    let start = |i: usize| {
+        Node::start(
+            &tmp.path().join(format!("n{i}")),
+            &redis.seeds,
+            &format!("n{i}"),
+        )
+    };
+    let mut nodes: Vec<Node> = (0..3).map(start).collect();
+    const BUDGET: u64 = 300;
+    let def = json!({"budget": {"amount": BUDGET, "per": "1d", "pacing": "asap"}});
+    let (st, body) = nodes[0].call_retrying("PUT", "/v1/campaigns/dead", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    for n in &nodes[1..] {
+        let seen = (0..100).any(|_| {
+            n.call("GET", "/v1/campaigns/dead", None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "definitions did not reach every node");
+    }
+    // One impression of cost 1, screened and committed on the same node
+    // (affinity: a dead node's holds committed elsewhere are another case,
+    // docs/cluster.md); true if acknowledged.
+    let serve = |nodes: &[Node], i: usize| {
+        let n = &nodes[i % nodes.len()];
+        let body = json!({"user": format!("d{i}"), "candidates": [{"campaign": "dead", "cost": 1}], "reserve": true, "ttl_ms": 1000});
+        let (st, out) = n.call("POST", "/v1/screen", Some(&body));
+        let Some(id) = out["reservation"].as_str().filter(|_| st == 200) else {
+            return false;
+        };
+        if out["results"][0]["eligible"] != true {
+            return false;
+        }
+        let (st, _) = n.call_retrying(
+            "POST",
+            &format!("/v1/reservations/{id}/commit"),
+            Some(&json!({})),
+        );
+        st == 200
+    };
+    let (mut delivered, mut i) = (0u64, 0usize);
+    while delivered < BUDGET / 3 && i < 20_000 {
+        delivered += u64::from(serve(&nodes, i));
+        i += 1;
+    }
+    nodes[2].kill9();
+    nodes[2] = start(2);
+    // Demand goes on, well past the budget, for 30 s at most.
+    let until = Instant::now() + Duration::from_secs(30);
+    while delivered < BUDGET && Instant::now() < until {
+        delivered += u64::from(serve(&nodes, i));
+        i += 1;
+    }
+    eprintln!("dead node: budget {BUDGET}: {delivered} delivered over {i} requests");
+    assert!(delivered <= BUDGET, "over-delivered: {delivered}");
+    assert!(
+        delivered * 100 >= BUDGET * 99,
+        "under-delivered after a node's death: {delivered} of {BUDGET}"
+    );
+}

@@ -162,11 +162,11 @@ local function load_lease(L)
   for i = 1, #flat, 2 do
     local f = flat[i]
     local p = string.sub(f, 1, 2)
-    if p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' then
+    if p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' then
       local name = string.sub(f, 3)
       local n = nodes[name]
       if not n then
-        n = {s = 0, g = 0, w = 0, e = 0}
+        n = {s = 0, g = 0, w = 0, e = 0, x = 0}
         nodes[name] = n
         names[#names + 1] = name
       end
@@ -186,9 +186,13 @@ end
 --   want           headroom (units beyond S) the caller would like to hold
 --   total          the most ever granted in sum: Σ spent + Σ headroom <= total
 --   ttl_ms         the caller's grant lives this long from now (Redis clock)
---   grace_ms       a node whose grant expired more than grace_ms ago is
---                  reclaimed: its headroom returns to the pool, its spent
---                  stays counted
+--   grace_ms       the caller's open holds may be committed until now +
+--                  grace_ms (its latest reservation deadline): stored as
+--                  x:<node>. A holder is reclaimed (its headroom returns to
+--                  the pool, its spent stays counted) once both its grant
+--                  and that time have passed: a dead node's headroom comes
+--                  back seconds after it died, not an hour (a holder written
+--                  without x: keeps the old hour)
 --   key_expire_ms  PEXPIRE of the whole hash; "0" leaves its expiry as it is
 --
 -- Reply: [g_node, s_node, spent_total, total, now_ms], all integers. The
@@ -237,7 +241,7 @@ local function fc_lease(keys, args)
 
   local me = nodes[node]
   if not me then
-    me = {s = 0, g = 0, w = 0, e = 0}
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0}
     nodes[node] = me
     names[#names + 1] = node
   end
@@ -253,7 +257,9 @@ local function fc_lease(keys, args)
     local n = nodes[name]
     spent = spent + n.s
     if name ~= node then
-      if n.e + v.grace_ms < now then
+      local holds_until = n.x
+      if holds_until == 0 then holds_until = n.e + 3600000 end
+      if math.max(n.e, holds_until) < now then
         -- Reclaimed: unspent headroom returns to the pool. Written only when
         -- it changes, so a long-dead node costs no write per call.
         if n.g > n.s then
@@ -279,7 +285,8 @@ local function fc_lease(keys, args)
     's:' .. node, istr(me.s),
     'g:' .. node, istr(me.g),
     'w:' .. node, istr(v.want),
-    'e:' .. node, istr(now + v.ttl_ms))
+    'e:' .. node, istr(now + v.ttl_ms),
+    'x:' .. node, istr(now + v.grace_ms))
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end

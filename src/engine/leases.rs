@@ -319,8 +319,14 @@ impl<C: Clock> Engine<C> {
             total: v.total,
             ttl_ms,
             // A hold made under a grant may be committed until its
-            // reservation's deadline: the grant is reclaimed only after.
-            grace_ms: MAX_TTL_MS,
+            // reservation's deadline: the grant is reclaimed only after the
+            // latest one this node has open (plus a second for the sweep
+            // that learns of a commit elsewhere), not after the longest TTL
+            // allowed (1 h), which stranded a dead node's headroom for the
+            // rest of the period: 79-82 % of a budget delivered after a
+            // node's kill -9 (issue 25).
+            grace_ms: (self.reservations.latest_deadline().saturating_sub(now) / 1_000_000 + 1_000)
+                .min(MAX_TTL_MS),
             key_expire_ms,
         })?;
         self.record_grant(key, v, want, grant.granted, now);

@@ -362,6 +362,12 @@ pub struct Due {
 }
 
 impl Reservations {
+    /// The latest deadline of an open reservation (0 when none is open):
+    /// until then another node may commit one of this node's holds.
+    pub fn latest_deadline(&self) -> Nanos {
+        self.lock().deadlines.last().map_or(0, |d| d.0)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }

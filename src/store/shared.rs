@@ -44,7 +44,8 @@ pub struct LeaseRequest<'a> {
     pub total: u64,
     /// The grant lives this long, by the store's clock.
     pub ttl_ms: u64,
-    /// A grant expired longer ago than this is reclaimed.
+    /// The holder's open holds may be committed until this long from now:
+    /// its headroom is not reclaimed before (nor before its grant expires).
     pub grace_ms: u64,
     /// The lease key expires this long from now.
     pub key_expire_ms: u64,
@@ -136,6 +137,15 @@ struct LeaseHolder {
     want: u64,
     /// Expiry, ms since the store was made (a monotonic clock).
     expires: u64,
+    /// Its holds may be committed until then (same clock).
+    holds_until: u64,
+}
+
+impl LeaseHolder {
+    /// Whether its headroom may go back to the pool at `now`.
+    fn reclaimable(&self, now: u64) -> bool {
+        self.expires.max(self.holds_until) < now
+    }
 }
 
 /// One holder of slots in [`SharedMemory`] (as `fc_slots_v1` keeps it).
@@ -293,15 +303,16 @@ impl Shared for SharedMemory {
         me.granted = me.granted.max(me.spent);
         me.want = req.want;
         me.expires = now + req.ttl_ms;
+        me.holds_until = now + req.grace_ms;
         for (name, h) in holders.iter_mut() {
-            if name != req.holder && h.expires + req.grace_ms < now {
+            if name != req.holder && h.reclaimable(now) {
                 h.granted = h.spent;
             }
         }
         let spent: u64 = holders.values().map(|h| h.spent).sum();
         let live: Vec<(&String, &LeaseHolder)> = holders
             .iter()
-            .filter(|(n, h)| *n == req.holder || h.expires + req.grace_ms >= now)
+            .filter(|(n, h)| *n == req.holder || !h.reclaimable(now))
             .collect();
         let held_others: u64 = live
             .iter()
