@@ -143,6 +143,7 @@ impl<C: Clock> Engine<C> {
                         res: claim.seq,
                         deadline: now + lifetime,
                         kind: HeldKind::Check { policy: owner },
+                        body: body_hash(req, req.reservation_id.is_some(), req.fingerprint),
                     });
                 }
             } else if decision.allowed && req.cost > 0 {

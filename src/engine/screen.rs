@@ -21,7 +21,7 @@ use super::request::{
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
-use super::shared::{Held, HeldKind};
+use super::shared::{Held, HeldKind, SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// The retry_after of a denial by a node's exhausted grant: its next
@@ -70,12 +70,12 @@ impl<C: Clock> Engine<C> {
         let deadline = now + lifetime;
         let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
         let shared = self.shared().is_some();
+        let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
         let claim = if req.reserve {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
                 None => self.new_reservation_id(user.filter(|_| shared).map(RecordKey::User)),
             };
-            let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
             let seq = shared.then(|| self.res_of(&id));
             match self.reservations.begin(&id, body, deadline, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
@@ -120,6 +120,12 @@ impl<C: Clock> Engine<C> {
                 // first, so a reservation holds once.
                 if shared && let Some(r) = reserving {
                     undo_campaign_holds(&reg, req, r.seq, now);
+                    // The id reserved already, on another node or by this
+                    // one in a write whose answer was lost: the record is
+                    // the cluster's table of reservations, not this node's.
+                    if let Some(seen) = seen_in_record(rec, r.seq) {
+                        return Err(seen);
+                    }
                 }
                 let (results, held) = run(Some(&mut *rec), now);
                 if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
@@ -130,11 +136,46 @@ impl<C: Clock> Engine<C> {
                         kind: HeldKind::Screen {
                             candidates: held.iter().map(|c| (c.index, c.chain[0].id)).collect(),
                         },
+                        body,
                     });
                 }
-                (results, held)
+                Ok((results, held))
             }),
-            None => Ok(run(None, now)),
+            None => Ok(Ok(run(None, now))),
+        };
+        let decided = match decided {
+            Ok(Err(seen)) => {
+                // Nothing was written and nothing held here: this node's
+                // claim of the id goes.
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
+                }
+                let id = claim.map(|c| c.id).unwrap_or_default();
+                return match seen {
+                    SeenHere::Held {
+                        body: held_body,
+                        kind: HeldKind::Screen { candidates },
+                    } if held_body == body => {
+                        Ok(self.screen_repeat(req, id, user, &candidates, now, reads))
+                    }
+                    SeenHere::Held {
+                        kind: HeldKind::Check { .. },
+                        ..
+                    } => Err(EngineError::Conflict(Conflict::BelongsTo {
+                        id,
+                        kind: ReservationKind::Check,
+                    })
+                    .into()),
+                    SeenHere::Held { .. } => {
+                        Err(EngineError::Conflict(Conflict::DifferentRequest { id }).into())
+                    }
+                    SeenHere::Settled => {
+                        Err(EngineError::Conflict(Conflict::AlreadySettled { id }).into())
+                    }
+                };
+            }
+            Ok(Ok(x)) => Ok(x),
+            Err(e) => Err(e),
         };
         let (results, candidates) = match decided {
             Ok(x) => x,
@@ -190,6 +231,56 @@ impl<C: Clock> Engine<C> {
             reservation,
             results,
         })
+    }
+
+    /// The answer to a screen repeated under reservation `id`, which the
+    /// user's record holds (made on another node, or by this one in a
+    /// write whose answer was lost): the held candidates eligible, as
+    /// first answered; the others denied, by what denies them now (the
+    /// record keeps which candidates it holds, not the first answer's
+    /// reasons: ~20 bytes a reservation instead of the whole answer).
+    /// Holds nothing.
+    fn screen_repeat(
+        &self,
+        req: &ScreenRequest,
+        id: String,
+        user: Option<u128>,
+        held: &[(u32, u32)],
+        now: Nanos,
+        reads: Reads,
+    ) -> ScreenOutcome {
+        let reg = self.registry();
+        let probe = |rec: Option<&mut SubjectRecord>, now: Nanos| {
+            screen_candidates(&reg, req, rec, now, None, None, self.options.shadow).0
+        };
+        let mut results = match user {
+            Some(k) => self
+                .with_record(RecordKey::User(k), now, reads, |rec, now| {
+                    probe(Some(rec), now)
+                })
+                .unwrap_or_else(|_| failed_open(&reg, req)),
+            None => probe(None, now),
+        };
+        for (i, r) in results.iter_mut().enumerate() {
+            let is_held = held.iter().any(|&(index, _)| index as usize == i);
+            if is_held {
+                r.eligible = true;
+                r.denied_by = None;
+            } else if r.eligible {
+                // Denied at first (else it would be held); what denied it
+                // is not remembered.
+                r.eligible = false;
+                r.denied_by = Some(DeniedBy {
+                    campaign: r.campaign.clone(),
+                    cap: "reserved_before".into(),
+                    retry_after: None,
+                });
+            }
+        }
+        ScreenOutcome {
+            reservation: Some(id),
+            results,
+        }
     }
 
     /// Checks a screen's user and candidates.
