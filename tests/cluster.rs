@@ -737,6 +737,36 @@ fn a_repeated_reservation_id_is_one_hold_on_any_node() {
     let (st, body) =
         n[2].call_retrying("POST", "/v1/reservations/client-r2/commit", Some(&release));
     assert_eq!(st, 409, "a commit of a released reservation: {body}");
+    // A check's reserve repeated on every node: one hold of a limit of 2,
+    // so another id still finds room.
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 2, "window": "1h", "align": "fixed"}]});
+    assert_eq!(
+        n[0].call_retrying("PUT", "/v1/policies/p", Some(&policy)).0,
+        200
+    );
+    let everywhere = (0..100).any(|_| {
+        n[1..]
+            .iter()
+            .all(|node| node.call("GET", "/v1/policies/p", None).0 == 200)
+            || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+    });
+    assert!(everywhere, "the policy did not reach every node within 5 s");
+    let check = json!({"policy": "p", "key": "k", "reserve": true, "reservation_id": "client-k1"});
+    for node in &n {
+        let (st, b) = node.call_retrying("POST", "/v1/check", Some(&check));
+        assert_eq!(
+            (st, b["reservation"].as_str()),
+            (200, Some("client-k1")),
+            "{b}"
+        );
+    }
+    let other = json!({"policy": "p", "key": "k", "reserve": true, "reservation_id": "client-k2"});
+    let (st, b) = n[1].call_retrying("POST", "/v1/check", Some(&other));
+    assert_eq!(st, 200, "one hold of 2, not three: {b}");
     for node in &n {
         let (_, u) = node.call("GET", "/v1/users/u2/campaigns/c", None);
         assert_eq!(

@@ -124,7 +124,11 @@ impl<C: Clock> Engine<C> {
                     // one in a write whose answer was lost: the record is
                     // the cluster's table of reservations, not this node's.
                     if let Some(seen) = seen_in_record(rec, r.seq) {
-                        return Err(seen);
+                        // What denies the candidates now, decided here on
+                        // the copy just checked: no second Redis call.
+                        let now_results =
+                            screen_candidates(&reg, req, Some(rec), now, None, None, shadow_all).0;
+                        return Err((seen, now_results));
                     }
                 }
                 let (results, held) = run(Some(&mut *rec), now);
@@ -144,7 +148,7 @@ impl<C: Clock> Engine<C> {
             None => Ok(Ok(run(None, now))),
         };
         let decided = match decided {
-            Ok(Err(seen)) => {
+            Ok(Err((seen, now_results))) => {
                 // Nothing was written and nothing held here: this node's
                 // claim of the id goes.
                 if let Some(c) = &claim {
@@ -155,9 +159,7 @@ impl<C: Clock> Engine<C> {
                     SeenHere::Held {
                         body: held_body,
                         kind: HeldKind::Screen { candidates },
-                    } if held_body == body => {
-                        Ok(self.screen_repeat(req, id, user, &candidates, now, reads))
-                    }
+                    } if held_body == body => Ok(screen_repeat(id, now_results, &candidates)),
                     SeenHere::Held {
                         kind: HeldKind::Check { .. },
                         ..
@@ -233,56 +235,6 @@ impl<C: Clock> Engine<C> {
         })
     }
 
-    /// The answer to a screen repeated under reservation `id`, which the
-    /// user's record holds (made on another node, or by this one in a
-    /// write whose answer was lost): the held candidates eligible, as
-    /// first answered; the others denied, by what denies them now (the
-    /// record keeps which candidates it holds, not the first answer's
-    /// reasons: ~20 bytes a reservation instead of the whole answer).
-    /// Holds nothing.
-    fn screen_repeat(
-        &self,
-        req: &ScreenRequest,
-        id: String,
-        user: Option<u128>,
-        held: &[(u32, u32)],
-        now: Nanos,
-        reads: Reads,
-    ) -> ScreenOutcome {
-        let reg = self.registry();
-        let probe = |rec: Option<&mut SubjectRecord>, now: Nanos| {
-            screen_candidates(&reg, req, rec, now, None, None, self.options.shadow).0
-        };
-        let mut results = match user {
-            Some(k) => self
-                .with_record(RecordKey::User(k), now, reads, |rec, now| {
-                    probe(Some(rec), now)
-                })
-                .unwrap_or_else(|_| failed_open(&reg, req)),
-            None => probe(None, now),
-        };
-        for (i, r) in results.iter_mut().enumerate() {
-            let is_held = held.iter().any(|&(index, _)| index as usize == i);
-            if is_held {
-                r.eligible = true;
-                r.denied_by = None;
-            } else if r.eligible {
-                // Denied at first (else it would be held); what denied it
-                // is not remembered.
-                r.eligible = false;
-                r.denied_by = Some(DeniedBy {
-                    campaign: r.campaign.clone(),
-                    cap: "reserved_before".into(),
-                    retry_after: None,
-                });
-            }
-        }
-        ScreenOutcome {
-            reservation: Some(id),
-            results,
-        }
-    }
-
     /// Checks a screen's user and candidates.
     fn check_screen(&self, req: &ScreenRequest) -> Result<(), EngineError> {
         if let Some(u) = &req.user {
@@ -313,6 +265,38 @@ impl<C: Clock> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+/// The answer to a screen repeated under reservation `id`, which the
+/// user's record holds (made on another node, or by this one in a write
+/// whose answer was lost): the `held` candidates eligible, as first
+/// answered; the others denied, by what denies them now (`results`, decided
+/// without holding): the record keeps which candidates it holds, ~8 bytes
+/// each, not the first answer's reasons.
+fn screen_repeat(
+    id: String,
+    mut results: Vec<CandidateResult>,
+    held: &[(u32, u32)],
+) -> ScreenOutcome {
+    for (i, r) in results.iter_mut().enumerate() {
+        if held.iter().any(|&(index, _)| index as usize == i) {
+            r.eligible = true;
+            r.denied_by = None;
+        } else if r.eligible {
+            // Denied at first (else it would be held); what denied it then
+            // is not remembered, and it is not held now.
+            r.eligible = false;
+            r.denied_by = Some(DeniedBy {
+                campaign: r.campaign.clone(),
+                cap: "reserved_before".into(),
+                retry_after: None,
+            });
+        }
+    }
+    ScreenOutcome {
+        reservation: Some(id),
+        results,
     }
 }
 
