@@ -133,7 +133,7 @@ impl<C: Clock> Engine<C> {
                             let (mut d, _) = stack.decide(&mut states, now, 0, Hold::Immediate);
                             d.allowed = true;
                             d.retry_after = None;
-                            Ok(d)
+                            Ok(Box::new(d))
                         }
                         SeenHere::Held {
                             kind: HeldKind::Screen { .. },
@@ -206,7 +206,7 @@ impl<C: Clock> Engine<C> {
                     Ok(decision) => Ok(CheckOutcome {
                         would_deny: false,
                         reservation: Some(id),
-                        decision,
+                        decision: *decision,
                         stack,
                     }),
                     Err(conflict) => Err(EngineError::Conflict(conflict).into()),
