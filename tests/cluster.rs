@@ -741,3 +741,167 @@ fn a_budget_is_delivered_after_a_node_dies() {
         "under-delivered after a node's death: {delivered} of {BUDGET}"
     );
 }
+
+/// Three nodes on a cluster with one campaign capped at 10 per hour, its
+/// definition seen by every node.
+fn three_nodes(tmp: &Path, redis: &Redis, camp: &str) -> Vec<Node> {
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| Node::start(&tmp.join(format!("n{i}")), &redis.seeds, &format!("n{i}")))
+        .collect();
+    let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
+    let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{camp}"), Some(&def));
+    assert_eq!(st, 200, "{body}");
+    for n in &nodes[1..] {
+        let seen = (0..100).any(|_| {
+            n.call("GET", &format!("/v1/campaigns/{camp}"), None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "definitions did not reach every node within 5 s");
+    }
+    nodes
+}
+
+fn used(n: &Node, user: &str, camp: &str) -> Value {
+    let (st, u) = n.call("GET", &format!("/v1/users/{user}/campaigns/{camp}"), None);
+    assert_eq!(st, 200, "{u}");
+    u["caps"][0]["used"].clone()
+}
+
+/// A screen under the caller's `reservation_id`, repeated on another node
+/// (a retry after a lost answer), is the same reservation: one hold, one
+/// debit at commit; a different body under the id is a conflict; a commit
+/// and a release retried on other nodes are one operation each.
+#[test]
+fn a_repeated_reservation_id_is_one_hold_on_any_node() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7530);
+    let n = three_nodes(tmp.path(), &redis, "c");
+    let screen = json!({"user": "u1", "candidates": [{"campaign": "c"}], "reserve": true,
+        "reservation_id": "client-r1", "ttl_ms": 30_000});
+    let (st, first) = n[0].call_retrying("POST", "/v1/screen", Some(&screen));
+    assert_eq!(
+        (st, first["reservation"].as_str()),
+        (200, Some("client-r1")),
+        "{first}"
+    );
+    let (st, again) = n[1].call_retrying("POST", "/v1/screen", Some(&screen));
+    assert_eq!(st, 200, "{again}");
+    assert_eq!(again, first, "a repeat gets the first answer");
+    // The same id with another body: 409 on any node.
+    let other = json!({"user": "u1", "candidates": [{"campaign": "c", "cost": 2}], "reserve": true,
+        "reservation_id": "client-r1", "ttl_ms": 30_000});
+    let (st, body) = n[2].call_retrying("POST", "/v1/screen", Some(&other));
+    assert_eq!(st, 409, "{body}");
+    let (_, u) = n[2].call("GET", "/v1/users/u1/campaigns/c", None);
+    assert_eq!(u["caps"][0]["pending"], 1, "one hold, not two: {u}");
+    let commit = json!({"user": "u1"});
+    let (st, body) = n[2].call_retrying("POST", "/v1/reservations/client-r1/commit", Some(&commit));
+    assert_eq!(st, 200, "{body}");
+    // The commit retried on the other nodes: the same answer, no debit.
+    for node in &n[..2] {
+        let (st, b) =
+            node.call_retrying("POST", "/v1/reservations/client-r1/commit", Some(&commit));
+        assert_eq!((st, &b), (200, &body), "a repeated commit");
+    }
+    // A screen under the settled id is refused, as on one node.
+    let (st, body) = n[1].call_retrying("POST", "/v1/screen", Some(&screen));
+    assert_eq!(st, 409, "{body}");
+    for node in &n {
+        assert_eq!(used(node, "u1", "c"), 1, "one impression, one debit");
+    }
+    // A release retried on other nodes: one release, nothing debited.
+    let screen2 = json!({"user": "u2", "candidates": [{"campaign": "c"}], "reserve": true,
+        "reservation_id": "client-r2", "ttl_ms": 30_000});
+    assert_eq!(
+        n[0].call_retrying("POST", "/v1/screen", Some(&screen2)).0,
+        200
+    );
+    assert_eq!(
+        n[1].call_retrying("POST", "/v1/screen", Some(&screen2)).0,
+        200
+    );
+    let release = json!({"user": "u2"});
+    let (st, body) =
+        n[1].call_retrying("POST", "/v1/reservations/client-r2/release", Some(&release));
+    assert_eq!(st, 200, "{body}");
+    for node in [&n[2], &n[0]] {
+        let (st, b) =
+            node.call_retrying("POST", "/v1/reservations/client-r2/release", Some(&release));
+        assert_eq!((st, &b), (200, &body), "a repeated release");
+    }
+    let (st, body) =
+        n[2].call_retrying("POST", "/v1/reservations/client-r2/commit", Some(&release));
+    assert_eq!(st, 409, "a commit of a released reservation: {body}");
+    // A check's reserve repeated on every node: one hold of a limit of 2,
+    // so another id still finds room.
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 2, "window": "1h", "align": "fixed"}]});
+    assert_eq!(
+        n[0].call_retrying("PUT", "/v1/policies/p", Some(&policy)).0,
+        200
+    );
+    let everywhere = (0..100).any(|_| {
+        n[1..]
+            .iter()
+            .all(|node| node.call("GET", "/v1/policies/p", None).0 == 200)
+            || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+    });
+    assert!(everywhere, "the policy did not reach every node within 5 s");
+    let check = json!({"policy": "p", "key": "k", "reserve": true, "reservation_id": "client-k1"});
+    for node in &n {
+        let (st, b) = node.call_retrying("POST", "/v1/check", Some(&check));
+        assert_eq!(
+            (st, b["reservation"].as_str()),
+            (200, Some("client-k1")),
+            "{b}"
+        );
+    }
+    let other = json!({"policy": "p", "key": "k", "reserve": true, "reservation_id": "client-k2"});
+    let (st, b) = n[1].call_retrying("POST", "/v1/check", Some(&other));
+    assert_eq!(st, 200, "one hold of 2, not three: {b}");
+    for node in &n {
+        let (_, u) = node.call("GET", "/v1/users/u2/campaigns/c", None);
+        assert_eq!(
+            (&u["caps"][0]["used"], &u["caps"][0]["pending"]),
+            (&json!(0), &json!(0)),
+            "{u}"
+        );
+    }
+}
+
+/// An `event_id` counts once whichever nodes it reaches and however often,
+/// with a user and without.
+#[test]
+fn an_event_id_counts_once_on_any_node() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7550);
+    let n = three_nodes(tmp.path(), &redis, "c");
+    let ev = json!({"user": "u1", "campaign": "c", "cost": 7, "event_id": "imp-1"});
+    let bare = json!({"campaign": "c", "cost": 7, "event_id": "imp-2"});
+    let mut counted = (0, 0);
+    for i in [0, 1, 2, 0] {
+        let (st, body) = n[i].call_retrying("POST", "/v1/events", Some(&ev));
+        assert_eq!(st, 200, "{body}");
+        counted.0 += body["counted"].as_u64().unwrap_or(0);
+        let (st, body) = n[i].call_retrying("POST", "/v1/events", Some(&bare));
+        assert_eq!(st, 200, "{body}");
+        counted.1 += body["counted"].as_u64().unwrap_or(0);
+    }
+    eprintln!(
+        "event ids: with a user counted {}, without {} (of 4 posts each)",
+        counted.0, counted.1
+    );
+    assert_eq!(counted, (1, 1), "each event id counted once");
+    for node in &n {
+        assert_eq!(
+            used(node, "u1", "c"),
+            1,
+            "the user's cap counts the event once"
+        );
+    }
+}

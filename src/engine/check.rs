@@ -21,7 +21,7 @@ use super::request::{
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
-use super::shared::{Held, HeldKind};
+use super::shared::{Held, HeldKind, SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// What a check is decided by: the stack, whose counters they are, and
@@ -85,12 +85,12 @@ impl<C: Clock> Engine<C> {
         }
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).
+        let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
         let claim = if req.reserve && req.cost > 0 {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
                 None => self.new_reservation_id(shared.then_some(record)),
             };
-            let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
             let seq = shared.then(|| self.res_of(&id));
             match self.reservations.begin(&id, body, now + lifetime, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
@@ -109,6 +109,44 @@ impl<C: Clock> Engine<C> {
             None
         };
         let decided = self.with_record(record, now, reads, |rec, now| {
+            // The id reserved already, on another node or by this one in a
+            // write whose answer was lost: answered from the record, never
+            // held twice.
+            if let Some(c) = claim.as_ref().filter(|_| shared)
+                && let Some(seen) = seen_in_record(rec, c.seq)
+            {
+                let id = c.id.clone();
+                return Err((
+                    c.id.clone(),
+                    match seen {
+                        SeenHere::Held {
+                            body: b,
+                            kind: HeldKind::Check { .. },
+                        } if b == body => {
+                            // The figures as they are now (a peek), allowed as
+                            // first answered: the record keeps the hold, not
+                            // the first answer's figures.
+                            let mut states: SmallVec<[ItemState; 4]> = tags
+                                .iter()
+                                .map(|&t| rec.state(owner, t).cloned().unwrap_or_default())
+                                .collect();
+                            let (mut d, _) = stack.decide(&mut states, now, 0, Hold::Immediate);
+                            d.allowed = true;
+                            d.retry_after = None;
+                            Ok(Box::new(d))
+                        }
+                        SeenHere::Held {
+                            kind: HeldKind::Screen { .. },
+                            ..
+                        } => Err(Conflict::BelongsTo {
+                            id,
+                            kind: ReservationKind::Screen,
+                        }),
+                        SeenHere::Held { .. } => Err(Conflict::DifferentRequest { id }),
+                        SeenHere::Settled => Err(Conflict::AlreadySettled { id }),
+                    },
+                ));
+            }
             let hold = match &claim {
                 Some(_) => Hold::Reserve {
                     deadline: now + lifetime,
@@ -143,6 +181,7 @@ impl<C: Clock> Engine<C> {
                         res: claim.seq,
                         deadline: now + lifetime,
                         kind: HeldKind::Check { policy: owner },
+                        body,
                     });
                 }
             } else if decision.allowed && req.cost > 0 {
@@ -156,10 +195,23 @@ impl<C: Clock> Engine<C> {
                 };
                 self.persist(changes, defs, now, Ack::WriteBehind);
             }
-            decision
+            Ok(decision)
         });
         let mut decision = match decided {
-            Ok(d) => d,
+            Ok(Ok(d)) => d,
+            Ok(Err((id, seen))) => {
+                // Nothing was written or held here: this node's claim goes.
+                self.reservations.abandon(&id);
+                return match seen {
+                    Ok(decision) => Ok(CheckOutcome {
+                        would_deny: false,
+                        reservation: Some(id),
+                        decision: *decision,
+                        stack,
+                    }),
+                    Err(conflict) => Err(EngineError::Conflict(conflict).into()),
+                };
+            }
             Err(e) => {
                 if let Some(c) = &claim {
                     self.reservations.abandon(&c.id);

@@ -378,10 +378,12 @@ impl<C: Clock> Engine<C> {
         reads: Reads,
     ) -> Result<bool, Halt> {
         if let Some(shared) = self.shared() {
-            // Cluster-wide: set if absent, expiring with the horizon. The
-            // claim holds what the event says, so a retry of one whose
-            // claim was applied but not answered finds its own claim and
-            // goes on (its user record then says whether it was counted).
+            // Cluster-wide: set if absent, expiring with the horizon; a
+            // claim already there is a duplicate, whichever node made it
+            // (the claim is the count: a user-less event is counted on this
+            // node's leased campaign state, which no other node can see).
+            // The value, what the event says, is there for whoever reads
+            // Redis.
             if reads == Reads::MemoryOnly {
                 return Err(Halt::NotInMemory);
             }

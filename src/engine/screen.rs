@@ -21,7 +21,7 @@ use super::request::{
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
-use super::shared::{Held, HeldKind};
+use super::shared::{Held, HeldKind, SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// The retry_after of a denial by a node's exhausted grant: its next
@@ -70,12 +70,12 @@ impl<C: Clock> Engine<C> {
         let deadline = now + lifetime;
         let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
         let shared = self.shared().is_some();
+        let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
         let claim = if req.reserve {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
                 None => self.new_reservation_id(user.filter(|_| shared).map(RecordKey::User)),
             };
-            let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
             let seq = shared.then(|| self.res_of(&id));
             match self.reservations.begin(&id, body, deadline, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
@@ -120,6 +120,16 @@ impl<C: Clock> Engine<C> {
                 // first, so a reservation holds once.
                 if shared && let Some(r) = reserving {
                     undo_campaign_holds(&reg, req, r.seq, now);
+                    // The id reserved already, on another node or by this
+                    // one in a write whose answer was lost: the record is
+                    // the cluster's table of reservations, not this node's.
+                    if let Some(seen) = seen_in_record(rec, r.seq) {
+                        // What denies the candidates now, decided here on
+                        // the copy just checked: no second Redis call.
+                        let now_results =
+                            screen_candidates(&reg, req, Some(rec), now, None, None, shadow_all).0;
+                        return Err((seen, now_results));
+                    }
                 }
                 let (results, held) = run(Some(&mut *rec), now);
                 if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
@@ -130,11 +140,44 @@ impl<C: Clock> Engine<C> {
                         kind: HeldKind::Screen {
                             candidates: held.iter().map(|c| (c.index, c.chain[0].id)).collect(),
                         },
+                        body,
                     });
                 }
-                (results, held)
+                Ok((results, held))
             }),
-            None => Ok(run(None, now)),
+            None => Ok(Ok(run(None, now))),
+        };
+        let decided = match decided {
+            Ok(Err((seen, now_results))) => {
+                // Nothing was written and nothing held here: this node's
+                // claim of the id goes.
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
+                }
+                let id = claim.map(|c| c.id).unwrap_or_default();
+                return match seen {
+                    SeenHere::Held {
+                        body: held_body,
+                        kind: HeldKind::Screen { candidates },
+                    } if held_body == body => Ok(screen_repeat(id, now_results, &candidates)),
+                    SeenHere::Held {
+                        kind: HeldKind::Check { .. },
+                        ..
+                    } => Err(EngineError::Conflict(Conflict::BelongsTo {
+                        id,
+                        kind: ReservationKind::Check,
+                    })
+                    .into()),
+                    SeenHere::Held { .. } => {
+                        Err(EngineError::Conflict(Conflict::DifferentRequest { id }).into())
+                    }
+                    SeenHere::Settled => {
+                        Err(EngineError::Conflict(Conflict::AlreadySettled { id }).into())
+                    }
+                };
+            }
+            Ok(Ok(x)) => Ok(x),
+            Err(e) => Err(e),
         };
         let (results, candidates) = match decided {
             Ok(x) => x,
@@ -222,6 +265,38 @@ impl<C: Clock> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+/// The answer to a screen repeated under reservation `id`, which the
+/// user's record holds (made on another node, or by this one in a write
+/// whose answer was lost): the `held` candidates eligible, as first
+/// answered; the others denied, by what denies them now (`results`, decided
+/// without holding): the record keeps which candidates it holds, ~8 bytes
+/// each, not the first answer's reasons.
+fn screen_repeat(
+    id: String,
+    mut results: Vec<CandidateResult>,
+    held: &[(u32, u32)],
+) -> ScreenOutcome {
+    for (i, r) in results.iter_mut().enumerate() {
+        if held.iter().any(|&(index, _)| index as usize == i) {
+            r.eligible = true;
+            r.denied_by = None;
+        } else if r.eligible {
+            // Denied at first (else it would be held); what denied it then
+            // is not remembered, and it is not held now.
+            r.eligible = false;
+            r.denied_by = Some(DeniedBy {
+                campaign: r.campaign.clone(),
+                cap: "reserved_before".into(),
+                retry_after: None,
+            });
+        }
+    }
+    ScreenOutcome {
+        reservation: Some(id),
+        results,
     }
 }
 

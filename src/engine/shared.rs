@@ -87,6 +87,40 @@ pub(crate) struct Held {
     pub res: u64,
     pub deadline: Nanos,
     pub kind: HeldKind,
+    /// The hash of the request that made it ([`super::request::body_hash`];
+    /// 0 for a node-made id): a repeat under a caller's id on any node is
+    /// the same reservation only with the same body. Stored after the
+    /// rest of the record ([`SharedForm`]'s `bodies`), so records written
+    /// before it existed still decode, and nodes that do not know it still
+    /// read newer records.
+    #[serde(skip)]
+    pub body: u64,
+}
+
+/// What a record says of reservation `res` asked again under the same id.
+#[derive(Debug, Clone)]
+pub(crate) enum SeenHere {
+    /// Held, by a request with this body: (index, campaign id) held.
+    Held { body: u64, kind: HeldKind },
+    /// Settled (committed or released).
+    Settled,
+}
+
+/// Whether `rec` holds or has settled reservation `res`: a reserve under a
+/// caller's id that another node (or this one, in a write whose answer was
+/// lost) already made must not hold a second time (docs/cluster.md).
+pub(crate) fn seen_in_record(rec: &SubjectRecord, res: u64) -> Option<SeenHere> {
+    let meta = rec.shared_meta()?;
+    if let Some(h) = meta.held.iter().find(|h| h.res == res) {
+        return Some(SeenHere::Held {
+            body: h.body,
+            kind: h.kind.clone(),
+        });
+    }
+    meta.settled
+        .iter()
+        .any(|s| s.res == res)
+        .then_some(SeenHere::Settled)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,14 +288,29 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
             })
             .collect(),
     };
-    codec::encode(&form)
+    let mut out = codec::encode(&form);
+    // Appended, not a field of the form: see [`Held::body`].
+    let bodies: Vec<(u64, u64)> = form
+        .held
+        .iter()
+        .filter(|h| h.body != 0)
+        .map(|h| (h.res, h.body))
+        .collect();
+    if !bodies.is_empty() {
+        out.extend_from_slice(&codec::encode(&bodies));
+    }
+    out
 }
 
 /// A record read from the shared store at `version`, and its last decision
 /// time.
 pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
     let (idle_at, payload) = codec::unframe(value)?;
-    let form: SharedForm = codec::decode(payload)?;
+    let (form, used): (SharedForm, usize) = codec::decode_prefix(payload)?;
+    let bodies: Vec<(u64, u64)> = match payload.get(used..) {
+        Some(rest) if !rest.is_empty() => codec::decode(rest)?,
+        _ => Vec::new(),
+    };
     let mut rec = SubjectRecord {
         counters: form
             .counters
@@ -309,6 +358,11 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
         let meta = rec.shared_meta_mut();
         meta.held = form.held;
         meta.settled = form.settled;
+        for (res, body) in bodies {
+            if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
+                h.body = body;
+            }
+        }
     }
     Ok((rec, form.last))
 }

@@ -82,6 +82,12 @@ pub fn decode<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<T, String>
         .map_err(|e| e.to_string())
 }
 
+/// Decodes a bincode payload at the start of `payload`, and how many bytes
+/// it took (what follows is a later addition older builds leave alone).
+pub fn decode_prefix<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Result<(T, usize), String> {
+    bincode::serde::decode_from_slice(payload, config()).map_err(|e| e.to_string())
+}
+
 /// One item state as stored. Reservations are memory-only, so what is stored
 /// is committed state: no concurrency holds, no pending budget.
 ///

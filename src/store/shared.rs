@@ -102,8 +102,10 @@ pub trait Shared: Send + Sync {
     ) -> Result<Cas, StoreError>;
 
     /// Sets `key` to `token` if absent, to expire at `expire_at` (an event id
-    /// within its horizon): `true` if this call set it, or it holds `token`
-    /// already (the same claim, retried).
+    /// within its horizon): `true` if this call set it. A claim that is
+    /// there already is a duplicate, whoever made it: a retry of a claim
+    /// whose answer was lost is not counted (at most once; counting it
+    /// again on a matching token counted a user-less event once per repeat).
     fn claim(&self, key: &[u8], expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError>;
 
     /// Removes a claim this node made and did not use.
@@ -270,8 +272,8 @@ impl Shared for SharedMemory {
 
     fn claim(&self, key: &[u8], _expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {
         let mut m = self.claims.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = m.get(key) {
-            return Ok(held == token);
+        if m.contains_key(key) {
+            return Ok(false);
         }
         m.insert(key.to_vec(), token.to_vec());
         Ok(true)
