@@ -517,6 +517,15 @@ impl Shared for RedisStore {
         })?;
         if replicas < 1 {
             self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            // The event is answered 503 and not counted: give the claim
+            // back (if this call set it), so that the client's retry claims
+            // it afresh and counts it. Kept, it made the retry a duplicate
+            // and the event was never counted (seen under load in
+            // `events_are_counted_once_cluster_wide`). Best effort: should
+            // this fail too, the event is lost, not counted twice.
+            if !matches!(v, Value::Nil) {
+                let _ = self.unclaim(key);
+            }
             return Err(StoreError::Unavailable(
                 "the event id was not confirmed by a replica in time".into(),
             ));
