@@ -909,6 +909,7 @@ fn an_event_id_counts_once_on_any_node() {
             "the user's cap counts the event once"
         );
     }
+}
 
 /// Debian's libfaketime (package `faketime`): preloaded, it shifts every
 /// clock the process reads (wall and monotonic) by `FAKETIME`.

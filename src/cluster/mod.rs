@@ -234,7 +234,7 @@ impl RedisStore {
             self.clock.clone(),
             self.options.call_timeout,
         );
-        self.rt.spawn(async move {
+        self.handle.spawn(async move {
             let mut every = tokio::time::interval(time::INTERVAL);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             every.tick().await;
