@@ -901,7 +901,15 @@ fn an_event_id_counts_once_on_any_node() {
         "event ids: with a user counted {}, without {} (of 4 posts each)",
         counted.0, counted.1
     );
-    assert_eq!(counted, (1, 1), "each event id counted once");
+    // A user's event whose record write applied but was answered 503 (a
+    // replica late to confirm, on a loaded machine) is answered as a
+    // duplicate on its retry: the user's record, read below on every node,
+    // is the count.
+    assert!(
+        counted.0 <= 1,
+        "the user's event counted once at most: {counted:?}"
+    );
+    assert_eq!(counted.1, 1, "the user-less event counted once");
     for node in &n {
         assert_eq!(
             used(node, "u1", "c"),
