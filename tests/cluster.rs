@@ -197,6 +197,20 @@ impl Node {
     }
 }
 
+/// Waits (5 s at most) until every node in `nodes` serves the definition at
+/// `path`: nodes apply definitions others wrote within a second.
+fn definition_reached(nodes: &[Node], path: &str) {
+    for n in nodes {
+        let seen = (0..100).any(|_| {
+            n.call("GET", path, None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "{path} did not reach every node within 5 s");
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
@@ -553,15 +567,7 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
         let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{name}"), Some(def));
         assert_eq!(st, 200, "{body}");
     }
-    for n in &nodes[1..] {
-        let seen = (0..100).any(|_| {
-            n.call("GET", "/v1/campaigns/cap", None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "definitions did not reach every node");
-    }
+    definition_reached(&nodes[1..], "/v1/campaigns/cap");
     // Demand: 3 × the budget in impressions of cost 1..=3 (mean 2), and 3 ×
     // the cap, spread over the nodes by four threads; every acknowledged
     // commit is logged with its cost.
@@ -647,15 +653,7 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
     let def = json!({"max_in_flight": IN_FLIGHT});
     let (st, body) = nodes[0].call_retrying("PUT", "/v1/campaigns/fl", Some(&def));
     assert_eq!(st, 200, "{body}");
-    for n in &nodes[1..] {
-        let seen = (0..100).any(|_| {
-            n.call("GET", "/v1/campaigns/fl", None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "definitions did not reach every node");
-    }
+    definition_reached(&nodes[1..], "/v1/campaigns/fl");
     let held = (0..4 * IN_FLIGHT)
         .filter(|i| {
             let body = json!({"user": format!("f{i}"), "candidates": [{"campaign": "fl"}], "reserve": true, "ttl_ms": 60_000});
@@ -692,15 +690,7 @@ fn a_budget_is_delivered_after_a_node_dies() {
     let def = json!({"budget": {"amount": BUDGET, "per": "1d", "pacing": "asap"}});
     let (st, body) = nodes[0].call_retrying("PUT", "/v1/campaigns/dead", Some(&def));
     assert_eq!(st, 200, "{body}");
-    for n in &nodes[1..] {
-        let seen = (0..100).any(|_| {
-            n.call("GET", "/v1/campaigns/dead", None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "definitions did not reach every node");
-    }
+    definition_reached(&nodes[1..], "/v1/campaigns/dead");
     // One impression of cost 1, screened and committed on the same node
     // (affinity: a dead node's holds committed elsewhere are another case,
     // docs/cluster.md); true if acknowledged.
@@ -751,15 +741,7 @@ fn three_nodes(tmp: &Path, redis: &Redis, camp: &str) -> Vec<Node> {
     let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
     let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{camp}"), Some(&def));
     assert_eq!(st, 200, "{body}");
-    for n in &nodes[1..] {
-        let seen = (0..100).any(|_| {
-            n.call("GET", &format!("/v1/campaigns/{camp}"), None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "definitions did not reach every node within 5 s");
-    }
+    definition_reached(&nodes[1..], &format!("/v1/campaigns/{camp}"));
     nodes
 }
 
