@@ -3,11 +3,12 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/freqcap-target
 
 .PHONY: deps testdeps pydeps test bench schemas run
 
-# Native build dependencies, Redis for the cluster and RESP tests, curl for
+# Native build dependencies, Redis for the cluster and RESP tests, faketime
+# for a node minutes ahead (tests/cluster.rs), curl for
 # HTTP/2 (tests/e2e.rs), pip for the Python test tools,
 # installed only when missing (needs root or sudo).
 deps:
-	@for p in libclang-dev build-essential pkg-config redis-server redis-tools curl python3-pip; do \
+	@for p in libclang-dev build-essential pkg-config redis-server redis-tools faketime curl python3-pip; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

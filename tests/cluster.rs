@@ -118,6 +118,11 @@ struct Node {
 
 impl Node {
     fn start(data: &Path, seeds: &str, id: &str) -> Node {
+        Node::start_env(data, seeds, id, &[])
+    }
+
+    /// [`Node::start`] with environment variables (say, libfaketime's).
+    fn start_env(data: &Path, seeds: &str, id: &str, env: &[(&str, &str)]) -> Node {
         let mut args: Vec<&std::ffi::OsStr> = [
             "--listen",
             "127.0.0.1:0",
@@ -138,7 +143,7 @@ impl Node {
         .map(std::ffi::OsStr::new)
         .collect();
         args.push(data.as_os_str());
-        let support::Served { child, addr, log } = support::serve(args, false);
+        let support::Served { child, addr, log } = support::serve_env(args, env, false);
         Node {
             child,
             base: format!("http://{addr}"),
@@ -894,4 +899,118 @@ fn an_event_id_counts_once_on_any_node() {
             "the user's cap counts the event once"
         );
     }
+}
+
+/// Debian's libfaketime (package `faketime`): preloaded, it shifts every
+/// clock the process reads (wall and monotonic) by `FAKETIME`.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Screens `user` for `campaign` on `n` and, if eligible, commits it there:
+/// whether the impression was allowed.
+fn impression(n: &Node, user: &str, campaign: &str) -> bool {
+    let body = json!({"user": user, "candidates": [{"campaign": campaign}], "reserve": true});
+    let (st, out) = n.call_retrying("POST", "/v1/screen", Some(&body));
+    assert_eq!(st, 200, "{out}");
+    if out["results"][0]["eligible"] != true {
+        return false;
+    }
+    let id = out["reservation"].as_str().expect("a reservation id");
+    let (st, out) = n.call_retrying(
+        "POST",
+        &format!("/v1/reservations/{id}/commit"),
+        Some(&json!({})),
+    );
+    assert_eq!(st, 200, "{out}");
+    true
+}
+
+/// The value of metric `name` on node `n` (its first sample).
+fn metric(n: &Node, name: &str) -> Option<f64> {
+    let url = format!("{}/metrics", n.base);
+    let mut r = n.agent.get(&url).call().ok()?;
+    let text = r.body_mut().read_to_string().ok()?;
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// One node's clock 600 s ahead (libfaketime) must not move any decision:
+/// every node decides at the cluster's time (Redis's), not its own.
+#[test]
+fn a_node_minutes_ahead_keeps_caps_exact() {
+    assert!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: apt-get install faketime (make deps)"
+    );
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7470);
+    let n1 = Node::start(&tmp.path().join("n1"), &redis.seeds, "n1");
+    let n3 = Node::start_env(
+        &tmp.path().join("n3"),
+        &redis.seeds,
+        "n3",
+        &[("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", "+600s")],
+    );
+    // "1 per 5 minutes" (a gap cap is rate 1 per D, burst 1).
+    let def = json!({"caps": [{"kind": "gap", "min": "5m"}]});
+    let (st, body) = n1.call_retrying("PUT", "/v1/campaigns/c5", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    let seen = (0..100).any(|_| {
+        n3.call("GET", "/v1/campaigns/c5", None).0 == 200 || {
+            std::thread::sleep(Duration::from_millis(50));
+            false
+        }
+    });
+    assert!(seen, "definitions did not reach n3");
+
+    // The case: B's first impression on n1; n3 (ahead) serves A; n1
+    // reads A; B's second impression on n1, 1 s after the first.
+    assert!(impression(&n1, "B", "c5"), "B's first impression");
+    assert!(impression(&n1, "C", "c5"), "C's first impression");
+    assert!(impression(&n3, "A", "c5"), "A's first impression");
+    assert!(!impression(&n1, "A", "c5"), "A again, on n1");
+    std::thread::sleep(Duration::from_secs(1));
+    let b_again = impression(&n1, "B", "c5");
+    // n3's own decisions, as if its clock were right: C seen on n1, then
+    // on n3 about 1 s later; D on n3, then on n3 and n1.
+    assert!(impression(&n3, "D", "c5"), "D's first impression");
+    let c_on_n3 = impression(&n3, "C", "c5");
+    let d_on_n3 = impression(&n3, "D", "c5");
+    let d_on_n1 = impression(&n1, "D", "c5");
+    let offset_n1 = metric(&n1, "freqcap_cluster_clock_offset_seconds");
+    let offset_n3 = metric(&n3, "freqcap_cluster_clock_offset_seconds");
+    eprintln!(
+        "clock: n3 +600 s; second impression 1 s later allowed: B on n1 {b_again}, C on n3 {c_on_n3}, D on n3 {d_on_n3}, D on n1 {d_on_n1}; measured offsets n1 {offset_n1:?} s, n3 {offset_n3:?} s"
+    );
+    assert!(!b_again, "B's second impression on n1 1 s after the first");
+    assert!(!c_on_n3, "C's second impression, on n3, 1 s after n1's");
+    assert!(!d_on_n3, "D's second impression on n3 1 s after the first");
+    assert!(!d_on_n1, "D's second impression, on n1, after n3's");
+    // Reported figures follow the cluster's time too: n3 answers C's wait
+    // as about 5 minutes less the 1 s since, not 5 minutes less 10.
+    let body = json!({"user": "C", "candidates": [{"campaign": "c5"}]});
+    let (st, out) = n3.call_retrying("POST", "/v1/screen", Some(&body));
+    assert_eq!(st, 200, "{out}");
+    eprintln!("clock: C on n3: {}", out["results"][0]);
+    let wait = out["results"][0]["denied_by"]["retry_after_ms"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        (290_000..=300_000).contains(&wait),
+        "n3 says C waits {wait} ms, not 5 min less the seconds since"
+    );
+    let offset_n1 = offset_n1.expect("n1 exports freqcap_cluster_clock_offset_seconds");
+    let offset_n3 = offset_n3.expect("n3 exports freqcap_cluster_clock_offset_seconds");
+    assert!(offset_n1.abs() < 0.5, "n1's offset {offset_n1}");
+    assert!((offset_n3 + 600.0).abs() < 1.0, "n3's offset {offset_n3}");
+    assert!(
+        n3.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("clock") && l.contains("Redis")),
+        "n3 logs its clock's offset from Redis's"
+    );
+    drop((n1, n3));
 }

@@ -180,6 +180,9 @@ pub struct Figures {
     pub failed_open: u64,
     /// Lease calls, and this node's grants now (count, units not yet spent).
     pub lease_calls: u64,
+    /// Decisions on a record whose own time ran more than 1 s past the
+    /// cluster's (written by a node on its own wrong clock), held up by 1 s.
+    pub record_time_capped: u64,
     pub grants: u64,
     pub grant_units: u64,
     pub redis: Option<RedisFigures>,
@@ -195,6 +198,9 @@ pub struct RedisFigures {
     pub errors: u64,
     pub timeouts: u64,
     pub unreplicated: u64,
+    /// Redis's time minus this node's clock, ns, as last measured
+    /// (src/cluster/time.rs): the shift its decisions use.
+    pub clock_offset_ns: i64,
     pub latency_sum_us: u64,
     /// Calls per latency bucket ([`crate::cluster::LATENCY_BOUNDS_US`], then
     /// the rest), not cumulative.
@@ -486,6 +492,23 @@ impl Collector for EngineFigures {
             "Calls of the lease function (grants of campaign-scope state, spend reports)",
             f.lease_calls,
         )?;
+        counter(
+            &mut e,
+            "freqcap_cluster_record_time_capped",
+            "Decisions on a record whose own time ran more than 1 s past the cluster's (a node decided on its own wrong clock), held up by 1 s only",
+            f.record_time_capped,
+        )?;
+        {
+            // Seconds, so a dashboard compares it with its alert threshold
+            // (docs/cluster.md: warn past 1 s) directly.
+            let g = ConstGauge::new(r.clock_offset_ns as f64 / 1e9);
+            g.encode(e.encode_descriptor(
+                "freqcap_cluster_clock_offset_seconds",
+                "Redis's time minus this node's clock, as last measured; decisions use Redis's (negative: this node's clock is ahead).",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
         gauge(
             &mut e,
             "freqcap_grants",

@@ -184,6 +184,7 @@ fn figures<C: Clock + 'static>(
         cas_conflicts: get(&st.cas_conflicts),
         failed_open: get(&st.failed_open),
         lease_calls: get(&st.lease_calls),
+        record_time_capped: get(&st.record_time_capped),
         grants: engine.grants_outstanding().0 as u64,
         grant_units: engine.grants_outstanding().1,
         redis: engine.store().redis_stats().map(|r| metrics::RedisFigures {
@@ -191,6 +192,11 @@ fn figures<C: Clock + 'static>(
             errors: get(&r.errors),
             timeouts: get(&r.timeouts),
             unreplicated: get(&r.unreplicated),
+            clock_offset_ns: engine
+                .store()
+                .shared()
+                .and_then(|s| s.clock_offset())
+                .unwrap_or(0),
             latency_sum_us: get(&r.latency_us),
             buckets: std::array::from_fn(|i| get(&r.latency_buckets[i])),
         }),

@@ -19,6 +19,7 @@
 //! applied; the engine then reads the record again before deciding on it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,8 @@ use crate::store::{
     Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, Op, Receipt, Shared, SlotsRequest,
     Space, Store, StoreError, StoreStats,
 };
+
+pub mod time;
 
 /// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
 pub const FUNCTIONS: &str = include_str!("functions.lua");
@@ -161,6 +164,8 @@ pub struct RedisStore {
     pub stats: RedisStats,
     /// Whether the seeds are a cluster (else one Redis).
     pub clustered: bool,
+    /// Redis's time as this node measures it: the time it decides at.
+    pub clock: Arc<time::ClusterClock>,
 }
 
 impl Drop for RedisStore {
@@ -197,9 +202,50 @@ impl RedisStore {
             options,
             stats: RedisStats::default(),
             clustered,
+            clock: Arc::default(),
         };
         store.load_functions()?;
+        store.start_clock();
         Ok(store)
+    }
+
+    /// Measures Redis's time before the node decides anything, then every
+    /// [`time::INTERVAL`] on the client's runtime (not on a decision's path:
+    /// one `TIME` a second per node). A failed measure keeps the last offset;
+    /// the next one retries.
+    fn start_clock(&self) {
+        let sample = |conn: Conn, clock: Arc<time::ClusterClock>| async move {
+            time::measure(&clock, || async { conn.query(&redis::cmd("TIME")).await }).await
+        };
+        match self.run("TIME", sample(self.conn.clone(), self.clock.clone())) {
+            Ok(Some(offset)) => tracing::info!(
+                "clock: Redis's time is this node's {:+.6} s (decisions use Redis's)",
+                offset as f64 / 1e9
+            ),
+            Ok(None) => tracing::warn!(
+                "clock: Redis's TIME reply was not a time; decisions use this node's clock until it is"
+            ),
+            Err(e) => tracing::warn!(
+                "clock: Redis's TIME could not be read ({e}); decisions use this node's clock until it is"
+            ),
+        }
+        let (conn, clock, deadline) = (
+            self.conn.clone(),
+            self.clock.clone(),
+            self.options.call_timeout,
+        );
+        self.handle.spawn(async move {
+            let mut every = tokio::time::interval(time::INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every.tick().await;
+            loop {
+                every.tick().await;
+                let r = tokio::time::timeout(deadline, sample(conn.clone(), clock.clone())).await;
+                if let Ok(Err(e)) = r {
+                    tracing::debug!("clock: TIME failed: {e}");
+                }
+            }
+        });
     }
 
     /// `FUNCTION LOAD REPLACE` on every primary (functions replicate and
@@ -442,6 +488,10 @@ fn unexpected(what: &str, v: &Value) -> StoreError {
 }
 
 impl Shared for RedisStore {
+    fn clock_offset(&self) -> Option<i64> {
+        Some(self.clock.offset())
+    }
+
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         let mut c = redis::cmd("HMGET");
         c.arg(redis_key(key)).arg("v").arg("b");

@@ -291,6 +291,10 @@ pub struct EngineStats {
     pub failed_open: AtomicU64,
     /// Calls of the lease function (grants and spend reports).
     pub lease_calls: AtomicU64,
+    /// With a shared store: decisions on a record whose own time was more
+    /// than [`shared::MAX_RECORD_AHEAD`] past this node's (written by a node
+    /// whose clock ran ahead), held up by that much only.
+    pub record_time_capped: AtomicU64,
 }
 
 const META_HASH_KEY: &[u8] = b"hash_key";
@@ -350,6 +354,15 @@ pub struct Engine<C: Clock> {
     pub stats: EngineStats,
 }
 
+/// Local time `t` as the cluster's: shifted by the offset a shared store
+/// measured, unchanged on one node.
+fn cluster_time(t: Nanos, store: &dyn Store) -> Nanos {
+    match store.shared().and_then(|s| s.clock_offset()) {
+        Some(offset) => crate::cluster::time::shifted(t, offset),
+        None => t,
+    }
+}
+
 impl<C: Clock> Engine<C> {
     /// Opens the engine on `store`: loads definitions and campaign counters;
     /// user and policy-key records come back on first touch, and remembered
@@ -394,7 +407,7 @@ impl<C: Clock> Engine<C> {
             options.memory_budget / 2,
             hot.outside(),
         );
-        let started = clock.now();
+        let started = cluster_time(clock.now(), &*store);
         Ok(Engine {
             last_now: AtomicU64::new(started),
             clock,
@@ -419,9 +432,11 @@ impl<C: Clock> Engine<C> {
         })
     }
 
-    /// The engine's time now (never earlier than a time it already used).
+    /// The engine's time now (never earlier than a time it already used):
+    /// the clock's, or with a shared store the cluster's (the clock shifted
+    /// by the offset the store measures; docs/cluster.md, "Time").
     pub fn now(&self) -> Nanos {
-        let t = self.clock.now();
+        let t = cluster_time(self.clock.now(), &*self.store);
         let prev = self.last_now.fetch_max(t, Ordering::AcqRel);
         let now = prev.max(t);
         self.store.set_now(now);

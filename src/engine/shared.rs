@@ -42,6 +42,15 @@ pub(crate) const STALE: u64 = u64::MAX;
 /// debits still counting on a node whose clock is behind.
 const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
 
+/// How far a record's own time may hold a decision on it past this node's
+/// time. Nodes decide at the cluster's time (Redis's, measured to within half
+/// a round trip: under a millisecond), so a record is ahead by that much at
+/// most; one further ahead was written by a node deciding at its own wrong
+/// clock (an older release, or one that could not read Redis's time), and
+/// following it would roll this record's windows early. Decisions on it are
+/// held up by this much only, and counted (`record_time_capped`).
+pub(crate) const MAX_RECORD_AHEAD: Nanos = 1_000_000_000;
+
 /// How a reservation was settled, as its record says.
 #[derive(Debug, Clone)]
 pub(crate) struct SettledAs {
@@ -147,8 +156,9 @@ pub(crate) struct SettledId {
 /// pending debits included (they are the cluster's, not one node's).
 #[derive(Serialize, Deserialize)]
 struct SharedForm {
-    /// The latest decision time written here: a node whose clock is behind
-    /// decides at this time instead (a record never goes back in time).
+    /// The latest decision time written here: a node behind it decides on
+    /// this record at this time instead (a record never goes back in time),
+    /// up to [`MAX_RECORD_AHEAD`] past its own.
     last: Nanos,
     counters: Vec<StoredCounter>,
     pending: Vec<StoredPending>,
@@ -605,26 +615,55 @@ impl<C: Clock> Engine<C> {
         }
     }
 
-    /// Reads record `key` from the shared store (a fresh one if absent).
-    fn read_shared(&self, shared: &dyn Shared, disk: &[u8]) -> Result<SubjectRecord, StoreError> {
+    /// Reads record `key` from the shared store (a fresh one if absent),
+    /// and its last decision time.
+    fn read_shared(
+        &self,
+        shared: &dyn Shared,
+        disk: &[u8],
+    ) -> Result<(SubjectRecord, Nanos), StoreError> {
         self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
         match shared.read(disk)? {
             Some((version, value)) => self.decoded(disk, &value, version),
-            None => Ok(SubjectRecord::default()),
+            None => Ok((SubjectRecord::default(), 0)),
         }
     }
 
-    /// Decodes a shared copy, moving the engine's time up to its last
-    /// decision.
+    /// Decodes a shared copy, and its last decision time. The engine's time
+    /// stays where it is: a record's time holds up decisions on that record
+    /// only ([`Engine::record_time`]), so a node whose clock ran ahead moves
+    /// no other record (issue 25: one node 600 s ahead let every reader's
+    /// "1 per 5 minutes" caps allow a second impression 1 s later).
     fn decoded(
         &self,
         disk: &[u8],
         value: &[u8],
         version: u64,
-    ) -> Result<SubjectRecord, StoreError> {
-        let (rec, last) = decode(value, version).map_err(|m| corrupt(disk, m))?;
-        self.last_now.fetch_max(last, Ordering::AcqRel);
-        Ok(rec)
+    ) -> Result<(SubjectRecord, Nanos), StoreError> {
+        decode(value, version).map_err(|m| corrupt(disk, m))
+    }
+
+    /// The time to decide on a record at: `now`, or the record's own later
+    /// time (`last`, its last decision as read, or its version: Redis's time
+    /// in µs when it was written, which is all a cached copy keeps), capped
+    /// at `now` + [`MAX_RECORD_AHEAD`] (counted).
+    fn record_time(&self, now: Nanos, last: Nanos, version: u64) -> Nanos {
+        let written = match version {
+            STALE => 0,
+            v => v.saturating_mul(1_000),
+        };
+        let own = last.max(written);
+        if own <= now {
+            return now;
+        }
+        let cap = now.saturating_add(MAX_RECORD_AHEAD);
+        if own > cap {
+            self.stats
+                .record_time_capped
+                .fetch_add(1, Ordering::Relaxed);
+            return cap;
+        }
+        own
     }
 
     /// [`Engine::with_record`] on a shared store: `f` decides on the cached
@@ -640,22 +679,36 @@ impl<C: Clock> Engine<C> {
     ) -> Result<R, Halt> {
         let disk = key.disk_key();
         let reg = self.registry();
+        // The last decision time of the copy read from the store in this
+        // call (0: none was).
+        let last = std::cell::Cell::new(0);
+        let decoded = |value: &[u8], version| {
+            let (rec, t) = self.decoded(&disk, value, version)?;
+            last.set(t);
+            Ok::<_, StoreError>(rec)
+        };
+        let read = || {
+            let (rec, t) = self.read_shared(shared, &disk)?;
+            last.set(t);
+            Ok::<_, StoreError>(rec)
+        };
         for _ in 0..MAX_TRIES {
             // Whether the copy decided on was read from the store in this
             // call (else it is the cached one, perhaps behind the store).
             let fresh = std::cell::Cell::new(false);
             let load = || {
                 fresh.set(true);
-                self.read_shared(shared, &disk)
+                read()
             };
             let step = self
                 .hot
                 .try_with(&key.hot_key(), now, &u64::MAX, load, |rec| {
                     if rec.write_seq == STALE {
-                        *rec = self.read_shared(shared, &disk)?;
+                        *rec = read()?;
                         fresh.set(true);
                     }
-                    let at = now.max(self.last_now.load(Ordering::Acquire));
+                    let now = now.max(self.last_now.load(Ordering::Acquire));
+                    let at = self.record_time(now, last.get(), rec.write_seq);
                     let before = payload(rec, 0);
                     expire_held(rec, at, &reg);
                     let r = f(rec, at);
@@ -673,7 +726,7 @@ impl<C: Clock> Engine<C> {
                             Some((v, _)) if v == rec.write_seq => Ok(Some(r)),
                             None if rec.write_seq == 0 => Ok(Some(r)),
                             Some((v, value)) => {
-                                *rec = self.decoded(&disk, &value, v)?;
+                                *rec = decoded(&value, v)?;
                                 Ok(None)
                             }
                             None => {
@@ -705,7 +758,7 @@ impl<C: Clock> Engine<C> {
                         Ok(Cas::Conflict { version, value }) => {
                             self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
                             *rec = match value {
-                                Some(v) => self.decoded(&disk, &v, version)?,
+                                Some(v) => decoded(&v, version)?,
                                 None => SubjectRecord {
                                     write_seq: version,
                                     ..SubjectRecord::default()
@@ -759,7 +812,7 @@ impl<C: Clock> Engine<C> {
         key: RecordKey,
         res: u64,
     ) -> Result<Option<SettledAs>, StoreError> {
-        let rec = self.read_shared(shared, &key.disk_key())?;
+        let (rec, _) = self.read_shared(shared, &key.disk_key())?;
         Ok(rec
             .shared_meta()
             .and_then(|m| m.settled.iter().find(|s| s.res == res))
@@ -781,8 +834,8 @@ impl<C: Clock> Engine<C> {
         shared: &dyn Shared,
         key: RecordKey,
     ) -> Result<SubjectRecord, EngineError> {
-        let mut rec = self.read_shared(shared, &key.disk_key())?;
-        let at = self.now().max(self.last_now.load(Ordering::Acquire));
+        let (mut rec, last) = self.read_shared(shared, &key.disk_key())?;
+        let at = self.record_time(self.now(), last, rec.write_seq);
         expire_held(&mut rec, at, &self.registry());
         Ok(rec)
     }

@@ -88,6 +88,13 @@ pub struct SlotsRequest<'a> {
 /// forgets its copy and reads the record again before deciding on it.
 /// Versions only grow, also across a record's expiry and re-creation.
 pub trait Shared: Send + Sync {
+    /// The cluster's time minus this node's clock, ns, if the store measures
+    /// it (Redis's `TIME`, src/cluster/time.rs): nodes decide at the
+    /// cluster's time, whatever their own clocks say (docs/cluster.md, "Time").
+    fn clock_offset(&self) -> Option<i64> {
+        None
+    }
+
     /// The (version, value) of record `key`; `None` if absent.
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
 
