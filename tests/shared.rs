@@ -450,28 +450,6 @@ fn batched_spend_reports_keep_a_budget_exact() {
     assert_eq!(delivered + more, 50, "exactly the budget in all");
 }
 
-#[test]
-fn debug_batched() {
-    let store = Arc::new(SharedMemory::new());
-    let options = EngineOptions {
-        spend_reports: freqcap::engine::SpendReports::Batched,
-        ..EngineOptions::default()
-    };
-    let clock = Arc::new(ManualClock::new(T0));
-    let a = Engine::open(store.clone(), clock.clone(), options.clone()).unwrap();
-    a.put_campaign(
-        "b",
-        campaign(r#"{"budget": {"amount": 50, "per": "1d", "pacing": "asap"}}"#),
-    )
-    .unwrap();
-    let s = a.screen(&screen("u0", &["b"])).unwrap();
-    eprintln!("screen {s:?}; {:?}", a.delivery("b").unwrap());
-    let c = a
-        .commit(s.reservation.as_deref().unwrap(), &commit("b"))
-        .unwrap();
-    eprintln!("commit {c:?}; {:?}", a.delivery("b").unwrap());
-}
-
 /// A screen decided again after a conflict holds campaign-side once; an
 /// event is counted in its campaign once.
 #[test]
