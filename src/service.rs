@@ -467,11 +467,6 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
                         .into(),
                 );
             }
-            if engine.shared().is_some() {
-                return Err("rls_config: Envoy's rate limit service needs the local store (rocksdb or memory); \
-                     with a redis-cluster store its all-or-nothing step is not available yet (docs/cluster.md)"
-                    .into());
-            }
             let handle = crate::rls::RulesHandle::open(dir, state.metrics.rls.clone())
                 .map_err(|e| format!("rls_config: {e}"))?;
             let handle = Arc::new(handle);

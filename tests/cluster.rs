@@ -123,6 +123,17 @@ impl Node {
 
     /// [`Node::start`] with environment variables (say, libfaketime's).
     fn start_env(data: &Path, seeds: &str, id: &str, env: &[(&str, &str)]) -> Node {
+        Node::start_with(data, seeds, id, env, &[])
+    }
+
+    /// [`Node::start_env`] with more arguments.
+    fn start_with(
+        data: &Path,
+        seeds: &str,
+        id: &str,
+        env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Node {
         let mut args: Vec<&std::ffi::OsStr> = [
             "--listen",
             "127.0.0.1:0",
@@ -143,6 +154,7 @@ impl Node {
         .map(std::ffi::OsStr::new)
         .collect();
         args.push(data.as_os_str());
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
         let support::Served { child, addr, log } = support::serve_env(args, env, false);
         Node {
             child,
@@ -1028,4 +1040,133 @@ fn a_node_minutes_ahead_keeps_caps_exact() {
         "n3 logs its clock's offset from Redis's"
     );
     drop((n1, n3));
+}
+
+/// Envoy's rate limit service on three nodes of one cluster: a request's
+/// descriptors live in different slots, and every request is still all or
+/// nothing and the limits exact fleet-wide (issue 25). Before, a node with
+/// `--rls-config` and a cluster store refused to start. Rules: tests/rls/
+/// (`shared` 30 a day, `wide` 1000 a day).
+#[test]
+fn envoys_rate_limit_service_is_all_or_nothing_across_nodes() {
+    use freqcap::rls::pb::{
+        RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry,
+        rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
+    };
+    support::away_from_midnight();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7590);
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls");
+    let extra = [
+        "--rls-config",
+        rules.to_str().expect("utf-8 path"),
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ];
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let id = format!("n{i}");
+            Node::start_with(&tmp.path().join(&id), &redis.seeds, &id, &[], &extra)
+        })
+        .collect();
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| support::logged_addr(&n.log, "gRPC listening on "))
+        .collect();
+    let desc = |k: &str, v: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: k.into(),
+            value: v.into(),
+        }],
+        ..Default::default()
+    };
+    let request = |hits| RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![desc("shared", "s"), desc("wide", "w")],
+        hits_addend: hits,
+    };
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    // 20 requests from each node's client, the three at once: 60 for a
+    // descriptor of 30 a day.
+    let (allowed, failed, mixed) = rt.block_on(async {
+        let mut calls = tokio::task::JoinSet::new();
+        for addr in &addrs {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("an address")
+                .connect()
+                .await
+                .expect("connects");
+            let mut c = RateLimitServiceClient::new(ch);
+            let r = request(0);
+            calls.spawn(async move {
+                let (mut allowed, mut failed, mut mixed) = (0, 0, 0);
+                for _ in 0..20 {
+                    match c.should_rate_limit(r.clone()).await {
+                        Ok(a) => {
+                            let a = a.into_inner();
+                            allowed += usize::from(a.overall_code == Code::Ok as i32);
+                            // All or nothing: wide allows in every answer
+                            // (it has room), shared decides.
+                            let over = a.overall_code == Code::OverLimit as i32;
+                            mixed += usize::from(
+                                (a.statuses[0].code == Code::OverLimit as i32) != over
+                                    || a.statuses[1].code != Code::Ok as i32,
+                            );
+                        }
+                        // A write Redis could not confirm in time: the
+                        // request may or may not have counted.
+                        Err(e) => {
+                            eprintln!("rls: {e}");
+                            failed += 1
+                        }
+                    }
+                }
+                (allowed, failed, mixed)
+            });
+        }
+        calls
+            .join_all()
+            .await
+            .into_iter()
+            .fold((0, 0, 0), |t, x| (t.0 + x.0, t.1 + x.1, t.2 + x.2))
+    });
+    // What wide used, as each node reads it (a request with hits 0 looks).
+    let remaining: Vec<u32> = rt.block_on(async {
+        let mut out = Vec::new();
+        for addr in &addrs {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("an address")
+                .connect()
+                .await
+                .expect("connects");
+            let mut c = RateLimitServiceClient::new(ch);
+            let look = RateLimitRequest {
+                descriptors: vec![desc("wide", "w")],
+                ..request(0)
+            };
+            // A look counts 1 (Envoy's hits_addend 0 means 1): read the
+            // remaining it reports, then account for the looks.
+            let a = c.should_rate_limit(look).await.expect("answers");
+            out.push(a.into_inner().statuses[0].limit_remaining);
+        }
+        out
+    });
+    eprintln!(
+        "rls across 3 nodes: {allowed} allowed of 60 (limit 30), {failed} failed, wide remaining {remaining:?}"
+    );
+    assert_eq!(mixed, 0, "an answer that was not all or nothing");
+    assert!(allowed <= 30, "{allowed} allowed over a limit of 30");
+    assert!(
+        allowed + failed >= 30,
+        "{allowed} allowed with {failed} failures: the limit was not reached"
+    );
+    // wide counted each allowed request once, and each look; a failed one
+    // at most once.
+    let used = 1000 - remaining[2] as usize - 3;
+    assert!(
+        (allowed..=allowed + failed).contains(&used),
+        "wide used {used} for {allowed} allowed ({failed} failed)"
+    );
+    assert_eq!(remaining[0] - 1, remaining[1]);
+    drop(nodes);
 }

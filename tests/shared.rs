@@ -557,3 +557,75 @@ fn a_rolling_campaign_cap_is_exact_across_nodes() {
     }
     assert_eq!(deliver(&[&a, &b], "r", 12), 4, "the window moved on");
 }
+
+/// `Engine::check_all` (Envoy's rate limit service) on a shared store: keys
+/// in different records, decided by two nodes in turn, are all or nothing
+/// and exact, as on one node (tests/engine.rs `check_all_is_all_or_nothing`
+/// runs the same steps on one node).
+#[test]
+fn check_all_is_all_or_nothing_across_nodes() {
+    use freqcap::engine::{AllOutcome, CompiledInline, KeyCheck, compile_inline};
+    let (_, a, b, _, _) = two_nodes();
+    let limits = |json: &str| {
+        let defs: Vec<freqcap::model::LimitDef> = from_json(json).unwrap();
+        compile_inline(&defs).unwrap()
+    };
+    let two = limits(r#"[{"kind": "window", "limit": 2, "window": "1h", "align": "fixed"}]"#);
+    let ten = limits(
+        r#"[{"kind": "window", "limit": 10, "window": "1h", "align": "fixed"},
+            {"kind": "rate", "rate": 10, "per": "1h", "burst": 10}]"#,
+    );
+    let key = |l: &Arc<CompiledInline>, k: &str, cost, enforced| KeyCheck {
+        limits: l.clone(),
+        key: k.into(),
+        cost,
+        enforced,
+    };
+    let remaining =
+        |o: &AllOutcome| -> Vec<u64> { o.decisions.iter().map(|d| d.remaining).collect() };
+    let pair = [key(&two, "narrow", 1, true), key(&ten, "wide", 1, true)];
+    let o = a.check_all(&pair).unwrap();
+    assert!(o.allowed);
+    assert_eq!(remaining(&o), [1, 9]);
+    // On the other node, cost 2 on narrow cannot be paid: nothing moves,
+    // wide included, and wide reports what it has.
+    let o = b
+        .check_all(&[key(&two, "narrow", 2, true), key(&ten, "wide", 1, true)])
+        .unwrap();
+    assert!(!o.allowed);
+    assert!(!o.decisions[0].allowed && o.decisions[1].allowed);
+    assert_eq!(remaining(&o), [1, 9]);
+    // Wide first: it is held, then given back when narrow denies.
+    let o = a
+        .check_all(&[key(&ten, "wide", 3, true), key(&two, "narrow", 2, true)])
+        .unwrap();
+    assert!(!o.allowed);
+    assert_eq!(remaining(&o), [9, 1]);
+    // The pair alternates between the nodes until narrow is spent: one more.
+    let allowed = (0..6)
+        .filter(|i| {
+            let n = if i % 2 == 0 { &b } else { &a };
+            n.check_all(&pair).unwrap().allowed
+        })
+        .count();
+    assert_eq!(allowed, 1, "narrow had 1 left");
+    // Both nodes see wide debited twice (the two allowed pairs), no more.
+    for n in [&a, &b] {
+        let o = n.check_all(&[key(&ten, "wide", 0, true)]).unwrap();
+        assert_eq!(remaining(&o), [8]);
+    }
+    // A shadow key over its limit does not deny, and is not debited further.
+    let o = b
+        .check_all(&[key(&two, "narrow", 1, false), key(&ten, "wide", 1, true)])
+        .unwrap();
+    assert!(o.allowed);
+    assert!(!o.decisions[0].allowed);
+    assert_eq!(remaining(&o), [0, 7]);
+    // A key given twice sees its first debit, across its one record.
+    let twice = [key(&ten, "w2", 6, true), key(&ten, "w2", 5, true)];
+    let o = a.check_all(&twice).unwrap();
+    assert!(!o.allowed);
+    assert!(o.decisions[0].allowed && !o.decisions[1].allowed);
+    let o = b.check_all(&[key(&ten, "w2", 0, true)]).unwrap();
+    assert_eq!(remaining(&o), [10], "nothing debited");
+}

@@ -20,10 +20,12 @@ use crate::clock::{Clock, Nanos};
 use crate::limits::stack::Decision;
 use crate::limits::{Hold, ItemState};
 
-use super::chain::Defs;
+use super::chain::{Defs, Repriced, Settling, settle_entries};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
+use super::record::PendingEntry;
 use super::request::{CompiledInline, check_cost};
+use super::shared::{Held, HeldKind};
 use super::{Engine, EngineError, invalid};
 
 /// Hash namespace of the keys this operation decides.
@@ -119,15 +121,13 @@ impl<C: Clock> Engine<C> {
         checks: &[KeyCheck],
     ) -> Option<Result<AllOutcome, EngineError>> {
         if self.shared().is_some() {
-            return Some(Err(shared_unsupported()));
+            // Every key is a call to the shared store.
+            return None;
         }
         if_in_memory(self.check_all_with(checks, Reads::MemoryOnly))
     }
 
     fn check_all_with(&self, checks: &[KeyCheck], reads: Reads) -> Result<AllOutcome, Halt> {
-        if self.shared().is_some() {
-            return Err(shared_unsupported().into());
-        }
         if checks.is_empty() {
             return Err(invalid("checks", "at least one key is needed").into());
         }
@@ -157,6 +157,9 @@ impl<C: Clock> Engine<C> {
             .iter()
             .map(|c| RecordKey::PolicyKey(self.hash(NAMESPACE, stack_id(&c.limits), &c.key)))
             .collect();
+        if self.shared().is_some() {
+            return self.check_all_shared(checks, &records, now, reads);
+        }
         let _held = self.key_locks.lock(&records);
 
         // Pass 1: decide each key on a copy of its states. A key that comes
@@ -252,10 +255,231 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-fn shared_unsupported() -> EngineError {
-    invalid(
-        "store",
-        "deciding several keys at once (Envoy's rate limit service) needs the local store; \
-         a redis-cluster store cannot take them in one step yet (docs/cluster.md)",
-    )
+/// How long a key's debit stays pending between the two steps of
+/// [`Engine::check_all`] on a shared store. The second step follows at once;
+/// this bounds only what a node that died (or lost Redis) between them
+/// leaves: past it, any node touching the key drops the hold and the debit
+/// stays counted, as if committed, because the key's limits are the
+/// caller's inline ones, which other nodes cannot look up to give it back
+/// (conservative: never an over-limit allow).
+const BETWEEN_STEPS: Nanos = 10_000_000_000;
+
+/// Rounds of tries (each of up to `shared::MAX_TRIES` writes) of the second
+/// step on one record before the call fails (its holds then count until
+/// [`BETWEEN_STEPS`]).
+const SETTLE_ROUNDS: usize = 4;
+
+/// A record's checks on a shared store, decided in one compare-and-set.
+struct Group {
+    record: RecordKey,
+    /// Indices into the call's checks, in the order given.
+    checks: SmallVec<[usize; 2]>,
+    /// Whether this group's debits are held pending (to commit or release).
+    held: bool,
+}
+
+impl<C: Clock> Engine<C> {
+    /// [`Engine::check_all`] on a shared store (docs/cluster.md, "Several
+    /// keys at once"): keys live in records spread over Redis's slots, so no
+    /// single write takes them all. Each record is decided with its debits
+    /// held pending under one reservation (a compare-and-set per record,
+    /// seen at once by every node); then, if every enforced key allowed, the
+    /// holds are committed, else released: all or nothing once the call
+    /// answers. A single record needs one step: its write is the decision.
+    fn check_all_shared(
+        &self,
+        checks: &[KeyCheck],
+        records: &[RecordKey],
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<AllOutcome, Halt> {
+        let mut groups: Vec<Group> = Vec::new();
+        for (i, &record) in records.iter().enumerate() {
+            match groups.iter_mut().find(|g| g.record == record) {
+                Some(g) => g.checks.push(i),
+                None => groups.push(Group {
+                    record,
+                    checks: smallvec::smallvec![i],
+                    held: false,
+                }),
+            }
+        }
+        let res = self.res_of(&self.new_reservation_id(None));
+        let hold = match groups.len() {
+            1 => Hold::Immediate,
+            _ => Hold::Reserve {
+                deadline: now + BETWEEN_STEPS,
+            },
+        };
+        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        let mut allowed = true;
+        for gi in 0..groups.len() {
+            let g = &groups[gi];
+            // After a denial nothing more is debited: the rest only report.
+            let decided = self.with_record(g.record, now, reads, |rec, now| {
+                decide_group(rec, checks, &g.checks, now, res, hold, allowed)
+            });
+            let (ds, group_allows, held) = match decided {
+                Ok(x) => x,
+                Err(e) => {
+                    // The call fails whole: what it holds goes back now (a
+                    // failed give-back counts until BETWEEN_STEPS, never
+                    // allowing more than the limits).
+                    let _ = self.settle_groups(checks, &groups[..gi], res, now, reads, false);
+                    return Err(e);
+                }
+            };
+            let g = &mut groups[gi];
+            g.held = held;
+            allowed &= group_allows;
+            for (&i, d) in g.checks.iter().zip(ds) {
+                decisions[i] = Some(d);
+            }
+        }
+        // Second step: every hold committed, or released.
+        self.settle_groups(checks, &groups, res, now, reads, allowed)?;
+        if !allowed {
+            // The keys that would have allowed report their figures as they
+            // stand (their holds are given back): one more read of each.
+            for g in &groups {
+                let limits = &checks[g.checks[0]].limits;
+                let figures = self.with_record(g.record, now, reads, |rec, now| {
+                    let mut states = states_in(rec, &limits.tags);
+                    limits.stack.decide(&mut states, now, 0, Hold::Immediate).0
+                })?;
+                for &i in &g.checks {
+                    if let Some(d) = decisions[i].as_mut().filter(|d| d.allowed) {
+                        *d = figures.clone();
+                    }
+                }
+            }
+        }
+        Ok(AllOutcome {
+            allowed,
+            decisions: decisions.into_iter().flatten().collect(),
+        })
+    }
+}
+
+impl<C: Clock> Engine<C> {
+    /// Commits (`commit`) or releases what reservation `res` holds in the
+    /// records of `groups`.
+    fn settle_groups(
+        &self,
+        checks: &[KeyCheck],
+        groups: &[Group],
+        res: u64,
+        now: Nanos,
+        reads: Reads,
+        commit: bool,
+    ) -> Result<(), Halt> {
+        let how = if commit {
+            Settling::Commit {
+                final_cost: None,
+                repriced: Repriced::EveryItem,
+            }
+        } else {
+            Settling::Release
+        };
+        for g in groups.iter().filter(|g| g.held) {
+            let limits = &checks[g.checks[0]].limits;
+            let settle = || {
+                self.with_record(g.record, now, reads, |rec, at| {
+                    let entries = rec.take_pending(res, None);
+                    let defs = Defs::Stack {
+                        owner: 0,
+                        stack: &limits.stack,
+                        tags: &limits.tags,
+                    };
+                    settle_entries(rec, entries, defs, how, at);
+                    rec.shared_meta_mut().held.retain(|h| h.res != res);
+                    rec.drop_empty_shared_meta();
+                })
+            };
+            // Settling cannot be refused, only outpaced: a key hot on several
+            // nodes at once changes under it (3 nodes on one key: 4 calls of
+            // 60 failed after 3 tries), so it tries again before giving up.
+            let mut tried = settle();
+            for _ in 1..SETTLE_ROUNDS {
+                if tried.is_ok() {
+                    break;
+                }
+                tried = settle();
+            }
+            tried?;
+        }
+        Ok(())
+    }
+}
+
+/// Decides the checks `idx` of one record, in order (a key that comes twice
+/// sees its first debit), on a copy of its states; writes the debits (held
+/// under `res` for a [`Hold::Reserve`]) only if `debit` and every enforced
+/// check of the group allows. Returns the decisions, whether the group
+/// allows, and whether it holds anything.
+fn decide_group(
+    rec: &mut super::record::SubjectRecord,
+    checks: &[KeyCheck],
+    idx: &[usize],
+    now: Nanos,
+    res: u64,
+    hold: Hold,
+    debit: bool,
+) -> (SmallVec<[Decision; 2]>, bool, bool) {
+    let limits = &checks[idx[0]].limits;
+    let mut states = states_in(rec, &limits.tags);
+    let mut decisions = SmallVec::new();
+    let mut pending = Vec::new();
+    let mut allows = true;
+    for &i in idx {
+        let c = &checks[i];
+        let (d, p) = limits.stack.decide(&mut states, now, c.cost, hold);
+        allows &= d.allowed || !c.enforced;
+        if let Some(p) = p {
+            pending.push((i, p));
+        }
+        decisions.push(d);
+    }
+    let debited = idx.iter().any(|&i| checks[i].cost > 0);
+    if !(debit && allows && debited) {
+        return (decisions, allows, false);
+    }
+    for (&t, s) in limits.tags.iter().zip(states) {
+        *rec.state_mut(0, t) = s;
+    }
+    for (item, &t) in limits.stack.items().iter().zip(&limits.tags) {
+        rec.touch(0, t, item);
+    }
+    let held = !pending.is_empty();
+    for (i, p) in pending {
+        for (item, &t) in p.items.into_iter().zip(&limits.tags) {
+            rec.add_pending(PendingEntry {
+                res,
+                cand: i as u32,
+                owner: 0,
+                tag: t,
+                item,
+                n: p.cost,
+            });
+        }
+    }
+    if let (true, Hold::Reserve { deadline }) = (held, hold) {
+        rec.idle_at = rec.idle_at.max(deadline);
+        rec.shared_meta_mut().held.push(Held {
+            res,
+            deadline,
+            // Owner 0: inline limits no other node can look up (see
+            // BETWEEN_STEPS for what that means at the deadline).
+            kind: HeldKind::Check { policy: 0 },
+            body: 0,
+        });
+    }
+    (decisions, allows, held)
+}
+
+/// A copy of the states of items `tags` (owner 0) in `rec`.
+fn states_in(rec: &super::record::SubjectRecord, tags: &[u32]) -> SmallVec<[ItemState; 4]> {
+    tags.iter()
+        .map(|&t| rec.state(0, t).cloned().unwrap_or_default())
+        .collect()
 }
