@@ -68,16 +68,17 @@ fn serve_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
     (status, err)
 }
 
-/// `--rls-config` with a redis-cluster store: d5eefae panicked ("Cannot
-/// drop a runtime in a context where blocking is not allowed") while
-/// returning its error.
+/// An error found after the redis-cluster store is open (here a bad
+/// `--rls-config` rule): d5eefae panicked ("Cannot drop a runtime in a
+/// context where blocking is not allowed") while returning its error (then
+/// with any rules: the service was refused with a cluster store).
 #[test]
 fn a_start_up_error_with_a_redis_store_is_one_line_not_a_panic() {
     let redis = Redis::start();
     let rules = tempfile::tempdir().unwrap();
     std::fs::write(
         rules.path().join("edge.yaml"),
-        "domain: edge\ndescriptors:\n  - key: path\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        "domain: edge\ndescriptors:\n  - key: path\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n",
     )
     .unwrap();
     let store = format!("redis-cluster://127.0.0.1:{}", redis.1);
@@ -94,4 +95,5 @@ fn a_start_up_error_with_a_redis_store_is_one_line_not_a_panic() {
     assert!(!status.success(), "{status:?}\n{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("rls_config:"), "names the option: {err}");
+    assert!(err.contains("fortnight"), "names the value: {err}");
 }
