@@ -629,3 +629,63 @@ fn check_all_is_all_or_nothing_across_nodes() {
     let o = b.check_all(&[key(&ten, "w2", 0, true)]).unwrap();
     assert_eq!(remaining(&o), [10], "nothing debited");
 }
+
+/// A check of inline limits reserves on a shared store too (before: 400
+/// naming `reserve`): any node commits or releases it, and any node expires
+/// it at its deadline, with the limits the record keeps with the hold.
+#[test]
+fn an_inline_check_reserves_and_settles_on_any_node() {
+    let (_, a, b, ca, cb) = two_nodes();
+    let limits: Vec<freqcap::model::LimitDef> = from_json(
+        r#"[{"kind": "window", "limit": 3, "window": "1h", "align": "fixed"},
+            {"kind": "rate", "rate": 3, "per": "1h", "burst": 3}]"#,
+    )
+    .unwrap();
+    let check = |node: &Node, cost: u64, reserve: bool| {
+        node.check(&CheckRequest {
+            target: CheckTarget::Inline(limits.clone()),
+            key: "k".into(),
+            cost,
+            reserve,
+            ttl_ms: Some(10_000),
+            reservation_id: None,
+            fingerprint: None,
+        })
+        .unwrap()
+    };
+    // Two held on a; a third on b is allowed, a fourth is not.
+    let r1 = check(&a, 1, true);
+    let r2 = check(&a, 1, true);
+    assert!(r1.decision.allowed && r2.decision.allowed);
+    assert_eq!(
+        check(&b, 0, false).decision.remaining,
+        1,
+        "b counts a's holds"
+    );
+    // r1 committed on b, r2 released on b: one used, two left.
+    b.commit(
+        r1.reservation.as_deref().unwrap(),
+        &CommitRequest::default(),
+    )
+    .unwrap();
+    b.release(r2.reservation.as_deref().unwrap()).unwrap();
+    assert_eq!(check(&a, 0, false).decision.remaining, 2);
+    // A hold left open is given back at its deadline, by the node that did
+    // not make it.
+    let r3 = check(&a, 2, true);
+    assert!(r3.decision.allowed);
+    assert_eq!(check(&b, 0, false).decision.remaining, 0);
+    for c in [&ca, &cb] {
+        c.advance(11 * SEC);
+    }
+    assert_eq!(
+        check(&b, 0, false).decision.remaining,
+        2,
+        "released at the deadline"
+    );
+    assert!(check(&b, 2, false).decision.allowed);
+    assert!(
+        !check(&a, 1, false).decision.allowed,
+        "3 used: r1 and 2 now"
+    );
+}

@@ -80,8 +80,16 @@ impl<C: Clock> Engine<C> {
         let key = self.hash(namespace, owner, &req.key);
         let record = RecordKey::PolicyKey(key);
         let shared = self.shared().is_some();
+        // With a shared store, an inline check's hold keeps its limits (any
+        // node settles it): their JSON, made once per reserving check.
+        let inline = match &req.target {
+            CheckTarget::Inline(limits) if shared && req.reserve && owner == 0 => {
+                serde_json::to_vec(limits).ok().map(Arc::<[u8]>::from)
+            }
+            _ => None,
+        };
         if shared {
-            self.check_shareable(owner, req.reserve && req.cost > 0)?;
+            self.check_shareable(owner, req.reserve && req.cost > 0, inline.is_some())?;
         }
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).
@@ -182,6 +190,7 @@ impl<C: Clock> Engine<C> {
                         deadline: now + lifetime,
                         kind: HeldKind::Check { policy: owner },
                         body,
+                        inline: inline.clone(),
                     });
                 }
             } else if decision.allowed && req.cost > 0 {

@@ -472,6 +472,7 @@ fn decide_group(
             // BETWEEN_STEPS for what that means at the deadline).
             kind: HeldKind::Check { policy: 0 },
             body: 0,
+            inline: None,
         });
     }
     (decisions, allows, held)

@@ -141,6 +141,7 @@ impl<C: Clock> Engine<C> {
                             candidates: held.iter().map(|c| (c.index, c.chain[0].id)).collect(),
                         },
                         body,
+                        inline: None,
                     });
                 }
                 Ok((results, held))

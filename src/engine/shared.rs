@@ -23,11 +23,14 @@ use crate::store::codec::{self, StoredCounter, StoredState};
 use crate::store::{Cas, Shared, StoreError};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
+use super::check::compile_inline;
 use super::hot::{Halt, RecordKey};
 use super::record::{Counter, PendingEntry, SubjectRecord};
 use super::registry::Registry;
+use super::request::CompiledInline;
 use super::request::Outcome;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
+use crate::model::LimitDef;
 
 /// Tries of a decision whose write met other nodes' writes before it gives
 /// up with 503 (docs/cluster.md: with affinity, conflicts measured ~0).
@@ -104,6 +107,35 @@ pub(crate) struct Held {
     /// read newer records.
     #[serde(skip)]
     pub body: u64,
+    /// An inline check's limits (their JSON, ~60 bytes an item): owner 0
+    /// names no definition another node could look up, so the record keeps
+    /// what its debits were made under, and any node settles or expires
+    /// them. Stored after the bodies ([`SharedForm`]), as they are.
+    #[serde(skip)]
+    pub inline: Option<Arc<[u8]>>,
+}
+
+impl Held {
+    /// The definitions this reservation's debits were made under: `reg`'s,
+    /// or the inline limits kept with it (compiled again: settling is rare
+    /// next to deciding).
+    fn defs<'a>(&self, reg: &'a Registry, compiled: &'a Option<Arc<CompiledInline>>) -> Defs<'a> {
+        match compiled {
+            Some(c) => Defs::Stack {
+                owner: 0,
+                stack: &c.stack,
+                tags: &c.tags,
+            },
+            None => Defs::Registry(reg),
+        }
+    }
+
+    /// The inline limits kept with this reservation, compiled.
+    fn compiled(&self) -> Option<Arc<CompiledInline>> {
+        let spec = self.inline.as_ref()?;
+        let limits: Vec<LimitDef> = serde_json::from_slice(spec).ok()?;
+        compile_inline(&limits).ok()
+    }
 }
 
 /// What a record says of reservation `res` asked again under the same id.
@@ -306,8 +338,17 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
         .filter(|h| h.body != 0)
         .map(|h| (h.res, h.body))
         .collect();
-    if !bodies.is_empty() {
+    let inline: Vec<(u64, &[u8])> = form
+        .held
+        .iter()
+        .filter_map(|h| Some((h.res, &**h.inline.as_ref()?)))
+        .collect();
+    if !bodies.is_empty() || !inline.is_empty() {
         out.extend_from_slice(&codec::encode(&bodies));
+    }
+    // After the bodies, likewise (see [`Held::inline`]).
+    if !inline.is_empty() {
+        out.extend_from_slice(&codec::encode(&inline));
     }
     out
 }
@@ -317,9 +358,15 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
 pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
     let (idle_at, payload) = codec::unframe(value)?;
     let (form, used): (SharedForm, usize) = codec::decode_prefix(payload)?;
-    let bodies: Vec<(u64, u64)> = match payload.get(used..) {
-        Some(rest) if !rest.is_empty() => codec::decode(rest)?,
-        _ => Vec::new(),
+    let (bodies, inline): (Vec<(u64, u64)>, Vec<(u64, Vec<u8>)>) = match payload.get(used..) {
+        Some(rest) if !rest.is_empty() => {
+            let (bodies, more) = codec::decode_prefix(rest)?;
+            match rest.get(more..) {
+                Some(rest) if !rest.is_empty() => (bodies, codec::decode(rest)?),
+                _ => (bodies, Vec::new()),
+            }
+        }
+        _ => (Vec::new(), Vec::new()),
     };
     let mut rec = SubjectRecord {
         counters: form
@@ -373,6 +420,11 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
                 h.body = body;
             }
         }
+        for (res, spec) in inline {
+            if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
+                h.inline = Some(spec.into());
+            }
+        }
     }
     Ok((rec, form.last))
 }
@@ -400,10 +452,11 @@ fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
     meta.held = kept;
     for h in due {
         let entries = rec.take_pending(h.res, None);
+        let compiled = h.compiled();
         settle_entries(
             rec,
             entries,
-            Defs::Registry(reg),
+            h.defs(reg, &compiled),
             Settling::Release,
             h.deadline,
         );
@@ -492,6 +545,7 @@ fn settle_in_record(
         (HeldKind::Check { .. }, _) => (Vec::new(), Repriced::EveryItem),
     };
     let entries = rec.take_pending(res, None);
+    let compiled = held.compiled();
     for e in entries {
         let win = match held.kind {
             HeldKind::Check { .. } => committed,
@@ -505,7 +559,7 @@ fn settle_in_record(
         } else {
             Settling::Release
         };
-        settle_entries(rec, [e], Defs::Registry(reg), settling, at);
+        settle_entries(rec, [e], held.defs(reg, &compiled), settling, at);
     }
     // A commit answers with its winners, a release with every candidate
     // (as on one node).
@@ -568,11 +622,19 @@ impl<C: Clock> Engine<C> {
     /// Refuses a check a shared store cannot hold: a reservation of inline
     /// limits (no node but this one knows their items, so no other could
     /// expire it).
-    pub(crate) fn check_shareable(&self, owner: u32, reserving: bool) -> Result<(), EngineError> {
-        if reserving && owner == 0 {
+    pub(crate) fn check_shareable(
+        &self,
+        owner: u32,
+        reserving: bool,
+        inline: bool,
+    ) -> Result<(), EngineError> {
+        // Inline limits reserve when the request carries them (kept with
+        // the hold, [`Held::inline`]); limits compiled by a front (RESP's
+        // `CL.THROTTLE`, Envoy's rules) never reserve.
+        if reserving && owner == 0 && !inline {
             return Err(invalid(
                 "reserve",
-                "with a shared (redis-cluster) store, only a named policy's check can reserve",
+                "with a shared (redis-cluster) store, only a named policy's or inline limits' check can reserve",
             ));
         }
         Ok(())
