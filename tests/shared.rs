@@ -689,3 +689,57 @@ fn an_inline_check_reserves_and_settles_on_any_node() {
         "3 used: r1 and 2 now"
     );
 }
+
+/// A screen without a user reserves on a shared store in a record of its
+/// own, so any node commits or releases it (before: only the node that made
+/// it; another answered 404, and the budget was never charged), a repeat on
+/// any node is the same answer, and the reserving node charges its
+/// campaign-side holds at the deadline as the record says.
+#[test]
+fn a_user_less_screen_is_settled_on_any_node() {
+    let (_, a, b, ca, _) = two_nodes();
+    a.put_campaign(
+        "b",
+        campaign(
+            r#"{"budget": {"amount": 5, "per": "1d", "pacing": "asap"}, "unknown_user": "allow"}"#,
+        ),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let anonymous = ScreenRequest {
+        user: None,
+        ..screen("-", &["b"])
+    };
+    let ids: Vec<String> = (0..4)
+        .map(|i| {
+            let s = a.screen(&anonymous).unwrap();
+            assert!(s.results[0].eligible, "reservation {i}: {s:?}");
+            s.reservation.unwrap()
+        })
+        .collect();
+    // Three committed on b (the first twice), one released on b.
+    for id in &ids[..3] {
+        let c = b.commit(id, &commit("b")).unwrap();
+        assert_eq!(c.outcome, Outcome::Committed, "{id}");
+    }
+    let again = b.commit(&ids[0], &commit("b")).unwrap();
+    assert_eq!(again.outcome, Outcome::Committed);
+    assert_eq!(
+        a.commit(&ids[0], &commit("b")).unwrap().outcome,
+        Outcome::Committed,
+        "a repeat on the node that made it"
+    );
+    assert_eq!(b.release(&ids[3]).unwrap().outcome, Outcome::Released);
+    assert!(
+        matches!(
+            a.commit(&ids[3], &commit("b")),
+            Err(EngineError::Conflict(_))
+        ),
+        "a released id is not committed"
+    );
+    // At the deadline a charges the three commits, gives back the release.
+    ca.advance(1500 * 1_000_000);
+    a.sweep();
+    assert_eq!(a.delivery("b").unwrap().spent, 3);
+    assert_eq!(deliver(&[&a, &b], "b", 10), 2, "the rest of the budget");
+}

@@ -113,10 +113,18 @@ impl<C: Clock> Engine<C> {
         let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
             screen_candidates(&reg, req, user_rec, now, reserving, leases, shadow_all)
         };
-        let decided = match user {
-            Some(k) => self.with_record(RecordKey::User(k), now, reads, |rec, now| {
-                // A shared store may run this again (the user record moved
-                // under it): what an earlier run held campaign-side goes back
+        // The record a screen decides in: its user's, or with a shared store
+        // a user-less reservation's own (it holds nothing there but the
+        // reservation, so any node settles it: docs/cluster.md).
+        let record = match (user, reserving) {
+            (Some(k), _) => Some((RecordKey::User(k), true)),
+            (None, Some(r)) if shared => Some((self.userless_record(r.seq), false)),
+            (None, _) => None,
+        };
+        let decided = match record {
+            Some((key, of_user)) => self.with_record(key, now, reads, |rec, now| {
+                // A shared store may run this again (the record moved under
+                // it): what an earlier run held campaign-side goes back
                 // first, so a reservation holds once.
                 if shared && let Some(r) = reserving {
                     undo_campaign_holds(&reg, req, r.seq, now);
@@ -126,12 +134,13 @@ impl<C: Clock> Engine<C> {
                     if let Some(seen) = seen_in_record(rec, r.seq) {
                         // What denies the candidates now, decided here on
                         // the copy just checked: no second Redis call.
+                        let user_rec = of_user.then_some(&mut *rec);
                         let now_results =
-                            screen_candidates(&reg, req, Some(rec), now, None, None, shadow_all).0;
+                            screen_candidates(&reg, req, user_rec, now, None, None, shadow_all).0;
                         return Err((seen, now_results));
                     }
                 }
-                let (results, held) = run(Some(&mut *rec), now);
+                let (results, held) = run(of_user.then_some(&mut *rec), now);
                 if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
                     // Other nodes must know what the debits belong to.
                     rec.shared_meta_mut().held.push(Held {
@@ -143,6 +152,11 @@ impl<C: Clock> Engine<C> {
                         body,
                         inline: None,
                     });
+                    if !of_user {
+                        // Kept until its deadline, and its settled id a
+                        // grace after, as a user record's holds keep it.
+                        rec.idle_at = rec.idle_at.max(r.deadline);
+                    }
                 }
                 Ok((results, held))
             }),

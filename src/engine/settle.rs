@@ -191,15 +191,16 @@ impl<C: Clock> Engine<C> {
         // deadline (`super::shared`). Its campaign-side holds are this
         // node's: another node may have settled it, and the record says how.
         if let Some(shared) = self.shared()
-            && let Reserved::Screen {
-                user: Some(user),
-                candidates,
-            } = &*due.reserved
+            && let Reserved::Screen { user, candidates } = &*due.reserved
         {
             if !candidates.iter().any(|c| holds_campaign_side(&c.chain)) {
                 return;
             }
-            let settled = match self.settled_as(shared, RecordKey::User(*user), due.seq) {
+            let record = match user {
+                Some(u) => RecordKey::User(*u),
+                None => self.userless_record(due.seq),
+            };
+            let settled = match self.settled_as(shared, record, due.seq) {
                 Ok(s) => s,
                 Err(e) => {
                     // Released: the conservative side for this node's grant
@@ -551,9 +552,9 @@ impl<C: Clock> Engine<C> {
 
     /// With a shared store, the record holding reservation `id`: named in a
     /// node-made id, else known to this node's table, else the user a
-    /// commit names (a client-chosen id reserved on another node). `None`
-    /// on one node, and for a reservation without a record (a screen with
-    /// no user holds nothing in a shared store).
+    /// commit names (a client-chosen id reserved on another node), else a
+    /// user-less screen's own record ([`Engine::userless_record`]). `None`
+    /// on one node.
     fn shared_record_of(&self, id: &str, user: Option<&str>) -> Option<(&dyn Shared, RecordKey)> {
         let shared = self.shared()?;
         let key = match Self::record_in_id(id) {
@@ -561,9 +562,15 @@ impl<C: Clock> Engine<C> {
             None => match self.reservations.reserved(id) {
                 Some(r) => match &*r {
                     Reserved::Check { key, .. } => RecordKey::PolicyKey(*key),
-                    Reserved::Screen { user, .. } => RecordKey::User((*user)?),
+                    Reserved::Screen { user: Some(u), .. } => RecordKey::User(*u),
+                    Reserved::Screen { user: None, .. } => self.userless_record(self.res_of(id)),
                 },
-                None => RecordKey::User(self.hash(b'u', 0, user?)),
+                // Not this node's: the user's record the caller names, or
+                // a user-less screen's own record.
+                None => match user {
+                    Some(u) => RecordKey::User(self.hash(b'u', 0, u)),
+                    None => self.userless_record(self.res_of(id)),
+                },
             },
         };
         Some((shared, key))

@@ -651,6 +651,14 @@ impl<C: Clock> Engine<C> {
         self.hash(b'r', 0, id) as u64
     }
 
+    /// The record of user-less screen reservation `seq` with a shared store:
+    /// it holds the reservation only (its holds are campaign-side, the
+    /// reserving node's), so that any node commits or releases it and the
+    /// reserving node learns there, at the deadline, how it was settled.
+    pub(crate) fn userless_record(&self, seq: u64) -> RecordKey {
+        RecordKey::PolicyKey(self.hash(b'n', 0, &format!("{seq:016x}")))
+    }
+
     /// The record a node-made reservation id names (its last part), if it
     /// names one: `u<32 hex>` a user's, `k<32 hex>` a policy key's.
     pub(crate) fn record_in_id(id: &str) -> Option<RecordKey> {
