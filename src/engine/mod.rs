@@ -44,6 +44,7 @@ mod definitions;
 mod events;
 mod figures;
 mod file_definitions;
+mod gate;
 mod hot;
 mod leases;
 mod persist;
@@ -342,6 +343,9 @@ pub struct Engine<C: Clock> {
     dedupe: Dedupe,
     /// The locks [`Engine::check_all`] takes its keys under.
     key_locks: check_all::KeyLocks,
+    /// With a shared store, the records being decided (one decision at a
+    /// time per record, no lock across a Redis call).
+    gates: gate::Gates,
     /// When the campaigns' timelines were last written (engine time).
     timelines_flushed_at: AtomicU64,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
@@ -421,6 +425,7 @@ impl<C: Clock> Engine<C> {
             leases: leases::Leases::default(),
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),
+            gates: gate::Gates::default(),
             timelines_flushed_at: AtomicU64::new(0),
             hash_key,
             id_nonce: options.id_nonce.unwrap_or_else(|| {

@@ -736,10 +736,15 @@ impl<C: Clock> Engine<C> {
         own
     }
 
-    /// [`Engine::with_record`] on a shared store: `f` decides on the cached
-    /// copy at the time it is given (never before the record's last
-    /// decision); if it changed the record, the change is written by
+    /// [`Engine::with_record`] on a shared store: `f` decides on a copy of
+    /// the cached record at the time it is given (never before the record's
+    /// last decision); if it changed the record, the change is written by
     /// compare-and-set, and on a conflict `f` runs again on the current copy.
+    ///
+    /// No lock is held across a Redis call: the hot tier's shard lock only
+    /// while the copy is taken and put back, and the record's own gate
+    /// ([`super::gate`]) keeps this node's decisions on the record one at a
+    /// time.
     pub(crate) fn with_shared_record<R>(
         &self,
         shared: &dyn Shared,
@@ -748,111 +753,128 @@ impl<C: Clock> Engine<C> {
         mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
         let disk = key.disk_key();
+        let hot_key = key.hot_key();
         let reg = self.registry();
+        let _turn = self.gates.enter(hot_key);
         // The last decision time of the copy read from the store in this
         // call (0: none was).
-        let last = std::cell::Cell::new(0);
-        let decoded = |value: &[u8], version| {
-            let (rec, t) = self.decoded(&disk, value, version)?;
-            last.set(t);
-            Ok::<_, StoreError>(rec)
-        };
-        let read = || {
-            let (rec, t) = self.read_shared(shared, &disk)?;
-            last.set(t);
-            Ok::<_, StoreError>(rec)
+        let mut last = 0;
+        let cached = self
+            .hot
+            .get(&hot_key, |rec| {
+                (rec.write_seq != STALE).then(|| rec.clone())
+            })
+            .flatten();
+        // Whether the copy decided on was read from the store in this call
+        // (else it is the cached one, perhaps behind the store).
+        let (mut rec, mut fresh) = match cached {
+            Some(rec) => (rec, false),
+            None => {
+                let (rec, t) = self.read_shared(shared, &disk)?;
+                last = t;
+                (rec, true)
+            }
         };
         for _ in 0..MAX_TRIES {
-            // Whether the copy decided on was read from the store in this
-            // call (else it is the cached one, perhaps behind the store).
-            let fresh = std::cell::Cell::new(false);
-            let load = || {
-                fresh.set(true);
-                read()
-            };
-            let step = self
-                .hot
-                .try_with(&key.hot_key(), now, &u64::MAX, load, |rec| {
-                    if rec.write_seq == STALE {
-                        *rec = read()?;
-                        fresh.set(true);
+            let now = now.max(self.last_now.load(Ordering::Acquire));
+            let at = self.record_time(now, last, rec.write_seq);
+            let before = payload(&rec, 0);
+            expire_held(&mut rec, at, &reg);
+            let r = f(&mut rec, at);
+            if payload(&rec, 0) == before {
+                if fresh {
+                    self.keep_copy(hot_key, now, rec);
+                    return Ok(r);
+                }
+                // Nothing to write, so no compare-and-set tells whether the
+                // cached copy was current: a denial or an unknown id decided
+                // on an old copy would be wrong (a release elsewhere, a
+                // reservation made elsewhere). Ask for the version; decide
+                // again on the current copy if it moved.
+                match shared.read(&disk)? {
+                    Some((v, _)) if v == rec.write_seq => return Ok(r),
+                    None if rec.write_seq == 0 => return Ok(r),
+                    Some((v, value)) => {
+                        let (current, t) = self.decoded(&disk, &value, v)?;
+                        (rec, last) = (current, t);
                     }
-                    let now = now.max(self.last_now.load(Ordering::Acquire));
-                    let at = self.record_time(now, last.get(), rec.write_seq);
-                    let before = payload(rec, 0);
-                    expire_held(rec, at, &reg);
-                    let r = f(rec, at);
-                    if payload(rec, 0) == before {
-                        if fresh.get() {
-                            return Ok(Some(r));
+                    None => rec = SubjectRecord::default(),
+                }
+                fresh = true;
+                continue;
+            }
+            // The record lives at least as long as what it must remember
+            // for other nodes.
+            if let Some(m) = rec.shared_meta() {
+                let until = m
+                    .held
+                    .iter()
+                    .map(|h| h.deadline)
+                    .chain(m.settled.iter().map(|s| s.deadline))
+                    .max()
+                    .unwrap_or(0);
+                rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
+            }
+            let value = codec::frame(rec.idle_at, &payload(&rec, at));
+            let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
+            self.stats.cas.fetch_add(1, Ordering::Relaxed);
+            match shared.cas(&disk, rec.write_seq, &value, expire) {
+                Ok(Cas::Written(v)) => {
+                    rec.write_seq = v;
+                    self.keep_copy(hot_key, now, rec);
+                    return Ok(r);
+                }
+                Ok(Cas::Conflict { version, value }) => {
+                    self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    rec = match value {
+                        Some(v) => {
+                            let (current, t) = self.decoded(&disk, &v, version)?;
+                            last = t;
+                            current
                         }
-                        // Nothing to write, so no compare-and-set tells
-                        // whether the cached copy was current: a denial or
-                        // an unknown id decided on an old copy would be
-                        // wrong (a release elsewhere, a reservation made
-                        // elsewhere). Ask for the version; decide again on
-                        // the current copy if it moved.
-                        return match shared.read(&disk)? {
-                            Some((v, _)) if v == rec.write_seq => Ok(Some(r)),
-                            None if rec.write_seq == 0 => Ok(Some(r)),
-                            Some((v, value)) => {
-                                *rec = decoded(&value, v)?;
-                                Ok(None)
-                            }
-                            None => {
-                                *rec = SubjectRecord::default();
-                                Ok(None)
-                            }
-                        };
-                    }
-                    // The record lives at least as long as what it must
-                    // remember for other nodes.
-                    if let Some(m) = rec.shared_meta() {
-                        let until = m
-                            .held
-                            .iter()
-                            .map(|h| h.deadline)
-                            .chain(m.settled.iter().map(|s| s.deadline))
-                            .max()
-                            .unwrap_or(0);
-                        rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
-                    }
-                    let value = codec::frame(rec.idle_at, &payload(rec, at));
-                    let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
-                    self.stats.cas.fetch_add(1, Ordering::Relaxed);
-                    match shared.cas(&disk, rec.write_seq, &value, expire) {
-                        Ok(Cas::Written(v)) => {
-                            rec.write_seq = v;
-                            Ok(Some(r))
-                        }
-                        Ok(Cas::Conflict { version, value }) => {
-                            self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                            *rec = match value {
-                                Some(v) => decoded(&v, version)?,
-                                None => SubjectRecord {
-                                    write_seq: version,
-                                    ..SubjectRecord::default()
-                                },
-                            };
-                            Ok(None)
-                        }
-                        Err(e) => {
-                            // It may have been applied: read it again next time.
-                            rec.write_seq = STALE;
-                            Err(e)
-                        }
-                    }
-                });
-            match step {
-                Ok(Ok(Some(r))) => return Ok(r),
-                Ok(Ok(None)) => continue,
-                Ok(Err(e)) | Err(e) => return Err(e.into()),
+                        None => SubjectRecord {
+                            write_seq: version,
+                            ..SubjectRecord::default()
+                        },
+                    };
+                    fresh = true;
+                }
+                Err(e) => {
+                    // It may have been applied: the cached copy is read
+                    // again before the next decision.
+                    let _ = self.hot.try_with(
+                        &hot_key,
+                        now,
+                        &u64::MAX,
+                        || Err(()),
+                        |cached| cached.write_seq = STALE,
+                    );
+                    return Err(e.into());
+                }
             }
         }
         Err(EngineError::Overloaded(format!(
             "the record changed under {MAX_TRIES} decisions in a row (other nodes wrote it); retry"
         ))
         .into())
+    }
+
+    /// Puts `rec`, as decided and written (or found current), back in the
+    /// hot tier under its shard's lock; this record's gate is held, so no
+    /// other decision of this node replaced it meanwhile.
+    fn keep_copy(&self, hot_key: [u64; 2], now: Nanos, rec: SubjectRecord) {
+        let slot = std::cell::Cell::new(Some(rec));
+        let _ = self.hot.try_with(
+            &hot_key,
+            now,
+            &u64::MAX,
+            || Ok::<_, ()>(slot.take().unwrap_or_default()),
+            |cached| {
+                if let Some(rec) = slot.take() {
+                    *cached = rec;
+                }
+            },
+        );
     }
 
     /// Settles reservation `id` in record `key`: the shared store's answer
