@@ -394,12 +394,32 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         spend_reports: config.spend_reports,
         ..EngineOptions::default()
     };
-    // Opening reads definitions, which a shared store holds over the network.
-    let engine =
-        tokio::task::spawn_blocking(move || Engine::open(store, SystemClock::new(), options))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+    // Opening reads definitions, which a shared store holds over the network:
+    // with their primary failing over, the node waits for it as it waited to
+    // connect (`crate::cluster::START_WAIT`), instead of exiting.
+    let engine = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let mut tries = 0u32;
+        loop {
+            match Engine::open(store.clone(), SystemClock::new(), options.clone()) {
+                Err(crate::engine::EngineError::Store(crate::store::StoreError::Unavailable(
+                    why,
+                ))) if store.shared().is_some()
+                    && started.elapsed() < crate::cluster::START_WAIT =>
+                {
+                    if tries % 10 == 0 {
+                        tracing::warn!("waiting for Redis to read the definitions ({why})");
+                    }
+                    tries += 1;
+                    std::thread::sleep(crate::cluster::START_RETRY);
+                }
+                r => return r,
+            }
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
     let engine = Arc::new(engine);
     // Definition files before the first request: a bad directory stops the
     // start, as a bad config file does.

@@ -1258,3 +1258,42 @@ fn a_paused_primary_holds_up_only_its_own_users() {
         "users of healthy primaries answered after a paused user's call timed out ({first_failed:?})"
     );
 }
+
+/// A node started while a primary is dead and its replica not yet promoted
+/// (its address the first seed) serves as soon as the failover is over,
+/// instead of exiting (issue 25, "fail well": before, it exited at once with
+/// "cannot reach Redis ... Connection refused").
+#[test]
+fn a_node_started_during_a_failover_serves_once_redis_does() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let base = 7510;
+    let redis = Redis::start(&tmp.path().join("redis"), base);
+    let primaries = redis.primaries(base);
+    // The first seed, if it is a primary (else any primary).
+    let victim = primaries
+        .iter()
+        .copied()
+        .find(|p| *p == base)
+        .unwrap_or(primaries[0]);
+    // SAFETY: a pid the cluster script recorded for its own redis-server.
+    unsafe { libc::kill(redis.pid(victim), libc::SIGKILL) };
+    let node = Node::start(&tmp.path().join("n1"), &redis.seeds, "n1");
+    let waited = node
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("waiting for Redis") || l.contains("Redis answers after"));
+    let def = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d"}]});
+    let (st, body) = node.call_retrying("PUT", "/v1/campaigns/c", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    let served = (0..30)
+        .filter(|i| {
+            let body = json!({"user": format!("f{i}"), "candidates": [{"campaign": "c"}]});
+            node.call_retrying("POST", "/v1/screen", Some(&body)).0 == 200
+        })
+        .count();
+    eprintln!("failover: the node waited for Redis: {waited}; {served} of 30 screens served");
+    assert!(waited, "the node logged that it waited for Redis");
+    assert_eq!(served, 30, "every user served once the failover is over");
+}

@@ -181,9 +181,19 @@ impl Drop for RedisStore {
     }
 }
 
+/// How long a node starting waits for Redis to answer before it gives up:
+/// a failover takes `cluster-node-timeout` + 1–2 s (4 s with ops/
+/// redis-cluster.sh's 2 s), so a node started during one serves once it is
+/// over instead of exiting.
+pub const START_WAIT: Duration = Duration::from_secs(30);
+
+/// Pause between tries at start.
+pub const START_RETRY: Duration = Duration::from_millis(500);
+
 impl RedisStore {
     /// Connects to the seeds and loads the Functions library on every
-    /// primary.
+    /// primary, trying again for up to [`START_WAIT`] while Redis cannot
+    /// answer.
     pub fn connect(options: RedisOptions) -> Result<Self, StoreError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -194,19 +204,54 @@ impl RedisStore {
                 context: "starting the Redis client's runtime".into(),
                 source: e.into(),
             })?;
-        let (conn, clustered) = rt.block_on(connect(&options))?;
-        let store = RedisStore {
-            handle: rt.handle().clone(),
-            rt: Some(rt),
-            conn,
-            options,
-            stats: RedisStats::default(),
-            clustered,
-            clock: Arc::default(),
-        };
-        store.load_functions()?;
-        store.start_clock();
-        Ok(store)
+        let started = Instant::now();
+        for attempt in 0.. {
+            let tried = rt
+                .block_on(connect(&options))
+                .and_then(|(conn, clustered)| {
+                    let store = RedisStore {
+                        handle: rt.handle().clone(),
+                        // Given the runtime once it is whole: a failed attempt
+                        // is dropped without stopping it.
+                        rt: None,
+                        conn,
+                        options: options.clone(),
+                        stats: RedisStats::default(),
+                        clustered,
+                        clock: Arc::default(),
+                    };
+                    store.load_functions()?;
+                    Ok(store)
+                });
+            match tried {
+                Ok(mut store) => {
+                    if started.elapsed() > START_RETRY {
+                        tracing::info!(
+                            "Redis answers after {:.1} s: serving",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    store.rt = Some(rt);
+                    store.start_clock();
+                    return Ok(store);
+                }
+                // A primary down or failing over, replicas still syncing:
+                // the node serves as soon as Redis does, within START_WAIT.
+                Err(StoreError::Unavailable(why)) if started.elapsed() < START_WAIT => {
+                    // Once, then every 5 s: a wrong address is not 60 lines.
+                    if attempt % 10 == 0 {
+                        tracing::warn!(
+                            "waiting for Redis ({why}); trying again every {} ms for up to {} s",
+                            START_RETRY.as_millis(),
+                            START_WAIT.as_secs()
+                        );
+                    }
+                    std::thread::sleep(START_RETRY);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Unavailable("Redis did not answer".into()))
     }
 
     /// Measures Redis's time before the node decides anything, then every
@@ -388,16 +433,29 @@ async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
     let unavailable = |e: RedisError| {
         StoreError::Unavailable(format!("cannot reach Redis at {}: {e}", o.seeds.join(",")))
     };
-    let first = format!("redis://{}", o.seeds[0]);
-    // One Redis or a cluster: the first seed says.
-    let probe = redis::Client::open(first.as_str()).map_err(unavailable)?;
-    let mut single = tokio::time::timeout(
-        Duration::from_secs(2),
-        probe.get_multiplexed_async_connection(),
-    )
-    .await
-    .map_err(|_| StoreError::Unavailable(format!("Redis at {first} did not answer within 2 s")))?
-    .map_err(unavailable)?;
+    // One Redis or a cluster: the first seed that answers says (a seed may
+    // be a primary that just died).
+    let mut probed = Err(StoreError::Unavailable("no seed".into()));
+    for seed in &o.seeds {
+        let first = format!("redis://{seed}");
+        let probe = redis::Client::open(first.as_str()).map_err(unavailable)?;
+        probed = match tokio::time::timeout(
+            Duration::from_secs(2),
+            probe.get_multiplexed_async_connection(),
+        )
+        .await
+        {
+            Ok(Ok(c)) => Ok((first, c)),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "Redis at {first} did not answer within 2 s"
+            ))),
+        };
+        if probed.is_ok() {
+            break;
+        }
+    }
+    let (first, mut single) = probed?;
     let info: String = redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut single)
