@@ -229,7 +229,10 @@ pub enum Started {
 /// is free and applies `dir`, else only checks it; on one node, applies
 /// it. A bad directory is an error naming the file and field either way.
 pub fn load_at_start<C: Clock>(engine: &Engine<C>, dir: &Path) -> Result<Started, String> {
-    match engine.claim_definitions_writer().map_err(|e| e.to_string())? {
+    match engine
+        .claim_definitions_writer()
+        .map_err(|e| e.to_string())?
+    {
         None => load(engine, dir).map(Started::Applied),
         Some((true, _)) => {
             let me = engine.definitions_writer_name();

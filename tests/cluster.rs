@@ -1195,12 +1195,16 @@ fn definition_directories_have_one_writer_on_a_fleet() {
     }
     nodes[0].kill9();
     let mut took_over = Vec::new();
-    within(20, "another node takes over and applies its directory", || {
-        let a = campaign_ids(&nodes[1]);
-        let b = campaign_ids(&nodes[2]);
-        took_over = a.clone();
-        a == b && (a == ["db"] || a == ["dc"])
-    });
+    within(
+        20,
+        "another node takes over and applies its directory",
+        || {
+            let a = campaign_ids(&nodes[1]);
+            let b = campaign_ids(&nodes[2]);
+            took_over = a.clone();
+            a == b && (a == ["db"] || a == ["dc"])
+        },
+    );
     // And it stays so.
     for _ in 0..30 {
         assert_eq!(campaign_ids(&nodes[1]), took_over);

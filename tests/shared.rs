@@ -641,7 +641,7 @@ fn campaign_names(n: &Node) -> Vec<String> {
 fn one_writer_applies_its_directory_whole() {
     use freqcap::store::{DefsWrite, Op, Shared, Space};
     let (store, a, b, _, _) = two_nodes();
-    assert_eq!(a.claim_definitions_writer().unwrap().unwrap().0, true);
+    assert!(a.claim_definitions_writer().unwrap().unwrap().0);
     let (mine, holder) = b.claim_definitions_writer().unwrap().unwrap();
     assert!(!mine);
     assert_eq!(holder, Some(a.definitions_writer_name()));

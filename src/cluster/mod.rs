@@ -761,7 +761,9 @@ impl Shared for RedisStore {
                 int(ver).ok_or_else(|| unexpected("fc_defs_v1", &v))?,
             )),
             (Some(2), holder) => Ok(DefsWrite::NotWriter(
-                holder.and_then(bytes).map(|b| String::from_utf8_lossy(&b).into_owned()),
+                holder
+                    .and_then(bytes)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
             )),
             _ => Err(unexpected("fc_defs_v1", &v)),
         }
@@ -769,7 +771,11 @@ impl Shared for RedisStore {
 
     fn definitions_writer(&self, node: &str, ttl_ms: u64) -> Result<Option<String>, StoreError> {
         let mut c = redis::cmd("FCALL");
-        c.arg("fc_writer_v1").arg(1).arg(DEFS_WRITER).arg(node).arg(ttl_ms);
+        c.arg("fc_writer_v1")
+            .arg(1)
+            .arg(DEFS_WRITER)
+            .arg(node)
+            .arg(ttl_ms);
         let (v, _) = self.fcall(&c, false)?;
         Ok(bytes(&v).map(|b| String::from_utf8_lossy(&b).into_owned()))
     }

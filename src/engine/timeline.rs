@@ -439,7 +439,10 @@ fn flush_shared(shared: &dyn crate::store::Shared, reg: &super::registry::Regist
                 }
             }
             Err(e) => {
-                tracing::debug!("timeline of {:?} not flushed, kept for the next: {e}", c.name);
+                tracing::debug!(
+                    "timeline of {:?} not flushed, kept for the next: {e}",
+                    c.name
+                );
                 let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
                 for (m, b) in pending {
                     let p = t.pending.entry(m).or_default();

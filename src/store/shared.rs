@@ -285,7 +285,10 @@ impl Store for SharedMemory {
     }
 
     fn submit(&self, batch: Batch, acknowledge: bool) -> Receipt {
-        let _d = self.defs_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _d = self
+            .defs_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if batch.iter().any(|op| op_space(op) == Space::Definitions) {
             self.definitions.fetch_add(1, Ordering::AcqRel);
         }
@@ -497,7 +500,10 @@ impl Shared for SharedMemory {
         writer: Option<&str>,
         ops: &[super::Op],
     ) -> Result<DefsWrite, StoreError> {
-        let _d = self.defs_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let _d = self
+            .defs_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(node) = writer {
             let now = self.now_ms();
             let w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
@@ -547,7 +553,10 @@ impl Shared for SharedMemory {
         minutes: &[MinuteCounts],
         _keep_for: Nanos,
     ) -> Result<(), StoreError> {
-        let mut all = self.timelines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut all = self
+            .timelines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let t = all.entry(campaign).or_default();
         for (m, counts) in minutes {
             let b = t.entry(*m).or_default();
@@ -564,7 +573,10 @@ impl Shared for SharedMemory {
         from: u64,
         to: u64,
     ) -> Result<Vec<MinuteCounts>, StoreError> {
-        let all = self.timelines.lock().unwrap_or_else(PoisonError::into_inner);
+        let all = self
+            .timelines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         Ok(all
             .get(&campaign)
             .map(|t| t.range(from..=to).map(|(m, c)| (*m, *c)).collect())
