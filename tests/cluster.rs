@@ -1091,9 +1091,15 @@ fn timelines_and_top_metrics_are_the_fleets() {
     };
     let mut nodes: Vec<Node> = (0..3).map(start).collect();
     let def = json!({"caps": [{"kind": "window", "limit": 1000, "window": "1h"}]});
+    // tb has a budget too: its figures in /metrics read the fleet's spend.
+    let budgeted = json!({
+        "caps": [{"kind": "window", "limit": 1000, "window": "1h"}],
+        "budget": {"amount": 100000, "per": "1d", "pacing": "asap"},
+    });
     for camp in ["ta", "tb", "tc"] {
         let path = format!("/v1/campaigns/{camp}");
-        let (st, body) = nodes[0].call_retrying("PUT", &path, Some(&def));
+        let def = if camp == "tb" { &budgeted } else { &def };
+        let (st, body) = nodes[0].call_retrying("PUT", &path, Some(def));
         assert_eq!(st, 200, "{body}");
         definition_reached(&nodes[1..], &path);
     }
