@@ -15,8 +15,9 @@
 //! - `fc:{t:<campaign id>}:<day>`: a campaign's timeline, one hash per UTC
 //!   day (field `<minute>:s|c|d`: spend, commits, denied), each node adding
 //!   its counts with `HINCRBY`; expiring with the timeline's retention.
-//! - `fc:{tops}`: a sorted set of the campaigns' activity (commits and
-//!   denials), which picks the campaigns `/metrics` exports on every node.
+//! - `fc:{tops}:<day>`: a sorted set of the campaigns' activity (commits
+//!   and denials) on a UTC day, kept two days: today's and yesterday's pick
+//!   the campaigns `/metrics` exports on every node.
 //! - `fc:{meta}`: the key-hashing secret (set once, by the first node).
 //!
 //! Every call has a deadline ([`RedisOptions::call_timeout`]); the client
@@ -52,8 +53,10 @@ const DEFS_VERSION: &str = "__v";
 const DEFS_IDS: &str = "__ids";
 /// The definitions-writer lock (the slot of [`DEFS`]).
 const DEFS_WRITER: &str = "fc:{defs}:writer";
-/// The campaigns' activity, for `/metrics`' most active ones.
-const TOPS: &str = "fc:{tops}";
+/// The campaigns' activity on a UTC day, for `/metrics`' most active ones.
+fn tops_key(day: u64) -> String {
+    format!("fc:{{tops}}:{day}")
+}
 /// A day in minutes: a timeline's hash holds one UTC day.
 const DAY_MINUTES: u64 = 1440;
 
@@ -861,50 +864,70 @@ impl Shared for RedisStore {
         Ok(minutes.into_iter().collect())
     }
 
-    fn activity_add(&self, adds: &[(u32, u64)]) -> Result<(), StoreError> {
+    fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError> {
         if adds.is_empty() {
             return Ok(());
         }
+        let key = tops_key(day);
         let mut p = redis::pipe();
         for (id, n) in adds {
-            p.cmd("ZINCRBY").arg(TOPS).arg(*n).arg(*id).ignore();
+            p.cmd("ZINCRBY").arg(&key).arg(*n).arg(*id).ignore();
         }
+        // Kept to the end of the next day: it ranks that day too.
+        p.cmd("PEXPIREAT")
+            .arg(&key)
+            .arg((day + 2) * DAY_MINUTES * 60_000)
+            .ignore();
         self.pipe("ZINCRBY activity", p).map(drop)
     }
 
-    fn most_active(&self, n: usize) -> Result<Vec<(u32, u64)>, StoreError> {
+    /// One pipeline on the `{tops}` slot: a `ZREVRANGE` per day.
+    fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError> {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let mut c = redis::cmd("ZREVRANGE");
-        c.arg(TOPS).arg(0).arg(n - 1).arg("WITHSCORES");
-        let v = self.query("ZREVRANGE activity", c)?;
-        let bad = || unexpected("ZREVRANGE activity", &v);
-        // RESP2: member, score, member, ...; RESP3: [member, score] pairs.
-        let flat: Vec<&Value> = match &v {
-            Value::Array(a) => a
-                .iter()
-                .flat_map(|x| match x {
-                    Value::Array(pair) => pair.iter().collect(),
-                    other => vec![other],
-                })
-                .collect(),
-            _ => return Err(bad()),
-        };
-        let mut out = Vec::with_capacity(flat.len() / 2);
-        for pair in flat.chunks(2) {
-            let [m, s] = pair else { return Err(bad()) };
-            let id = int(m).and_then(|i| u32::try_from(i).ok()).ok_or_else(bad)?;
-            let score = match s {
-                Value::Double(d) => *d as u64,
-                other => bytes(other)
-                    .and_then(|b| String::from_utf8_lossy(&b).parse::<f64>().ok())
-                    .map(|d| d as u64)
-                    .ok_or_else(bad)?,
-            };
-            out.push((id, score));
+        let mut p = redis::pipe();
+        for d in [day.saturating_sub(1), day] {
+            p.cmd("ZREVRANGE")
+                .arg(tops_key(d))
+                .arg(0)
+                .arg(n - 1)
+                .arg("WITHSCORES");
         }
-        Ok(out)
+        let v = self.pipe("ZREVRANGE activity", p)?;
+        let bad = |x: &Value| unexpected("ZREVRANGE activity", x);
+        let Value::Array(days) = &v else {
+            return Err(bad(&v));
+        };
+        let mut sums = std::collections::HashMap::new();
+        for day in days {
+            // RESP2: member, score, member, ...; RESP3: [member, score] pairs.
+            let flat: Vec<&Value> = match day {
+                Value::Array(a) => a
+                    .iter()
+                    .flat_map(|x| match x {
+                        Value::Array(pair) => pair.iter().collect(),
+                        other => vec![other],
+                    })
+                    .collect(),
+                _ => return Err(bad(day)),
+            };
+            for pair in flat.chunks(2) {
+                let [m, s] = pair else { return Err(bad(day)) };
+                let id = int(m)
+                    .and_then(|i| u32::try_from(i).ok())
+                    .ok_or_else(|| bad(day))?;
+                let score = match s {
+                    Value::Double(d) => *d as u64,
+                    other => bytes(other)
+                        .and_then(|b| String::from_utf8_lossy(&b).parse::<f64>().ok())
+                        .map(|d| d as u64)
+                        .ok_or_else(|| bad(day))?,
+                };
+                *sums.entry(id).or_insert(0u64) += score;
+            }
+        }
+        Ok(crate::store::shared::by_activity(sums))
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {

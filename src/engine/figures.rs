@@ -5,9 +5,10 @@
 //! series.
 //!
 //! With a shared store the most active campaigns are the fleet's (the
-//! store's activity totals, read every [`FLEET_TOP_EVERY`] by the
-//! sweeper, never at a scrape), so every node exports the same campaigns;
-//! each exports its own counts of them, which Prometheus sums.
+//! store's activity totals of today and yesterday, UTC, read every
+//! [`FLEET_TOP_EVERY`] by the sweeper, never at a scrape), so every node
+//! exports the same campaigns; each exports its own counts of them, which
+//! Prometheus sums.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -124,7 +125,7 @@ impl<C: Clock> Engine<C> {
             return;
         }
         self.fleet_top.at.store(now, Relaxed);
-        match shared.most_active(n) {
+        match shared.most_active(now / (1440 * 60_000_000_000), n) {
             Ok(top) => {
                 *self
                     .fleet_top

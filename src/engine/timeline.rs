@@ -455,7 +455,8 @@ fn flush_shared(shared: &dyn crate::store::Shared, reg: &super::registry::Regist
     }
     // Only ranks the campaigns /metrics exports: a lost update is not
     // retried (every node still reads the same totals).
-    if let Err(e) = shared.activity_add(&activity) {
+    let day = now / (1440 * MINUTE);
+    if let Err(e) = shared.activity_add(day, &activity) {
         tracing::debug!("campaign activity not added: {e}");
     }
 }

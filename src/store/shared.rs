@@ -180,13 +180,16 @@ pub trait Shared: Send + Sync {
         to: u64,
     ) -> Result<Vec<MinuteCounts>, StoreError>;
 
-    /// Adds each campaign's activity (commits and denials) to the fleet's
-    /// totals, which choose the campaigns `/metrics` exports.
-    fn activity_add(&self, adds: &[(u32, u64)]) -> Result<(), StoreError>;
+    /// Adds each campaign's activity (commits and denials) on UTC day
+    /// `day` (days since the epoch) to the fleet's totals of that day, which
+    /// choose the campaigns `/metrics` exports; a day's totals are kept two
+    /// days.
+    fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError>;
 
-    /// The `n` campaigns with the most activity in the fleet's totals, the
-    /// most active first.
-    fn most_active(&self, n: usize) -> Result<Vec<(u32, u64)>, StoreError>;
+    /// The campaigns with the most activity on `day` and the day before
+    /// (the `n` most active of each day, summed), the most active first,
+    /// ties by id.
+    fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError>;
 
     /// A lease call: reports the holder's spend and returns its grant.
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
@@ -251,8 +254,8 @@ pub struct SharedMemory {
     writer: Mutex<Option<(String, u64)>>,
     /// Timelines by campaign, minute by minute.
     timelines: Mutex<HashMap<u32, std::collections::BTreeMap<u64, [u64; 3]>>>,
-    /// Activity by campaign.
-    activity: Mutex<HashMap<u32, u64>>,
+    /// Activity by day and campaign.
+    activity: Mutex<HashMap<(u64, u32), u64>>,
     ids: AtomicU64,
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
@@ -325,6 +328,13 @@ impl Store for SharedMemory {
     fn shared(&self) -> Option<&dyn Shared> {
         Some(self)
     }
+}
+
+/// Campaigns by activity, the most active first, ties by id.
+pub(crate) fn by_activity(sums: HashMap<u32, u64>) -> Vec<(u32, u64)> {
+    let mut v: Vec<(u32, u64)> = sums.into_iter().collect();
+    v.sort_unstable_by_key(|(id, a)| (std::cmp::Reverse(*a), *id));
+    v
 }
 
 fn op_space(op: &super::Op) -> Space {
@@ -583,21 +593,30 @@ impl Shared for SharedMemory {
             .unwrap_or_default())
     }
 
-    fn activity_add(&self, adds: &[(u32, u64)]) -> Result<(), StoreError> {
+    fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError> {
         let mut all = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
         for (id, n) in adds {
-            let a = all.entry(*id).or_default();
+            let a = all.entry((day, *id)).or_default();
             *a = a.saturating_add(*n);
         }
         Ok(())
     }
 
-    fn most_active(&self, n: usize) -> Result<Vec<(u32, u64)>, StoreError> {
+    fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError> {
         let all = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut v: Vec<(u32, u64)> = all.iter().map(|(id, a)| (*id, *a)).collect();
-        v.sort_unstable_by_key(|(id, a)| (std::cmp::Reverse(*a), *id));
-        v.truncate(n);
-        Ok(v)
+        let mut sums: HashMap<u32, u64> = HashMap::new();
+        for d in [day.saturating_sub(1), day] {
+            let mut v: Vec<(u32, u64)> = all
+                .iter()
+                .filter(|((at, _), _)| *at == d)
+                .map(|((_, id), a)| (*id, *a))
+                .collect();
+            v.sort_unstable_by_key(|(id, a)| (std::cmp::Reverse(*a), *id));
+            for (id, a) in v.into_iter().take(n) {
+                *sums.entry(id).or_default() += a;
+            }
+        }
+        Ok(by_activity(sums))
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {
