@@ -229,10 +229,13 @@ pub enum Started {
 /// is free and applies `dir`, else only checks it; on one node, applies
 /// it. A bad directory is an error naming the file and field either way.
 pub fn load_at_start<C: Clock>(engine: &Engine<C>, dir: &Path) -> Result<Started, String> {
-    match engine
-        .claim_definitions_writer()
-        .map_err(|e| e.to_string())?
-    {
+    // A lock call that fails (a slow shard) does not stop the start: the
+    // node starts as a non-writer and [`watch`] tries again every second.
+    let claimed = engine.claim_definitions_writer().unwrap_or_else(|e| {
+        tracing::warn!("definitions-writer lock not taken at start, tried again in 1 s: {e}");
+        Some((false, None))
+    });
+    match claimed {
         None => load(engine, dir).map(Started::Applied),
         Some((true, _)) => {
             let me = engine.definitions_writer_name();

@@ -743,23 +743,21 @@ impl Shared for RedisStore {
                 Op::Put(..) | Op::Delete(..) => {}
             }
         }
-        // Definitions wait for a replica whenever writes do: a failover
-        // must not lose a change every node has applied.
-        let (v, replicas) = self.fcall(&c, self.waits())?;
+        // Acknowledged once the primary applied it, as definitions always
+        // were (no `WAIT`): a replica slower than half the call's deadline
+        // would fail the change, a node's start with it, for a change that
+        // had applied. (A start failed in one run of six of
+        // `definition_directories_have_one_writer_on_a_fleet` under load
+        // while this waited; its log was not kept, so this is the likely
+        // cause, not a measured one: no failure in the runs since.)
+        let (v, _) = self.fcall(&c, false)?;
         let Value::Array(a) = &v else {
             return Err(unexpected("fc_defs_v1", &v));
         };
         match (a.first().and_then(int), a.get(1)) {
-            (Some(1), Some(ver)) => {
-                let ver = int(ver).ok_or_else(|| unexpected("fc_defs_v1", &v))?;
-                if replicas < 1 {
-                    self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
-                    return Err(StoreError::Unavailable(
-                        "the definitions were not confirmed by a replica in time".into(),
-                    ));
-                }
-                Ok(DefsWrite::Written(ver))
-            }
+            (Some(1), Some(ver)) => Ok(DefsWrite::Written(
+                int(ver).ok_or_else(|| unexpected("fc_defs_v1", &v))?,
+            )),
             (Some(0), Some(ver)) => Ok(DefsWrite::Conflict(
                 int(ver).ok_or_else(|| unexpected("fc_defs_v1", &v))?,
             )),
