@@ -259,8 +259,9 @@ pub fn is_definitions_dir(dir: &Path) -> bool {
 
 /// Reloads `dir` on SIGHUP and whenever its content changes, until the
 /// process ends (with a shared store, while this node is the definitions
-/// writer; `writer_at_start`: whether it was at start). A bad directory keeps the definitions in force; the log
-/// names the file and field, and `errors` counts it.
+/// writer; `writer_at_start`: whether it was at start). A bad directory
+/// keeps the definitions in force; the log names the file and field, and
+/// `errors` counts it.
 pub async fn watch<C: Clock + 'static>(
     engine: Arc<Engine<C>>,
     dir: PathBuf,

@@ -41,9 +41,9 @@ const PER_USER_EVERY: Nanos = 30_000_000_000;
 pub const FLUSH_EVERY: Nanos = 10_000_000_000;
 
 /// How often, with a shared store, each node adds its new counts to the
-/// fleet's timelines: one `MULTI`/`EXEC` of `HINCRBY`s per campaign changed
-/// (a few hundred µs each on a loaded test machine), so every 2 s is cheap;
-/// a `kill -9` may lose this much of the node's counts.
+/// fleet's timelines: one round trip (a `MULTI`/`EXEC` of `HINCRBY`s) per
+/// campaign with activity, on the sweeper's thread, never a decision's; a
+/// `kill -9` may lose this much of the node's counts.
 pub const SHARED_FLUSH_EVERY: Nanos = 2_000_000_000;
 
 /// Most minutes kept per campaign: two 31-day periods (a monthly budget's
