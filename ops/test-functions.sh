@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the four functions" \
-  $'fc_cas_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_slots_v1' \
+expect "FUNCTION LIST shows the six functions" \
+  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -381,5 +381,45 @@ expect "an expired holder's fields are dropped" '(integer) 0' "$(rc HEXISTS "$SL
 expect "fc_slots_v1 names a bad argument" \
   '(error) ERR fc_slots_v1: used must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_slots_v1 1 "$SL" a 7 x 0 4 1 1 0)"
+
+###############################################################################
+echo "== fc_defs_v1, fc_writer_v1"
+D='fc:{defs}'
+W='fc:{defs}:writer'
+defs() { rc FCALL fc_defs_v1 2 "$D" "$W" "$@" | ints; }
+expect "a batch on no definitions (any version): applied, version 1" '1 1' \
+  "$(defs '' '' S c/a A S c/b B)"
+expect "both definitions are there" $'c/a\nA\nc/b\nB' \
+  "$(raw HGETALL "$D" | paste - - | grep -v '^__' | sort | tr '\t' '\n')"
+expect "a batch from an older version: conflict, the current version" '0 1' \
+  "$(defs 0 '' D c/a S c/c C)"
+expect "the conflict applied nothing" '(integer) 1' "$(rc HEXISTS "$D" c/a)"
+expect "nor its set" '(integer) 0' "$(rc HEXISTS "$D" c/c)"
+expect "a batch with a bad op after a good one: refused" \
+  '(error) ERR fc_defs_v1: op 2: must be S or D' "$(rc FCALL fc_defs_v1 2 "$D" "$W" 1 '' S c/x X Q c/y)"
+expect "the bad batch applied none of its ops" '(integer) 0' "$(rc HEXISTS "$D" c/x)"
+expect "nor bumped the version" '"1"' "$(rc HGET "$D" __v)"
+expect "a batch may not touch __ fields" \
+  '(error) ERR fc_defs_v1: op 1: a field must be given and must not start with __' \
+  "$(rc FCALL fc_defs_v1 2 "$D" "$W" 1 '' S __v 99)"
+expect "a writer's batch while no one holds the lock: refused, no holder" \
+  $'1) (integer) 2\n2) (nil)' "$(rc FCALL fc_defs_v1 2 "$D" "$W" 1 n1 D c/a)"
+expect "n1 takes the free lock" '"n1"' "$(rc FCALL fc_writer_v1 1 "$W" n1 5000)"
+expect "n2 cannot take it: n1 holds it" '"n1"' "$(rc FCALL fc_writer_v1 1 "$W" n2 5000)"
+expect "n2's batch is refused, naming n1" $'1) (integer) 2\n2) "n1"' \
+  "$(rc FCALL fc_defs_v1 2 "$D" "$W" 1 n2 D c/a)"
+expect "n1's batch at the current version: applied whole" '1 2' "$(defs 1 n1 D c/a S c/c C)"
+expect "its delete applied" '(integer) 0' "$(rc HEXISTS "$D" c/a)"
+expect "and its set" '"C"' "$(rc HGET "$D" c/c)"
+expect "n1 renews its lock" '"n1"' "$(rc FCALL fc_writer_v1 1 "$W" n1 5000)"
+expect "n2 giving up a lock it does not hold changes nothing" '"n1"' \
+  "$(rc FCALL fc_writer_v1 1 "$W" n2 0)"
+expect "n1 gives it up" '(nil)' "$(rc FCALL fc_writer_v1 1 "$W" n1 0)"
+expect "then n2 takes it" '"n2"' "$(rc FCALL fc_writer_v1 1 "$W" n2 60)"
+sleep 0.1
+expect "an unrenewed lock expires: n3 takes it" '"n3"' "$(rc FCALL fc_writer_v1 1 "$W" n3 5000)"
+expect "fc_writer_v1 names a bad argument" \
+  '(error) ERR fc_writer_v1: ttl_ms must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_writer_v1 1 "$W" n3 soon)"
 
 echo "all $PASS checks passed"

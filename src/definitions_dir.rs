@@ -9,6 +9,14 @@
 //! directory (`..data`), which file watches miss, and a few hundred small
 //! files are read in well under a millisecond. A change is applied when two
 //! reads agree (so 2–4 s after it), never half way through a copy.
+//!
+//! With a shared store (docs/cluster.md, "Definitions as files") one node
+//! at a time writes its directory: the holder of the definitions-writer
+//! lock, which it renews every [`RENEW`]. The others only check their own
+//! directory at start and apply what is in the store (within a second, as
+//! any change); when the writer dies another takes the lock within ~6 s
+//! and applies its directory, whole. Every batch is applied all or nothing,
+//! and only while its writer holds the lock.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -25,6 +33,10 @@ const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// How often the directory is read for changes.
 pub const POLL: Duration = Duration::from_secs(2);
+
+/// How often, with a shared store, the definitions-writer lock is taken or
+/// renewed (it lives [`crate::engine::WRITER_TTL_MS`]).
+pub const RENEW: Duration = Duration::from_secs(1);
 
 /// The files of `dir`'s `policies/` and `campaigns/` (hidden ones, such as
 /// a ConfigMap's `..data`, left out), sorted, with their content.
@@ -188,10 +200,55 @@ fn parse<T: serde::de::DeserializeOwned>(
 /// Reads `dir` and puts its definitions in place, whole; or changes nothing
 /// and says why.
 pub fn load<C: Clock>(engine: &Engine<C>, dir: &Path) -> Result<Replaced, String> {
+    load_as(engine, dir, None)
+}
+
+/// [`load`] as the definitions writer `writer` (a shared store).
+pub fn load_as<C: Clock>(
+    engine: &Engine<C>,
+    dir: &Path,
+    writer: Option<&str>,
+) -> Result<Replaced, String> {
     let set = read(dir)?;
     engine
-        .replace_file_definitions(set)
+        .replace_file_definitions_as(set, writer)
         .map_err(|e| e.to_string())
+}
+
+/// What [`load_at_start`] did.
+#[derive(Debug)]
+pub enum Started {
+    /// Applied the directory (one node, or the definitions writer).
+    Applied(Replaced),
+    /// A shared store whose definitions writer is another node: the
+    /// directory was checked, and the store's definitions stay.
+    Checked { writer: Option<String> },
+}
+
+/// At start: with a shared store, takes the definitions-writer lock if it
+/// is free and applies `dir`, else only checks it; on one node, applies
+/// it. A bad directory is an error naming the file and field either way.
+pub fn load_at_start<C: Clock>(engine: &Engine<C>, dir: &Path) -> Result<Started, String> {
+    // A lock call that fails (a slow shard) does not stop the start: the
+    // node starts as a non-writer and [`watch`] tries again every second.
+    let claimed = engine.claim_definitions_writer().unwrap_or_else(|e| {
+        tracing::warn!("definitions-writer lock not taken at start, tried again in 1 s: {e}");
+        Some((false, None))
+    });
+    match claimed {
+        None => load(engine, dir).map(Started::Applied),
+        Some((true, _)) => {
+            let me = engine.definitions_writer_name();
+            load_as(engine, dir, Some(&me)).map(Started::Applied)
+        }
+        Some((false, writer)) => {
+            let set = read(dir)?;
+            engine
+                .validate_file_definitions(set)
+                .map_err(|e| e.to_string())?;
+            Ok(Started::Checked { writer })
+        }
+    }
 }
 
 /// Whether `dir` is a definitions directory (it has `policies/` or
@@ -201,21 +258,29 @@ pub fn is_definitions_dir(dir: &Path) -> bool {
 }
 
 /// Reloads `dir` on SIGHUP and whenever its content changes, until the
-/// process ends. A bad directory keeps the definitions in force; the log
-/// names the file and field, and `errors` counts it.
+/// process ends (with a shared store, while this node is the definitions
+/// writer; `writer_at_start`: whether it was at start). A bad directory
+/// keeps the definitions in force; the log names the file and field, and
+/// `errors` counts it.
 pub async fn watch<C: Clock + 'static>(
     engine: Arc<Engine<C>>,
     dir: PathBuf,
     counters: DefinitionReloads,
     mut last: Option<u64>,
+    writer_at_start: bool,
 ) {
     // A fingerprint seen once, waiting for the next read to agree.
     let mut pending: Option<Option<u64>> = None;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(POLL);
+    // With a shared store: whether this node is the definitions writer,
+    // and its name in the lock.
+    let mut writer = engine.shared().is_some().then_some(writer_at_start);
+    let me = engine.definitions_writer_name();
+    let mut tick = tokio::time::interval(if writer.is_some() { RENEW } else { POLL });
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+    let polls_per_read = (POLL.as_millis() / RENEW.as_millis()).max(1) as u64;
+    for n in 0u64.. {
         #[cfg(unix)]
         let signalled = async {
             match hup.as_mut() {
@@ -225,10 +290,39 @@ pub async fn watch<C: Clock + 'static>(
         };
         #[cfg(not(unix))]
         let signalled = std::future::pending::<bool>();
-        let forced = tokio::select! {
+        let mut forced = tokio::select! {
             s = signalled => s,
             _ = tick.tick() => false,
         };
+        if let Some(was) = writer {
+            let e = engine.clone();
+            let claimed = tokio::task::spawn_blocking(move || e.claim_definitions_writer()).await;
+            let (now, holder) = match claimed {
+                Ok(Ok(Some((mine, holder)))) => (mine, holder),
+                Ok(Err(err)) => {
+                    tracing::debug!("definitions-writer lock not renewed: {err}");
+                    (false, None)
+                }
+                _ => (false, None),
+            };
+            if now && !was {
+                // Another node's directory may be in force: apply this one
+                // whatever its fingerprint.
+                tracing::info!(dir = %dir.display(), "this node is now the definitions writer: applying {}", dir.display());
+                forced = true;
+            } else if was && !now {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    "this node is no longer the definitions writer ({} is): its directory is not applied",
+                    holder.as_deref().unwrap_or("no node")
+                );
+            }
+            writer = Some(now);
+            // Not the writer: the sweeper applies what is in the store.
+            if !now || (!forced && n % polls_per_read != 0) {
+                continue;
+            }
+        }
         let d = dir.clone();
         let Ok(now) = tokio::task::spawn_blocking(move || fingerprint(&d)).await else {
             continue;
@@ -248,7 +342,10 @@ pub async fn watch<C: Clock + 'static>(
         }
         pending = None;
         let (e, d) = (engine.clone(), dir.clone());
-        let Ok(outcome) = tokio::task::spawn_blocking(move || load(&e, &d)).await else {
+        let as_writer = writer.map(|_| me.clone());
+        let Ok(outcome) =
+            tokio::task::spawn_blocking(move || load_as(&e, &d, as_writer.as_deref())).await
+        else {
             continue;
         };
         match outcome {

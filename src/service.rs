@@ -429,20 +429,35 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             let (e, d) = (engine.clone(), dir.clone());
             let r = tokio::task::spawn_blocking(move || {
                 let seen = crate::definitions_dir::fingerprint(&d);
-                crate::definitions_dir::load(&e, &d).map(|r| (r, seen))
+                crate::definitions_dir::load_at_start(&e, &d).map(|r| (r, seen))
             })
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("definitions: {e}"))?;
-            tracing::info!(
-                dir = %dir.display(),
-                "definitions loaded from {}: {} written, {} deleted, {} unchanged",
-                dir.display(),
-                r.0.written,
-                r.0.deleted,
-                r.0.unchanged
-            );
-            Some(r.1)
+            let (started, seen) = r;
+            match started {
+                crate::definitions_dir::Started::Applied(r) => {
+                    tracing::info!(
+                        dir = %dir.display(),
+                        "definitions loaded from {}: {} written, {} deleted, {} unchanged",
+                        dir.display(),
+                        r.written,
+                        r.deleted,
+                        r.unchanged
+                    );
+                    Some((seen, true))
+                }
+                crate::definitions_dir::Started::Checked { writer } => {
+                    tracing::info!(
+                        dir = %dir.display(),
+                        "definitions in {} are valid; {} is the definitions writer: this node \
+                         applies the shared store's definitions, and its directory once it is the writer",
+                        dir.display(),
+                        writer.as_deref().unwrap_or("another node")
+                    );
+                    Some((seen, false))
+                }
+            }
         }
     };
     let connections = ConnCounters::default();
@@ -470,12 +485,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         },
     );
     let app = api::router_for(state.clone());
-    if let (Some(dir), Some(seen)) = (&config.definitions, definitions_seen) {
+    if let (Some(dir), Some((seen, writer))) = (&config.definitions, definitions_seen) {
         tokio::spawn(crate::definitions_dir::watch(
             engine.clone(),
             dir.clone(),
             state.metrics.definition_reloads.clone(),
             seen,
+            writer,
         ));
     }
     let rls = match &config.rls_config {
@@ -629,6 +645,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     tracing::info!("draining done; flushing the writer");
     // The campaigns' minutes (the ad-ops page) go with the last batch.
     engine.flush_timelines(true);
+    if config.definitions.is_some() {
+        // Another node takes the definitions directory over at once.
+        engine.release_definitions_writer();
+    }
     engine.flush().map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())

@@ -1296,4 +1296,191 @@ fn a_node_started_during_a_failover_serves_once_redis_does() {
     eprintln!("failover: the node waited for Redis: {waited}; {served} of 30 screens served");
     assert!(waited, "the node logged that it waited for Redis");
     assert_eq!(served, 30, "every user served once the failover is over");
+/// The commits of every minute of `camp`'s timeline on node `n` (0 when the
+/// node cannot answer).
+fn timeline_commits(n: &Node, camp: &str) -> u64 {
+    let (st, t) = n.call("GET", &format!("/v1/campaigns/{camp}/timeline"), None);
+    if st != 200 {
+        return 0;
+    }
+    t["minutes"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|b| b["commits"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// The campaigns node `n` exports per-campaign series for, sorted.
+fn exported_campaigns(n: &Node) -> Vec<String> {
+    let url = format!("{}/metrics", n.base);
+    let Ok(mut r) = n.agent.get(&url).call() else {
+        return Vec::new();
+    };
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    let mut out: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("freqcap_campaign_commits"))
+        .filter_map(|l| l.split("campaign=\"").nth(1)?.split('"').next())
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Polls `f` (every 100 ms, `secs` at most) until it holds.
+fn within(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..secs * 10 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("not within {secs} s: {what}");
+}
+
+/// A campaign's timeline (and so /ui) is the fleet's (issue 25): commits
+/// made on three nodes show on every node, a node's kill -9 and restart
+/// loses none of them (it flushed before it died), and every node exports
+/// the same most active campaign in its per-campaign metrics.
+#[test]
+fn timelines_and_top_metrics_are_the_fleets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let redis = Redis::start(&tmp.path().join("redis"), 7600);
+    let env = [("FREQCAP_METRICS_TOP", "1")];
+    let start = |i: usize| {
+        Node::start_env(
+            &tmp.path().join(format!("n{i}")),
+            &redis.seeds,
+            &format!("n{i}"),
+            &env,
+        )
+    };
+    let mut nodes: Vec<Node> = (0..3).map(start).collect();
+    let def = json!({"caps": [{"kind": "window", "limit": 1000, "window": "1h"}]});
+    // tb has a budget too: its figures in /metrics read the fleet's spend.
+    let budgeted = json!({
+        "caps": [{"kind": "window", "limit": 1000, "window": "1h"}],
+        "budget": {"amount": 100000, "per": "1d", "pacing": "asap"},
+    });
+    for camp in ["ta", "tb", "tc"] {
+        let path = format!("/v1/campaigns/{camp}");
+        let def = if camp == "tb" { &budgeted } else { &def };
+        let (st, body) = nodes[0].call_retrying("PUT", &path, Some(def));
+        assert_eq!(st, 200, "{body}");
+        definition_reached(&nodes[1..], &path);
+    }
+    // tb is the fleet's most active (6 commits), but no node's own: n0 saw
+    // only ta (5), n1 3 of tb, n2 3 of tb and 4 of tc.
+    let plan = [(0, "ta", 5), (1, "tb", 3), (2, "tb", 3), (2, "tc", 4)];
+    let mut acked: HashMap<&str, u64> = HashMap::new();
+    for (i, camp, n) in plan {
+        for k in 0..n {
+            if impression(&nodes[i], &format!("tl-{i}-{k}"), camp) {
+                *acked.entry(camp).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(acked.values().sum::<u64>(), 15, "{acked:?}");
+    let fleet_figures = |nodes: &[Node]| {
+        nodes.iter().all(|n| {
+            acked
+                .iter()
+                .all(|(camp, want)| timeline_commits(n, camp) == *want)
+        })
+    };
+    within(30, "every node's timelines sum the fleet's commits", || {
+        fleet_figures(&nodes)
+    });
+    within(30, "every node exports the fleet's top campaign", || {
+        nodes.iter().all(|n| exported_campaigns(n) == ["tb"])
+    });
+    // kill -9 the node with two campaigns' commits, and start it again.
+    nodes[2].kill9();
+    nodes[2] = start(2);
+    within(30, "the timelines keep the dead node's commits", || {
+        fleet_figures(&nodes)
+    });
+}
+
+/// A campaign file in `dir`/campaigns.
+fn campaign_file(dir: &Path, id: &str) {
+    let d = dir.join("campaigns");
+    std::fs::create_dir_all(&d).unwrap();
+    let text = r#"{"caps": [{"kind": "window", "limit": 5, "window": "1h"}]}"#;
+    std::fs::write(d.join(format!("{id}.json")), text).unwrap();
+}
+
+/// Every campaign node `n` serves, sorted (empty if it cannot answer).
+fn campaign_ids(n: &Node) -> Vec<String> {
+    let (_, v) = n.call("GET", "/v1/campaigns", None);
+    let mut ids: Vec<String> = v["campaigns"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+/// Definitions as files on a fleet (issue 25, R10): three nodes whose
+/// `--definitions` name different directories do not undo each other's
+/// definitions: one node at a time writes its directory (the first to
+/// start), the others apply what is in the store; when the writer dies,
+/// another takes over within seconds and its directory is applied whole.
+#[test]
+fn definition_directories_have_one_writer_on_a_fleet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let redis = Redis::start(&tmp.path().join("redis"), 7620);
+    let dirs: Vec<PathBuf> = ["da", "db", "dc"]
+        .iter()
+        .map(|id| {
+            let d = tmp.path().join(format!("defs-{id}"));
+            campaign_file(&d, id);
+            d
+        })
+        .collect();
+    let start = |i: usize| {
+        let dir = dirs[i].to_string_lossy().into_owned();
+        Node::start_env(
+            &tmp.path().join(format!("n{i}")),
+            &redis.seeds,
+            &format!("n{i}"),
+            &[("FREQCAP_DEFINITIONS", dir.as_str())],
+        )
+    };
+    let mut nodes = vec![start(0)];
+    within(10, "n0 serves its directory", || {
+        campaign_ids(&nodes[0]) == ["da"]
+    });
+    nodes.push(start(1));
+    nodes.push(start(2));
+    // For 5 s (two polls of every directory and more): every node serves
+    // the writer's directory, and only that.
+    for _ in 0..50 {
+        for (i, n) in nodes.iter().enumerate() {
+            assert_eq!(campaign_ids(n), ["da"], "n{i}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nodes[0].kill9();
+    let mut took_over = Vec::new();
+    within(
+        20,
+        "another node takes over and applies its directory",
+        || {
+            let a = campaign_ids(&nodes[1]);
+            let b = campaign_ids(&nodes[2]);
+            took_over = a.clone();
+            a == b && (a == ["db"] || a == ["dc"])
+        },
+    );
+    // And it stays so.
+    for _ in 0..30 {
+        assert_eq!(campaign_ids(&nodes[1]), took_over);
+        assert_eq!(campaign_ids(&nodes[2]), took_over);
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

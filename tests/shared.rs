@@ -742,4 +742,128 @@ fn a_user_less_screen_is_settled_on_any_node() {
     a.sweep();
     assert_eq!(a.delivery("b").unwrap().spent, 3);
     assert_eq!(deliver(&[&a, &b], "b", 10), 2, "the rest of the budget");
+/// The commits of every minute of `camp`'s timeline on `node`.
+fn timeline_commits(node: &Node, camp: &str) -> u64 {
+    let t = node.timeline(camp).unwrap();
+    t.minutes.iter().map(|m| m.bucket.commits).sum()
+}
+
+/// One impression of `camp` to a fresh user on `node`.
+fn impression(node: &Node, user: &str, camp: &str) {
+    let s = node.screen(&screen(user, &[camp])).unwrap();
+    assert!(s.results[0].eligible, "{user} {camp}");
+    let id = s.reservation.expect("an eligible screen reserves");
+    node.commit(&id, &commit(camp)).unwrap();
+}
+
+/// A timeline is the fleet's (issue 25): each node adds its counts to the
+/// store's at a flush, and every node, a restarted one too, answers the
+/// sum; the campaigns /metrics exports are the fleet's most active.
+#[test]
+fn timelines_and_the_most_active_campaigns_are_the_fleets() {
+    let (store, a, b, _, _) = two_nodes();
+    capped(&a, &b);
+    for i in 0..2 {
+        impression(&a, &format!("ua{i}"), "c1");
+    }
+    for i in 0..3 {
+        impression(&b, &format!("ub{i}"), "c2");
+        impression(&b, &format!("ub{i}"), "c1");
+    }
+    for n in [&a, &b] {
+        n.flush_timelines(true);
+    }
+    for n in [&a, &b] {
+        assert_eq!(timeline_commits(n, "c1"), 5);
+        assert_eq!(timeline_commits(n, "c2"), 3);
+    }
+    // A node started afresh on the store (a restart) answers the same.
+    let c = Engine::open(
+        store.clone(),
+        Arc::new(ManualClock::new(T0)),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(timeline_commits(&c, "c1"), 5);
+    // The most active campaign by the fleet's counts is c1 (5): node a,
+    // which saw 2 of c1 and none of c2, exports it as b does, with its own
+    // counts.
+    for n in [&a, &b] {
+        n.set_metrics_top(1, 0);
+        n.cluster_tick().unwrap();
+        let f = n.definition_figures(&[], 1);
+        let names: Vec<&str> = f.campaigns.iter().map(|c| c.campaign.as_str()).collect();
+        assert_eq!(names, ["c1"]);
+    }
+    assert_eq!(a.definition_figures(&[], 1).campaigns[0].commits, 2);
+    assert_eq!(b.definition_figures(&[], 1).campaigns[0].commits, 3);
+}
+
+fn file_set(ids: &[&str]) -> freqcap::engine::FileDefinitions {
+    freqcap::engine::FileDefinitions {
+        policies: Vec::new(),
+        campaigns: ids
+            .iter()
+            .map(|id| freqcap::engine::FileDef {
+                name: (*id).to_owned(),
+                source: format!("campaigns/{id}.json"),
+                def: campaign(r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}]}"#),
+            })
+            .collect(),
+    }
+}
+
+fn campaign_names(n: &Node) -> Vec<String> {
+    n.campaign_list().into_iter().map(|(id, _)| id).collect()
+}
+
+/// Definitions as files on a fleet (R10): only the node holding the
+/// definitions-writer lock writes its directory; a batch is applied whole
+/// or not at all (a stale version or a lost lock applies none of it); a bad
+/// file names the file and field and changes nothing.
+#[test]
+fn one_writer_applies_its_directory_whole() {
+    use freqcap::store::{DefsWrite, Op, Shared, Space};
+    let (store, a, b, _, _) = two_nodes();
+    assert!(a.claim_definitions_writer().unwrap().unwrap().0);
+    let (mine, holder) = b.claim_definitions_writer().unwrap().unwrap();
+    assert!(!mine);
+    assert_eq!(holder, Some(a.definitions_writer_name()));
+    let me = a.definitions_writer_name();
+    a.replace_file_definitions_as(file_set(&["x", "y"]), Some(&me))
+        .unwrap();
+    b.refresh_definitions().unwrap();
+    assert_eq!(campaign_names(&b), ["x", "y"]);
+    // b is not the writer: its directory is not applied, not even in part.
+    let them = b.definitions_writer_name();
+    let e = b
+        .replace_file_definitions_as(file_set(&["z"]), Some(&them))
+        .unwrap_err();
+    assert!(e.to_string().contains("not the definitions writer"), "{e}");
+    a.refresh_definitions().unwrap();
+    assert_eq!(campaign_names(&a), ["x", "y"]);
+    // A batch computed from an older version applies none of its ops.
+    let v = store.definitions_version().unwrap();
+    let ops = vec![
+        Op::Delete(Space::Definitions, b"c/x".to_vec()),
+        Op::Delete(Space::Definitions, b"c/y".to_vec()),
+    ];
+    assert_eq!(
+        store.write_definitions(Some(v - 1), None, &ops).unwrap(),
+        DefsWrite::Conflict(v)
+    );
+    assert_eq!(store.definitions_version().unwrap(), v);
+    // A bad file: named with its field, nothing changes.
+    let mut bad = file_set(&["x", "w"]);
+    bad.campaigns[1].def.parent = Some("nope".into());
+    let e = a.replace_file_definitions_as(bad, Some(&me)).unwrap_err();
+    assert!(e.to_string().contains("campaigns/w.json: parent"), "{e}");
+    assert_eq!(store.definitions_version().unwrap(), v);
+    // When a gives the lock up, b takes it and applies its directory whole.
+    a.release_definitions_writer();
+    assert!(b.claim_definitions_writer().unwrap().unwrap().0);
+    b.replace_file_definitions_as(file_set(&["z"]), Some(&them))
+        .unwrap();
+    a.refresh_definitions().unwrap();
+    assert_eq!(campaign_names(&a), ["z"]);
 }

@@ -109,9 +109,12 @@ pub(crate) async fn checkpoint<C: Clock + 'static>(
 pub(crate) async fn metrics_text<C: Clock + 'static>(
     State(s): St<C>,
 ) -> Result<Response, ApiError> {
-    let text = s
-        .metrics
-        .render()
+    // Off the async threads: with a shared store a campaign's budget
+    // figures read the fleet's spend from Redis, a blocking call (which
+    // panics on an async thread).
+    let text = tokio::task::spawn_blocking(move || s.metrics.render())
+        .await
+        .map_err(|_| ApiError::internal("cannot render the metrics"))?
         .map_err(|_| ApiError::internal("cannot render the metrics"))?;
     let mut r = text.into_response();
     r.headers_mut().insert(

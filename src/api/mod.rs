@@ -262,6 +262,7 @@ pub fn app_state<C: Clock + 'static>(
 ) -> Arc<AppState<C>> {
     let figures_of = engine.clone();
     let (allow, top) = (options.metrics_definitions.clone(), options.metrics_top);
+    engine.set_metrics_top(top, allow.len());
     let metrics = Metrics::new(
         metrics::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,

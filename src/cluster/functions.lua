@@ -426,8 +426,136 @@ local function fc_slots(keys, args)
   return {me.h, me.u, now}
 end
 
+-------------------------------------------------------------------------------
+-- fc_defs_v1: a batch of definition changes, all or nothing.
+--
+--   FCALL fc_defs_v1 2 D W expected_version writer op...
+--
+-- D is the definitions hash (fields = definitions, `__v` their version,
+-- `__ids` the id counter), W the definitions-writer lock (a string: the
+-- holder's name); both in one slot (`fc:{defs}`, `fc:{defs}:writer`).
+--   expected_version  "" (any) or the version the caller read: a batch
+--                     computed from an older read is refused
+--   writer            "" (no lock needed) or the caller's name: refused
+--                     unless W holds exactly it (a writer that lost its lock
+--                     writes nothing, whatever its own timers say)
+--   op...             "S" field value (set) or "D" field (delete), repeated
+--
+-- Reply:
+--   [1, new_version]          applied: every op, and __v + 1
+--   [0, current_version]      conflict: nothing applied
+--   [2, holder|nil]           not the writer: nothing applied
+--
+-- Every argument is checked before the first write: Redis does not undo a
+-- function's writes made before an error, so a bad op anywhere in the batch
+-- must stop it before any HSET (all or nothing).
+-------------------------------------------------------------------------------
+local function fc_defs(keys, args)
+  local F = 'fc_defs_v1'
+  if #keys ~= 2 then
+    return redis.error_reply('ERR ' .. F .. ': expects 2 keys: definitions writer')
+  end
+  if #args < 2 then
+    return redis.error_reply('ERR ' .. F .. ': expects expected_version writer op...')
+  end
+  local expected = nil
+  if args[1] ~= '' then
+    local err
+    expected, err = uint_arg(args[1], F, 'expected_version')
+    if not expected then return err end
+  end
+  local writer = args[2]
+  local ops = {}
+  local i = 3
+  while i <= #args do
+    local op, field = args[i], args[i + 1]
+    if field == nil or field == '' or string.sub(field, 1, 2) == '__' then
+      return redis.error_reply('ERR ' .. F .. ': op ' .. (#ops + 1) ..
+        ': a field must be given and must not start with __')
+    end
+    if op == 'S' then
+      local value = args[i + 2]
+      if value == nil then
+        return redis.error_reply('ERR ' .. F .. ': op ' .. (#ops + 1) .. ': S needs a value')
+      end
+      ops[#ops + 1] = {'S', field, value}
+      i = i + 3
+    elseif op == 'D' then
+      ops[#ops + 1] = {'D', field}
+      i = i + 2
+    else
+      return redis.error_reply('ERR ' .. F .. ': op ' .. (#ops + 1) .. ': must be S or D')
+    end
+  end
+  local D, W = keys[1], keys[2]
+  if writer ~= '' then
+    local holder = redis.call('GET', W)
+    if holder ~= writer then
+      return {2, holder}
+    end
+  end
+  local cur = tonumber(redis.call('HGET', D, '__v')) or 0
+  if expected ~= nil and cur ~= expected then
+    return {0, cur}
+  end
+  for _, o in ipairs(ops) do
+    if o[1] == 'S' then
+      redis.call('HSET', D, o[2], o[3])
+    else
+      redis.call('HDEL', D, o[2])
+    end
+  end
+  return {1, redis.call('HINCRBY', D, '__v', 1)}
+end
+
+-------------------------------------------------------------------------------
+-- fc_writer_v1: the definitions-writer lock (one node at a time writes its
+-- definitions directory; docs/cluster.md, "Definitions as files").
+--
+--   FCALL fc_writer_v1 1 W node ttl_ms
+--
+-- Takes W for `node` if no one holds it, renews it if `node` holds it (both
+-- for ttl_ms); ttl_ms "0" gives it up if `node` holds it. Reply: the
+-- holder after the call, or nil.
+-------------------------------------------------------------------------------
+local function fc_writer(keys, args)
+  local F = 'fc_writer_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 2 then
+    return redis.error_reply('ERR ' .. F .. ': expects 2 arguments: node ttl_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local ttl, err = uint_arg(args[2], F, 'ttl_ms')
+  if not ttl then return err end
+  local W = keys[1]
+  local holder = redis.call('GET', W)
+  if ttl == 0 then
+    if holder == node then
+      redis.call('DEL', W)
+      return false
+    end
+    return holder
+  end
+  if holder == node then
+    redis.call('PEXPIRE', W, istr(ttl))
+    return node
+  end
+  if not holder then
+    redis.call('SET', W, node, 'PX', istr(ttl))
+    return node
+  end
+  return holder
+end
+
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}
+redis.register_function{function_name = 'fc_defs_v1', callback = fc_defs, flags = {}}
+redis.register_function{function_name = 'fc_writer_v1', callback = fc_writer, flags = {}}

@@ -191,6 +191,7 @@ impl<C: Clock> Engine<C> {
             self.shared_ok_at.fetch_max(self.now(), Ordering::AcqRel);
         }
         self.renew_leases();
+        self.refresh_fleet_top();
         r
     }
 

@@ -3,12 +3,40 @@
 //! allow-list, plus the most active ones) and what each has counted.
 //! Opt-in and bounded, so what clients send never grows the number of
 //! series.
+//!
+//! With a shared store the most active campaigns are the fleet's (the
+//! store's activity totals of today and yesterday, UTC, read every
+//! [`FLEET_TOP_EVERY`] by the sweeper, never at a scrape), so every node
+//! exports the same campaigns; each exports its own counts of them, which
+//! Prometheus sums.
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Mutex, PoisonError};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Nanos};
 
 use super::Engine;
+
+/// How often the fleet's most active campaigns are read again: one
+/// `ZREVRANGE` per node every 5 s.
+pub const FLEET_TOP_EVERY: Nanos = 5_000_000_000;
+
+/// Ids read beyond those exported: room for the allow-listed campaigns and
+/// deleted ones still in the totals.
+const FLEET_TOP_SPARE: usize = 32;
+
+/// The fleet's most active campaigns as last read, with a shared store.
+#[derive(Default)]
+pub(crate) struct FleetTop {
+    /// How many to read (0: the per-definition metrics are off).
+    wanted: AtomicUsize,
+    /// When last read (engine time).
+    at: AtomicU64,
+    /// (campaign id, activity), the most active first; `None` before the
+    /// first read.
+    top: Mutex<Option<Vec<(u32, u64)>>>,
+}
 
 /// One campaign's figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +102,41 @@ fn chosen<'a>(
 }
 
 impl<C: Clock> Engine<C> {
+    /// Says how many campaigns `/metrics` exports beyond its allow-list
+    /// (with a shared store, the sweeper reads that many of the fleet's
+    /// most active).
+    pub fn set_metrics_top(&self, top: usize, allowed: usize) {
+        let n = if top == 0 {
+            0
+        } else {
+            top + allowed + FLEET_TOP_SPARE
+        };
+        self.fleet_top.wanted.store(n, Relaxed);
+    }
+
+    /// With a shared store, reads the fleet's most active campaigns if the
+    /// last read is [`FLEET_TOP_EVERY`] old (the sweeper calls it). A failed
+    /// read keeps the last list.
+    pub(crate) fn refresh_fleet_top(&self) {
+        let Some(shared) = self.shared() else { return };
+        let n = self.fleet_top.wanted.load(Relaxed);
+        let now = self.now();
+        if n == 0 || now.saturating_sub(self.fleet_top.at.load(Relaxed)) < FLEET_TOP_EVERY {
+            return;
+        }
+        self.fleet_top.at.store(now, Relaxed);
+        match shared.most_active(now / (1440 * 60_000_000_000), n) {
+            Ok(top) => {
+                *self
+                    .fleet_top
+                    .top
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(top);
+            }
+            Err(e) => tracing::debug!("the fleet's most active campaigns not read: {e}"),
+        }
+    }
+
     /// The figures of the definitions `allow` names, plus the `top` most
     /// active other campaigns and policies (by decisions counted).
     pub fn definition_figures(&self, allow: &[String], top: usize) -> DefinitionFigures {
@@ -87,10 +150,22 @@ impl<C: Clock> Engine<C> {
                 + c.unknown_user.load(Relaxed)
                 + c.denied.iter().map(|d| d.load(Relaxed)).sum::<u64>()
         };
+        // The fleet's activity once read (a shared store), else this node's.
+        let fleet: Option<std::collections::HashMap<u32, u64>> = self
+            .fleet_top
+            .top
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|t| t.iter().copied().collect());
         let names = chosen(
-            reg.campaigns
-                .iter()
-                .map(|(n, e)| (n.as_str(), activity(&e.counts))),
+            reg.campaigns.iter().map(|(n, e)| {
+                let a = match &fleet {
+                    Some(f) => f.get(&e.id).copied().unwrap_or(0),
+                    None => activity(&e.counts),
+                };
+                (n.as_str(), a)
+            }),
             allow,
             top,
         );

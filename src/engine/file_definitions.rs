@@ -9,17 +9,19 @@
 //! defines ([`super::Conflict::DefinedByFile`]). Counters carry over as a PUT
 //! carries them: an item whose definition is unchanged keeps its counts.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::Clock;
+use crate::model::CompiledCampaign;
 use crate::model::campaign::CampaignDef;
-use crate::model::limit::PolicyDef;
-use crate::store::{Op, Space};
+use crate::model::limit::{CompiledPolicy, PolicyDef};
+use crate::store::{DefsWrite, Op, Space, StoreError};
 
 use super::definitions::{campaign_tags, check_shareable_campaign, def_key, definition_op};
 use super::hot::RecordKey;
 use super::record::SubjectRecord;
-use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, stack_tags};
+use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
 use super::{Engine, EngineError, invalid};
 
@@ -66,11 +68,120 @@ fn in_file(source: &str, e: EngineError) -> EngineError {
     }
 }
 
+/// Every file's definition with its compiled form.
+type Validated = (
+    Vec<(FileDef<PolicyDef>, CompiledPolicy)>,
+    Vec<(FileDef<CampaignDef>, CompiledCampaign)>,
+);
+
+/// How long the definitions-writer lock lives unless renewed (its holder
+/// renews it every second): a dead writer is replaced within this and a
+/// renewal tick, ~6 s.
+pub const WRITER_TTL_MS: u64 = 5_000;
+
+/// How many times a directory's batch is computed again when another
+/// change reached the shared store first.
+const TRIES: usize = 5;
+
 impl<C: Clock> Engine<C> {
     /// Makes the file-defined definitions exactly `set` (see the module
     /// documentation). An error names the file and the field in it.
     pub fn replace_file_definitions(&self, set: FileDefinitions) -> Result<Replaced, EngineError> {
-        // Validate every file before taking the lock.
+        self.replace_file_definitions_as(set, None)
+    }
+
+    /// This node's name in the definitions-writer lock: its id and its
+    /// process's nonce (a restarted node is a new writer).
+    pub fn definitions_writer_name(&self) -> String {
+        format!("{}/{:08x}", self.options.node_id, self.id_nonce)
+    }
+
+    /// With a shared store: takes the definitions-writer lock if no node
+    /// holds it, or renews it if this node does. Returns whether this node
+    /// holds it and who does (`None` on one node: it is its own writer).
+    pub fn claim_definitions_writer(&self) -> Result<Option<(bool, Option<String>)>, EngineError> {
+        let Some(shared) = self.shared() else {
+            return Ok(None);
+        };
+        let me = self.definitions_writer_name();
+        let holder = shared.definitions_writer(&me, WRITER_TTL_MS)?;
+        Ok(Some((holder.as_deref() == Some(me.as_str()), holder)))
+    }
+
+    /// Gives the definitions-writer lock up if this node holds it (at
+    /// shutdown: another node takes over at once, not in
+    /// [`WRITER_TTL_MS`]).
+    pub fn release_definitions_writer(&self) {
+        if let Some(shared) = self.shared() {
+            let _ = shared.definitions_writer(&self.definitions_writer_name(), 0);
+        }
+    }
+
+    /// Checks every file of `set` as [`Engine::replace_file_definitions`]
+    /// would, changing nothing (a node that is not the definitions writer
+    /// still refuses a bad directory, naming the file and field).
+    pub fn validate_file_definitions(&self, set: FileDefinitions) -> Result<(), EngineError> {
+        self.validated(set).map(drop)
+    }
+
+    /// [`Engine::replace_file_definitions`] by `writer`: with a shared
+    /// store, the batch is applied all or nothing, only if no other change
+    /// came since it was computed (else computed again, [`TRIES`] times at
+    /// most) and only while `writer` (if given) holds the
+    /// definitions-writer lock (docs/cluster.md, "Definitions as files").
+    pub fn replace_file_definitions_as(
+        &self,
+        set: FileDefinitions,
+        writer: Option<&str>,
+    ) -> Result<Replaced, EngineError> {
+        let (policies, campaigns) = self.validated(set)?;
+        let _w = self
+            .defs_write
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(shared) = self.shared() else {
+            let (reg, ops, done) = self.plan(self.registry_to_change()?, policies, campaigns)?;
+            if !ops.is_empty() {
+                self.write_durably(ops)?;
+                self.publish(reg);
+            }
+            return Ok(done);
+        };
+        for _ in 0..TRIES {
+            // Read before the definitions: a change between the two makes
+            // the write below a conflict, never a batch computed from a
+            // newer read applied as if from an older one.
+            let version = shared.definitions_version()?;
+            let reg = self.registry_to_change()?;
+            let (reg, ops, done) = self.plan(reg, policies.clone(), campaigns.clone())?;
+            if ops.is_empty() {
+                return Ok(done);
+            }
+            match shared.write_definitions(Some(version), writer, &ops)? {
+                DefsWrite::Written(v) => {
+                    self.publish(reg);
+                    self.defs_version.store(v, Ordering::Release);
+                    return Ok(done);
+                }
+                DefsWrite::Conflict(_) => continue,
+                DefsWrite::NotWriter(holder) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "not the definitions writer ({} is): nothing written",
+                        holder.as_deref().unwrap_or("no node")
+                    ))
+                    .into());
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the definitions changed under this batch {TRIES} times in a row: nothing written"
+        ))
+        .into())
+    }
+
+    /// Every file validated and compiled; an error names the file and the
+    /// field.
+    fn validated(&self, set: FileDefinitions) -> Result<Validated, EngineError> {
         let mut policies = Vec::with_capacity(set.policies.len());
         for f in set.policies {
             check_def_name("name", &f.name).map_err(|e| in_file(&f.source, e))?;
@@ -86,11 +197,18 @@ impl<C: Clock> Engine<C> {
             }
             campaigns.push((f, compiled));
         }
-        let _w = self
-            .defs_write
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut reg = self.registry_to_change()?;
+        Ok((policies, campaigns))
+    }
+
+    /// The registry with `policies` and `campaigns` as the file-defined
+    /// definitions of `reg`, the store ops that make it so, and what
+    /// changed.
+    fn plan(
+        &self,
+        mut reg: Registry,
+        policies: Vec<(FileDef<PolicyDef>, CompiledPolicy)>,
+        campaigns: Vec<(FileDef<CampaignDef>, CompiledCampaign)>,
+    ) -> Result<(Registry, Vec<Op>, Replaced), EngineError> {
         let mut ops: Vec<Op> = Vec::new();
         let mut done = Replaced::default();
 
@@ -224,10 +342,6 @@ impl<C: Clock> Engine<C> {
                 ),
             ));
         }
-        if !ops.is_empty() {
-            self.write_durably(ops)?;
-            self.publish(reg);
-        }
-        Ok(done)
+        Ok((reg, ops, done))
     }
 }

@@ -76,7 +76,7 @@ pub use check::{compile_inline, compile_limits_at};
 pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
 pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};
-pub use file_definitions::{FileDef, FileDefinitions, Replaced};
+pub use file_definitions::{FileDef, FileDefinitions, Replaced, WRITER_TTL_MS};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
@@ -348,6 +348,9 @@ pub struct Engine<C: Clock> {
     gates: gate::Gates,
     /// When the campaigns' timelines were last written (engine time).
     timelines_flushed_at: AtomicU64,
+    /// With a shared store: the fleet's most active campaigns, which
+    /// `/metrics` exports on every node ([`figures`]).
+    fleet_top: figures::FleetTop,
     /// SipHash key for subject and event-id hashes, per data directory, so ids
     /// a client picks cannot be made to collide.
     hash_key: [u8; 16],
@@ -427,6 +430,7 @@ impl<C: Clock> Engine<C> {
             key_locks: check_all::KeyLocks::default(),
             gates: gate::Gates::default(),
             timelines_flushed_at: AtomicU64::new(0),
+            fleet_top: figures::FleetTop::default(),
             hash_key,
             id_nonce: options.id_nonce.unwrap_or_else(|| {
                 let k = random_key();

@@ -7,6 +7,12 @@
 //! the campaign's record and across its redefinitions, and written to the
 //! store behind (at most every 10 s, by the sweeper, and at shutdown), so a
 //! restart does not blank the page; a `kill -9` may lose the last 10 s.
+//!
+//! With a shared store (docs/cluster.md, "Timelines") the minutes are the
+//! fleet's: each node adds what it counted since its last flush to the
+//! store's copy (at most every [`SHARED_FLUSH_EVERY`]), and a timeline is
+//! answered from the store, so every node answers the same figures and a
+//! node's restart loses nothing but its last unflushed 2 s.
 
 use std::collections::BTreeMap;
 use std::sync::PoisonError;
@@ -33,6 +39,12 @@ const PER_USER_EVERY: Nanos = 30_000_000_000;
 /// most 2 880 minutes, ~100 KB, for a daily budget; up to ~4 MB for a busy
 /// monthly one), so not every second; a `kill -9` may lose this much.
 pub const FLUSH_EVERY: Nanos = 10_000_000_000;
+
+/// How often, with a shared store, each node adds its new counts to the
+/// fleet's timelines: one round trip (a `MULTI`/`EXEC` of `HINCRBY`s) per
+/// campaign with activity, on the sweeper's thread, never a decision's; a
+/// `kill -9` may lose this much of the node's counts.
+pub const SHARED_FLUSH_EVERY: Nanos = 2_000_000_000;
 
 /// Most minutes kept per campaign: two 31-day periods (a monthly budget's
 /// current and previous one), at 24 bytes each at most 2.1 MB for a
@@ -61,14 +73,19 @@ pub struct Timeline {
     /// sweeper every second and before a timeline is answered, so a screen
     /// never takes this lock.
     pub denied_seen: u64,
+    /// With a shared store: what this node counted since its last flush to
+    /// the fleet's timeline.
+    pub pending: BTreeMap<u64, Bucket>,
 }
 
 impl Timeline {
     pub fn add(&mut self, now: Nanos, spend: u64, commits: u64, denied: u64) {
-        let b = self.minutes.entry(now / MINUTE).or_default();
-        b.spend = b.spend.saturating_add(spend);
-        b.commits += commits;
-        b.denied += denied;
+        for map in [&mut self.minutes, &mut self.pending] {
+            let b = map.entry(now / MINUTE).or_default();
+            b.spend = b.spend.saturating_add(spend);
+            b.commits += commits;
+            b.denied += denied;
+        }
         self.dirty = true;
         while self.minutes.len() > MAX_MINUTES {
             self.minutes.pop_first();
@@ -94,6 +111,7 @@ impl Timeline {
             minutes: minutes.into_iter().collect(),
             dirty: false,
             denied_seen: 0,
+            pending: BTreeMap::new(),
         })
     }
 }
@@ -238,15 +256,33 @@ impl<C: Clock> Engine<C> {
         }
         let mut timeline = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         take_denials(c, &mut timeline, now);
-        let minutes = timeline
-            .minutes
-            .range(previous_start / MINUTE..)
-            .map(|(m, b)| Minute {
-                start: m * MINUTE,
-                bucket: *b,
-            })
-            .collect();
-        drop(timeline);
+        let minutes = match self.shared() {
+            // The fleet's minutes, as every node answers them (this node's
+            // last unflushed counts are not in yet).
+            Some(shared) => {
+                drop(timeline);
+                shared
+                    .timeline_read(c.id, previous_start / MINUTE, now / MINUTE)?
+                    .into_iter()
+                    .map(|(m, [spend, commits, denied])| Minute {
+                        start: m * MINUTE,
+                        bucket: Bucket {
+                            spend,
+                            commits,
+                            denied,
+                        },
+                    })
+                    .collect()
+            }
+            None => timeline
+                .minutes
+                .range(previous_start / MINUTE..)
+                .map(|(m, b)| Minute {
+                    start: m * MINUTE,
+                    bucket: *b,
+                })
+                .collect(),
+        };
         let budget_figures = budget.map(|b| {
             let pacing = match b.pacing {
                 crate::limits::budget::Pacing::Asap => "asap",
@@ -342,15 +378,23 @@ impl<C: Clock> Engine<C> {
         let last = self
             .timelines_flushed_at
             .load(std::sync::atomic::Ordering::Relaxed);
-        if !force && now.saturating_sub(last) < FLUSH_EVERY {
+        let every = match self.shared() {
+            Some(_) => SHARED_FLUSH_EVERY,
+            None => FLUSH_EVERY,
+        };
+        if !force && now.saturating_sub(last) < every {
             return;
         }
         self.timelines_flushed_at
             .store(now, std::sync::atomic::Ordering::Relaxed);
+        if let Some(shared) = self.shared() {
+            return flush_shared(shared, &reg, now);
+        }
         let mut ops = Vec::new();
         for c in reg.campaigns.values() {
             let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
             t.prune(periods(c, now).1);
+            t.pending.clear();
             if t.dirty {
                 t.dirty = false;
                 ops.push(Op::Put(Space::State, timeline_key(c.id), t.to_stored()));
@@ -359,5 +403,60 @@ impl<C: Clock> Engine<C> {
         if !ops.is_empty() && self.shared().is_none() {
             let _ = self.store.submit(ops, false);
         }
+    }
+}
+
+/// Adds every campaign's counts since the last flush to the fleet's
+/// timelines, and their activity to the fleet's totals. A campaign whose
+/// write failed keeps its counts for the next flush (the write is one
+/// `MULTI`/`EXEC`: a failure applied none of it, unless its answer was
+/// lost after it applied, the one case counted twice).
+fn flush_shared(shared: &dyn crate::store::Shared, reg: &super::registry::Registry, now: Nanos) {
+    let mut activity = Vec::new();
+    for c in reg.campaigns.values() {
+        let pending = {
+            let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+            // Answered from the store: this node keeps only its new counts.
+            t.minutes.clear();
+            t.dirty = false;
+            std::mem::take(&mut t.pending)
+        };
+        if pending.is_empty() {
+            continue;
+        }
+        let minutes: Vec<crate::store::MinuteCounts> = pending
+            .iter()
+            .map(|(m, b)| (*m, [b.spend, b.commits, b.denied]))
+            .collect();
+        let ((start, end), _) = periods(c, now);
+        // Two periods: the current one and the one before it.
+        let keep_for = 2 * (end - start);
+        match shared.timeline_add(c.id, &minutes, keep_for) {
+            Ok(()) => {
+                let n: u64 = pending.values().map(|b| b.commits + b.denied).sum();
+                if n > 0 {
+                    activity.push((c.id, n));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(
+                    "timeline of {:?} not flushed, kept for the next: {e}",
+                    c.name
+                );
+                let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
+                for (m, b) in pending {
+                    let p = t.pending.entry(m).or_default();
+                    p.spend = p.spend.saturating_add(b.spend);
+                    p.commits += b.commits;
+                    p.denied += b.denied;
+                }
+            }
+        }
+    }
+    // Only ranks the campaigns /metrics exports: a lost update is not
+    // retried (every node still reads the same totals).
+    let day = now / (1440 * MINUTE);
+    if let Err(e) = shared.activity_add(day, &activity) {
+        tracing::debug!("campaign activity not added: {e}");
     }
 }

@@ -80,6 +80,24 @@ pub struct SlotsRequest<'a> {
     pub key_expire_ms: u64,
 }
 
+/// A campaign's counts in one minute of its timeline (spend, commits,
+/// denied), by minute since the epoch: what a node adds at a flush and what
+/// the fleet's timeline answers.
+pub type MinuteCounts = (u64, [u64; 3]);
+
+/// The answer to [`Shared::write_definitions`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DefsWrite {
+    /// Applied whole; the definitions' new version.
+    Written(u64),
+    /// Another change came first (the version is not the expected one):
+    /// nothing applied; the current version.
+    Conflict(u64),
+    /// The caller does not hold the definitions-writer lock: nothing
+    /// applied; who holds it, if anyone.
+    NotWriter(Option<String>),
+}
+
 /// What the engine needs from a shared store beyond [`Store`].
 ///
 /// Promises: a [`Shared::cas`] that answers `Written` was applied once and
@@ -124,6 +142,54 @@ pub trait Shared: Send + Sync {
 
     /// A definition id no node has used, above `above`.
     fn new_id(&self, above: u32) -> Result<u32, StoreError>;
+
+    /// Applies the definition ops of `ops` (others are left out) all
+    /// together or not at all, with one version bump: only if the version
+    /// is still `expected` (`None`: whatever it is) and, if `writer` is
+    /// given, while that name holds the definitions-writer lock
+    /// ([`Shared::definitions_writer`]). A failed call may or may not have
+    /// been applied, whole (a lost answer).
+    fn write_definitions(
+        &self,
+        expected: Option<u64>,
+        writer: Option<&str>,
+        ops: &[super::Op],
+    ) -> Result<DefsWrite, StoreError>;
+
+    /// Takes the definitions-writer lock for `node` if no one holds it, or
+    /// renews it if `node` does, for `ttl_ms` (0: gives it up if `node`
+    /// holds it). Returns who holds it after the call.
+    fn definitions_writer(&self, node: &str, ttl_ms: u64) -> Result<Option<String>, StoreError>;
+
+    /// Adds `minutes` to campaign `campaign`'s timeline, the fleet's sum
+    /// (each node adds what it counted since its last flush), all or
+    /// nothing; a day's minutes are kept until `keep_for` after that day.
+    fn timeline_add(
+        &self,
+        campaign: u32,
+        minutes: &[MinuteCounts],
+        keep_for: Nanos,
+    ) -> Result<(), StoreError>;
+
+    /// The fleet's minutes of campaign `campaign` from minute `from` to
+    /// `to` (both included), oldest first, those with a count only.
+    fn timeline_read(
+        &self,
+        campaign: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<MinuteCounts>, StoreError>;
+
+    /// Adds each campaign's activity (commits and denials) on UTC day
+    /// `day` (days since the epoch) to the fleet's totals of that day, which
+    /// choose the campaigns `/metrics` exports; a day's totals are kept two
+    /// days.
+    fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError>;
+
+    /// The campaigns with the most activity on `day` and the day before
+    /// (the `n` most active of each day, summed), the most active first,
+    /// ties by id.
+    fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError>;
 
     /// A lease call: reports the holder's spend and returns its grant.
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
@@ -181,6 +247,15 @@ pub struct SharedMemory {
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     definitions: AtomicU64,
+    /// Held while definitions are checked and written, so a batch is one
+    /// step (as `fc_defs_v1` is in Redis).
+    defs_lock: Mutex<()>,
+    /// The definitions-writer lock: holder and expiry (ms, the lease clock).
+    writer: Mutex<Option<(String, u64)>>,
+    /// Timelines by campaign, minute by minute.
+    timelines: Mutex<HashMap<u32, std::collections::BTreeMap<u64, [u64; 3]>>>,
+    /// Activity by day and campaign.
+    activity: Mutex<HashMap<(u64, u32), u64>>,
     ids: AtomicU64,
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
@@ -192,6 +267,14 @@ pub struct SharedMemory {
 impl SharedMemory {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The lease functions' clock: ms since this store was made.
+    fn now_ms(&self) -> u64 {
+        self.started
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_millis() as u64
     }
 }
 
@@ -205,6 +288,10 @@ impl Store for SharedMemory {
     }
 
     fn submit(&self, batch: Batch, acknowledge: bool) -> Receipt {
+        let _d = self
+            .defs_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if batch.iter().any(|op| op_space(op) == Space::Definitions) {
             self.definitions.fetch_add(1, Ordering::AcqRel);
         }
@@ -241,6 +328,13 @@ impl Store for SharedMemory {
     fn shared(&self) -> Option<&dyn Shared> {
         Some(self)
     }
+}
+
+/// Campaigns by activity, the most active first, ties by id.
+pub(crate) fn by_activity(sums: HashMap<u32, u64>) -> Vec<(u32, u64)> {
+    let mut v: Vec<(u32, u64)> = sums.into_iter().collect();
+    v.sort_unstable_by_key(|(id, a)| (std::cmp::Reverse(*a), *id));
+    v
 }
 
 fn op_space(op: &super::Op) -> Space {
@@ -408,6 +502,121 @@ impl Shared for SharedMemory {
             },
         );
         Ok(granted)
+    }
+
+    fn write_definitions(
+        &self,
+        expected: Option<u64>,
+        writer: Option<&str>,
+        ops: &[super::Op],
+    ) -> Result<DefsWrite, StoreError> {
+        let _d = self
+            .defs_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(node) = writer {
+            let now = self.now_ms();
+            let w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*w {
+                Some((holder, until)) if holder == node && *until >= now => {}
+                Some((holder, until)) if *until >= now => {
+                    return Ok(DefsWrite::NotWriter(Some(holder.clone())));
+                }
+                _ => return Ok(DefsWrite::NotWriter(None)),
+            }
+        }
+        let current = self.definitions.load(Ordering::Acquire);
+        if expected.is_some_and(|v| v != current) {
+            return Ok(DefsWrite::Conflict(current));
+        }
+        let batch: Batch = ops
+            .iter()
+            .filter(|op| op_space(op) == Space::Definitions)
+            .cloned()
+            .collect();
+        self.plain.submit(batch, true).wait()?;
+        Ok(DefsWrite::Written(
+            self.definitions.fetch_add(1, Ordering::AcqRel) + 1,
+        ))
+    }
+
+    fn definitions_writer(&self, node: &str, ttl_ms: u64) -> Result<Option<String>, StoreError> {
+        let now = self.now_ms();
+        let mut w = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = matches!(&*w, Some((holder, until)) if holder == node && *until >= now);
+        let free = !matches!(&*w, Some((_, until)) if *until >= now);
+        if ttl_ms == 0 {
+            if mine {
+                *w = None;
+            }
+        } else if mine || free {
+            *w = Some((node.to_owned(), now + ttl_ms));
+        }
+        Ok(w.as_ref()
+            .filter(|(_, until)| *until >= now)
+            .map(|(holder, _)| holder.clone()))
+    }
+
+    fn timeline_add(
+        &self,
+        campaign: u32,
+        minutes: &[MinuteCounts],
+        _keep_for: Nanos,
+    ) -> Result<(), StoreError> {
+        let mut all = self
+            .timelines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let t = all.entry(campaign).or_default();
+        for (m, counts) in minutes {
+            let b = t.entry(*m).or_default();
+            for (x, n) in b.iter_mut().zip(counts) {
+                *x = x.saturating_add(*n);
+            }
+        }
+        Ok(())
+    }
+
+    fn timeline_read(
+        &self,
+        campaign: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<MinuteCounts>, StoreError> {
+        let all = self
+            .timelines
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(all
+            .get(&campaign)
+            .map(|t| t.range(from..=to).map(|(m, c)| (*m, *c)).collect())
+            .unwrap_or_default())
+    }
+
+    fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError> {
+        let mut all = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
+        for (id, n) in adds {
+            let a = all.entry((day, *id)).or_default();
+            *a = a.saturating_add(*n);
+        }
+        Ok(())
+    }
+
+    fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError> {
+        let all = self.activity.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut sums: HashMap<u32, u64> = HashMap::new();
+        for d in [day.saturating_sub(1), day] {
+            let mut v: Vec<(u32, u64)> = all
+                .iter()
+                .filter(|((at, _), _)| *at == d)
+                .map(|((_, id), a)| (*id, *a))
+                .collect();
+            v.sort_unstable_by_key(|(id, a)| (std::cmp::Reverse(*a), *id));
+            for (id, a) in v.into_iter().take(n) {
+                *sums.entry(id).or_default() += a;
+            }
+        }
+        Ok(by_activity(sums))
     }
 
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {
