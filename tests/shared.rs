@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use freqcap::ManualClock;
 use freqcap::engine::{
     CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
     ScreenCandidate, ScreenRequest,
 };
 use freqcap::model::{CampaignDef, PolicyDef, from_json};
 use freqcap::store::SharedMemory;
+use freqcap::{Clock, ManualClock};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -267,22 +267,149 @@ fn event_ids_are_deduplicated_across_nodes() {
 #[test]
 fn campaign_state_a_lease_cannot_share_is_refused_with_its_field() {
     let (_, a, _, _, _) = two_nodes();
-    for (json, field) in [
-        (
-            r#"{"budget": {"amount": 100, "per": "1d", "pacing": "adaptive"}}"#,
-            "budget",
-        ),
-        (
-            r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]}"#,
-            "caps[1]",
-        ),
-    ] {
-        match a.put_campaign("x", campaign(json)) {
-            Err(EngineError::InvalidArgument { field: f, .. }) => assert_eq!(f, field, "{json}"),
-            other => panic!("{json}: {other:?}"),
-        }
+    let json = r#"{"budget": {"amount": 100, "per": "1d", "pacing": "adaptive"}}"#;
+    match a.put_campaign("x", campaign(json)) {
+        Err(EngineError::InvalidArgument { field: f, .. }) => assert_eq!(f, "budget", "{json}"),
+        other => panic!("{json}: {other:?}"),
     }
     assert!(a.get_campaign("x").is_none(), "nothing half-applied");
+}
+
+/// `n` nodes and their shared store on one manual clock, which the store's
+/// lease functions read as Redis reads `TIME`.
+fn fleet_on_one_clock(n: usize) -> (Vec<Node>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let nodes = (0..n)
+        .map(|_| Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap())
+        .collect();
+    (nodes, clock)
+}
+
+/// Every node screens `per_node` fresh users for `campaign` every `step`
+/// for `steps` steps, committing what is eligible, and sweeps (renewing
+/// its grants) as the server's sweeper would. Returns the times of the
+/// impressions, and the retry_after of every denial.
+fn hammer(
+    nodes: &[Node],
+    clock: &ManualClock,
+    campaign: &str,
+    steps: usize,
+    step: u64,
+    per_node: usize,
+) -> (Vec<u64>, Vec<u128>) {
+    let (mut at, mut retries) = (Vec::new(), Vec::new());
+    let mut user = 0;
+    for _ in 0..steps {
+        for node in nodes {
+            for _ in 0..per_node {
+                user += 1;
+                let s = node
+                    .screen(&screen(&format!("u{user}"), &[campaign]))
+                    .unwrap();
+                let r = &s.results[0];
+                if r.eligible {
+                    node.commit(s.reservation.as_deref().unwrap(), &commit(campaign))
+                        .unwrap();
+                    at.push(clock.now());
+                } else if let Some(d) = &r.denied_by {
+                    retries.push(d.retry_after.expect("a denial by a rate says when"));
+                }
+            }
+        }
+        clock.advance(step);
+        for node in nodes {
+            node.sweep();
+        }
+    }
+    (at, retries)
+}
+
+/// How far the impressions at `at` (sorted) ran ahead of one node's exact
+/// line, burst + rate·d over any interval of length d: the most units any
+/// interval held beyond it.
+fn ahead_of_line(at: &[u64], burst: u64, per_unit: u64) -> i64 {
+    let mut worst = i64::MIN;
+    for i in 0..at.len() {
+        for j in i..at.len() {
+            let line = burst + (at[j] - at[i]) / per_unit;
+            worst = worst.max((j - i + 1) as i64 - line as i64);
+        }
+    }
+    worst
+}
+
+/// A campaign-scope rate (5/s, burst 5) on three nodes: a token line
+/// leased at the store's time. One node's exact line admits burst + 5·d in
+/// any interval of length d; the fleet may run ahead of it by at most 2 s
+/// of the rate (docs/cluster.md, "Leases"): 10 units.
+#[test]
+fn a_campaign_rate_holds_across_nodes_within_its_bound() {
+    let (nodes, clock) = fleet_on_one_clock(3);
+    nodes[0]
+        .put_campaign(
+            "r",
+            campaign(r#"{"caps": [{"kind": "rate", "rate": 5, "per": "1s", "burst": 5, "scope": "campaign"}]}"#),
+        )
+        .unwrap();
+    for n in &nodes[1..] {
+        n.refresh_definitions().unwrap();
+    }
+    // 30 s of demand at 3 × 2 screens every 50 ms (120/s, 24 times the rate).
+    let (at, retries) = hammer(&nodes, &clock, "r", 600, SEC / 20, 2);
+    let ahead = ahead_of_line(&at, 5, SEC / 5);
+    eprintln!(
+        "rate 5/s burst 5, 3 nodes, 30 s: {} admitted (one node's line: {}), at most {ahead} ahead of the line",
+        at.len(),
+        5 + 30 * 5
+    );
+    assert!(
+        ahead <= 10,
+        "ran {ahead} units ahead of the line (bound 10)"
+    );
+    assert!(at.len() >= 5 + 30 * 5 - 15, "under-delivered: {}", at.len());
+    let max_retry = *retries.iter().max().unwrap();
+    assert!(
+        retries.iter().all(|&r| r > 0) && max_retry <= u128::from(SEC),
+        "retry_after within a second of the rate: {max_retry} ns"
+    );
+}
+
+/// A campaign-scope gap (one impression per 3 s, whatever the node) on three
+/// nodes: the line of burst 1, no lookahead; a grant is spent at once, so
+/// impressions keep the gap, at worst shortened by a grant's usable life
+/// (1.6 s; docs/cluster.md).
+#[test]
+fn a_campaign_gap_holds_across_nodes() {
+    let (nodes, clock) = fleet_on_one_clock(3);
+    nodes[0]
+        .put_campaign(
+            "g",
+            campaign(r#"{"caps": [{"kind": "gap", "min": "3s", "scope": "campaign"}]}"#),
+        )
+        .unwrap();
+    for n in &nodes[1..] {
+        n.refresh_definitions().unwrap();
+    }
+    let (at, retries) = hammer(&nodes, &clock, "g", 400, SEC / 20, 1);
+    let closest = at.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+    eprintln!(
+        "gap 3 s, 3 nodes, 20 s: {} impressions, closest {} ms apart",
+        at.len(),
+        closest / 1_000_000
+    );
+    assert!(closest >= 3 * SEC - 1_600_000_000, "{closest} ns apart");
+    assert!(
+        at.len() >= 6 && at.len() <= 8,
+        "{} impressions in 20 s",
+        at.len()
+    );
+    assert!(
+        retries.iter().all(|&r| r > 0 && r <= u128::from(3 * SEC)),
+        "retry_after within the gap: {:?}",
+        retries.iter().max()
+    );
 }
 
 /// A policy's concurrency and budget items live in its keys' records, which

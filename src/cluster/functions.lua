@@ -294,6 +294,135 @@ local function fc_lease(keys, args)
 end
 
 -------------------------------------------------------------------------------
+-- fc_line_v1: a token line (a campaign-scope rate or gap) leased in units.
+--
+--   FCALL fc_line_v1 1 L node spent want burst rate per_us look_us ttl_ms
+--                        grace_ms key_expire_ms
+--
+--   node, spent, want, ttl_ms, grace_ms, key_expire_ms   as fc_lease_v1
+--                  (spent: the caller's cumulative units on this line)
+--   burst          the most units that pass at once after idling
+--   rate, per_us   the line rises `rate` units every `per_us` µs
+--   look_us        lookahead: a grant may take what the line allows
+--                  look_us from now (0: only what it allows now)
+--
+-- The line is a token bucket over grants, at Redis time (µs):
+--   allowance(t) = burst + floor((t - t0) * rate / per_us)
+-- where t0 (field ~t0) moves forward only so that the allowance now is never
+-- more than burst above what is granted in sum (Σ g over holders): tokens
+-- left idle beyond the burst are lost, as in one node's GCRA. A new (or
+-- expired) line starts full. On each call the caller's headroom goes back to
+-- the line (g := s) before it is granted afresh, so every unit a holder
+-- holds was granted at its last call: nothing is carried across calls.
+-- Parameters are stored (~b ~r ~p ~l) for inspection; each call's apply.
+--
+-- Grant: max-min fair share (fair_share) of what the line allows at
+-- now + look_us beyond Σ g, over the live holders' wants, never more than
+-- that. Reclaim of dead holders as fc_lease_v1.
+--
+-- Reply: [g_node, s_node, spent_total, retry_ms, now_ms]: retry_ms is how
+-- long until the line has one more unit to grant beyond what is granted now
+-- (0 if it has one now).
+--
+-- Bound: grants in any interval of length d are at most
+-- burst + rate * (d + look_us) / per_us; a holder spends a grant only within
+-- its usable life U after asking, so the fleet admits in any interval of
+-- length d at most burst + rate * (d + look_us + U) / per_us.
+-------------------------------------------------------------------------------
+local function fc_line(keys, args)
+  local F = 'fc_line_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 11 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 11 arguments: node spent want burst rate per_us look_us ttl_ms' ..
+      ' grace_ms key_expire_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'burst', 'rate', 'per_us', 'look_us', 'ttl_ms', 'grace_ms',
+     'key_expire_ms'}, F)
+  if not v then return err end
+  if v.rate < 1 or v.per_us < 1 then
+    return redis.error_reply('ERR ' .. F .. ': rate and per_us must be at least 1')
+  end
+
+  local L = keys[1]
+  local now_u = now_us()
+  local now = math.floor(now_u / 1000)
+  local nodes, names = load_lease(L)
+  local t0 = tonumber(redis.call('HGET', L, '~t0'))
+
+  local me = nodes[node]
+  if not me then
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0}
+    nodes[node] = me
+    names[#names + 1] = node
+  end
+  me.s = math.max(me.s, v.spent)
+  -- The caller's headroom goes back to the line; it is granted afresh below.
+  me.g = me.s
+
+  local granted, spent = 0, 0
+  local live = {}
+  for _, name in ipairs(names) do
+    local n = nodes[name]
+    if name ~= node then
+      local holds_until = n.x
+      if holds_until == 0 then holds_until = n.e + 3600000 end
+      if math.max(n.e, holds_until) < now then
+        if n.g > n.s then
+          n.g = n.s
+          redis.call('HSET', L, 'g:' .. name, istr(n.g))
+        end
+      else
+        live[#live + 1] = n.w
+      end
+    end
+    granted = granted + math.max(n.g, n.s)
+    spent = spent + n.s
+  end
+  live[#live + 1] = v.want
+
+  local function allowance(t)
+    return v.burst + math.floor((t - t0) * v.rate / v.per_us)
+  end
+  -- A new line starts full; idle tokens beyond the burst are lost.
+  if t0 == nil or allowance(now_u) > granted + v.burst then
+    t0 = now_u - math.ceil(granted * v.per_us / v.rate)
+  end
+
+  local avail = math.max(0, allowance(now_u + v.look_us) - granted)
+  local share = fair_share(live, avail, v.want)
+  local new = math.min(share, avail)
+  me.g = me.s + new
+  granted = granted + new
+
+  -- When the line has one unit more than is granted now.
+  local need = granted + 1 - v.burst
+  local at = t0 + math.ceil(need * v.per_us / v.rate) - v.look_us
+  local retry_ms = 0
+  if need > 0 and at > now_u then retry_ms = math.ceil((at - now_u) / 1000) end
+
+  redis.call('HSET', L,
+    's:' .. node, istr(me.s),
+    'g:' .. node, istr(me.g),
+    'w:' .. node, istr(v.want),
+    'e:' .. node, istr(now + v.ttl_ms),
+    'x:' .. node, istr(now + v.grace_ms),
+    '~t0', istr(t0), '~b', istr(v.burst), '~r', istr(v.rate),
+    '~p', istr(v.per_us), '~l', istr(v.look_us))
+  if v.key_expire_ms > 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {me.g, me.s, spent, retry_ms, now}
+end
+
+-------------------------------------------------------------------------------
 -- fc_lease_read_v1 (no-writes; FCALL_RO works, also on replicas):
 --
 --   FCALL_RO fc_lease_read_v1 1 L
@@ -428,6 +557,7 @@ end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
+redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}

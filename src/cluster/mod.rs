@@ -28,8 +28,8 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, Op, Receipt, Shared, SlotsRequest,
-    Space, Store, StoreError, StoreStats,
+    Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Op,
+    Receipt, Shared, SlotsRequest, Space, Store, StoreError, StoreStats,
 };
 
 pub mod time;
@@ -658,6 +658,43 @@ impl Shared for RedisStore {
                 _ => Err(unexpected("fc_lease_v1", &v)),
             },
             _ => Err(unexpected("fc_lease_v1", &v)),
+        }
+    }
+
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_line_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.holder)
+            .arg(req.spent)
+            .arg(req.want)
+            .arg(req.burst)
+            .arg(req.rate)
+            .arg(req.per_us)
+            .arg(req.look_us)
+            .arg(req.ttl_ms)
+            .arg(req.grace_ms)
+            .arg(req.key_expire_ms);
+        // As lease calls: confirmed by a replica, so a failover does not
+        // hand out a unit twice.
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the line lease was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2]), int(&a[3])) {
+                (Some(granted), Some(spent_total), Some(retry_ms)) => Ok(LineGrant {
+                    granted,
+                    spent_total,
+                    retry_ms,
+                }),
+                _ => Err(unexpected("fc_line_v1", &v)),
+            },
+            _ => Err(unexpected("fc_line_v1", &v)),
         }
     }
 

@@ -18,7 +18,9 @@ use std::path::PathBuf;
 
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
-pub use shared::{Cas, LeaseGrant, LeaseRequest, Shared, SharedMemory, SlotsRequest};
+pub use shared::{
+    Cas, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Shared, SharedMemory, SlotsRequest,
+};
 
 /// The key spaces (RocksDB column families).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

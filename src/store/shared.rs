@@ -60,6 +60,40 @@ pub struct LeaseGrant {
     pub spent_total: u64,
 }
 
+/// A token-line call (`fc_line_v1`, docs/cluster.md "Leases"): a
+/// campaign-scope rate or gap, leased in units of a line that rises with
+/// Redis's clock; absolute counters, as [`LeaseRequest`].
+#[derive(Debug, Clone, Copy)]
+pub struct LineRequest<'a> {
+    pub key: &'a [u8],
+    pub holder: &'a str,
+    /// The holder's cumulative committed units on the line.
+    pub spent: u64,
+    /// Units beyond `spent` it would like to hold now.
+    pub want: u64,
+    /// The most units that pass at once after idling.
+    pub burst: u64,
+    /// The line rises `rate` units every `per_us` µs.
+    pub rate: u64,
+    pub per_us: u64,
+    /// A grant may take what the line allows this long from now.
+    pub look_us: u64,
+    pub ttl_ms: u64,
+    pub grace_ms: u64,
+    pub key_expire_ms: u64,
+}
+
+/// A token line's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineGrant {
+    /// The holder's cumulative grant on the line.
+    pub granted: u64,
+    /// Spent by every holder (reported).
+    pub spent_total: u64,
+    /// How long until the line has one more unit to grant (0: now).
+    pub retry_ms: u64,
+}
+
 /// A slots call (`fc_slots_v1`, docs/cluster.md "Leases"): slots held now
 /// (absolute, numbered so a late older report changes nothing).
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +162,10 @@ pub trait Shared: Send + Sync {
     /// A lease call: reports the holder's spend and returns its grant.
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
 
+    /// A token-line call: reports the holder's spend on a line and returns
+    /// its grant.
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError>;
+
     /// A slots call: reports the slots the holder holds and returns how many
     /// it may hold.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
@@ -167,6 +205,14 @@ struct SlotHolder {
     until: u64,
 }
 
+/// A token line in [`SharedMemory`] (as `fc_line_v1` keeps it).
+#[derive(Debug, Default)]
+struct LineState {
+    /// The line's origin, µs of the store's clock (`None`: a new line).
+    t0: Option<f64>,
+    holders: HashMap<String, LeaseHolder>,
+}
+
 /// Records by key: (version, value).
 type Versioned = HashMap<Vec<u8>, (u64, Vec<u8>)>;
 
@@ -185,14 +231,58 @@ pub struct SharedMemory {
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
-    /// The lease function's clock: ms since this store was made.
+    lines: Mutex<HashMap<Vec<u8>, LineState>>,
+    /// The lease functions' clock: µs since this store was made.
     started: std::sync::OnceLock<std::time::Instant>,
+    /// Or, for tests, this clock (µs), as Redis's `TIME` would be.
+    clock: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 impl SharedMemory {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// A store whose lease functions read `clock` (µs) where Redis reads
+    /// `TIME`: tests on a manual clock then move the store's time too.
+    pub fn with_clock(clock: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        SharedMemory {
+            clock: Some(Box::new(clock)),
+            ..Self::default()
+        }
+    }
+
+    /// The lease functions' time, µs.
+    fn now_us(&self) -> u64 {
+        match &self.clock {
+            Some(c) => c(),
+            None => self
+                .started
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_micros() as u64,
+        }
+    }
+}
+
+/// `fair_share` of src/cluster/functions.lua, in the same (real)
+/// arithmetic: the max-min fair share of `pool` for `mine` among `demands`
+/// (`mine` included), rounded up.
+fn fair_share(demands: &mut [u64], pool: u64, mine: u64) -> u64 {
+    demands.sort_unstable();
+    let (mut remaining, mut left) = (pool as f64, demands.len() as f64);
+    for d in demands.iter() {
+        let fair = remaining / left;
+        if *d as f64 >= fair {
+            if fair < mine as f64 {
+                return (fair - 1e-9).ceil().max(0.0) as u64;
+            }
+            return mine;
+        }
+        remaining -= *d as f64;
+        left -= 1.0;
+    }
+    mine
 }
 
 impl Store for SharedMemory {
@@ -300,11 +390,7 @@ impl Shared for SharedMemory {
     /// tests without a Redis: the tests of the function itself run against
     /// Redis (ops/test-functions.sh).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
-        let now = self
-            .started
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64;
+        let now = self.now_us() / 1000;
         let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = all.entry(req.key.to_vec()).or_default();
         let me = holders.entry(req.holder.to_owned()).or_default();
@@ -353,6 +439,65 @@ impl Shared for SharedMemory {
         })
     }
 
+    /// The arithmetic of `fc_line_v1` (src/cluster/functions.lua), step for
+    /// step, in the same doubles.
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
+        if req.rate == 0 || req.per_us == 0 {
+            return Err(StoreError::Io(
+                "fc_line_v1: rate and per_us must be at least 1".into(),
+            ));
+        }
+        let now_u = self.now_us();
+        let now = now_u / 1000;
+        let mut all = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = all.entry(req.key.to_vec()).or_default();
+        let me = line.holders.entry(req.holder.to_owned()).or_default();
+        me.spent = me.spent.max(req.spent);
+        // The caller's headroom goes back to the line.
+        me.granted = me.spent;
+        me.want = req.want;
+        me.expires = now + req.ttl_ms;
+        me.holds_until = now + req.grace_ms;
+        let mut wants = vec![req.want];
+        let (mut granted, mut spent) = (0u64, 0u64);
+        for (name, h) in line.holders.iter_mut() {
+            if name != req.holder {
+                if h.reclaimable(now) {
+                    h.granted = h.spent;
+                } else {
+                    wants.push(h.want);
+                }
+            }
+            granted += h.granted.max(h.spent);
+            spent += h.spent;
+        }
+        let (rate, per) = (req.rate as f64, req.per_us as f64);
+        let allowance = |t0: f64, t: f64| req.burst as f64 + ((t - t0) * rate / per).floor();
+        let full = |granted: u64| now_u as f64 - (granted as f64 * per / rate).ceil();
+        let t0 = match line.t0 {
+            Some(t0) if allowance(t0, now_u as f64) <= (granted + req.burst) as f64 => t0,
+            _ => full(granted),
+        };
+        let avail = (allowance(t0, (now_u + req.look_us) as f64) - granted as f64).max(0.0) as u64;
+        let new = fair_share(&mut wants, avail, req.want).min(avail);
+        let me = line.holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
+        me.granted = me.spent + new;
+        let granted = granted + new;
+        let need = (granted + 1).saturating_sub(req.burst);
+        let at = t0 + (need as f64 * per / rate).ceil() - req.look_us as f64;
+        let retry_ms = if need > 0 && at > now_u as f64 {
+            ((at - now_u as f64) / 1000.0).ceil() as u64
+        } else {
+            0
+        };
+        line.t0 = Some(t0);
+        Ok(LineGrant {
+            granted: me.granted,
+            spent_total: spent,
+            retry_ms,
+        })
+    }
+
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
         let leases = self.leases.lock().map_err(|_| StoreError::Closed)?;
         Ok(leases
@@ -362,11 +507,7 @@ impl Shared for SharedMemory {
 
     /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
-        let now = self
-            .started
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64;
+        let now = self.now_us() / 1000;
         let mut all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = all.entry(req.key.to_vec()).or_default();
         if let Some(me) = holders.get(req.holder)
