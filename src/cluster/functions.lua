@@ -334,9 +334,9 @@ local function fc_line(keys, args)
   if #keys ~= 1 then
     return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
   end
-  if #args ~= 11 then
+  if #args ~= 10 then
     return redis.error_reply('ERR ' .. F ..
-      ': expects 11 arguments: node spent want burst rate per_us look_us ttl_ms' ..
+      ': expects 10 arguments: node spent want burst rate per_us look_us ttl_ms' ..
       ' grace_ms key_expire_ms')
   end
   local node = args[1]
