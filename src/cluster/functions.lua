@@ -423,6 +423,58 @@ local function fc_line(keys, args)
 end
 
 -------------------------------------------------------------------------------
+-- fc_plan_v1: the adaptive pacing plan of a leased budget's period.
+--
+--   FCALL fc_plan_v1 1 L anchor_ms prev_anchor_ms prev_line key_expire_ms
+--
+--   anchor_ms       the start of the slice (local hour) the caller is in
+--   prev_anchor_ms  the anchor of the plan the caller knew (0: none)
+--   prev_line       that plan's line at anchor_ms (no allowance)
+--   key_expire_ms   PEXPIRE of the hash if it has no expiry yet
+--
+-- The plan (~a anchor_ms, ~base units) is stored in the lease hash L (the
+-- fc_lease_v1 hash of the budget's period). The first call in a new slice
+-- makes it: base = Σ s (the fleet's reported spend), or the previous plan's
+-- line at the anchor if lower and the caller knew that plan (spend ahead of
+-- the line by the allowance does not add up from hour to hour), as one node
+-- does (src/limits/budget.rs). Later calls, and calls from a slice already
+-- passed, get the stored plan: every node paces by one plan.
+--
+-- Reply: [anchor_ms, base, now_ms].
+-------------------------------------------------------------------------------
+local function fc_plan(keys, args)
+  local F = 'fc_plan_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 4 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 4 arguments: anchor_ms prev_anchor_ms prev_line key_expire_ms')
+  end
+  local v, err = uint_args(args, 1,
+    {'anchor_ms', 'prev_anchor_ms', 'prev_line', 'key_expire_ms'}, F)
+  if not v then return err end
+  local L = keys[1]
+  local a = tonumber(redis.call('HGET', L, '~a'))
+  if a ~= nil and a >= v.anchor_ms then
+    return {a, tonumber(redis.call('HGET', L, '~base')) or 0, now_ms()}
+  end
+  local nodes, names = load_lease(L)
+  local base = 0
+  for _, name in ipairs(names) do
+    base = base + nodes[name].s
+  end
+  if a ~= nil and a == v.prev_anchor_ms then
+    base = math.min(base, v.prev_line)
+  end
+  redis.call('HSET', L, '~a', istr(v.anchor_ms), '~base', istr(base))
+  if v.key_expire_ms > 0 and redis.call('PTTL', L) < 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {v.anchor_ms, base, now_ms()}
+end
+
+-------------------------------------------------------------------------------
 -- fc_lease_read_v1 (no-writes; FCALL_RO works, also on replicas):
 --
 --   FCALL_RO fc_lease_read_v1 1 L
@@ -558,6 +610,7 @@ end
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
 redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
+redis.register_function{function_name = 'fc_plan_v1', callback = fc_plan, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}

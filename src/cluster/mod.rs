@@ -29,7 +29,7 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 use crate::clock::Nanos;
 use crate::store::{
     Batch, Cas, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Op,
-    Receipt, Shared, SlotsRequest, Space, Store, StoreError, StoreStats,
+    PlanRequest, Receipt, Shared, SlotsRequest, Space, Store, StoreError, StoreStats,
 };
 
 pub mod time;
@@ -695,6 +695,33 @@ impl Shared for RedisStore {
                 _ => Err(unexpected("fc_line_v1", &v)),
             },
             _ => Err(unexpected("fc_line_v1", &v)),
+        }
+    }
+
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_plan_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.anchor_ms)
+            .arg(req.prev_anchor_ms)
+            .arg(req.prev_line)
+            .arg(req.key_expire_ms);
+        // Made once per slice: confirmed by a replica as grants are, so a
+        // failover does not make a second plan from another spend.
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the plan was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 3 => match (int(&a[0]), int(&a[1])) {
+                (Some(anchor), Some(base)) => Ok((anchor, base)),
+                _ => Err(unexpected("fc_plan_v1", &v)),
+            },
+            _ => Err(unexpected("fc_plan_v1", &v)),
         }
     }
 

@@ -36,11 +36,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::budget::Pacing;
+use crate::limits::budget::Budget;
 use crate::limits::window::{Layout, Window};
 use crate::limits::{Item, ItemState, Kind};
 use crate::model::Scope;
-use crate::store::{LeaseGrant, LeaseRequest, LineRequest, Shared, SlotsRequest, StoreError};
+use crate::store::{
+    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Shared, SlotsRequest, StoreError,
+};
 
 use super::Engine;
 use super::registry::CampaignEntry;
@@ -93,6 +95,8 @@ struct Grant {
     line_committed: u64,
     /// A token line: when it has a unit more to grant (this node's clock).
     retry_at: Nanos,
+    /// An adaptive budget: the fleet's plan (anchor, base) last received.
+    plan: Option<(Nanos, u64)>,
 }
 
 /// This node's grants.
@@ -140,12 +144,12 @@ pub(crate) struct Line {
 /// Whether an item is leased with a shared store: a campaign-scope window
 /// (fixed and calendar ones as units per period, rolling ones as slots held
 /// for the window's length), a budget paced `asap`, `even` or by a profile,
-/// `max_in_flight` (slots), or a rate or gap (a token line). Adaptive
-/// pacing is refused at definition time (docs/cluster.md).
+/// `max_in_flight` (slots), or a rate or gap (a token line). An adaptive
+/// budget's plan is the fleet's, made in the store (`fc_plan_v1`): every
+/// campaign-scope item is leasable.
 pub(crate) fn leasable(item: &Item) -> bool {
     match item {
-        Item::Window(_) | Item::Concurrency(_) | Item::Rate { .. } => true,
-        Item::Budget(b) => !matches!(b.pacing, Pacing::Adaptive(_)),
+        Item::Window(_) | Item::Concurrency(_) | Item::Rate { .. } | Item::Budget(_) => true,
     }
 }
 
@@ -278,6 +282,12 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
     }
 }
 
+/// The total an adaptive budget may be granted now under the fleet's plan:
+/// its line a grant's life ahead, as [`view`] does for the other pacings.
+fn plan_total(b: &Budget, v: &LeaseView, anchor: Nanos, base: u64, now: Nanos) -> u64 {
+    b.plan_cap(v.start, v.end, anchor, base, now.saturating_add(LEASE_TTL))
+}
+
 /// A lease's key in the shared store.
 fn lease_key(k: GrantKey) -> Vec<u8> {
     let mut v = Vec::with_capacity(17);
@@ -330,10 +340,20 @@ impl Leases {
         g.end = Nanos::MAX;
     }
 
-    /// `v` with a token line's committed units filled in from this node's count.
-    fn filled(&self, key: GrantKey, mut v: LeaseView) -> LeaseView {
+    /// `v` with a token line's committed units filled in from this node's
+    /// count, and an adaptive budget's total from the fleet's plan when this
+    /// node has the plan of the current slice (else [`Engine::lease_call`]
+    /// gets it first).
+    fn filled(&self, key: GrantKey, mut v: LeaseView, item: &Item, now: Nanos) -> LeaseView {
         if v.line.is_some() {
             v.committed = self.lock().get(&key).map_or(0, |g| g.line_committed);
+        }
+        if let Item::Budget(b) = item
+            && b.adaptive()
+            && let Some((anchor, base)) = self.lock().get(&key).and_then(|g| g.plan)
+            && anchor >= b.slice_anchor(v.start, now)
+        {
+            v.total = plan_total(b, &v, anchor, base, now);
         }
         v
     }
@@ -382,12 +402,26 @@ impl<C: Clock> Engine<C> {
         Ok(Some(fleet + v.committed.saturating_sub(reported)))
     }
 
+    /// An adaptive budget's cap now under the fleet's plan, if this node has
+    /// the plan of the current slice (a shared store only).
+    pub(crate) fn fleet_plan_cap(&self, e: &CampaignEntry, i: usize, now: Nanos) -> Option<u64> {
+        self.shared()?;
+        let Item::Budget(b) = &e.compiled.items[i].item else {
+            return None;
+        };
+        let (key, v) = campaign_view(&self.leases, e, i, now)?;
+        let (anchor, base) = self.leases.lock().get(&key).and_then(|g| g.plan)?;
+        (b.adaptive() && anchor >= b.slice_anchor(v.start, now))
+            .then(|| b.plan_cap(v.start, v.end, anchor, base, now))
+    }
+
     /// Calls the lease function for `key`, reporting `v.committed` and
     /// asking for `want` units of headroom, and records the grant.
     fn lease_call(
         &self,
         shared: &dyn Shared,
         key: GrantKey,
+        item: &Item,
         v: &LeaseView,
         want: u64,
         now: Nanos,
@@ -445,12 +479,22 @@ impl<C: Clock> Engine<C> {
             });
         }
         let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
+        // An adaptive budget's total follows the fleet's plan, made once per
+        // slice from the fleet's spend: a node's own record holds only its
+        // own spend, a third of it on three nodes.
+        let total = match item {
+            Item::Budget(b) if b.adaptive() => {
+                let (anchor, base) = self.fleet_plan(shared, key, b, v, key_expire_ms, now)?;
+                plan_total(b, v, anchor, base, now)
+            }
+            _ => v.total,
+        };
         let grant = shared.lease(&LeaseRequest {
             key: &lease_key(key),
             holder: &self.lease_holder(),
             spent: v.committed,
             want,
-            total: v.total,
+            total,
             ttl_ms,
             // A hold made under a grant may be committed until its
             // reservation's deadline: the grant is reclaimed only after the
@@ -481,6 +525,45 @@ impl<C: Clock> Engine<C> {
                 self.leases.commit_line((e.id, p.tag, 0), p.n);
             }
         }
+    }
+
+    /// The fleet's adaptive plan (anchor, base) for the slice of `now`: the
+    /// one this node has, or the store's (`fc_plan_v1`), which the first
+    /// node in a new slice makes.
+    fn fleet_plan(
+        &self,
+        shared: &dyn Shared,
+        key: GrantKey,
+        b: &Budget,
+        v: &LeaseView,
+        key_expire_ms: u64,
+        now: Nanos,
+    ) -> Result<(Nanos, u64), StoreError> {
+        let anchor = b.slice_anchor(v.start, now);
+        let known = self.leases.lock().get(&key).and_then(|g| g.plan);
+        if let Some((a, base)) = known
+            && a >= anchor
+        {
+            return Ok((a, base));
+        }
+        const MS: Nanos = 1_000_000;
+        let (prev_anchor_ms, prev_line) = match known {
+            Some((a, base)) => (a / MS, b.plan_line_at(v.start, v.end, a, base, anchor)),
+            None => (0, 0),
+        };
+        let (a_ms, base) = shared.plan(&PlanRequest {
+            key: &lease_key(key),
+            anchor_ms: anchor / MS,
+            prev_anchor_ms,
+            prev_line,
+            key_expire_ms,
+        })?;
+        let plan = (a_ms.saturating_mul(MS), base);
+        let mut grants = self.leases.lock();
+        let g = grants.entry(key).or_default();
+        g.plan = Some(plan);
+        g.end = g.end.max(v.end);
+        Ok(plan)
     }
 
     /// Notes a grant this node received.
@@ -561,7 +644,7 @@ impl<C: Clock> Engine<C> {
                 } else {
                     self.want(key, &v, n, now) + v.pending
                 };
-                if let Err(err) = self.lease_call(shared, key, &v, want, now) {
+                if let Err(err) = self.lease_call(shared, key, &cap.item, &v, want, now) {
                     tracing::debug!("lease refresh of campaign {} failed: {err}", e.id);
                 }
             }
@@ -609,7 +692,7 @@ impl<C: Clock> Engine<C> {
                 }
                 // Keep the headroom the node holds: ask for what it has.
                 let want = granted.saturating_sub(v.committed);
-                self.lease_call(shared, key, &v, want, now)?;
+                self.lease_call(shared, key, &cap.item, &v, want, now)?;
             }
         }
         Ok(())
@@ -666,7 +749,8 @@ impl<C: Clock> Engine<C> {
             } else {
                 self.want(key, &v, 1, now) + v.pending
             };
-            if let Err(err) = self.lease_call(shared, key, &v, want, now) {
+            if let Err(err) = self.lease_call(shared, key, &e.compiled.items[i].item, &v, want, now)
+            {
                 tracing::debug!("lease renewal of campaign {} failed: {err}", key.0);
             }
         }
@@ -705,5 +789,5 @@ fn campaign_view(
         )
     }?;
     let key = (e.id, tag, v.start);
-    Some((key, leases.filled(key, v)))
+    Some((key, leases.filled(key, v, &e.compiled.items[i].item, now)))
 }

@@ -19,7 +19,8 @@ use std::path::PathBuf;
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
-    Cas, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Shared, SharedMemory, SlotsRequest,
+    Cas, LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, Shared, SharedMemory,
+    SlotsRequest,
 };
 
 /// The key spaces (RocksDB column families).

@@ -94,6 +94,22 @@ pub struct LineGrant {
     pub retry_ms: u64,
 }
 
+/// A plan call (`fc_plan_v1`, docs/cluster.md "Leases"): the adaptive
+/// pacing plan of a leased budget's period, made once per slice from the
+/// fleet's spend and stored with the lease.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanRequest<'a> {
+    /// The budget's lease key (its period's).
+    pub key: &'a [u8],
+    /// The start of the slice the caller is in, unix ms.
+    pub anchor_ms: u64,
+    /// The anchor of the plan the caller knew (0: none), and that plan's
+    /// line at `anchor_ms`.
+    pub prev_anchor_ms: u64,
+    pub prev_line: u64,
+    pub key_expire_ms: u64,
+}
+
 /// A slots call (`fc_slots_v1`, docs/cluster.md "Leases"): slots held now
 /// (absolute, numbered so a late older report changes nothing).
 #[derive(Debug, Clone, Copy)]
@@ -166,6 +182,10 @@ pub trait Shared: Send + Sync {
     /// its grant.
     fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError>;
 
+    /// A plan call: the (anchor ms, base) of the adaptive plan every node of
+    /// the fleet paces by in the slice.
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError>;
+
     /// A slots call: reports the slots the holder holds and returns how many
     /// it may hold.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
@@ -232,6 +252,8 @@ pub struct SharedMemory {
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
     lines: Mutex<HashMap<Vec<u8>, LineState>>,
+    /// Adaptive plans by lease key: (anchor ms, base).
+    plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
     /// The lease functions' clock: µs since this store was made.
     started: std::sync::OnceLock<std::time::Instant>,
     /// Or, for tests, this clock (µs), as Redis's `TIME` would be.
@@ -496,6 +518,25 @@ impl Shared for SharedMemory {
             spent_total: spent,
             retry_ms,
         })
+    }
+
+    /// The arithmetic of `fc_plan_v1`.
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError> {
+        let mut plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        let stored = plans.get(req.key).copied();
+        if let Some((a, base)) = stored
+            && a >= req.anchor_ms
+        {
+            return Ok((a, base));
+        }
+        let mut base = self.lease_spent(req.key)?;
+        if let Some((a, _)) = stored
+            && a == req.prev_anchor_ms
+        {
+            base = base.min(req.prev_line);
+        }
+        plans.insert(req.key.to_vec(), (req.anchor_ms, base));
+        Ok((req.anchor_ms, base))
     }
 
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
