@@ -1170,3 +1170,69 @@ fn campaign_rates_and_gaps_hold_across_nodes() {
         "a gap's retry_after_ms: {gap_retries:?}"
     );
 }
+
+/// An adaptive budget on three real nodes paces by one plan, made in Redis
+/// (`fc_plan_v1`) from the fleet's spend: with demand far above the pace,
+/// the fleet delivers the plan's line (what one node would: the plan of a
+/// slice first touched with nothing spent starts from 0), never more than
+/// the line a grant's life (2 s) ahead, and every node answers the same
+/// spend and cap.
+#[test]
+fn adaptive_pacing_holds_across_nodes() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7720);
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(
+                &tmp.path().join(format!("n{i}")),
+                &redis.seeds,
+                &format!("n{i}"),
+            )
+        })
+        .collect();
+    // 2000 a day: about 100 an hour, so the line at any time of day is a
+    // few hundred at most, and rises ~0.03 a second.
+    let def = json!({"budget": {"amount": 2000, "per": "1d", "pacing": "adaptive"}});
+    let (st, body) = nodes[0].call_retrying("PUT", "/v1/campaigns/ad", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&nodes[1..], "/v1/campaigns/ad");
+    let delivery = |n: &Node| {
+        let (st, d) = n.call_retrying("GET", "/v1/campaigns/ad/delivery", None);
+        assert_eq!(st, 200, "{d}");
+        (
+            d["spent"].as_u64().unwrap_or(0),
+            d["cap_now"].as_u64().unwrap_or(0),
+        )
+    };
+    let (_, cap_before) = delivery(&nodes[0]);
+    let delivered = Mutex::new(0u64);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for (t, node) in nodes.iter().enumerate() {
+            let delivered = &delivered;
+            s.spawn(move || {
+                let mut i = 0;
+                while start.elapsed() < Duration::from_secs(8) && i < 100_000 {
+                    if screen_and_commit(node, &format!("a{t}-{i}"), "ad").0 {
+                        *delivered.lock().unwrap() += 1;
+                    }
+                    i += 1;
+                }
+            });
+        }
+    });
+    let delivered = delivered.into_inner().unwrap();
+    let answers: Vec<(u64, u64)> = nodes.iter().map(delivery).collect();
+    eprintln!(
+        "adaptive: cap before {cap_before}; {delivered} delivered through 3 nodes; (spent, cap_now) per node {answers:?}"
+    );
+    let cap_after = answers[0].1;
+    assert!(
+        delivered >= cap_before && delivered <= cap_after + 1,
+        "delivered {delivered}, the plan's cap {cap_before}..{cap_after}"
+    );
+    for (k, a) in answers.iter().enumerate() {
+        assert_eq!(a.0, delivered, "node {k}'s spend");
+        assert!(a.1.abs_diff(cap_after) <= 1, "node {k}'s cap {a:?}");
+    }
+}
