@@ -777,3 +777,57 @@ fn adaptive_pacing_on_a_fleet_follows_one_node() {
     assert!(worst <= 2, "fleet {fleet_cum:?}, one node {one_cum:?}");
     assert!(by_fleet <= 240, "over-delivered: {by_fleet}");
 }
+
+/// A node whose clock runs 5 s ahead of the store's (Redis's) cannot spend
+/// a period the store is not in yet, nor pace a budget by its own time:
+/// period leases are granted only while the store's time is in their
+/// period, and an even budget's total is computed at the store's time
+/// (`fc_lease_v2`). Before, the fast node spent the next minute's cap while
+/// the store was still in this one (20 delivered in one minute for a cap
+/// of 10), and paced a budget by its own clock, an hour ahead.
+#[test]
+fn a_node_whose_clock_is_ahead_does_not_over_deliver() {
+    let redis = Arc::new(ManualClock::new(DAY0));
+    let r = redis.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || r.now() / 1000));
+    let ahead = Arc::new(ManualClock::new(DAY0 + 5 * SEC));
+    let a = Engine::open(store.clone(), redis.clone(), EngineOptions::default()).unwrap();
+    let b = Engine::open(store.clone(), ahead.clone(), EngineOptions::default()).unwrap();
+    let advance = |d: u64| {
+        redis.advance(d);
+        ahead.advance(d);
+    };
+    a.put_campaign(
+        "m",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 10, "window": "1m", "align": "fixed", "scope": "campaign"}]}"#),
+    )
+    .unwrap();
+    a.put_campaign(
+        "e",
+        campaign(r#"{"budget": {"amount": 1000, "per": "1d", "pacing": "even"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    // 00:00:50 by the store: a spends this minute's cap.
+    advance(50 * SEC);
+    assert_eq!(deliver(&[&a], "m", 20), 10);
+    // 00:00:57 by the store, 00:01:02 by b: the store is still in the first
+    // minute, whose cap is spent.
+    advance(7 * SEC);
+    let early = deliver(&[&b], "m", 20);
+    // 00:01:01 by the store: the next minute's cap, through both nodes.
+    advance(4 * SEC);
+    let next = deliver(&[&a, &b], "m", 30);
+    eprintln!("clock ahead: b delivered {early} before the store's minute, then {next} in it");
+    assert_eq!(early, 0, "b spent a minute the store is not in yet");
+    assert_eq!(next, 10, "the next minute's cap, once");
+    // 06:00 by the store, 07:00:05 by b: the even line is 1000·(6 h + 2 s
+    // lookahead)/24 h, 251 rounded up, plus the default tolerance of 1 %
+    // (10): 261, whatever b's clock says (by b's, 302).
+    advance(6 * 3600 * SEC - 61 * SEC);
+    ahead.advance(3600 * SEC);
+    let paced = deliver(&[&b], "e", 400);
+    eprintln!("clock 1 h ahead: b delivered {paced} of an even budget whose cap is 261");
+    assert!(paced <= 261, "b paced by its own clock: {paced}");
+    assert!(paced >= 255, "under-delivered: {paced}");
+}

@@ -218,25 +218,11 @@ end
 -- (S above its grant; a smaller total) cannot restore it, since grants are
 -- not revoked, but it grants nothing new while the sum is over total.
 -------------------------------------------------------------------------------
-local function fc_lease(keys, args)
-  local F = 'fc_lease_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 7 then
-    return redis.error_reply('ERR ' .. F ..
-      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
-  end
-  local node = args[1]
-  if node == '' then
-    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
-  end
-  local v, err = uint_args(args, 2,
-    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
-  if not v then return err end
-
-  local L = keys[1]
-  local now = now_ms()
+-- The grant arithmetic of fc_lease_v1 and fc_lease_v2 (see fc_lease_v1):
+-- reports node's spend v.spent, grants it a share of v.total; with open
+-- false (v2: Redis's time is outside the lease's period) it grants no
+-- headroom at all. Returns the caller's holder table and Σ spent.
+local function lease_grant(L, node, v, now, open)
   local nodes, names = load_lease(L)
 
   local me = nodes[node]
@@ -275,10 +261,13 @@ local function fc_lease(keys, args)
   live[#live + 1] = v.want
 
   local share = fair_share(live, math.max(0, v.total - spent), v.want)
+  if not open then share = 0 end
 
   local headroom = me.g - me.s
   local free = math.max(0, v.total - spent - held_others)
   local new_headroom = math.max(headroom, math.min(share, free))
+  -- Outside the period Redis is in, nothing may be spent on it.
+  if not open then new_headroom = 0 end
   me.g = me.s + new_headroom
 
   redis.call('HSET', L,
@@ -290,7 +279,92 @@ local function fc_lease(keys, args)
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
+  return me, spent
+end
+
+local function fc_lease(keys, args)
+  local F = 'fc_lease_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 7 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
+  if not v then return err end
+
+  local now = now_ms()
+  local me, spent = lease_grant(keys[1], node, v, now, true)
   return {me.g, me.s, spent, v.total, now}
+end
+
+-------------------------------------------------------------------------------
+-- fc_lease_v2: fc_lease_v1 with the period and the total computed here, at
+-- Redis's time, from parameters stored in the lease hash.
+--
+--   FCALL fc_lease_v2 1 L node spent want ttl_ms grace_ms key_expire_ms
+--                         start_ms end_ms rule amount allowance look_ms total
+--
+--   start_ms, end_ms  the lease's period [start, end), unix ms. Redis's time
+--                     outside it grants no headroom (a node whose clock runs
+--                     ahead or behind cannot spend a period before it starts
+--                     or after it ended), and no grant outlives its end
+--   rule              how the total is computed, at Redis's time now:
+--                     0: `total` as sent (profile and adaptive pacing,
+--                        whose lines need the time-zone database)
+--                     1: `amount` (a window's limit, an asap budget)
+--                     2: even pacing: min(amount, ceil(amount * (now +
+--                        look_ms - start) / (end - start)) + allowance)
+--   amount, allowance, look_ms   as the rule says; stored (~r ~n ~al ~lk
+--                     ~ps ~pe) for inspection
+--
+-- Reply: [g_node, s_node, spent_total, total, now_ms, usable_ms]: usable_ms
+-- is how long the grant may be used, min(ttl_ms, end - now), 0 outside the
+-- period.
+-------------------------------------------------------------------------------
+local function fc_lease_v2(keys, args)
+  local F = 'fc_lease_v2'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 13 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 13 arguments: node spent want ttl_ms grace_ms key_expire_ms' ..
+      ' start_ms end_ms rule amount allowance look_ms total')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'ttl_ms', 'grace_ms', 'key_expire_ms', 'start_ms', 'end_ms',
+     'rule', 'amount', 'allowance', 'look_ms', 'total'}, F)
+  if not v then return err end
+  if v.end_ms <= v.start_ms or v.rule > 2 then
+    return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and rule 0, 1 or 2')
+  end
+  local now = now_ms()
+  if v.rule == 1 then
+    v.total = v.amount
+  elseif v.rule == 2 then
+    local t = math.min(math.max(now + v.look_ms, v.start_ms), v.end_ms)
+    local paced = math.ceil(v.amount * (t - v.start_ms) / (v.end_ms - v.start_ms))
+    v.total = math.min(v.amount, paced + v.allowance)
+  end
+  local open = now >= v.start_ms and now < v.end_ms
+  local L = keys[1]
+  local me, spent = lease_grant(L, node, v, now, open)
+  redis.call('HSET', L, '~r', istr(v.rule), '~n', istr(v.amount), '~al', istr(v.allowance),
+    '~lk', istr(v.look_ms), '~ps', istr(v.start_ms), '~pe', istr(v.end_ms))
+  local usable = 0
+  if open then usable = math.min(v.ttl_ms, v.end_ms - now) end
+  return {me.g, me.s, spent, v.total, now, usable}
 end
 
 -------------------------------------------------------------------------------
@@ -609,6 +683,7 @@ end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
+redis.register_function{function_name = 'fc_lease_v2', callback = fc_lease_v2, flags = {}}
 redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
 redis.register_function{function_name = 'fc_plan_v1', callback = fc_plan, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}

@@ -629,17 +629,26 @@ impl Shared for RedisStore {
     }
 
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        // v2: the period and the total at Redis's time (fc_lease_v1 stays
+        // registered for nodes of older releases).
+        let (rule, amount, allowance, look_ms) = req.rule.args();
         let mut c = redis::cmd("FCALL");
-        c.arg("fc_lease_v1")
+        c.arg("fc_lease_v2")
             .arg(1)
             .arg(redis_key(req.key))
             .arg(req.holder)
             .arg(req.spent)
             .arg(req.want)
-            .arg(req.total)
             .arg(req.ttl_ms)
             .arg(req.grace_ms)
-            .arg(req.key_expire_ms);
+            .arg(req.key_expire_ms)
+            .arg(req.period_ms.0)
+            .arg(req.period_ms.1)
+            .arg(rule)
+            .arg(amount)
+            .arg(allowance)
+            .arg(look_ms)
+            .arg(req.total);
         // Lease calls are rare: they wait for a replica whenever writes do,
         // so a failover does not hand out a grant twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;
@@ -650,14 +659,15 @@ impl Shared for RedisStore {
             ));
         }
         match &v {
-            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2])) {
-                (Some(granted), Some(spent_total)) => Ok(LeaseGrant {
+            Value::Array(a) if a.len() == 6 => match (int(&a[0]), int(&a[2]), int(&a[5])) {
+                (Some(granted), Some(spent_total), Some(usable_ms)) => Ok(LeaseGrant {
                     granted,
                     spent_total,
+                    usable_ms,
                 }),
-                _ => Err(unexpected("fc_lease_v1", &v)),
+                _ => Err(unexpected("fc_lease_v2", &v)),
             },
-            _ => Err(unexpected("fc_lease_v1", &v)),
+            _ => Err(unexpected("fc_lease_v2", &v)),
         }
     }
 

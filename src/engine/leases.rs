@@ -36,12 +36,12 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::budget::Budget;
+use crate::limits::budget::{Budget, Pacing};
 use crate::limits::window::{Layout, Window};
 use crate::limits::{Item, ItemState, Kind};
 use crate::model::Scope;
 use crate::store::{
-    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Shared, SlotsRequest, StoreError,
+    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Shared, SlotsRequest, StoreError, TotalRule,
 };
 
 use super::Engine;
@@ -441,10 +441,11 @@ impl<C: Clock> Engine<C> {
                 hold_ms,
                 key_expire_ms: hold_ms.max(ttl_ms) + 3_600_000,
             })?;
-            self.record_grant(key, v, want, granted, now);
+            self.record_grant(key, v, want, granted, ttl_ms, now);
             return Ok(LeaseGrant {
                 granted,
                 spent_total: 0,
+                usable_ms: ttl_ms,
             });
         }
         // A hold made under a grant may be committed until its
@@ -472,10 +473,11 @@ impl<C: Clock> Engine<C> {
             })?;
             let retry_at = now.saturating_add(grant.retry_ms.saturating_mul(1_000_000));
             self.leases.lock().entry(key).or_default().retry_at = retry_at;
-            self.record_grant(key, v, want, grant.granted, now);
+            self.record_grant(key, v, want, grant.granted, ttl_ms, now);
             return Ok(LeaseGrant {
                 granted: grant.granted,
                 spent_total: grant.spent_total,
+                usable_ms: ttl_ms,
             });
         }
         let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
@@ -488,6 +490,22 @@ impl<C: Clock> Engine<C> {
                 plan_total(b, v, anchor, base, now)
             }
             _ => v.total,
+        };
+        // The total is computed by the store at its time where it can be
+        // (fc_lease_v2): a node whose clock runs ahead is not granted a
+        // budget's line ahead of Redis's.
+        let rule = match item {
+            Item::Window(w) => TotalRule::Fixed(w.limit),
+            Item::Budget(b) => match b.pacing {
+                Pacing::Asap => TotalRule::Fixed(b.amount),
+                Pacing::Even => TotalRule::Even {
+                    amount: b.amount,
+                    allowance: b.allowance,
+                    look_ms: LEASE_TTL / 1_000_000,
+                },
+                Pacing::Profile(_) | Pacing::Adaptive(_) => TotalRule::Given,
+            },
+            _ => TotalRule::Given,
         };
         let grant = shared.lease(&LeaseRequest {
             key: &lease_key(key),
@@ -505,8 +523,12 @@ impl<C: Clock> Engine<C> {
             // node's kill -9 (issue 25).
             grace_ms,
             key_expire_ms,
+            // Periods are whole ms (calendar bounds, window lengths); the end
+            // rounded up keeps a period's last instant in it.
+            period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
+            rule,
         })?;
-        self.record_grant(key, v, want, grant.granted, now);
+        self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
         Ok(grant)
     }
 
@@ -567,12 +589,22 @@ impl<C: Clock> Engine<C> {
     }
 
     /// Notes a grant this node received.
-    fn record_grant(&self, key: GrantKey, v: &LeaseView, want: u64, granted: u64, now: Nanos) {
+    /// `usable_ms`: how long the store says it may be used (its life, or
+    /// less near its period's end): the node uses 80 % of that.
+    fn record_grant(
+        &self,
+        key: GrantKey,
+        v: &LeaseView,
+        want: u64,
+        granted: u64,
+        usable_ms: u64,
+        now: Nanos,
+    ) {
         let mut grants = self.leases.lock();
         let g = grants.entry(key).or_default();
         g.granted = granted;
         g.reported = g.reported.max(v.committed);
-        g.usable_until = now + LEASE_TTL * 8 / 10;
+        g.usable_until = now + LEASE_TTL.min(usable_ms.saturating_mul(1_000_000)) * 8 / 10;
         g.end = v.end;
         g.called_at = now;
         g.slots = v.slots;

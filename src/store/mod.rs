@@ -20,7 +20,7 @@ pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
     Cas, LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, Shared, SharedMemory,
-    SlotsRequest,
+    SlotsRequest, TotalRule,
 };
 
 /// The key spaces (RocksDB column families).

@@ -49,6 +49,64 @@ pub struct LeaseRequest<'a> {
     pub grace_ms: u64,
     /// The lease key expires this long from now.
     pub key_expire_ms: u64,
+    /// The lease's period [start, end), unix ms (`fc_lease_v2`): at a store
+    /// time outside it nothing is granted, and no grant outlives its end.
+    pub period_ms: (u64, u64),
+    /// How the store computes the total at its own time (`total` is the
+    /// caller's, for [`TotalRule::Given`]).
+    pub rule: TotalRule,
+}
+
+/// How `fc_lease_v2` computes a lease's total at Redis's time, so that no
+/// node's clock makes it larger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TotalRule {
+    /// The caller's `total` (lines that need the time-zone database:
+    /// profile and adaptive pacing).
+    Given,
+    /// A fixed total: a window's limit, an `asap` budget's amount.
+    Fixed(u64),
+    /// Even pacing over the period: min(amount, ceil(amount·(now + look −
+    /// start)/(end − start)) + allowance).
+    Even {
+        amount: u64,
+        allowance: u64,
+        look_ms: u64,
+    },
+}
+
+impl TotalRule {
+    /// The rule's arguments: (rule, amount, allowance, look_ms).
+    pub fn args(self) -> (u64, u64, u64, u64) {
+        match self {
+            TotalRule::Given => (0, 0, 0, 0),
+            TotalRule::Fixed(n) => (1, n, 0, 0),
+            TotalRule::Even {
+                amount,
+                allowance,
+                look_ms,
+            } => (2, amount, allowance, look_ms),
+        }
+    }
+
+    /// The total at store time `now` (ms) in the period, as `fc_lease_v2`
+    /// computes it.
+    pub fn total(self, given: u64, (start, end): (u64, u64), now: u64) -> u64 {
+        match self {
+            TotalRule::Given => given,
+            TotalRule::Fixed(n) => n,
+            TotalRule::Even {
+                amount,
+                allowance,
+                look_ms,
+            } => {
+                let t = (now + look_ms).clamp(start, end);
+                let span = end.saturating_sub(start).max(1);
+                let paced = (u128::from(amount) * u128::from(t - start)).div_ceil(u128::from(span));
+                amount.min((paced as u64).saturating_add(allowance))
+            }
+        }
+    }
 }
 
 /// A lease's answer.
@@ -58,6 +116,9 @@ pub struct LeaseGrant {
     pub granted: u64,
     /// Spent by every holder (reported).
     pub spent_total: u64,
+    /// How long the grant may be used (the store's clock): its life, or
+    /// less near the period's end, 0 outside the period.
+    pub usable_ms: u64,
 }
 
 /// A token-line call (`fc_line_v1`, docs/cluster.md "Leases"): a
@@ -413,6 +474,17 @@ impl Shared for SharedMemory {
     /// Redis (ops/test-functions.sh).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
         let now = self.now_us() / 1000;
+        // Without a clock of its own (`new`), this store has no unix time to
+        // hold a period against: it trusts the caller's period and total, as
+        // fc_lease_v1 did. With one (`with_clock`), it is fc_lease_v2.
+        let (open, total) = match self.clock {
+            Some(_) => (
+                (req.period_ms.0..req.period_ms.1).contains(&now),
+                req.rule.total(req.total, req.period_ms, now),
+            ),
+            None => (true, req.total),
+        };
+        let req = &LeaseRequest { total, ..*req };
         let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = all.entry(req.key.to_vec()).or_default();
         let me = holders.entry(req.holder.to_owned()).or_default();
@@ -453,11 +525,22 @@ impl Shared for SharedMemory {
         let me = holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
         let headroom = me.granted - me.spent;
         let free = req.total.saturating_sub(spent).saturating_sub(held_others);
-        let new = headroom.max(share.min(free));
+        // Outside the period the store's time is in, nothing may be spent.
+        let new = if open {
+            headroom.max(share.min(free))
+        } else {
+            0
+        };
         me.granted = me.spent + new;
+        let usable_ms = match (open, &self.clock) {
+            (false, _) => 0,
+            (true, Some(_)) => req.ttl_ms.min(req.period_ms.1.saturating_sub(now)),
+            (true, None) => req.ttl_ms,
+        };
         Ok(LeaseGrant {
             granted: me.granted,
             spent_total: spent,
+            usable_ms,
         })
     }
 
