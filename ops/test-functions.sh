@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the six functions" \
-  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the nine functions" \
+  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -421,5 +421,71 @@ expect "an unrenewed lock expires: n3 takes it" '"n3"' "$(rc FCALL fc_writer_v1 
 expect "fc_writer_v1 names a bad argument" \
   '(error) ERR fc_writer_v1: ttl_ms must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_writer_v1 1 "$W" n3 soon)"
+
+###############################################################################
+echo "== fc_lease_v2"
+L2='fc:{l:v2-test}'
+NOWMS=$(now_ms)
+S=$(( NOWMS - 100000 )) E=$(( NOWMS + 100000 ))
+# node spent want ttl grace key_expire start end rule amount allowance look total
+v2() { rc FCALL fc_lease_v2 1 "$@" | ints; }
+out=$(v2 "$L2" a 0 4 60000 0 0 "$S" "$E" 1 10 0 0 999)
+expect "rule 1: the total is the amount, not the caller's" '4 0 0 10' "${out% * *}"
+expect_true "usable_ms is the ttl well inside the period" "got: $out" test "${out##* }" -eq 60000
+out=$(v2 "$L2" b 0 10 60000 0 0 "$S" "$E" 1 10 0 0 999)
+expect "b gets the 6 a leaves" '6 0 0 10' "${out% * *}"
+out=$(v2 "$L2" a 0 4 60000 0 0 "$E" $(( E + 60000 )) 1 10 0 0 0)
+expect "outside the period Redis is in: a's headroom is taken back" '0 0 0 10' "${out% * *}"
+expect "... and its grant is not usable" '0' "${out##* }"
+out=$(v2 'fc:{l:v2-even}' a 0 1000 60000 0 0 "$S" "$E" 2 1000 0 0 0)
+tot=$(awk '{print $4}' <<<"$out")
+expect_true "rule 2: an even line at Redis's time, about half way ($tot)" "got: $out" \
+  test "$tot" -ge 495 -a "$tot" -le 510
+out=$(v2 'fc:{l:v2-given}' a 0 5 60000 0 0 "$S" "$E" 0 0 0 0 3)
+expect "rule 0: the caller's total" '3 0 0 3' "${out% * *}"
+out=$(v2 'fc:{l:v2-end}' a 0 5 60000 0 0 "$S" $(( NOWMS + 1000 )) 1 10 0 0 0)
+expect_true "no grant outlives its period (usable ${out##* } ms)" "got: $out" \
+  test "${out##* }" -le 1000
+expect "rule 3 rejected" \
+  '(error) ERR fc_lease_v2: needs start_ms < end_ms and rule 0, 1 or 2' \
+  "$(rc FCALL fc_lease_v2 1 "$L2" a 0 1 1 0 0 "$S" "$E" 3 1 0 0 0)"
+expect "v2 stores its rule and period" "$(printf '"1"\n"%s"\n"%s"' "$E" $(( E + 60000 )))" \
+  "$(raw HMGET "$L2" '~r' '~ps' '~pe' | sed 's/.*/"&"/')"
+
+###############################################################################
+echo "== fc_line_v1"
+LN='fc:{l:line-test}'
+# node spent want burst rate per_us look_us ttl grace key_expire; a slow line
+# (1 per 1000 s, burst 5) so the calls' own time adds nothing.
+line() { rc FCALL fc_line_v1 1 "$LN" "$@" | ints; }
+out=$(line a 0 3 5 1 1000000000 0 60000 0 0)
+expect "a new line starts full: a gets the 3 it wants" '3 0 0 0' "${out% *}"
+out=$(line b 0 3 5 1 1000000000 0 60000 0 0)
+expect "b: max-min fair share of the 2 left" '1 0 0 0' "${out% *}"
+out=$(line a 3 0 5 1 1000000000 0 60000 0 0)
+expect "a reports 3 spent, wants none: its grant is its spend" '3 3 3 0' "${out% *}"
+out=$(line b 0 5 5 1 1000000000 0 60000 0 0)
+read -r g s spent retry _ <<<"$out"
+expect "b's headroom goes back to the line before it is granted afresh: 2" '2 0 3' "$g $s $spent"
+expect_true "the line is used up: retry when it rises by one (~1000 s; $retry ms)" "got: $out" \
+  test "$retry" -ge 999000 -a "$retry" -le 1000000
+expect "the line's origin and parameters are stored" $'"5"\n"1"\n"1000000000"' \
+  "$(raw HMGET "$LN" '~b' '~r' '~p' | sed 's/.*/"&"/')"
+expect "rate 0 rejected" '(error) ERR fc_line_v1: rate and per_us must be at least 1' \
+  "$(rc FCALL fc_line_v1 1 "$LN" a 0 1 5 0 1 0 1 0 0)"
+
+###############################################################################
+echo "== fc_plan_v1"
+PL='fc:{l:plan-test}'
+v2 "$PL" a 7 0 60000 0 0 "$S" "$E" 1 100 0 0 0 >/dev/null
+v2 "$PL" b 5 0 60000 0 0 "$S" "$E" 1 100 0 0 0 >/dev/null
+plan() { rc FCALL fc_plan_v1 1 "$PL" "$@" | head -2 | ints; }
+expect "the first plan of a slice: base = the fleet's spend" '1000 12' "$(plan 1000 0 0 0)"
+expect "the same slice again: the stored plan" '1000 12' "$(plan 1000 0 0 0)"
+expect "an older slice: the stored plan" '1000 12' "$(plan 500 0 0 0)"
+expect "a new slice from a caller who knew the plan: the old line if lower" '2000 9' \
+  "$(plan 2000 1000 9 0)"
+expect "a new slice from a caller who did not: the fleet's spend" '3000 12' \
+  "$(plan 3000 999 1 0)"
 
 echo "all $PASS checks passed"

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use freqcap::ManualClock;
 use freqcap::engine::{
     CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
     ScreenCandidate, ScreenRequest,
 };
 use freqcap::model::{CampaignDef, PolicyDef, from_json};
-use freqcap::store::SharedMemory;
+use freqcap::store::{MemoryStore, SharedMemory};
+use freqcap::{Clock, ManualClock};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -264,25 +264,157 @@ fn event_ids_are_deduplicated_across_nodes() {
     assert_eq!(b.user_usage("u1", "c1").unwrap()[0].used, 1);
 }
 
+/// Every campaign-scope item is leased with a shared store: none is
+/// refused (before issue 25's items 4–5, campaign-scope rates and gaps and
+/// adaptive pacing were, naming their field).
 #[test]
-fn campaign_state_a_lease_cannot_share_is_refused_with_its_field() {
+fn campaign_state_of_every_kind_is_accepted_with_a_shared_store() {
     let (_, a, _, _, _) = two_nodes();
-    for (json, field) in [
-        (
-            r#"{"budget": {"amount": 100, "per": "1d", "pacing": "adaptive"}}"#,
-            "budget",
-        ),
-        (
-            r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]}"#,
-            "caps[1]",
-        ),
+    for json in [
+        r#"{"budget": {"amount": 100, "per": "1d", "pacing": "adaptive"}}"#,
+        r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d"}, {"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]}"#,
+        r#"{"caps": [{"kind": "gap", "min": "1m", "scope": "campaign"}]}"#,
     ] {
-        match a.put_campaign("x", campaign(json)) {
-            Err(EngineError::InvalidArgument { field: f, .. }) => assert_eq!(f, field, "{json}"),
-            other => panic!("{json}: {other:?}"),
+        a.put_campaign("x", campaign(json)).unwrap();
+        assert!(a.get_campaign("x").is_some(), "{json}");
+    }
+}
+
+/// `n` nodes and their shared store on one manual clock, which the store's
+/// lease functions read as Redis reads `TIME`.
+fn fleet_on_one_clock(n: usize) -> (Vec<Node>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let nodes = (0..n)
+        .map(|_| Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap())
+        .collect();
+    (nodes, clock)
+}
+
+/// Every node screens `per_node` fresh users for `campaign` every `step`
+/// for `steps` steps, committing what is eligible, and sweeps (renewing
+/// its grants) as the server's sweeper would. Returns the times of the
+/// impressions, and the retry_after of every denial.
+fn hammer(
+    nodes: &[Node],
+    clock: &ManualClock,
+    campaign: &str,
+    steps: usize,
+    step: u64,
+    per_node: usize,
+) -> (Vec<u64>, Vec<u128>) {
+    let (mut at, mut retries) = (Vec::new(), Vec::new());
+    let mut user = 0;
+    for _ in 0..steps {
+        for node in nodes {
+            for _ in 0..per_node {
+                user += 1;
+                let s = node
+                    .screen(&screen(&format!("u{user}"), &[campaign]))
+                    .unwrap();
+                let r = &s.results[0];
+                if r.eligible {
+                    node.commit(s.reservation.as_deref().unwrap(), &commit(campaign))
+                        .unwrap();
+                    at.push(clock.now());
+                } else if let Some(d) = &r.denied_by {
+                    retries.push(d.retry_after.expect("a denial by a rate says when"));
+                }
+            }
+        }
+        clock.advance(step);
+        for node in nodes {
+            node.sweep();
         }
     }
-    assert!(a.get_campaign("x").is_none(), "nothing half-applied");
+    (at, retries)
+}
+
+/// How far the impressions at `at` (sorted) ran ahead of one node's exact
+/// line, burst + rate·d over any interval of length d: the most units any
+/// interval held beyond it.
+fn ahead_of_line(at: &[u64], burst: u64, per_unit: u64) -> i64 {
+    let mut worst = i64::MIN;
+    for i in 0..at.len() {
+        for j in i..at.len() {
+            let line = burst + (at[j] - at[i]) / per_unit;
+            worst = worst.max((j - i + 1) as i64 - line as i64);
+        }
+    }
+    worst
+}
+
+/// A campaign-scope rate (5/s, burst 5) on three nodes: a token line
+/// leased at the store's time. One node's exact line admits burst + 5·d in
+/// any interval of length d; the fleet may run ahead of it by at most 2 s
+/// of the rate (docs/cluster.md, "Leases"): 10 units.
+#[test]
+fn a_campaign_rate_holds_across_nodes_within_its_bound() {
+    let (nodes, clock) = fleet_on_one_clock(3);
+    nodes[0]
+        .put_campaign(
+            "r",
+            campaign(r#"{"caps": [{"kind": "rate", "rate": 5, "per": "1s", "burst": 5, "scope": "campaign"}]}"#),
+        )
+        .unwrap();
+    for n in &nodes[1..] {
+        n.refresh_definitions().unwrap();
+    }
+    // 30 s of demand at 3 × 2 screens every 50 ms (120/s, 24 times the rate).
+    let (at, retries) = hammer(&nodes, &clock, "r", 600, SEC / 20, 2);
+    let ahead = ahead_of_line(&at, 5, SEC / 5);
+    eprintln!(
+        "rate 5/s burst 5, 3 nodes, 30 s: {} admitted (one node's line: {}), at most {ahead} ahead of the line",
+        at.len(),
+        5 + 30 * 5
+    );
+    assert!(
+        ahead <= 10,
+        "ran {ahead} units ahead of the line (bound 10)"
+    );
+    assert!(at.len() >= 5 + 30 * 5 - 15, "under-delivered: {}", at.len());
+    let max_retry = *retries.iter().max().unwrap();
+    assert!(
+        retries.iter().all(|&r| r > 0) && max_retry <= u128::from(SEC),
+        "retry_after within a second of the rate: {max_retry} ns"
+    );
+}
+
+/// A campaign-scope gap (one impression per 3 s, whatever the node) on three
+/// nodes: the line of burst 1, no lookahead; a grant is spent at once, so
+/// impressions keep the gap, at worst shortened by a grant's usable life
+/// (1.6 s; docs/cluster.md).
+#[test]
+fn a_campaign_gap_holds_across_nodes() {
+    let (nodes, clock) = fleet_on_one_clock(3);
+    nodes[0]
+        .put_campaign(
+            "g",
+            campaign(r#"{"caps": [{"kind": "gap", "min": "3s", "scope": "campaign"}]}"#),
+        )
+        .unwrap();
+    for n in &nodes[1..] {
+        n.refresh_definitions().unwrap();
+    }
+    let (at, retries) = hammer(&nodes, &clock, "g", 400, SEC / 20, 1);
+    let closest = at.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+    eprintln!(
+        "gap 3 s, 3 nodes, 20 s: {} impressions, closest {} ms apart",
+        at.len(),
+        closest / 1_000_000
+    );
+    assert!(closest >= 3 * SEC - 1_600_000_000, "{closest} ns apart");
+    assert!(
+        at.len() >= 6 && at.len() <= 8,
+        "{} impressions in 20 s",
+        at.len()
+    );
+    assert!(
+        retries.iter().all(|&r| r > 0 && r <= u128::from(3 * SEC)),
+        "retry_after within the gap: {:?}",
+        retries.iter().max()
+    );
 }
 
 /// A policy's concurrency and budget items live in its keys' records, which
@@ -742,6 +874,8 @@ fn a_user_less_screen_is_settled_on_any_node() {
     a.sweep();
     assert_eq!(a.delivery("b").unwrap().spent, 3);
     assert_eq!(deliver(&[&a, &b], "b", 10), 2, "the rest of the budget");
+}
+
 /// The commits of every minute of `camp`'s timeline on `node`.
 fn timeline_commits(node: &Node, camp: &str) -> u64 {
     let t = node.timeline(camp).unwrap();
@@ -866,4 +1000,146 @@ fn one_writer_applies_its_directory_whole() {
         .unwrap();
     a.refresh_definitions().unwrap();
     assert_eq!(campaign_names(&a), ["z"]);
+}
+
+/// 2023-11-14T00:00:00Z: a day's start.
+const DAY0: u64 = 1_699_920_000 * SEC;
+
+/// An adaptive budget (240 a day) on three nodes paces like one node on the
+/// same demand: the plan of each hour is the fleet's, made in the store
+/// from the fleet's spend (docs/cluster.md, "Leases"). Demand: none until
+/// 08:00, one impression every 10 minutes until 12:00 (below the pace: the
+/// shortfall is spread over the hours left), then 3 a minute (above it).
+/// Each hour's cumulative delivery of the fleet is within 2 units (under
+/// 1 % of the amount) of one node's.
+#[test]
+fn adaptive_pacing_on_a_fleet_follows_one_node() {
+    let clock = Arc::new(ManualClock::new(DAY0));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let fleet: Vec<Node> = (0..3)
+        .map(|_| Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap())
+        .collect();
+    let one = Engine::open(
+        Arc::new(MemoryStore::new()),
+        clock.clone(),
+        EngineOptions::default(),
+    )
+    .unwrap();
+    let def = r#"{"budget": {"amount": 240, "per": "1d", "pacing": "adaptive"}}"#;
+    fleet[0].put_campaign("ad", campaign(def)).unwrap();
+    for n in &fleet[1..] {
+        n.refresh_definitions().unwrap();
+    }
+    one.put_campaign("ad", campaign(def)).unwrap();
+    let serve = |node: &Node, user: &str| {
+        let s = node.screen(&screen(user, &["ad"])).unwrap();
+        s.results[0].eligible && {
+            node.commit(s.reservation.as_deref().unwrap(), &commit("ad"))
+                .unwrap();
+            true
+        }
+    };
+    let (mut fleet_cum, mut one_cum) = (Vec::new(), Vec::new());
+    let (mut by_fleet, mut by_one) = (0u64, 0u64);
+    for minute in 0..24 * 60usize {
+        let hour = minute / 60;
+        let screens = match hour {
+            0..8 => 0,
+            8..12 => usize::from(minute % 10 == 0),
+            _ => 3,
+        };
+        for k in 0..screens {
+            let user = format!("u{minute}-{k}");
+            by_fleet += u64::from(serve(&fleet[(minute + k) % 3], &user));
+            by_one += u64::from(serve(&one, &user));
+        }
+        if minute % 60 == 30 && hour >= 8 {
+            // Every node answers the fleet's delivery as one node does.
+            let (d, o) = (
+                fleet[minute % 3].delivery("ad").unwrap(),
+                one.delivery("ad").unwrap(),
+            );
+            assert_eq!(
+                (d.spent, d.cap_now),
+                (by_fleet, o.cap_now),
+                "at {minute} min"
+            );
+        }
+        clock.advance(60 * SEC);
+        for n in &fleet {
+            n.sweep();
+        }
+        one.sweep();
+        if minute % 60 == 59 {
+            fleet_cum.push(by_fleet);
+            one_cum.push(by_one);
+        }
+    }
+    eprintln!(
+        "adaptive, cumulative by hour: fleet {fleet_cum:?}\n                               one   {one_cum:?}"
+    );
+    let worst = fleet_cum
+        .iter()
+        .zip(&one_cum)
+        .map(|(f, o)| f.abs_diff(*o))
+        .max()
+        .unwrap();
+    eprintln!("adaptive: the fleet within {worst} of one node, any hour");
+    assert!(worst <= 2, "fleet {fleet_cum:?}, one node {one_cum:?}");
+    assert!(by_fleet <= 240, "over-delivered: {by_fleet}");
+}
+
+/// A node whose clock runs 5 s ahead of the store's (Redis's) cannot spend
+/// a period the store is not in yet, nor pace a budget by its own time:
+/// period leases are granted only while the store's time is in their
+/// period, and an even budget's total is computed at the store's time
+/// (`fc_lease_v2`). Before, the fast node spent the next minute's cap while
+/// the store was still in this one (20 delivered in one minute for a cap
+/// of 10), and paced a budget by its own clock, an hour ahead.
+#[test]
+fn a_node_whose_clock_is_ahead_does_not_over_deliver() {
+    let redis = Arc::new(ManualClock::new(DAY0));
+    let r = redis.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || r.now() / 1000));
+    let ahead = Arc::new(ManualClock::new(DAY0 + 5 * SEC));
+    let a = Engine::open(store.clone(), redis.clone(), EngineOptions::default()).unwrap();
+    let b = Engine::open(store.clone(), ahead.clone(), EngineOptions::default()).unwrap();
+    let advance = |d: u64| {
+        redis.advance(d);
+        ahead.advance(d);
+    };
+    a.put_campaign(
+        "m",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 10, "window": "1m", "align": "fixed", "scope": "campaign"}]}"#),
+    )
+    .unwrap();
+    a.put_campaign(
+        "e",
+        campaign(r#"{"budget": {"amount": 1000, "per": "1d", "pacing": "even"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    // 00:00:50 by the store: a spends this minute's cap.
+    advance(50 * SEC);
+    assert_eq!(deliver(&[&a], "m", 20), 10);
+    // 00:00:57 by the store, 00:01:02 by b: the store is still in the first
+    // minute, whose cap is spent.
+    advance(7 * SEC);
+    let early = deliver(&[&b], "m", 20);
+    // 00:01:01 by the store: the next minute's cap, through both nodes.
+    advance(4 * SEC);
+    let next = deliver(&[&a, &b], "m", 30);
+    eprintln!("clock ahead: b delivered {early} before the store's minute, then {next} in it");
+    assert_eq!(early, 0, "b spent a minute the store is not in yet");
+    assert_eq!(next, 10, "the next minute's cap, once");
+    // 06:00 by the store, 07:00:05 by b: the even line is 1000·(6 h + 2 s
+    // lookahead)/24 h, 251 rounded up, plus the default tolerance of 1 %
+    // (10): 261, whatever b's clock says (by b's, 302).
+    advance(6 * 3600 * SEC - 61 * SEC);
+    ahead.advance(3600 * SEC);
+    let paced = deliver(&[&b], "e", 400);
+    eprintln!("clock 1 h ahead: b delivered {paced} of an even budget whose cap is 261");
+    assert!(paced <= 261, "b paced by its own clock: {paced}");
+    assert!(paced >= 255, "under-delivered: {paced}");
 }

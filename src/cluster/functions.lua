@@ -218,25 +218,11 @@ end
 -- (S above its grant; a smaller total) cannot restore it, since grants are
 -- not revoked, but it grants nothing new while the sum is over total.
 -------------------------------------------------------------------------------
-local function fc_lease(keys, args)
-  local F = 'fc_lease_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 7 then
-    return redis.error_reply('ERR ' .. F ..
-      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
-  end
-  local node = args[1]
-  if node == '' then
-    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
-  end
-  local v, err = uint_args(args, 2,
-    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
-  if not v then return err end
-
-  local L = keys[1]
-  local now = now_ms()
+-- The grant arithmetic of fc_lease_v1 and fc_lease_v2 (see fc_lease_v1):
+-- reports node's spend v.spent, grants it a share of v.total; with open
+-- false (v2: Redis's time is outside the lease's period) it grants no
+-- headroom at all. Returns the caller's holder table and Σ spent.
+local function lease_grant(L, node, v, now, open)
   local nodes, names = load_lease(L)
 
   local me = nodes[node]
@@ -275,10 +261,13 @@ local function fc_lease(keys, args)
   live[#live + 1] = v.want
 
   local share = fair_share(live, math.max(0, v.total - spent), v.want)
+  if not open then share = 0 end
 
   local headroom = me.g - me.s
   local free = math.max(0, v.total - spent - held_others)
   local new_headroom = math.max(headroom, math.min(share, free))
+  -- Outside the period Redis is in, nothing may be spent on it.
+  if not open then new_headroom = 0 end
   me.g = me.s + new_headroom
 
   redis.call('HSET', L,
@@ -290,7 +279,273 @@ local function fc_lease(keys, args)
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
+  return me, spent
+end
+
+local function fc_lease(keys, args)
+  local F = 'fc_lease_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 7 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
+  if not v then return err end
+
+  local now = now_ms()
+  local me, spent = lease_grant(keys[1], node, v, now, true)
   return {me.g, me.s, spent, v.total, now}
+end
+
+-------------------------------------------------------------------------------
+-- fc_lease_v2: fc_lease_v1 with the period and the total computed here, at
+-- Redis's time, from parameters stored in the lease hash.
+--
+--   FCALL fc_lease_v2 1 L node spent want ttl_ms grace_ms key_expire_ms
+--                         start_ms end_ms rule amount allowance look_ms total
+--
+--   start_ms, end_ms  the lease's period [start, end), unix ms. Redis's time
+--                     outside it grants no headroom (a node whose clock runs
+--                     ahead or behind cannot spend a period before it starts
+--                     or after it ended), and no grant outlives its end
+--   rule              how the total is computed, at Redis's time now:
+--                     0: `total` as sent (profile and adaptive pacing,
+--                        whose lines need the time-zone database)
+--                     1: `amount` (a window's limit, an asap budget)
+--                     2: even pacing: min(amount, ceil(amount * (now +
+--                        look_ms - start) / (end - start)) + allowance)
+--   amount, allowance, look_ms   as the rule says; stored (~r ~n ~al ~lk
+--                     ~ps ~pe) for inspection
+--
+-- Reply: [g_node, s_node, spent_total, total, now_ms, usable_ms]: usable_ms
+-- is how long the grant may be used, min(ttl_ms, end - now), 0 outside the
+-- period.
+-------------------------------------------------------------------------------
+local function fc_lease_v2(keys, args)
+  local F = 'fc_lease_v2'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 13 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 13 arguments: node spent want ttl_ms grace_ms key_expire_ms' ..
+      ' start_ms end_ms rule amount allowance look_ms total')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'ttl_ms', 'grace_ms', 'key_expire_ms', 'start_ms', 'end_ms',
+     'rule', 'amount', 'allowance', 'look_ms', 'total'}, F)
+  if not v then return err end
+  if v.end_ms <= v.start_ms or v.rule > 2 then
+    return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and rule 0, 1 or 2')
+  end
+  local now = now_ms()
+  if v.rule == 1 then
+    v.total = v.amount
+  elseif v.rule == 2 then
+    local t = math.min(math.max(now + v.look_ms, v.start_ms), v.end_ms)
+    local paced = math.ceil(v.amount * (t - v.start_ms) / (v.end_ms - v.start_ms))
+    v.total = math.min(v.amount, paced + v.allowance)
+  end
+  local open = now >= v.start_ms and now < v.end_ms
+  local L = keys[1]
+  local me, spent = lease_grant(L, node, v, now, open)
+  redis.call('HSET', L, '~r', istr(v.rule), '~n', istr(v.amount), '~al', istr(v.allowance),
+    '~lk', istr(v.look_ms), '~ps', istr(v.start_ms), '~pe', istr(v.end_ms))
+  local usable = 0
+  if open then usable = math.min(v.ttl_ms, v.end_ms - now) end
+  return {me.g, me.s, spent, v.total, now, usable}
+end
+
+-------------------------------------------------------------------------------
+-- fc_line_v1: a token line (a campaign-scope rate or gap) leased in units.
+--
+--   FCALL fc_line_v1 1 L node spent want burst rate per_us look_us ttl_ms
+--                        grace_ms key_expire_ms
+--
+--   node, spent, want, ttl_ms, grace_ms, key_expire_ms   as fc_lease_v1
+--                  (spent: the caller's cumulative units on this line)
+--   burst          the most units that pass at once after idling
+--   rate, per_us   the line rises `rate` units every `per_us` µs
+--   look_us        lookahead: a grant may take what the line allows
+--                  look_us from now (0: only what it allows now)
+--
+-- The line is a token bucket over grants, at Redis time (µs):
+--   allowance(t) = burst + floor((t - t0) * rate / per_us)
+-- where t0 (field ~t0) moves forward only so that the allowance now is never
+-- more than burst above what is granted in sum (Σ g over holders): tokens
+-- left idle beyond the burst are lost, as in one node's GCRA. A new (or
+-- expired) line starts full. On each call the caller's headroom goes back to
+-- the line (g := s) before it is granted afresh, so every unit a holder
+-- holds was granted at its last call: nothing is carried across calls.
+-- Parameters are stored (~b ~r ~p ~l) for inspection; each call's apply.
+--
+-- Grant: max-min fair share (fair_share) of what the line allows at
+-- now + look_us beyond Σ g, over the live holders' wants, never more than
+-- that. Reclaim of dead holders as fc_lease_v1.
+--
+-- Reply: [g_node, s_node, spent_total, retry_ms, now_ms]: retry_ms is how
+-- long until the line has one more unit to grant beyond what is granted now
+-- (0 if it has one now).
+--
+-- Bound: grants in any interval of length d are at most
+-- burst + rate * (d + look_us) / per_us; a holder spends a grant only within
+-- its usable life U after asking, so the fleet admits in any interval of
+-- length d at most burst + rate * (d + look_us + U) / per_us.
+-------------------------------------------------------------------------------
+local function fc_line(keys, args)
+  local F = 'fc_line_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 10 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 10 arguments: node spent want burst rate per_us look_us ttl_ms' ..
+      ' grace_ms key_expire_ms')
+  end
+  local node = args[1]
+  if node == '' then
+    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2,
+    {'spent', 'want', 'burst', 'rate', 'per_us', 'look_us', 'ttl_ms', 'grace_ms',
+     'key_expire_ms'}, F)
+  if not v then return err end
+  if v.rate < 1 or v.per_us < 1 then
+    return redis.error_reply('ERR ' .. F .. ': rate and per_us must be at least 1')
+  end
+
+  local L = keys[1]
+  local now_u = now_us()
+  local now = math.floor(now_u / 1000)
+  local nodes, names = load_lease(L)
+  local t0 = tonumber(redis.call('HGET', L, '~t0'))
+
+  local me = nodes[node]
+  if not me then
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0}
+    nodes[node] = me
+    names[#names + 1] = node
+  end
+  me.s = math.max(me.s, v.spent)
+  -- The caller's headroom goes back to the line; it is granted afresh below.
+  me.g = me.s
+
+  local granted, spent = 0, 0
+  local live = {}
+  for _, name in ipairs(names) do
+    local n = nodes[name]
+    if name ~= node then
+      local holds_until = n.x
+      if holds_until == 0 then holds_until = n.e + 3600000 end
+      if math.max(n.e, holds_until) < now then
+        if n.g > n.s then
+          n.g = n.s
+          redis.call('HSET', L, 'g:' .. name, istr(n.g))
+        end
+      else
+        live[#live + 1] = n.w
+      end
+    end
+    granted = granted + math.max(n.g, n.s)
+    spent = spent + n.s
+  end
+  live[#live + 1] = v.want
+
+  local function allowance(t)
+    return v.burst + math.floor((t - t0) * v.rate / v.per_us)
+  end
+  -- A new line starts full; idle tokens beyond the burst are lost.
+  if t0 == nil or allowance(now_u) > granted + v.burst then
+    t0 = now_u - math.ceil(granted * v.per_us / v.rate)
+  end
+
+  local avail = math.max(0, allowance(now_u + v.look_us) - granted)
+  local share = fair_share(live, avail, v.want)
+  local new = math.min(share, avail)
+  me.g = me.s + new
+  granted = granted + new
+
+  -- When the line has one unit more than is granted now.
+  local need = granted + 1 - v.burst
+  local at = t0 + math.ceil(need * v.per_us / v.rate) - v.look_us
+  local retry_ms = 0
+  if need > 0 and at > now_u then retry_ms = math.ceil((at - now_u) / 1000) end
+
+  redis.call('HSET', L,
+    's:' .. node, istr(me.s),
+    'g:' .. node, istr(me.g),
+    'w:' .. node, istr(v.want),
+    'e:' .. node, istr(now + v.ttl_ms),
+    'x:' .. node, istr(now + v.grace_ms),
+    '~t0', istr(t0), '~b', istr(v.burst), '~r', istr(v.rate),
+    '~p', istr(v.per_us), '~l', istr(v.look_us))
+  if v.key_expire_ms > 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {me.g, me.s, spent, retry_ms, now}
+end
+
+-------------------------------------------------------------------------------
+-- fc_plan_v1: the adaptive pacing plan of a leased budget's period.
+--
+--   FCALL fc_plan_v1 1 L anchor_ms prev_anchor_ms prev_line key_expire_ms
+--
+--   anchor_ms       the start of the slice (local hour) the caller is in
+--   prev_anchor_ms  the anchor of the plan the caller knew (0: none)
+--   prev_line       that plan's line at anchor_ms (no allowance)
+--   key_expire_ms   PEXPIRE of the hash if it has no expiry yet
+--
+-- The plan (~a anchor_ms, ~base units) is stored in the lease hash L (the
+-- fc_lease_v1 hash of the budget's period). The first call in a new slice
+-- makes it: base = Σ s (the fleet's reported spend), or the previous plan's
+-- line at the anchor if lower and the caller knew that plan (spend ahead of
+-- the line by the allowance does not add up from hour to hour), as one node
+-- does (src/limits/budget.rs). Later calls, and calls from a slice already
+-- passed, get the stored plan: every node paces by one plan.
+--
+-- Reply: [anchor_ms, base, now_ms].
+-------------------------------------------------------------------------------
+local function fc_plan(keys, args)
+  local F = 'fc_plan_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 4 then
+    return redis.error_reply('ERR ' .. F ..
+      ': expects 4 arguments: anchor_ms prev_anchor_ms prev_line key_expire_ms')
+  end
+  local v, err = uint_args(args, 1,
+    {'anchor_ms', 'prev_anchor_ms', 'prev_line', 'key_expire_ms'}, F)
+  if not v then return err end
+  local L = keys[1]
+  local a = tonumber(redis.call('HGET', L, '~a'))
+  if a ~= nil and a >= v.anchor_ms then
+    return {a, tonumber(redis.call('HGET', L, '~base')) or 0, now_ms()}
+  end
+  local nodes, names = load_lease(L)
+  local base = 0
+  for _, name in ipairs(names) do
+    base = base + nodes[name].s
+  end
+  if a ~= nil and a == v.prev_anchor_ms then
+    base = math.min(base, v.prev_line)
+  end
+  redis.call('HSET', L, '~a', istr(v.anchor_ms), '~base', istr(base))
+  if v.key_expire_ms > 0 and redis.call('PTTL', L) < 0 then
+    redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+  end
+  return {v.anchor_ms, base, now_ms()}
 end
 
 -------------------------------------------------------------------------------
@@ -554,6 +809,9 @@ end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
+redis.register_function{function_name = 'fc_lease_v2', callback = fc_lease_v2, flags = {}}
+redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
+redis.register_function{function_name = 'fc_plan_v1', callback = fc_plan, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}

@@ -37,8 +37,9 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, DefsWrite, Durability, KeyValues, LeaseGrant, LeaseRequest, MinuteCounts, Op,
-    Receipt, Shared, SlotsRequest, Space, Store, StoreError, StoreStats,
+    Batch, Cas, DefsWrite, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
+    MinuteCounts, Op, PlanRequest, Receipt, Shared, SlotsRequest, Space, Store, StoreError,
+    StoreStats,
 };
 
 pub mod time;
@@ -717,17 +718,26 @@ impl Shared for RedisStore {
     }
 
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        // v2: the period and the total at Redis's time (fc_lease_v1 stays
+        // registered for nodes of older releases).
+        let (rule, amount, allowance, look_ms) = req.rule.args();
         let mut c = redis::cmd("FCALL");
-        c.arg("fc_lease_v1")
+        c.arg("fc_lease_v2")
             .arg(1)
             .arg(redis_key(req.key))
             .arg(req.holder)
             .arg(req.spent)
             .arg(req.want)
-            .arg(req.total)
             .arg(req.ttl_ms)
             .arg(req.grace_ms)
-            .arg(req.key_expire_ms);
+            .arg(req.key_expire_ms)
+            .arg(req.period_ms.0)
+            .arg(req.period_ms.1)
+            .arg(rule)
+            .arg(amount)
+            .arg(allowance)
+            .arg(look_ms)
+            .arg(req.total);
         // Lease calls are rare: they wait for a replica whenever writes do,
         // so a failover does not hand out a grant twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;
@@ -738,14 +748,79 @@ impl Shared for RedisStore {
             ));
         }
         match &v {
-            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2])) {
-                (Some(granted), Some(spent_total)) => Ok(LeaseGrant {
+            Value::Array(a) if a.len() == 6 => match (int(&a[0]), int(&a[2]), int(&a[5])) {
+                (Some(granted), Some(spent_total), Some(usable_ms)) => Ok(LeaseGrant {
                     granted,
                     spent_total,
+                    usable_ms,
                 }),
-                _ => Err(unexpected("fc_lease_v1", &v)),
+                _ => Err(unexpected("fc_lease_v2", &v)),
             },
-            _ => Err(unexpected("fc_lease_v1", &v)),
+            _ => Err(unexpected("fc_lease_v2", &v)),
+        }
+    }
+
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_line_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.holder)
+            .arg(req.spent)
+            .arg(req.want)
+            .arg(req.burst)
+            .arg(req.rate)
+            .arg(req.per_us)
+            .arg(req.look_us)
+            .arg(req.ttl_ms)
+            .arg(req.grace_ms)
+            .arg(req.key_expire_ms);
+        // As lease calls: confirmed by a replica, so a failover does not
+        // hand out a unit twice.
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the line lease was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2]), int(&a[3])) {
+                (Some(granted), Some(spent_total), Some(retry_ms)) => Ok(LineGrant {
+                    granted,
+                    spent_total,
+                    retry_ms,
+                }),
+                _ => Err(unexpected("fc_line_v1", &v)),
+            },
+            _ => Err(unexpected("fc_line_v1", &v)),
+        }
+    }
+
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_plan_v1")
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.anchor_ms)
+            .arg(req.prev_anchor_ms)
+            .arg(req.prev_line)
+            .arg(req.key_expire_ms);
+        // Made once per slice: confirmed by a replica as grants are, so a
+        // failover does not make a second plan from another spend.
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the plan was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 3 => match (int(&a[0]), int(&a[1])) {
+                (Some(anchor), Some(base)) => Ok((anchor, base)),
+                _ => Err(unexpected("fc_plan_v1", &v)),
+            },
+            _ => Err(unexpected("fc_plan_v1", &v)),
         }
     }
 

@@ -116,16 +116,16 @@ pub(crate) fn load_registry(
     Ok(reg)
 }
 
-/// Refuses, with a shared store, a campaign whose state would be
-/// cluster-wide: campaign-scope caps, budgets and max_in_flight need leases
-/// (docs/cluster.md, "Not yet").
+/// Refuses, with a shared store, a campaign whose campaign-scope state no
+/// lease can share (docs/cluster.md, "Leases"): none today.
 pub(crate) fn check_shareable_campaign(
     def: &CampaignDef,
     compiled: &CompiledCampaign,
 ) -> Result<(), EngineError> {
-    // Campaign-scope state is leased (`super::leases`): fixed and calendar
-    // windows and budgets paced asap, even or by a profile have a total per
-    // period to share out; the others do not (yet).
+    // Campaign-scope state is leased (`super::leases`): windows, rates and
+    // gaps (token lines), max_in_flight and budgets, adaptive ones by the
+    // fleet's plan. Every item kind is leasable today; a new kind that is
+    // not is refused here until it is.
     let mut caps = 0;
     for c in &compiled.items {
         let field = match c.item {
@@ -139,9 +139,8 @@ pub(crate) fn check_shareable_campaign(
         if c.scope == Scope::Campaign && !leasable(&c.item) {
             return Err(invalid(
                 field,
-                "with a shared (redis-cluster) store, campaign-scope state must be a window, \
-                 max_in_flight or a budget paced asap, even or by a profile (it is leased; \
-                 docs/cluster.md); rates and gaps are not",
+                "with a shared (redis-cluster) store, campaign-scope state must be leasable \
+                 (docs/cluster.md, \"Leases\")",
             ));
         }
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::{Hold, Kind};
+use crate::limits::{Hold, Item, Kind};
 use crate::model::Scope;
 use crate::store::{Op, Receipt, Space, codec};
 
@@ -499,6 +499,13 @@ impl<C: Clock> Engine<C> {
                 let st = rec.state_mut(e.id, t);
                 cap.item
                     .apply(st, now, units(&cap.item, cost), Hold::Immediate);
+                if cap.scope == Scope::Campaign && self.shared().is_some() {
+                    // A token line counts this node's spend itself.
+                    if let Item::Rate { .. } = cap.item {
+                        self.leases
+                            .commit_line((e.id, t, 0), units(&cap.item, cost));
+                    }
+                }
                 rec.touch(e.id, t, &cap.item);
             }
         }

@@ -15,6 +15,13 @@
 //! by Redis's clock; a node's unspent grant goes back to the pool once it
 //! expired longer ago than the longest reservation TTL.
 //!
+//! A campaign-scope `rate` or `gap` is leased as a token line
+//! (`fc_line_v1`): the line rises with Redis's clock, burst + r·(t − t0),
+//! and a node is granted units of it as of now plus a short lookahead
+//! ([`LINE_LOOKAHEAD`]); a gap is the line of burst 1, with no lookahead.
+//! A node counts what it committed on a line itself ([`Leases::commit_line`]):
+//! a rate's state (a TAT) holds no count.
+//!
 //! `max_in_flight` is leased as slots (`fc_slots_v1`): held, then given back,
 //! so the node reports what it holds now rather than a cumulative count.
 //!
@@ -29,11 +36,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::budget::Pacing;
+use crate::limits::budget::{Budget, Pacing};
 use crate::limits::window::{Layout, Window};
-use crate::limits::{Item, ItemState};
+use crate::limits::{Item, ItemState, Kind};
 use crate::model::Scope;
-use crate::store::{LeaseGrant, LeaseRequest, Shared, SlotsRequest, StoreError};
+use crate::store::{
+    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Shared, SlotsRequest, StoreError, TotalRule,
+};
 
 use super::Engine;
 use super::registry::CampaignEntry;
@@ -52,6 +61,12 @@ const QUIET: Nanos = 100_000_000;
 /// (with `spend_reports = "batched"`, the most spend a node killed leaves
 /// unreported: one second's, plus a sweep).
 const REPORT_EVERY: Nanos = 1_000_000_000;
+
+/// How far ahead of now a token line (a campaign-scope rate) may be
+/// granted: with a grant spent within 80 % of [`LEASE_TTL`] (1.6 s) of
+/// asking, the fleet admits in any interval of length d at most
+/// burst + r·(d + 2 s) (docs/cluster.md, "Leases"). Gaps have none.
+pub(crate) const LINE_LOOKAHEAD: Nanos = 400_000_000;
 
 /// A grant: (campaign id, item tag, period start).
 pub(crate) type GrantKey = (u32, u32, Nanos);
@@ -76,6 +91,12 @@ struct Grant {
     used_at: Nanos,
     /// Slots (given back when no longer held) rather than units.
     slots: bool,
+    /// A token line: the units this node committed on it (its spend).
+    line_committed: u64,
+    /// A token line: when it has a unit more to grant (this node's clock).
+    retry_at: Nanos,
+    /// An adaptive budget: the fleet's plan (anchor, base) last received.
+    plan: Option<(Nanos, u64)>,
 }
 
 /// This node's grants.
@@ -103,18 +124,32 @@ pub(crate) struct LeaseView {
     pub slots: bool,
     /// Slots only: when the latest open hold ends.
     pub until: Nanos,
+    /// A token line (a campaign-scope rate or gap, `fc_line_v1`): its
+    /// `committed` is what [`Leases`] counted, not the item's state.
+    pub line: Option<Line>,
+}
+
+/// A token line's parameters: burst + `rate` units every `per_us` µs,
+/// granted `look_us` ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Line {
+    pub burst: u64,
+    pub rate: u64,
+    pub per_us: u64,
+    pub look_us: u64,
+    /// burst·T in ms, rounded up: the lease key outlives an idle line by it.
+    pub refill_ms: u64,
 }
 
 /// Whether an item is leased with a shared store: a campaign-scope window
 /// (fixed and calendar ones as units per period, rolling ones as slots held
 /// for the window's length), a budget paced `asap`, `even` or by a profile,
-/// or `max_in_flight` (slots). Rates and gaps at campaign scope, and
-/// adaptive pacing, are refused at definition time (docs/cluster.md).
+/// `max_in_flight` (slots), or a rate or gap (a token line). An adaptive
+/// budget's plan is the fleet's, made in the store (`fc_plan_v1`): every
+/// campaign-scope item is leasable.
 pub(crate) fn leasable(item: &Item) -> bool {
     match item {
-        Item::Window(_) | Item::Concurrency(_) => true,
-        Item::Budget(b) => !matches!(b.pacing, Pacing::Adaptive(_)),
-        Item::Rate { .. } => false,
+        Item::Window(_) | Item::Concurrency(_) | Item::Rate { .. } | Item::Budget(_) => true,
     }
 }
 
@@ -146,6 +181,7 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 total: w.limit,
                 slots: true,
                 until: now.saturating_add(*len),
+                line: None,
             })
         }
         (Item::Window(w), _) => {
@@ -167,6 +203,7 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 total: w.limit,
                 slots: false,
                 until: 0,
+                line: None,
             })
         }
         (Item::Budget(b), _) if leasable(item) => {
@@ -186,6 +223,42 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 total,
                 slots: false,
                 until: 0,
+                line: None,
+            })
+        }
+        (Item::Rate { rate, kind }, _) => {
+            // q units every p ns is 1000·q every p µs: exact, no rounding.
+            let (q, p) = rate.slope();
+            let (rate_arg, per_us) = if p % 1000 == 0 {
+                (q, p / 1000)
+            } else {
+                (q.saturating_mul(1000), p)
+            };
+            let burst = rate.burst();
+            // What the line gives in a grant's life: the most a node asks.
+            let total = burst.saturating_add(
+                (u128::from(q) * u128::from(LEASE_TTL) / u128::from(p.max(1))) as u64,
+            );
+            Some(LeaseView {
+                start: 0,
+                end: Nanos::MAX,
+                committed: 0,
+                pending,
+                total,
+                slots: false,
+                until: 0,
+                line: Some(Line {
+                    burst,
+                    rate: rate_arg,
+                    per_us,
+                    look_us: if *kind == Kind::Gap {
+                        0
+                    } else {
+                        LINE_LOOKAHEAD / 1000
+                    },
+                    refill_ms: u64::try_from(rate.refill_ns().div_ceil(1_000_000))
+                        .unwrap_or(u64::MAX),
+                }),
             })
         }
         (Item::Concurrency(c), _) => {
@@ -202,10 +275,17 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
                 total: c.max,
                 slots: true,
                 until: held.deadlines.last().copied().unwrap_or(0),
+                line: None,
             })
         }
         _ => None,
     }
+}
+
+/// The total an adaptive budget may be granted now under the fleet's plan:
+/// its line a grant's life ahead, as [`view`] does for the other pacings.
+fn plan_total(b: &Budget, v: &LeaseView, anchor: Nanos, base: u64, now: Nanos) -> u64 {
+    b.plan_cap(v.start, v.end, anchor, base, now.saturating_add(LEASE_TTL))
 }
 
 /// A lease's key in the shared store.
@@ -230,11 +310,52 @@ impl Leases {
         let Some(g) = grants.get_mut(&key) else {
             return false;
         };
-        let ok = now < g.usable_until && v.committed + v.pending + n <= g.granted;
+        let committed = if v.line.is_some() {
+            g.line_committed
+        } else {
+            v.committed
+        };
+        let ok = now < g.usable_until && committed + v.pending + n <= g.granted;
         if ok {
             g.used_at = now;
         }
         ok
+    }
+
+    /// A token line's retry time after a denial by this node's grant: when
+    /// the line has a unit more to grant (`None`: not a line, or now).
+    pub(crate) fn retry_after(&self, key: GrantKey, now: Nanos) -> Option<Nanos> {
+        let grants = self.lock();
+        let g = grants.get(&key)?;
+        (g.retry_at > now).then(|| g.retry_at - now)
+    }
+
+    /// Counts `n` units committed on token line `key` by this node.
+    pub(crate) fn commit_line(&self, key: GrantKey, n: u64) {
+        let mut grants = self.lock();
+        let g = grants.entry(key).or_default();
+        g.line_committed += n;
+        // A line has no period: its count must never be pruned (a node that
+        // forgot it would spend its reported units again).
+        g.end = Nanos::MAX;
+    }
+
+    /// `v` with a token line's committed units filled in from this node's
+    /// count, and an adaptive budget's total from the fleet's plan when this
+    /// node has the plan of the current slice (else [`Engine::lease_call`]
+    /// gets it first).
+    fn filled(&self, key: GrantKey, mut v: LeaseView, item: &Item, now: Nanos) -> LeaseView {
+        if v.line.is_some() {
+            v.committed = self.lock().get(&key).map_or(0, |g| g.line_committed);
+        }
+        if let Item::Budget(b) = item
+            && b.adaptive()
+            && let Some((anchor, base)) = self.lock().get(&key).and_then(|g| g.plan)
+            && anchor >= b.slice_anchor(v.start, now)
+        {
+            v.total = plan_total(b, &v, anchor, base, now);
+        }
+        v
     }
 
     /// Drops the grants of periods that ended.
@@ -271,12 +392,27 @@ impl<C: Clock> Engine<C> {
         if !leasable(&e.compiled.items[i].item) {
             return Ok(None);
         }
-        let Some((key, v)) = campaign_view(e, i, now).filter(|(_, v)| !v.slots) else {
+        let Some((key, v)) =
+            campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots && v.line.is_none())
+        else {
             return Ok(None);
         };
         let reported = self.leases.lock().get(&key).map_or(0, |g| g.reported);
         let fleet = shared.lease_spent(&lease_key(key))?;
         Ok(Some(fleet + v.committed.saturating_sub(reported)))
+    }
+
+    /// An adaptive budget's cap now under the fleet's plan, if this node has
+    /// the plan of the current slice (a shared store only).
+    pub(crate) fn fleet_plan_cap(&self, e: &CampaignEntry, i: usize, now: Nanos) -> Option<u64> {
+        self.shared()?;
+        let Item::Budget(b) = &e.compiled.items[i].item else {
+            return None;
+        };
+        let (key, v) = campaign_view(&self.leases, e, i, now)?;
+        let (anchor, base) = self.leases.lock().get(&key).and_then(|g| g.plan)?;
+        (b.adaptive() && anchor >= b.slice_anchor(v.start, now))
+            .then(|| b.plan_cap(v.start, v.end, anchor, base, now))
     }
 
     /// Calls the lease function for `key`, reporting `v.committed` and
@@ -285,6 +421,7 @@ impl<C: Clock> Engine<C> {
         &self,
         shared: &dyn Shared,
         key: GrantKey,
+        item: &Item,
         v: &LeaseView,
         want: u64,
         now: Nanos,
@@ -304,19 +441,78 @@ impl<C: Clock> Engine<C> {
                 hold_ms,
                 key_expire_ms: hold_ms.max(ttl_ms) + 3_600_000,
             })?;
-            self.record_grant(key, v, want, granted, now);
+            self.record_grant(key, v, want, granted, ttl_ms, now);
             return Ok(LeaseGrant {
                 granted,
                 spent_total: 0,
+                usable_ms: ttl_ms,
+            });
+        }
+        // A hold made under a grant may be committed until its
+        // reservation's deadline: the grant is reclaimed only after the
+        // latest one this node has open (plus a second for the sweep that
+        // learns of a commit elsewhere).
+        let grace_ms = (self.reservations.latest_deadline().saturating_sub(now) / 1_000_000
+            + 1_000)
+            .min(MAX_TTL_MS);
+        if let Some(line) = v.line {
+            let grant = shared.line(&LineRequest {
+                key: &lease_key(key),
+                holder: &self.lease_holder(),
+                spent: v.committed,
+                want,
+                burst: line.burst,
+                rate: line.rate,
+                per_us: line.per_us,
+                look_us: line.look_us,
+                ttl_ms,
+                grace_ms,
+                // An idle line is full again after its refill time: its key
+                // may go then (and an hour more, as period leases).
+                key_expire_ms: line.refill_ms.saturating_add(3_600_000),
+            })?;
+            let retry_at = now.saturating_add(grant.retry_ms.saturating_mul(1_000_000));
+            self.leases.lock().entry(key).or_default().retry_at = retry_at;
+            self.record_grant(key, v, want, grant.granted, ttl_ms, now);
+            return Ok(LeaseGrant {
+                granted: grant.granted,
+                spent_total: grant.spent_total,
+                usable_ms: ttl_ms,
             });
         }
         let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
+        // An adaptive budget's total follows the fleet's plan, made once per
+        // slice from the fleet's spend: a node's own record holds only its
+        // own spend, a third of it on three nodes.
+        let total = match item {
+            Item::Budget(b) if b.adaptive() => {
+                let (anchor, base) = self.fleet_plan(shared, key, b, v, key_expire_ms, now)?;
+                plan_total(b, v, anchor, base, now)
+            }
+            _ => v.total,
+        };
+        // The total is computed by the store at its time where it can be
+        // (fc_lease_v2): a node whose clock runs ahead is not granted a
+        // budget's line ahead of Redis's.
+        let rule = match item {
+            Item::Window(w) => TotalRule::Fixed(w.limit),
+            Item::Budget(b) => match b.pacing {
+                Pacing::Asap => TotalRule::Fixed(b.amount),
+                Pacing::Even => TotalRule::Even {
+                    amount: b.amount,
+                    allowance: b.allowance,
+                    look_ms: LEASE_TTL / 1_000_000,
+                },
+                Pacing::Profile(_) | Pacing::Adaptive(_) => TotalRule::Given,
+            },
+            _ => TotalRule::Given,
+        };
         let grant = shared.lease(&LeaseRequest {
             key: &lease_key(key),
             holder: &self.lease_holder(),
             spent: v.committed,
             want,
-            total: v.total,
+            total,
             ttl_ms,
             // A hold made under a grant may be committed until its
             // reservation's deadline: the grant is reclaimed only after the
@@ -325,28 +521,103 @@ impl<C: Clock> Engine<C> {
             // allowed (1 h), which stranded a dead node's headroom for the
             // rest of the period: 79-82 % of a budget delivered after a
             // node's kill -9 (issue 25).
-            grace_ms: (self.reservations.latest_deadline().saturating_sub(now) / 1_000_000 + 1_000)
-                .min(MAX_TTL_MS),
+            grace_ms,
             key_expire_ms,
+            // Periods are whole ms (calendar bounds, window lengths); the end
+            // rounded up keeps a period's last instant in it.
+            period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
+            rule,
         })?;
-        self.record_grant(key, v, want, grant.granted, now);
+        self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
         Ok(grant)
     }
 
+    /// Counts the committed units of `entries` (a winner's, taken from
+    /// campaign `e`'s record) on its token lines, with a shared store.
+    pub(crate) fn commit_lines(&self, e: &CampaignEntry, entries: &[super::record::PendingEntry]) {
+        if self.shared().is_none() {
+            return;
+        }
+        for p in entries {
+            let Some(i) = e.tags.iter().position(|&t| t == p.tag) else {
+                continue;
+            };
+            let cap = &e.compiled.items[i];
+            if cap.scope == Scope::Campaign && matches!(cap.item, Item::Rate { .. }) {
+                self.leases.commit_line((e.id, p.tag, 0), p.n);
+            }
+        }
+    }
+
+    /// The fleet's adaptive plan (anchor, base) for the slice of `now`: the
+    /// one this node has, or the store's (`fc_plan_v1`), which the first
+    /// node in a new slice makes.
+    fn fleet_plan(
+        &self,
+        shared: &dyn Shared,
+        key: GrantKey,
+        b: &Budget,
+        v: &LeaseView,
+        key_expire_ms: u64,
+        now: Nanos,
+    ) -> Result<(Nanos, u64), StoreError> {
+        let anchor = b.slice_anchor(v.start, now);
+        let known = self.leases.lock().get(&key).and_then(|g| g.plan);
+        if let Some((a, base)) = known
+            && a >= anchor
+        {
+            return Ok((a, base));
+        }
+        const MS: Nanos = 1_000_000;
+        let (prev_anchor_ms, prev_line) = match known {
+            Some((a, base)) => (a / MS, b.plan_line_at(v.start, v.end, a, base, anchor)),
+            None => (0, 0),
+        };
+        let (a_ms, base) = shared.plan(&PlanRequest {
+            key: &lease_key(key),
+            anchor_ms: anchor / MS,
+            prev_anchor_ms,
+            prev_line,
+            key_expire_ms,
+        })?;
+        let plan = (a_ms.saturating_mul(MS), base);
+        let mut grants = self.leases.lock();
+        let g = grants.entry(key).or_default();
+        g.plan = Some(plan);
+        g.end = g.end.max(v.end);
+        Ok(plan)
+    }
+
     /// Notes a grant this node received.
-    fn record_grant(&self, key: GrantKey, v: &LeaseView, want: u64, granted: u64, now: Nanos) {
+    /// `usable_ms`: how long the store says it may be used (its life, or
+    /// less near its period's end): the node uses 80 % of that.
+    fn record_grant(
+        &self,
+        key: GrantKey,
+        v: &LeaseView,
+        want: u64,
+        granted: u64,
+        usable_ms: u64,
+        now: Nanos,
+    ) {
         let mut grants = self.leases.lock();
         let g = grants.entry(key).or_default();
         g.granted = granted;
         g.reported = g.reported.max(v.committed);
-        g.usable_until = now + LEASE_TTL * 8 / 10;
+        g.usable_until = now + LEASE_TTL.min(usable_ms.saturating_mul(1_000_000)) * 8 / 10;
         g.end = v.end;
         g.called_at = now;
         g.slots = v.slots;
         // Asked for more and got nothing: the total is used up (or held by
         // others) for now.
         if want > 0 && granted <= v.committed + v.pending {
-            g.quiet_until = now + QUIET;
+            g.quiet_until = match v.line {
+                // A line has nothing before its next unit: no call till
+                // then (one call per allowed impression of a gap), but one
+                // a second at most, so a unit given back is found.
+                Some(_) => g.retry_at.clamp(now + 1_000_000, now + REPORT_EVERY),
+                None => now + QUIET,
+            };
         }
     }
 
@@ -383,7 +654,7 @@ impl<C: Clock> Engine<C> {
                     continue;
                 }
                 let n = super::chain::units(&cap.item, cost);
-                let Some((key, v)) = campaign_view(e, i, now) else {
+                let Some((key, v)) = campaign_view(&self.leases, e, i, now) else {
                     continue;
                 };
                 let (ok, quiet) = {
@@ -405,7 +676,7 @@ impl<C: Clock> Engine<C> {
                 } else {
                     self.want(key, &v, n, now) + v.pending
                 };
-                if let Err(err) = self.lease_call(shared, key, &v, want, now) {
+                if let Err(err) = self.lease_call(shared, key, &cap.item, &v, want, now) {
                     tracing::debug!("lease refresh of campaign {} failed: {err}", e.id);
                 }
             }
@@ -439,7 +710,9 @@ impl<C: Clock> Engine<C> {
                 if cap.scope != Scope::Campaign || !leasable(&cap.item) {
                     continue;
                 }
-                let Some((key, v)) = campaign_view(e, i, now).filter(|(_, v)| !v.slots) else {
+                let Some((key, v)) =
+                    campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots)
+                else {
                     continue;
                 };
                 let (reported, granted) = {
@@ -451,7 +724,7 @@ impl<C: Clock> Engine<C> {
                 }
                 // Keep the headroom the node holds: ask for what it has.
                 let want = granted.saturating_sub(v.committed);
-                self.lease_call(shared, key, &v, want, now)?;
+                self.lease_call(shared, key, &cap.item, &v, want, now)?;
             }
         }
         Ok(())
@@ -475,7 +748,8 @@ impl<C: Clock> Engine<C> {
             let Some(i) = e.tags.iter().position(|&t| t == key.1) else {
                 continue;
             };
-            let Some((_, v)) = campaign_view(e, i, now).filter(|(k, _)| *k == key) else {
+            let Some((_, v)) = campaign_view(&self.leases, e, i, now).filter(|(k, _)| *k == key)
+            else {
                 continue;
             };
             let Some(g) = self.leases.lock().get(&key).cloned() else {
@@ -507,7 +781,8 @@ impl<C: Clock> Engine<C> {
             } else {
                 self.want(key, &v, 1, now) + v.pending
             };
-            if let Err(err) = self.lease_call(shared, key, &v, want, now) {
+            if let Err(err) = self.lease_call(shared, key, &e.compiled.items[i].item, &v, want, now)
+            {
                 tracing::debug!("lease renewal of campaign {} failed: {err}", key.0);
             }
         }
@@ -528,7 +803,12 @@ impl<C: Clock> Engine<C> {
 
 /// The grant key and [`LeaseView`] of item `i` of campaign `e` now (read
 /// under the campaign's lock, held for just that).
-fn campaign_view(e: &CampaignEntry, i: usize, now: Nanos) -> Option<(GrantKey, LeaseView)> {
+fn campaign_view(
+    leases: &Leases,
+    e: &CampaignEntry,
+    i: usize,
+    now: Nanos,
+) -> Option<(GrantKey, LeaseView)> {
     let tag = e.tags[i];
     let v = {
         let rec = e.record.lock().unwrap_or_else(PoisonError::into_inner);
@@ -540,5 +820,6 @@ fn campaign_view(e: &CampaignEntry, i: usize, now: Nanos) -> Option<(GrantKey, L
             now,
         )
     }?;
-    Some(((e.id, tag, v.start), v))
+    let key = (e.id, tag, v.start);
+    Some((key, leases.filled(key, v, &e.compiled.items[i].item, now)))
 }

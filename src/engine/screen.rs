@@ -529,18 +529,23 @@ fn decide_chain(
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
             let n = units(&cap.item, cost);
             let p = cap.item.probe(st, now, n);
-            let leased_out = cap.scope == Scope::Campaign
-                && leases.is_some_and(|l| {
-                    view(&cap.item, st, rec.pending_on(e.id, t), now)
-                        .is_some_and(|v| !l.allows((e.id, t, v.start), &v, n, now))
-                });
-            if leased_out {
+            let leased_out = match leases {
+                Some(l) if cap.scope == Scope::Campaign => {
+                    view(&cap.item, st, rec.pending_on(e.id, t), now).and_then(|v| {
+                        let key = (e.id, t, v.start);
+                        (!l.allows(key, &v, n, now)).then(|| l.retry_after(key, now))
+                    })
+                }
+                _ => None,
+            };
+            if let Some(line_retry) = leased_out {
                 // This node's grant has no room: another node may have
-                // some; a retry soon may find a refreshed grant here.
+                // some; a retry soon may find a refreshed grant here. A
+                // token line knows when it has a unit more: then.
                 let d = DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
-                    retry_after: Some(LEASE_RETRY),
+                    retry_after: Some(line_retry.map_or(LEASE_RETRY, crate::clock::Span::from)),
                 };
                 if !in_shadow(e, shadow_all) {
                     return Verdict::Denied(d);

@@ -703,6 +703,7 @@ impl<C: Clock> Engine<C> {
                 if let Some(g) = guard_of(&mut guards, e.id) {
                     let entries = g.take_pending(seq, Some(c.index));
                     if win {
+                        self.commit_lines(e, &entries);
                         // The budget's spend: the final cost, else what was
                         // reserved (docs/semantics.md §6.5).
                         spend = entries

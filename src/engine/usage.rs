@@ -135,18 +135,22 @@ impl<C: Clock> Engine<C> {
         };
         // The fleet's spend, read before the campaign's lock is taken.
         let fleet = self.fleet_committed(c, i, now)?;
+        // An adaptive budget on a fleet paces by the fleet's plan: its cap,
+        // not the one this node's own spend would plan.
+        let fleet_cap = self.fleet_plan_cap(c, i, now);
         let rec = c.record.lock().unwrap_or_else(PoisonError::into_inner);
         let st = match rec.state(c.id, c.tags[i]) {
             Some(crate::limits::ItemState::Budget(s)) => **s,
             _ => Default::default(),
         };
         let v = b.view(&st, now);
+        let cap_now = fleet_cap.unwrap_or(v.cap);
         Ok(Delivery {
             campaign: c.name.to_string(),
             amount: cap.item.limit(),
             spent: fleet.unwrap_or(v.spent),
             pending: v.pending,
-            cap_now: v.cap,
+            cap_now,
             period_start: v.period.0,
             period_end: v.period.1,
         })

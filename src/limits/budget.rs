@@ -215,6 +215,49 @@ impl Budget {
         cur
     }
 
+    /// Whether this budget re-plans every slice (`adaptive`).
+    pub fn adaptive(&self) -> bool {
+        matches!(self.pacing, Pacing::Adaptive(_))
+    }
+
+    /// The anchor of the adaptive plan for `now` in the period starting at
+    /// `start`: the start of its local hour, or of the period if later.
+    pub fn slice_anchor(&self, start: Nanos, now: Nanos) -> Nanos {
+        self.hours.bounds(now).0.max(start)
+    }
+
+    /// cap(t) under the adaptive plan (`anchor`, `base`) of the period
+    /// `[start, end)`: a plan made elsewhere (a cluster's, from the fleet's
+    /// spend; `crate::engine::leases`).
+    pub fn plan_cap(&self, start: Nanos, end: Nanos, anchor: Nanos, base: u64, t: Nanos) -> u64 {
+        let period = BudgetState {
+            start,
+            end,
+            anchor,
+            base,
+            ..BudgetState::default()
+        };
+        self.adaptive_cap(&period, t)
+    }
+
+    /// The line (no allowance) at `t` of the adaptive plan (`anchor`,
+    /// `base`) of the period `[start, end)`.
+    pub fn plan_line_at(
+        &self,
+        start: Nanos,
+        end: Nanos,
+        anchor: Nanos,
+        base: u64,
+        t: Nanos,
+    ) -> u64 {
+        let period = BudgetState {
+            start,
+            end,
+            ..BudgetState::default()
+        };
+        self.plan_line(&period, anchor, base, t)
+    }
+
     /// The end of the adaptive slice that starts at `anchor`: the end of its
     /// local hour, or of the period if sooner.
     fn slice_end(&self, anchor: Nanos, end: Nanos) -> Nanos {

@@ -177,6 +177,13 @@ impl Rate {
         self.burst
     }
 
+    /// The line's slope in lowest terms: `q` units every `p` ns (T = p/q).
+    /// A shared store leases a campaign-scope rate as this line
+    /// (`crate::engine::leases`).
+    pub fn slope(&self) -> (u64, u64) {
+        (self.q, self.p)
+    }
+
     /// Time to refill the whole burst, burst·T, in ns rounded up (the `w` of the
     /// `RateLimit-Policy` header).
     pub fn refill_ns(&self) -> Span {

@@ -19,7 +19,8 @@ use std::path::PathBuf;
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
-    Cas, DefsWrite, LeaseGrant, LeaseRequest, MinuteCounts, Shared, SharedMemory, SlotsRequest,
+    Cas, DefsWrite, LeaseGrant, LeaseRequest, LineGrant, LineRequest, MinuteCounts, PlanRequest,
+    Shared, SharedMemory, SlotsRequest, TotalRule,
 };
 
 /// The key spaces (RocksDB column families).

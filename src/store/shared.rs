@@ -49,6 +49,64 @@ pub struct LeaseRequest<'a> {
     pub grace_ms: u64,
     /// The lease key expires this long from now.
     pub key_expire_ms: u64,
+    /// The lease's period [start, end), unix ms (`fc_lease_v2`): at a store
+    /// time outside it nothing is granted, and no grant outlives its end.
+    pub period_ms: (u64, u64),
+    /// How the store computes the total at its own time (`total` is the
+    /// caller's, for [`TotalRule::Given`]).
+    pub rule: TotalRule,
+}
+
+/// How `fc_lease_v2` computes a lease's total at Redis's time, so that no
+/// node's clock makes it larger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TotalRule {
+    /// The caller's `total` (lines that need the time-zone database:
+    /// profile and adaptive pacing).
+    Given,
+    /// A fixed total: a window's limit, an `asap` budget's amount.
+    Fixed(u64),
+    /// Even pacing over the period: min(amount, ceil(amount·(now + look −
+    /// start)/(end − start)) + allowance).
+    Even {
+        amount: u64,
+        allowance: u64,
+        look_ms: u64,
+    },
+}
+
+impl TotalRule {
+    /// The rule's arguments: (rule, amount, allowance, look_ms).
+    pub fn args(self) -> (u64, u64, u64, u64) {
+        match self {
+            TotalRule::Given => (0, 0, 0, 0),
+            TotalRule::Fixed(n) => (1, n, 0, 0),
+            TotalRule::Even {
+                amount,
+                allowance,
+                look_ms,
+            } => (2, amount, allowance, look_ms),
+        }
+    }
+
+    /// The total at store time `now` (ms) in the period, as `fc_lease_v2`
+    /// computes it.
+    pub fn total(self, given: u64, (start, end): (u64, u64), now: u64) -> u64 {
+        match self {
+            TotalRule::Given => given,
+            TotalRule::Fixed(n) => n,
+            TotalRule::Even {
+                amount,
+                allowance,
+                look_ms,
+            } => {
+                let t = (now + look_ms).clamp(start, end);
+                let span = end.saturating_sub(start).max(1);
+                let paced = (u128::from(amount) * u128::from(t - start)).div_ceil(u128::from(span));
+                amount.min((paced as u64).saturating_add(allowance))
+            }
+        }
+    }
 }
 
 /// A lease's answer.
@@ -58,6 +116,59 @@ pub struct LeaseGrant {
     pub granted: u64,
     /// Spent by every holder (reported).
     pub spent_total: u64,
+    /// How long the grant may be used (the store's clock): its life, or
+    /// less near the period's end, 0 outside the period.
+    pub usable_ms: u64,
+}
+
+/// A token-line call (`fc_line_v1`, docs/cluster.md "Leases"): a
+/// campaign-scope rate or gap, leased in units of a line that rises with
+/// Redis's clock; absolute counters, as [`LeaseRequest`].
+#[derive(Debug, Clone, Copy)]
+pub struct LineRequest<'a> {
+    pub key: &'a [u8],
+    pub holder: &'a str,
+    /// The holder's cumulative committed units on the line.
+    pub spent: u64,
+    /// Units beyond `spent` it would like to hold now.
+    pub want: u64,
+    /// The most units that pass at once after idling.
+    pub burst: u64,
+    /// The line rises `rate` units every `per_us` µs.
+    pub rate: u64,
+    pub per_us: u64,
+    /// A grant may take what the line allows this long from now.
+    pub look_us: u64,
+    pub ttl_ms: u64,
+    pub grace_ms: u64,
+    pub key_expire_ms: u64,
+}
+
+/// A token line's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineGrant {
+    /// The holder's cumulative grant on the line.
+    pub granted: u64,
+    /// Spent by every holder (reported).
+    pub spent_total: u64,
+    /// How long until the line has one more unit to grant (0: now).
+    pub retry_ms: u64,
+}
+
+/// A plan call (`fc_plan_v1`, docs/cluster.md "Leases"): the adaptive
+/// pacing plan of a leased budget's period, made once per slice from the
+/// fleet's spend and stored with the lease.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanRequest<'a> {
+    /// The budget's lease key (its period's).
+    pub key: &'a [u8],
+    /// The start of the slice the caller is in, unix ms.
+    pub anchor_ms: u64,
+    /// The anchor of the plan the caller knew (0: none), and that plan's
+    /// line at `anchor_ms`.
+    pub prev_anchor_ms: u64,
+    pub prev_line: u64,
+    pub key_expire_ms: u64,
 }
 
 /// A slots call (`fc_slots_v1`, docs/cluster.md "Leases"): slots held now
@@ -194,6 +305,14 @@ pub trait Shared: Send + Sync {
     /// A lease call: reports the holder's spend and returns its grant.
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError>;
 
+    /// A token-line call: reports the holder's spend on a line and returns
+    /// its grant.
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError>;
+
+    /// A plan call: the (anchor ms, base) of the adaptive plan every node of
+    /// the fleet paces by in the slice.
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError>;
+
     /// A slots call: reports the slots the holder holds and returns how many
     /// it may hold.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
@@ -233,6 +352,14 @@ struct SlotHolder {
     until: u64,
 }
 
+/// A token line in [`SharedMemory`] (as `fc_line_v1` keeps it).
+#[derive(Debug, Default)]
+struct LineState {
+    /// The line's origin, µs of the store's clock (`None`: a new line).
+    t0: Option<f64>,
+    holders: HashMap<String, LeaseHolder>,
+}
+
 /// Records by key: (version, value).
 type Versioned = HashMap<Vec<u8>, (u64, Vec<u8>)>;
 
@@ -260,8 +387,13 @@ pub struct SharedMemory {
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
-    /// The lease function's clock: ms since this store was made.
+    lines: Mutex<HashMap<Vec<u8>, LineState>>,
+    /// Adaptive plans by lease key: (anchor ms, base).
+    plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
+    /// The lease functions' clock: µs since this store was made.
     started: std::sync::OnceLock<std::time::Instant>,
+    /// Or, for tests, this clock (µs), as Redis's `TIME` would be.
+    clock: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
 }
 
 impl SharedMemory {
@@ -269,13 +401,52 @@ impl SharedMemory {
         Self::default()
     }
 
-    /// The lease functions' clock: ms since this store was made.
-    fn now_ms(&self) -> u64 {
-        self.started
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64
+    /// A store whose lease functions read `clock` (µs) where Redis reads
+    /// `TIME`: tests on a manual clock then move the store's time too.
+    pub fn with_clock(clock: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        SharedMemory {
+            clock: Some(Box::new(clock)),
+            ..Self::default()
+        }
     }
+
+    /// The lease and writer-lock functions' clock, ms (see
+    /// [`SharedMemory::now_us`]).
+    fn now_ms(&self) -> u64 {
+        self.now_us() / 1000
+    }
+
+    /// The lease functions' time, µs.
+    fn now_us(&self) -> u64 {
+        match &self.clock {
+            Some(c) => c(),
+            None => self
+                .started
+                .get_or_init(std::time::Instant::now)
+                .elapsed()
+                .as_micros() as u64,
+        }
+    }
+}
+
+/// `fair_share` of src/cluster/functions.lua, in the same (real)
+/// arithmetic: the max-min fair share of `pool` for `mine` among `demands`
+/// (`mine` included), rounded up.
+fn fair_share(demands: &mut [u64], pool: u64, mine: u64) -> u64 {
+    demands.sort_unstable();
+    let (mut remaining, mut left) = (pool as f64, demands.len() as f64);
+    for d in demands.iter() {
+        let fair = remaining / left;
+        if *d as f64 >= fair {
+            if fair < mine as f64 {
+                return (fair - 1e-9).ceil().max(0.0) as u64;
+            }
+            return mine;
+        }
+        remaining -= *d as f64;
+        left -= 1.0;
+    }
+    mine
 }
 
 impl Store for SharedMemory {
@@ -394,11 +565,18 @@ impl Shared for SharedMemory {
     /// tests without a Redis: the tests of the function itself run against
     /// Redis (ops/test-functions.sh).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
-        let now = self
-            .started
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64;
+        let now = self.now_us() / 1000;
+        // Without a clock of its own (`new`), this store has no unix time to
+        // hold a period against: it trusts the caller's period and total, as
+        // fc_lease_v1 did. With one (`with_clock`), it is fc_lease_v2.
+        let (open, total) = match self.clock {
+            Some(_) => (
+                (req.period_ms.0..req.period_ms.1).contains(&now),
+                req.rule.total(req.total, req.period_ms, now),
+            ),
+            None => (true, req.total),
+        };
+        let req = &LeaseRequest { total, ..*req };
         let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = all.entry(req.key.to_vec()).or_default();
         let me = holders.entry(req.holder.to_owned()).or_default();
@@ -439,12 +617,101 @@ impl Shared for SharedMemory {
         let me = holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
         let headroom = me.granted - me.spent;
         let free = req.total.saturating_sub(spent).saturating_sub(held_others);
-        let new = headroom.max(share.min(free));
+        // Outside the period the store's time is in, nothing may be spent.
+        let new = if open {
+            headroom.max(share.min(free))
+        } else {
+            0
+        };
         me.granted = me.spent + new;
+        let usable_ms = match (open, &self.clock) {
+            (false, _) => 0,
+            (true, Some(_)) => req.ttl_ms.min(req.period_ms.1.saturating_sub(now)),
+            (true, None) => req.ttl_ms,
+        };
         Ok(LeaseGrant {
             granted: me.granted,
             spent_total: spent,
+            usable_ms,
         })
+    }
+
+    /// The arithmetic of `fc_line_v1` (src/cluster/functions.lua), step for
+    /// step, in the same doubles.
+    fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
+        if req.rate == 0 || req.per_us == 0 {
+            return Err(StoreError::Io(
+                "fc_line_v1: rate and per_us must be at least 1".into(),
+            ));
+        }
+        let now_u = self.now_us();
+        let now = now_u / 1000;
+        let mut all = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = all.entry(req.key.to_vec()).or_default();
+        let me = line.holders.entry(req.holder.to_owned()).or_default();
+        me.spent = me.spent.max(req.spent);
+        // The caller's headroom goes back to the line.
+        me.granted = me.spent;
+        me.want = req.want;
+        me.expires = now + req.ttl_ms;
+        me.holds_until = now + req.grace_ms;
+        let mut wants = vec![req.want];
+        let (mut granted, mut spent) = (0u64, 0u64);
+        for (name, h) in line.holders.iter_mut() {
+            if name != req.holder {
+                if h.reclaimable(now) {
+                    h.granted = h.spent;
+                } else {
+                    wants.push(h.want);
+                }
+            }
+            granted += h.granted.max(h.spent);
+            spent += h.spent;
+        }
+        let (rate, per) = (req.rate as f64, req.per_us as f64);
+        let allowance = |t0: f64, t: f64| req.burst as f64 + ((t - t0) * rate / per).floor();
+        let full = |granted: u64| now_u as f64 - (granted as f64 * per / rate).ceil();
+        let t0 = match line.t0 {
+            Some(t0) if allowance(t0, now_u as f64) <= (granted + req.burst) as f64 => t0,
+            _ => full(granted),
+        };
+        let avail = (allowance(t0, (now_u + req.look_us) as f64) - granted as f64).max(0.0) as u64;
+        let new = fair_share(&mut wants, avail, req.want).min(avail);
+        let me = line.holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
+        me.granted = me.spent + new;
+        let granted = granted + new;
+        let need = (granted + 1).saturating_sub(req.burst);
+        let at = t0 + (need as f64 * per / rate).ceil() - req.look_us as f64;
+        let retry_ms = if need > 0 && at > now_u as f64 {
+            ((at - now_u as f64) / 1000.0).ceil() as u64
+        } else {
+            0
+        };
+        line.t0 = Some(t0);
+        Ok(LineGrant {
+            granted: me.granted,
+            spent_total: spent,
+            retry_ms,
+        })
+    }
+
+    /// The arithmetic of `fc_plan_v1`.
+    fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError> {
+        let mut plans = self.plans.lock().unwrap_or_else(PoisonError::into_inner);
+        let stored = plans.get(req.key).copied();
+        if let Some((a, base)) = stored
+            && a >= req.anchor_ms
+        {
+            return Ok((a, base));
+        }
+        let mut base = self.lease_spent(req.key)?;
+        if let Some((a, _)) = stored
+            && a == req.prev_anchor_ms
+        {
+            base = base.min(req.prev_line);
+        }
+        plans.insert(req.key.to_vec(), (req.anchor_ms, base));
+        Ok((req.anchor_ms, base))
     }
 
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
@@ -456,11 +723,7 @@ impl Shared for SharedMemory {
 
     /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
-        let now = self
-            .started
-            .get_or_init(std::time::Instant::now)
-            .elapsed()
-            .as_millis() as u64;
+        let now = self.now_us() / 1000;
         let mut all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let holders = all.entry(req.key.to_vec()).or_default();
         if let Some(me) = holders.get(req.holder)
