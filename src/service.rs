@@ -407,7 +407,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
                 ))) if store.shared().is_some()
                     && started.elapsed() < crate::cluster::START_WAIT =>
                 {
-                    if tries % 10 == 0 {
+                    if tries.is_multiple_of(10) {
                         tracing::warn!("waiting for Redis to read the definitions ({why})");
                     }
                     tries += 1;

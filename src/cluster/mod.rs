@@ -231,7 +231,7 @@ impl RedisStore {
                 source: e.into(),
             })?;
         let started = Instant::now();
-        for attempt in 0.. {
+        for attempt in 0u32.. {
             let tried = rt
                 .block_on(connect(&options))
                 .and_then(|(conn, clustered)| {
@@ -265,7 +265,7 @@ impl RedisStore {
                 // the node serves as soon as Redis does, within START_WAIT.
                 Err(StoreError::Unavailable(why)) if started.elapsed() < START_WAIT => {
                     // Once, then every 5 s: a wrong address is not 60 lines.
-                    if attempt % 10 == 0 {
+                    if attempt.is_multiple_of(10) {
                         tracing::warn!(
                             "waiting for Redis ({why}); trying again every {} ms for up to {} s",
                             START_RETRY.as_millis(),

@@ -23,9 +23,12 @@ const STRIPES: usize = 256;
 /// it, the decision goes ahead and the compare-and-set keeps it correct.
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
+/// One stripe: the records of it being decided, and their waiters.
+type Stripe = (Mutex<Vec<[u64; 2]>>, Condvar);
+
 /// The records being decided now, by stripe.
 pub(crate) struct Gates {
-    stripes: Box<[(Mutex<Vec<[u64; 2]>>, Condvar)]>,
+    stripes: Box<[Stripe]>,
 }
 
 impl Default for Gates {

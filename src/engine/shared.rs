@@ -353,12 +353,15 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
     out
 }
 
+/// Inline checks' limits by reservation, as stored after the bodies.
+type InlineSpecs = Vec<(u64, Vec<u8>)>;
+
 /// A record read from the shared store at `version`, and its last decision
 /// time.
 pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
     let (idle_at, payload) = codec::unframe(value)?;
     let (form, used): (SharedForm, usize) = codec::decode_prefix(payload)?;
-    let (bodies, inline): (Vec<(u64, u64)>, Vec<(u64, Vec<u8>)>) = match payload.get(used..) {
+    let (bodies, inline): (Vec<(u64, u64)>, InlineSpecs) = match payload.get(used..) {
         Some(rest) if !rest.is_empty() => {
             let (bodies, more) = codec::decode_prefix(rest)?;
             match rest.get(more..) {
