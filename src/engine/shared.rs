@@ -762,11 +762,29 @@ impl<C: Clock> Engine<C> {
         // The last decision time of the copy read from the store in this
         // call (0: none was).
         let mut last = 0;
+        // Taken out, not cloned (a screen's record holds a counter per
+        // capped candidate): a placeholder marked STALE stays, so anything
+        // that reads it without the gate reads the store instead.
         let cached = self
             .hot
-            .get(&hot_key, |rec| {
-                (rec.write_seq != STALE).then(|| rec.clone())
-            })
+            .try_with(
+                &hot_key,
+                now,
+                &u64::MAX,
+                || Err(()),
+                |rec| {
+                    (rec.write_seq != STALE).then(|| {
+                        std::mem::replace(
+                            rec,
+                            SubjectRecord {
+                                write_seq: STALE,
+                                ..SubjectRecord::default()
+                            },
+                        )
+                    })
+                },
+            )
+            .ok()
             .flatten();
         // Whether the copy decided on was read from the store in this call
         // (else it is the cached one, perhaps behind the store).
@@ -795,8 +813,14 @@ impl<C: Clock> Engine<C> {
                 // reservation made elsewhere). Ask for the version; decide
                 // again on the current copy if it moved.
                 match shared.read(&disk)? {
-                    Some((v, _)) if v == rec.write_seq => return Ok(r),
-                    None if rec.write_seq == 0 => return Ok(r),
+                    Some((v, _)) if v == rec.write_seq => {
+                        self.keep_copy(hot_key, now, rec);
+                        return Ok(r);
+                    }
+                    None if rec.write_seq == 0 => {
+                        self.keep_copy(hot_key, now, rec);
+                        return Ok(r);
+                    }
                     Some((v, value)) => {
                         let (current, t) = self.decoded(&disk, &value, v)?;
                         (rec, last) = (current, t);
