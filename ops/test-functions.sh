@@ -488,4 +488,34 @@ expect "a new slice from a caller who knew the plan: the old line if lower" '200
 expect "a new slice from a caller who did not: the fleet's spend" '3000 12' \
   "$(plan 3000 999 1 0)"
 
+###############################################################################
+echo "== dead holders are folded: a lease hash holds its live holders only"
+# A holder reclaimed more than 10 minutes ago (FOLD_AFTER_MS) is folded: its
+# spent moves into ~S and its fields go. Without it a period's hash grew by
+# five fields per node incarnation that ever held it (rolling restarts).
+LF='fc:{l:fold-test}'
+NOWMS=$(now_ms)
+OLD=$(( NOWMS - 700000 )) RECENT=$(( NOWMS - 1000 ))
+raw HSET "$LF" s:old1 5 g:old1 8 w:old1 3 e:old1 "$OLD" x:old1 "$OLD" \
+  s:old2 4 g:old2 4 w:old2 0 e:old2 "$OLD" x:old2 "$OLD" \
+  s:recent 2 g:recent 6 w:recent 1 e:recent "$RECENT" x:recent "$RECENT" >/dev/null
+out=$(v2 "$LF" a 0 1 60000 0 0 "$S" "$E" 1 100 0 0 0)
+expect "the fleet's spent counts the folded holders: 11" '1 0 11 100' "${out% * *}"
+expect "their fields are gone; a recently reclaimed holder stays" \
+  $'"g:a"\n"g:recent"\n"s:a"\n"s:recent"\n"~S"' \
+  "$(raw HKEYS "$LF" | grep -E '^(s|g|~S)' | sort | sed 's/.*/"&"/')"
+expect "~S holds their spent" '"9"' "$(rc HGET "$LF" '~S')"
+out=$(v2 "$LF" a 1 1 60000 0 0 "$S" "$E" 1 100 0 0 0)
+expect "folded once: the next call counts 9 + 2 + 1" '2 1 12 100' "${out% * *}"
+expect "fc_plan_v1's base counts ~S" '5000 12' \
+  "$(rc FCALL fc_plan_v1 1 "$LF" 5000 0 0 0 | head -2 | ints)"
+LNF='fc:{l:fold-line}'
+# A line not new (~t0 now: burst 5, one more unit in 1000 s).
+raw HSET "$LNF" s:old 4 g:old 4 w:old 0 e:old "$OLD" x:old "$OLD" '~t0' "$(now_us)" >/dev/null
+out=$(rc FCALL fc_line_v1 1 "$LNF" a 0 3 5 1 1000000000 0 60000 0 0 | ints)
+read -r g s spent _ <<<"$out"
+expect "fc_line_v1: a folded holder's spent still counts (granted 4 of 5 before; 1 left)" \
+  '1 0 4' "$g $s $spent"
+expect "fc_line_v1: its fields are gone" '0' "$(raw HEXISTS "$LNF" s:old)"
+
 echo "all $PASS checks passed"

@@ -1143,3 +1143,48 @@ fn a_node_whose_clock_is_ahead_does_not_over_deliver() {
     assert!(paced <= 261, "b paced by its own clock: {paced}");
     assert!(paced >= 255, "under-delivered: {paced}");
 }
+
+/// A lease keeps its live holders only, and counts every unit once: six
+/// node incarnations in a day (a restart every 11 minutes, a rolling
+/// deploy's worth) and one node that idles 11 minutes between uses. Before,
+/// the lease kept every holder that ever held it for the whole period (in
+/// Redis, five hash fields each), so a fleet's lease calls grew with its
+/// restarts (issue 25, "lease state stays O(live holders)").
+#[test]
+fn a_lease_keeps_its_live_holders_only_and_counts_each_unit_once() {
+    let clock = Arc::new(ManualClock::new(DAY0 + 3600 * SEC));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let open = || Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap();
+    let steady = open();
+    steady
+        .put_campaign(
+            "b",
+            campaign(r#"{"budget": {"amount": 100000, "per": "1d", "pacing": "asap"}}"#),
+        )
+        .unwrap();
+    let mut delivered = deliver(&[&steady], "b", 5);
+    for round in 0..6 {
+        clock.advance(11 * 60 * SEC);
+        // A new incarnation's first call finds the holders idle for 11
+        // minutes (the steady node, the last incarnation) folded.
+        let restarted = open();
+        restarted.refresh_definitions().unwrap();
+        delivered += deliver(&[&restarted], "b", 10);
+        drop(restarted);
+        // The steady node, back after 11 idle minutes: what it reports now
+        // must not count what it reported before a second time.
+        delivered += deliver(&[&steady], "b", 3);
+        assert_eq!(
+            steady.delivery("b").unwrap().spent,
+            delivered,
+            "round {round}: the fleet's spend, each unit once"
+        );
+        assert!(
+            store.lease_holders() <= 3,
+            "round {round}: {} holders kept for one lease",
+            store.lease_holders()
+        );
+    }
+    assert_eq!(delivered, 5 + 6 * 13);
+}

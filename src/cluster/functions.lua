@@ -153,16 +153,20 @@ end
 --   g:N  cumulative units granted to N (absolute); N's headroom = g - s
 --   w:N  N's last want
 --   e:N  N's grant expiry, Redis server time in ms
+--   x:N  N's open holds may be committed until then (Redis time, ms)
+--   ~S   the spent of holders folded away (fold_dead), in sum
 -- Node names may contain any bytes, ':' included: a field is split after its
 -- two-byte prefix only.
 -------------------------------------------------------------------------------
 local function load_lease(L)
-  local nodes, names = {}, {}
+  local nodes, names, folded = {}, {}, 0
   local flat = redis.call('HGETALL', L)
   for i = 1, #flat, 2 do
     local f = flat[i]
     local p = string.sub(f, 1, 2)
-    if p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' then
+    if f == '~S' then
+      folded = tonumber(flat[i + 1]) or 0
+    elseif p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' then
       local name = string.sub(f, 3)
       local n = nodes[name]
       if not n then
@@ -173,7 +177,44 @@ local function load_lease(L)
       n[string.sub(f, 1, 1)] = tonumber(flat[i + 1]) or 0
     end
   end
-  return nodes, names
+  return nodes, names, folded
+end
+
+-- When holder n's headroom may go back to the pool: once its grant and its
+-- open holds have both ended (a holder written without x: keeps an hour).
+local function reclaim_at(n)
+  local holds_until = n.x
+  if holds_until == 0 then holds_until = n.e + 3600000 end
+  return math.max(n.e, holds_until)
+end
+
+-- A holder reclaimed this long ago is folded away: its spent is added to ~S
+-- and its fields are deleted, so a lease hash holds its live holders only,
+-- not five fields for every node incarnation that ever held it (a rolling
+-- restart adds one per node). A node stops using a holder name 5 minutes
+-- after its last call (REHOLD_AFTER in src/engine/leases.rs) and reports
+-- under a new one from then, so a name is never used after its fold: its
+-- spent is never counted twice.
+local FOLD_AFTER_MS = 600000
+
+-- Folds the holders of L (as load_lease loaded them) other than `node` that
+-- were reclaimed over FOLD_AFTER_MS before now. Returns the names kept and
+-- ~S after the fold.
+local function fold_dead(L, nodes, names, folded, node, now)
+  local kept, before = {}, folded
+  for _, name in ipairs(names) do
+    local n = nodes[name]
+    if name ~= node and reclaim_at(n) + FOLD_AFTER_MS < now then
+      folded = folded + n.s
+      nodes[name] = nil
+      redis.call('HDEL', L, 's:' .. name, 'g:' .. name, 'w:' .. name, 'e:' .. name,
+        'x:' .. name)
+    else
+      kept[#kept + 1] = name
+    end
+  end
+  if folded ~= before then redis.call('HSET', L, '~S', istr(folded)) end
+  return kept, folded
 end
 
 -------------------------------------------------------------------------------
@@ -192,7 +233,9 @@ end
 --                  the pool, its spent stays counted) once both its grant
 --                  and that time have passed: a dead node's headroom comes
 --                  back seconds after it died, not an hour (a holder written
---                  without x: keeps the old hour)
+--                  without x: keeps the old hour). Ten minutes after that
+--                  it is folded away (fold_dead): its spent stays counted
+--                  in ~S, its fields go
 --   key_expire_ms  PEXPIRE of the whole hash; "0" leaves its expiry as it is
 --
 -- Reply: [g_node, s_node, spent_total, total, now_ms], all integers. The
@@ -223,7 +266,8 @@ end
 -- false (v2: Redis's time is outside the lease's period) it grants no
 -- headroom at all. Returns the caller's holder table and Σ spent.
 local function lease_grant(L, node, v, now, open)
-  local nodes, names = load_lease(L)
+  local nodes, names, folded = load_lease(L)
+  names, folded = fold_dead(L, nodes, names, folded, node, now)
 
   local me = nodes[node]
   if not me then
@@ -237,15 +281,13 @@ local function lease_grant(L, node, v, now, open)
   me.s = math.max(me.s, v.spent)
   me.g = math.max(me.g, me.s)
 
-  local spent, held_others = 0, 0
+  local spent, held_others = folded, 0
   local live = {} -- wants of live nodes, the caller's included
   for _, name in ipairs(names) do
     local n = nodes[name]
     spent = spent + n.s
     if name ~= node then
-      local holds_until = n.x
-      if holds_until == 0 then holds_until = n.e + 3600000 end
-      if math.max(n.e, holds_until) < now then
+      if reclaim_at(n) < now then
         -- Reclaimed: unspent headroom returns to the pool. Written only when
         -- it changes, so a long-dead node costs no write per call.
         if n.g > n.s then
@@ -428,7 +470,8 @@ local function fc_line(keys, args)
   local L = keys[1]
   local now_u = now_us()
   local now = math.floor(now_u / 1000)
-  local nodes, names = load_lease(L)
+  local nodes, names, folded = load_lease(L)
+  names, folded = fold_dead(L, nodes, names, folded, node, now)
   local t0 = tonumber(redis.call('HGET', L, '~t0'))
 
   local me = nodes[node]
@@ -441,14 +484,13 @@ local function fc_line(keys, args)
   -- The caller's headroom goes back to the line; it is granted afresh below.
   me.g = me.s
 
-  local granted, spent = 0, 0
+  -- A folded holder's grant was its spent (reclaimed before the fold).
+  local granted, spent = folded, folded
   local live = {}
   for _, name in ipairs(names) do
     local n = nodes[name]
     if name ~= node then
-      local holds_until = n.x
-      if holds_until == 0 then holds_until = n.e + 3600000 end
-      if math.max(n.e, holds_until) < now then
+      if reclaim_at(n) < now then
         if n.g > n.s then
           n.g = n.s
           redis.call('HSET', L, 'g:' .. name, istr(n.g))
@@ -533,8 +575,8 @@ local function fc_plan(keys, args)
   if a ~= nil and a >= v.anchor_ms then
     return {a, tonumber(redis.call('HGET', L, '~base')) or 0, now_ms()}
   end
-  local nodes, names = load_lease(L)
-  local base = 0
+  local nodes, names, folded = load_lease(L)
+  local base = folded
   for _, name in ipairs(names) do
     base = base + nodes[name].s
   end

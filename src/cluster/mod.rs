@@ -709,7 +709,8 @@ impl Shared for RedisStore {
         };
         let mut spent = 0u64;
         for (f, n) in pairs {
-            if bytes(f).is_some_and(|f| f.starts_with(b"s:")) {
+            // Every holder's spent, and the folded holders' in sum (`~S`).
+            if bytes(f).is_some_and(|f| f.starts_with(b"s:") || f == b"~S") {
                 let n = int(n).ok_or_else(|| unexpected("HGETALL lease", &v))?;
                 spent = spent.saturating_add(n);
             }

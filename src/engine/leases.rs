@@ -13,7 +13,9 @@
 //! one whose reply was lost, changes nothing (the delta version of the
 //! prototype over-delivered 0.98 % for that reason; docs/cluster.md). Expiry is
 //! by Redis's clock; a node's unspent grant goes back to the pool once it
-//! expired longer ago than the longest reservation TTL.
+//! expired and the node's open holds' deadlines passed, and ten minutes
+//! later the holder is folded into a sum, so a lease holds its live holders
+//! only ([`REHOLD_AFTER`]).
 //!
 //! A campaign-scope `rate` or `gap` is leased as a token line
 //! (`fc_line_v1`): the line rises with Redis's clock, burst + r·(t − t0),
@@ -68,6 +70,15 @@ const REPORT_EVERY: Nanos = 1_000_000_000;
 /// burst + r·(d + 2 s) (docs/cluster.md, "Leases"). Gaps have none.
 pub(crate) const LINE_LOOKAHEAD: Nanos = 400_000_000;
 
+/// A holder name unused this long is left for a new one. The store folds a
+/// holder away (its spent summed, its fields deleted) 10 minutes after its
+/// grant and open holds ended (`fold_dead`, src/cluster/functions.lua), so
+/// a lease's state holds its live holders only; a name used again after
+/// its fold would have its spent counted a second time. Half the fold's
+/// delay leaves minutes of margin for clock error (cluster time holds it to
+/// about a second).
+const REHOLD_AFTER: Nanos = 300 * 1_000_000_000;
+
 /// A grant: (campaign id, item tag, period start).
 pub(crate) type GrantKey = (u32, u32, Nanos);
 
@@ -97,6 +108,12 @@ struct Grant {
     retry_at: Nanos,
     /// An adaptive budget: the fleet's plan (anchor, base) last received.
     plan: Option<(Nanos, u64)>,
+    /// How many times this node took a new holder name for it
+    /// ([`REHOLD_AFTER`]); 0: the node's own name.
+    holder_epoch: u32,
+    /// The units reported under earlier holder names: the node reports its
+    /// committed units less these under the current one.
+    base: u64,
 }
 
 /// This node's grants.
@@ -371,6 +388,26 @@ impl<C: Clock> Engine<C> {
         format!("{}/{:08x}", self.options.node_id, self.id_nonce)
     }
 
+    /// This node's holder name for units lease `key`, and the units it
+    /// reported under earlier names: a name whose last call is
+    /// [`REHOLD_AFTER`] old is left for a new one, reporting from what was
+    /// confirmed under the old (a call applied whose answer was lost then
+    /// counts twice: fewer units granted, never more).
+    fn units_holder(&self, key: GrantKey, now: Nanos) -> (String, u64) {
+        let mut grants = self.leases.lock();
+        let g = grants.entry(key).or_default();
+        if g.called_at != 0 && now >= g.called_at.saturating_add(REHOLD_AFTER) {
+            g.holder_epoch += 1;
+            g.base = g.reported;
+            g.called_at = 0;
+        }
+        let name = match g.holder_epoch {
+            0 => self.lease_holder(),
+            n => format!("{}/{n}", self.lease_holder()),
+        };
+        (name, g.base)
+    }
+
     /// What the fleet has committed on item `i` of campaign `e` in its
     /// current period, with a shared store and a leased item counted in
     /// units (budgets, fixed and calendar campaign-scope windows): what
@@ -455,11 +492,12 @@ impl<C: Clock> Engine<C> {
         let grace_ms = (self.reservations.latest_deadline().saturating_sub(now) / 1_000_000
             + 1_000)
             .min(MAX_TTL_MS);
+        let (holder, base) = self.units_holder(key, now);
         if let Some(line) = v.line {
             let grant = shared.line(&LineRequest {
                 key: &lease_key(key),
-                holder: &self.lease_holder(),
-                spent: v.committed,
+                holder: &holder,
+                spent: v.committed.saturating_sub(base),
                 want,
                 burst: line.burst,
                 rate: line.rate,
@@ -473,9 +511,10 @@ impl<C: Clock> Engine<C> {
             })?;
             let retry_at = now.saturating_add(grant.retry_ms.saturating_mul(1_000_000));
             self.leases.lock().entry(key).or_default().retry_at = retry_at;
-            self.record_grant(key, v, want, grant.granted, ttl_ms, now);
+            let granted = base.saturating_add(grant.granted);
+            self.record_grant(key, v, want, granted, ttl_ms, now);
             return Ok(LeaseGrant {
-                granted: grant.granted,
+                granted,
                 spent_total: grant.spent_total,
                 usable_ms: ttl_ms,
             });
@@ -507,10 +546,10 @@ impl<C: Clock> Engine<C> {
             },
             _ => TotalRule::Given,
         };
-        let grant = shared.lease(&LeaseRequest {
+        let mut grant = shared.lease(&LeaseRequest {
             key: &lease_key(key),
-            holder: &self.lease_holder(),
-            spent: v.committed,
+            holder: &holder,
+            spent: v.committed.saturating_sub(base),
             want,
             total,
             ttl_ms,
@@ -528,6 +567,7 @@ impl<C: Clock> Engine<C> {
             period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
             rule,
         })?;
+        grant.granted = base.saturating_add(grant.granted);
         self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
         Ok(grant)
     }

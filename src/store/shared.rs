@@ -342,6 +342,34 @@ impl LeaseHolder {
     }
 }
 
+/// How long after its reclaim a holder is folded away (`FOLD_AFTER_MS` of
+/// src/cluster/functions.lua).
+const FOLD_AFTER_MS: u64 = 600_000;
+
+/// The holders of one lease or token line, and the spent of those folded
+/// away (`~S`).
+#[derive(Debug, Default)]
+struct Holders {
+    folded: u64,
+    by_name: HashMap<String, LeaseHolder>,
+}
+
+impl Holders {
+    /// `fold_dead` of src/cluster/functions.lua: the holders other than
+    /// `me` reclaimed over [`FOLD_AFTER_MS`] before `now` go, their spent
+    /// added to `folded`.
+    fn fold_dead(&mut self, me: &str, now: u64) {
+        let folded = &mut self.folded;
+        self.by_name.retain(|name, h| {
+            let keep = name == me || h.expires.max(h.holds_until) + FOLD_AFTER_MS >= now;
+            if !keep {
+                *folded += h.spent;
+            }
+            keep
+        });
+    }
+}
+
 /// One holder of slots in [`SharedMemory`] (as `fc_slots_v1` keeps it).
 #[derive(Debug, Clone, Copy, Default)]
 struct SlotHolder {
@@ -357,7 +385,7 @@ struct SlotHolder {
 struct LineState {
     /// The line's origin, µs of the store's clock (`None`: a new line).
     t0: Option<f64>,
-    holders: HashMap<String, LeaseHolder>,
+    holders: Holders,
 }
 
 /// Records by key: (version, value).
@@ -370,7 +398,7 @@ pub struct SharedMemory {
     /// Definitions, meta and dedupe ids, as [`MemoryStore`] keeps them.
     plain: MemoryStore,
     records: Mutex<Versioned>,
-    leases: Mutex<HashMap<Vec<u8>, HashMap<String, LeaseHolder>>>,
+    leases: Mutex<HashMap<Vec<u8>, Holders>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     definitions: AtomicU64,
@@ -408,6 +436,18 @@ impl SharedMemory {
             clock: Some(Box::new(clock)),
             ..Self::default()
         }
+    }
+
+    /// How many holders the store keeps, over all its leases and token
+    /// lines (in Redis, five hash fields each): for tests.
+    pub fn lease_holders(&self) -> usize {
+        let leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        leases.values().map(|h| h.by_name.len()).sum::<usize>()
+            + lines
+                .values()
+                .map(|l| l.holders.by_name.len())
+                .sum::<usize>()
     }
 
     /// The lease and writer-lock functions' clock, ms (see
@@ -578,7 +618,9 @@ impl Shared for SharedMemory {
         };
         let req = &LeaseRequest { total, ..*req };
         let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        let holders = all.entry(req.key.to_vec()).or_default();
+        let state = all.entry(req.key.to_vec()).or_default();
+        state.fold_dead(req.holder, now);
+        let holders = &mut state.by_name;
         let me = holders.entry(req.holder.to_owned()).or_default();
         me.spent = me.spent.max(req.spent);
         me.granted = me.granted.max(me.spent);
@@ -590,7 +632,7 @@ impl Shared for SharedMemory {
                 h.granted = h.spent;
             }
         }
-        let spent: u64 = holders.values().map(|h| h.spent).sum();
+        let spent: u64 = state.folded + holders.values().map(|h| h.spent).sum::<u64>();
         let live: Vec<(&String, &LeaseHolder)> = holders
             .iter()
             .filter(|(n, h)| *n == req.holder || !h.reclaimable(now))
@@ -648,7 +690,12 @@ impl Shared for SharedMemory {
         let now = now_u / 1000;
         let mut all = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
         let line = all.entry(req.key.to_vec()).or_default();
-        let me = line.holders.entry(req.holder.to_owned()).or_default();
+        line.holders.fold_dead(req.holder, now);
+        let me = line
+            .holders
+            .by_name
+            .entry(req.holder.to_owned())
+            .or_default();
         me.spent = me.spent.max(req.spent);
         // The caller's headroom goes back to the line.
         me.granted = me.spent;
@@ -656,8 +703,9 @@ impl Shared for SharedMemory {
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
         let mut wants = vec![req.want];
-        let (mut granted, mut spent) = (0u64, 0u64);
-        for (name, h) in line.holders.iter_mut() {
+        // A folded holder's grant was its spent (reclaimed before the fold).
+        let (mut granted, mut spent) = (line.holders.folded, line.holders.folded);
+        for (name, h) in line.holders.by_name.iter_mut() {
             if name != req.holder {
                 if h.reclaimable(now) {
                     h.granted = h.spent;
@@ -677,7 +725,11 @@ impl Shared for SharedMemory {
         };
         let avail = (allowance(t0, (now_u + req.look_us) as f64) - granted as f64).max(0.0) as u64;
         let new = fair_share(&mut wants, avail, req.want).min(avail);
-        let me = line.holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
+        let me = line
+            .holders
+            .by_name
+            .get_mut(req.holder)
+            .ok_or(StoreError::Closed)?;
         me.granted = me.spent + new;
         let granted = granted + new;
         let need = (granted + 1).saturating_sub(req.burst);
@@ -716,9 +768,9 @@ impl Shared for SharedMemory {
 
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
         let leases = self.leases.lock().map_err(|_| StoreError::Closed)?;
-        Ok(leases
-            .get(key)
-            .map_or(0, |holders| holders.values().map(|h| h.spent).sum()))
+        Ok(leases.get(key).map_or(0, |h| {
+            h.folded + h.by_name.values().map(|h| h.spent).sum::<u64>()
+        }))
     }
 
     /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
