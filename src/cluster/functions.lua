@@ -147,6 +147,25 @@ local function uint_args(args, first, names, fname)
   return v
 end
 
+-- The arguments of a holder's call (fc_lease_v1, fc_lease_v2, fc_line_v1):
+-- one key, the holder's name, then the unsigned integers `names`. Returns
+-- node, v; or nil, an error reply naming what is wrong.
+local function holder_args(F, keys, args, names)
+  if #keys ~= 1 then
+    return nil, redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= #names + 1 then
+    return nil, redis.error_reply('ERR ' .. F .. ': expects ' .. (#names + 1) ..
+      ' arguments: node ' .. table.concat(names, ' '))
+  end
+  if args[1] == '' then
+    return nil, redis.error_reply('ERR ' .. F .. ': node must not be empty')
+  end
+  local v, err = uint_args(args, 2, names, F)
+  if not v then return nil, err end
+  return args[1], v
+end
+
 -------------------------------------------------------------------------------
 -- Lease hash layout (one hash per leased quantity), per node name N:
 --   s:N  cumulative units N has spent (absolute; only ever raised)
@@ -325,21 +344,9 @@ local function lease_grant(L, node, v, now, open)
 end
 
 local function fc_lease(keys, args)
-  local F = 'fc_lease_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 7 then
-    return redis.error_reply('ERR ' .. F ..
-      ': expects 7 arguments: node spent want total ttl_ms grace_ms key_expire_ms')
-  end
-  local node = args[1]
-  if node == '' then
-    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
-  end
-  local v, err = uint_args(args, 2,
-    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'}, F)
-  if not v then return err end
+  local node, v = holder_args('fc_lease_v1', keys, args,
+    {'spent', 'want', 'total', 'ttl_ms', 'grace_ms', 'key_expire_ms'})
+  if not node then return v end
 
   local now = now_ms()
   local me, spent = lease_grant(keys[1], node, v, now, true)
@@ -372,22 +379,10 @@ end
 -------------------------------------------------------------------------------
 local function fc_lease_v2(keys, args)
   local F = 'fc_lease_v2'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 13 then
-    return redis.error_reply('ERR ' .. F ..
-      ': expects 13 arguments: node spent want ttl_ms grace_ms key_expire_ms' ..
-      ' start_ms end_ms rule amount allowance look_ms total')
-  end
-  local node = args[1]
-  if node == '' then
-    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
-  end
-  local v, err = uint_args(args, 2,
+  local node, v = holder_args(F, keys, args,
     {'spent', 'want', 'ttl_ms', 'grace_ms', 'key_expire_ms', 'start_ms', 'end_ms',
-     'rule', 'amount', 'allowance', 'look_ms', 'total'}, F)
-  if not v then return err end
+     'rule', 'amount', 'allowance', 'look_ms', 'total'})
+  if not node then return v end
   if v.end_ms <= v.start_ms or v.rule > 2 then
     return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and rule 0, 1 or 2')
   end
@@ -447,22 +442,10 @@ end
 -------------------------------------------------------------------------------
 local function fc_line(keys, args)
   local F = 'fc_line_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 10 then
-    return redis.error_reply('ERR ' .. F ..
-      ': expects 10 arguments: node spent want burst rate per_us look_us ttl_ms' ..
-      ' grace_ms key_expire_ms')
-  end
-  local node = args[1]
-  if node == '' then
-    return redis.error_reply('ERR ' .. F .. ': node must not be empty')
-  end
-  local v, err = uint_args(args, 2,
+  local node, v = holder_args(F, keys, args,
     {'spent', 'want', 'burst', 'rate', 'per_us', 'look_us', 'ttl_ms', 'grace_ms',
-     'key_expire_ms'}, F)
-  if not v then return err end
+     'key_expire_ms'})
+  if not node then return v end
   if v.rate < 1 or v.per_us < 1 then
     return redis.error_reply('ERR ' .. F .. ': rate and per_us must be at least 1')
   end
