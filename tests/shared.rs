@@ -1188,3 +1188,47 @@ fn a_lease_keeps_its_live_holders_only_and_counts_each_unit_once() {
     }
     assert_eq!(delivered, 5 + 6 * 13);
 }
+
+/// A reservation whose record cannot be read at its deadline is not taken
+/// as released: another node may have committed it, and the node that held
+/// its budget must charge it once the store answers again. Before, a failed
+/// read released the holds, the commit made elsewhere was never charged,
+/// and the budget delivered 5 more than its amount (issue 25, R3).
+#[test]
+fn a_failed_read_at_a_deadline_keeps_the_holds_until_the_store_answers() {
+    let (store, a, b, ca, _) = two_nodes();
+    a.put_campaign(
+        "b",
+        campaign(r#"{"budget": {"amount": 5, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let ids: Vec<String> = (0..5)
+        .map(|i| {
+            let s = a.screen(&screen(&format!("u{i}"), &["b"])).unwrap();
+            assert!(s.results[0].eligible, "reservation {i}");
+            s.reservation.unwrap()
+        })
+        .collect();
+    for id in &ids {
+        assert_eq!(
+            b.commit(id, &commit("b")).unwrap().outcome,
+            Outcome::Committed
+        );
+    }
+    // The deadline passes while the store does not answer a's reads.
+    store.fail_reads.store(true, Ordering::Release);
+    ca.advance(1500 * 1_000_000);
+    a.sweep();
+    store.fail_reads.store(false, Ordering::Release);
+    assert_eq!(
+        deliver(&[&a], "b", 10),
+        0,
+        "the holds stay while unread: nothing more to deliver"
+    );
+    // A second later the sweeper reads the records again and charges them.
+    ca.advance(1500 * 1_000_000);
+    a.sweep();
+    assert_eq!(a.delivery("b").unwrap().spent, 5);
+    assert_eq!(deliver(&[&a, &b], "b", 10), 0, "the budget, once");
+}

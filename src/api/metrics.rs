@@ -185,6 +185,9 @@ pub struct Figures {
     pub record_time_capped: u64,
     pub grants: u64,
     pub grant_units: u64,
+    /// Reservations past their deadline whose record could not be read yet
+    /// (their campaign-side holds stay until it is).
+    pub unsettled: u64,
     pub redis: Option<RedisFigures>,
     /// The chosen campaigns and policies (docs/service.md, "Per-definition
     /// metrics").
@@ -520,6 +523,12 @@ impl Collector for EngineFigures {
             "freqcap_grant_units_outstanding",
             "Units granted to this node and not reported spent",
             f.grant_units,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_reservations_unsettled",
+            "Reservations past their deadline whose record could not be read yet; their campaign-side holds stay until it is",
+            f.unsettled,
         )?;
         counter(&mut e, "freqcap_redis_calls", "Calls to Redis", r.calls)?;
         counter(

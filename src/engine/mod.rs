@@ -340,6 +340,9 @@ pub struct Engine<C: Clock> {
     reservations: Reservations,
     /// With a shared store: this node's grants of campaign-scope state.
     leases: leases::Leases,
+    /// With a shared store: reservations past their deadline whose record
+    /// could not be read yet.
+    unsettled: settle::Unsettled,
     dedupe: Dedupe,
     /// The locks [`Engine::check_all`] takes its keys under.
     key_locks: check_all::KeyLocks,
@@ -426,6 +429,7 @@ impl<C: Clock> Engine<C> {
             shared_ok_at: AtomicU64::new(started),
             reservations,
             leases: leases::Leases::default(),
+            unsettled: settle::Unsettled::default(),
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),
             gates: gate::Gates::default(),

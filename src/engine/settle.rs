@@ -30,6 +30,56 @@ pub const EXPIRE_BATCH: usize = 16;
 /// Reservations the sweeper takes out of the table per hold of its lock.
 pub const SWEEP_BATCH: usize = 64;
 
+/// After a failed read of how a reservation was settled, the sweeper reads
+/// again this much later.
+const UNSETTLED_RETRY: Nanos = 1_000_000_000;
+
+/// Most reservations waiting for a read of how they were settled; beyond
+/// it, one whose read fails is taken as released (as every one was before
+/// issue 25's R3), so a store that stays away cannot grow this without end.
+/// At about 200 bytes each: 13 MB.
+const MAX_UNSETTLED: usize = 65_536;
+
+/// With a shared store, reservations past their deadline whose record
+/// could not be read: another node may have committed them, so this node's
+/// campaign-side holds on them stay (they count against its grants: fewer
+/// units granted meanwhile, never more) until a read says how they were
+/// settled.
+#[derive(Default)]
+pub(crate) struct Unsettled {
+    due: std::sync::Mutex<std::collections::VecDeque<(Nanos, Due)>>,
+}
+
+impl Unsettled {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Nanos, Due)>> {
+        self.due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `due` for a read at `at`; gives it back if full.
+    fn push(&self, at: Nanos, due: Due) -> Result<(), Due> {
+        let mut q = self.lock();
+        if q.len() >= MAX_UNSETTLED {
+            return Err(due);
+        }
+        q.push_back((at, due));
+        Ok(())
+    }
+
+    /// Those whose read is due at `now` (pushed in time order, so a prefix).
+    fn take_due(&self, now: Nanos) -> Vec<Due> {
+        let mut q = self.lock();
+        let n = q.iter().take_while(|(at, _)| *at <= now).count();
+        q.drain(..n).map(|(_, d)| d).collect()
+    }
+
+    /// How many wait.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
 /// A commit settled in memory, its writes queued: [`PendingCommit::wait`] or
 /// [`PendingCommit::wait_async`] gives the outcome once they are durable.
 /// Dropped unwaited (a client that went away), it still waits, blocking, so
@@ -140,6 +190,15 @@ impl<C: Clock> Engine<C> {
     /// table's lock is held for one batch (about 50 µs) at a time.
     pub fn expire(&self, now: Nanos) {
         while self.expire_up_to(now, SWEEP_BATCH, Reads::MayWait) == SWEEP_BATCH {}
+        for due in self.unsettled.take_due(now) {
+            self.expire_due(due, Reads::MayWait);
+        }
+    }
+
+    /// Reservations past their deadline whose record could not be read yet
+    /// (figures).
+    pub fn unsettled_reservations(&self) -> usize {
+        self.unsettled.len()
     }
 
     /// Releases up to [`EXPIRE_BATCH`] reservations whose deadline has
@@ -186,6 +245,12 @@ impl<C: Clock> Engine<C> {
 
     fn expire_one(&self, due: Due, reads: Reads) {
         self.stats.expired.fetch_add(1, Ordering::Relaxed);
+        self.expire_due(due, reads);
+    }
+
+    /// Releases `due` as of its deadline, or with a shared store settles its
+    /// campaign-side holds as its record says (again after a failed read).
+    fn expire_due(&self, due: Due, reads: Reads) {
         // With a shared store, a reservation's user-side debits are in its
         // record, and whichever node next touches it releases them as of the
         // deadline (`super::shared`). Its campaign-side holds are this
@@ -203,17 +268,27 @@ impl<C: Clock> Engine<C> {
             let settled = match self.settled_as(shared, record, due.seq) {
                 Ok(s) => s,
                 Err(e) => {
-                    // Released: the conservative side for this node's grant
-                    // would be to keep it, but a hold must end.
-                    tracing::warn!("cannot read how a reservation was settled: {e}");
-                    None
+                    // Not known: it may have been committed on another node,
+                    // and released here it was never charged (5 over a budget
+                    // of 5: `a_failed_read_at_a_deadline_keeps_the_holds_until
+                    // _the_store_answers`). Its holds stay until a read says.
+                    tracing::warn!("cannot read how a reservation was settled, again in 1 s: {e}");
+                    let retry_at = self.now().saturating_add(UNSETTLED_RETRY);
+                    let Err(due) = self.unsettled.push(retry_at, due) else {
+                        return;
+                    };
+                    tracing::warn!(
+                        "{MAX_UNSETTLED} reservations wait for a read already: released unread"
+                    );
+                    let (candidates, seq, deadline) = match &*due.reserved {
+                        Reserved::Screen { candidates, .. } => (candidates, due.seq, due.deadline),
+                        _ => return,
+                    };
+                    self.settle_held(candidates, seq, &released(), deadline);
+                    return;
                 }
             };
-            let how = settled.unwrap_or(SettledAs {
-                outcome: Outcome::Released,
-                campaigns: Vec::new(),
-                final_cost: None,
-            });
+            let how = settled.unwrap_or_else(released);
             self.settle_held(candidates, due.seq, &how, due.deadline);
             return;
         }
@@ -810,4 +885,13 @@ pub(crate) fn not_a_winner(campaigns: &[String], i: usize, id: &str) -> EngineEr
             "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
         ),
     )
+}
+
+/// How a reservation with no record of its settlement was settled.
+fn released() -> SettledAs {
+    SettledAs {
+        outcome: Outcome::Released,
+        campaigns: Vec::new(),
+        final_cost: None,
+    }
 }

@@ -415,6 +415,9 @@ pub struct SharedMemory {
     /// CAS calls and conflicts, for tests.
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
+    /// While set, every record read fails, as a store that does not answer
+    /// (a primary failing over): for tests.
+    pub fail_reads: std::sync::atomic::AtomicBool,
     lines: Mutex<HashMap<Vec<u8>, LineState>>,
     /// Adaptive plans by lease key: (anchor ms, base).
     plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
@@ -556,6 +559,9 @@ fn op_space(op: &super::Op) -> Space {
 
 impl Shared for SharedMemory {
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        if self.fail_reads.load(Ordering::Acquire) {
+            return Err(StoreError::Io("read refused: fail_reads is set".into()));
+        }
         let m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(m.get(key).cloned())
     }
