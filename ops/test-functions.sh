@@ -428,7 +428,7 @@ L2='fc:{l:v2-test}'
 NOWMS=$(now_ms)
 S=$(( NOWMS - 100000 )) E=$(( NOWMS + 100000 ))
 # node spent want ttl grace key_expire start end rule amount allowance look total
-v2() { rc FCALL fc_lease_v2 1 "$@" | ints; }
+v2() { rc FCALL fc_lease_v2 1 "$@" | ints | cut -d' ' -f1-6; }
 out=$(v2 "$L2" a 0 4 60000 0 0 "$S" "$E" 1 10 0 0 999)
 expect "rule 1: the total is the amount, not the caller's" '4 0 0 10' "${out% * *}"
 expect_true "usable_ms is the ttl well inside the period" "got: $out" test "${out##* }" -eq 60000
@@ -446,9 +446,37 @@ expect "rule 0: the caller's total" '3 0 0 3' "${out% * *}"
 out=$(v2 'fc:{l:v2-end}' a 0 5 60000 0 0 "$S" $(( NOWMS + 1000 )) 1 10 0 0 0)
 expect_true "no grant outlives its period (usable ${out##* } ms)" "got: $out" \
   test "${out##* }" -le 1000
-expect "rule 3 rejected" \
-  '(error) ERR fc_lease_v2: needs start_ms < end_ms and rule 0, 1 or 2' \
+expect "rule 5 rejected" \
+  '(error) ERR fc_lease_v2: needs start_ms < end_ms and a rule from 0 to 4' \
+  "$(rc FCALL fc_lease_v2 1 "$L2" a 0 1 1 0 0 "$S" "$E" 5 1 0 0 0)"
+expect "rule 3 without segments rejected" \
+  '(error) ERR fc_lease_v2: rules 3 and 4 need segments_id and segments' \
   "$(rc FCALL fc_lease_v2 1 "$L2" a 0 1 1 0 0 "$S" "$E" 3 1 0 0 0)"
+# Rule 3: a period of [S, E) weighted 1 in its first half and 3 in its
+# second; Redis's time is at its middle, so F(t)/F(end) = 1/4 (+ lookahead).
+v2w() { rc FCALL fc_lease_v2 1 "$@" | ints; }
+MID=$(( (S + E) / 2 ))
+SEG="$S:1,$MID:3"
+out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 42 "$SEG")
+tot=$(awk '{print $4}' <<<"$out")
+expect_true "rule 3: the weighted line at Redis's time, about a quarter ($tot)" "got: $out" \
+  test "$tot" -ge 248 -a "$tot" -le 256
+expect "rule 3 stores the segments" "$(printf '"%s"\n"42"' "$SEG")" \
+  "$(raw HMGET 'fc:{l:v2-w}' '~pf' '~pid' | sed 's/.*/"&"/')"
+out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 42 '')
+expect_true "rule 3 with the stored id: segments not resent ($out)" "got: $out" \
+  test "$(awk '{print $4, $7}' <<<"$out" | cut -d' ' -f2)" = 0 -a "$(awk '{print $4}' <<<"$out")" -ge 248
+out=$(v2w 'fc:{l:v2-w}' b 0 5 60000 0 0 "$S" "$E" 3 1000 0 0 999 43 '')
+expect "another id, not sent: nothing granted, need_segments" '0 0 0 0 1' \
+  "$(awk '{print $1, $2, $4, $6, $7}' <<<"$out")"
+# Rule 4: the plan of the slice at S + (E - S) / 4 with base 100, over even
+# time (one segment): at the middle, base + (900) * (1/4) / (3/4) = 400.
+PW='fc:{l:v2-plan}'
+raw HSET "$PW" '~a' $(( S + (E - S) / 4 )) '~base' 100 >/dev/null
+out=$(v2w "$PW" a 0 1000 60000 0 0 "$S" "$E" 4 1000 5 0 999 7 "$S:1")
+tot=$(awk '{print $4}' <<<"$out")
+expect_true "rule 4: the stored plan's line at Redis's time, about 400 + 5 ($tot)" "got: $out" \
+  test "$tot" -ge 404 -a "$tot" -le 408
 expect "v2 stores its rule and period" "$(printf '"1"\n"%s"\n"%s"' "$E" $(( E + 60000 )))" \
   "$(raw HMGET "$L2" '~r' '~ps' '~pe' | sed 's/.*/"&"/')"
 

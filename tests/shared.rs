@@ -1232,3 +1232,55 @@ fn a_failed_read_at_a_deadline_keeps_the_holds_until_the_store_answers() {
     assert_eq!(a.delivery("b").unwrap().spent, 5);
     assert_eq!(deliver(&[&a, &b], "b", 10), 0, "the budget, once");
 }
+
+/// Profile and adaptive budgets are paced at the store's time too: their
+/// lines are computed in the store (`fc_lease_v2` rules 3 and 4) from the
+/// period's weighted time, which the node sends once. Before, the node sent
+/// a total computed by its own clock: 30 minutes ahead, it paced an
+/// adaptive budget to 48 where the store's time allowed 20, and an hour
+/// ahead a profile budget to 160 where it allowed 139.
+#[test]
+fn profile_and_adaptive_budgets_are_paced_at_the_stores_time() {
+    let redis = Arc::new(ManualClock::new(DAY0));
+    let r = redis.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || r.now() / 1000));
+    let ahead = Arc::new(ManualClock::new(DAY0 + 1800 * SEC));
+    let a = Engine::open(store.clone(), redis.clone(), EngineOptions::default()).unwrap();
+    let b = Engine::open(store.clone(), ahead.clone(), EngineOptions::default()).unwrap();
+    // Weight 1 before noon, 3 after: F(end) is 48 weighted hours.
+    let weights: Vec<String> = (0..24)
+        .map(|h| if h < 12 { "1" } else { "3" }.into())
+        .collect();
+    a.put_campaign(
+        "p",
+        campaign(&format!(
+            r#"{{"budget": {{"amount": 1000, "per": "1d", "pacing": {{"profile": [{}]}}}}}}"#,
+            weights.join(",")
+        )),
+    )
+    .unwrap();
+    a.put_campaign(
+        "ad",
+        campaign(r#"{"budget": {"amount": 1000, "per": "1d", "pacing": "adaptive"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    // 06:10 by the store, 06:40 by b, in the same hour's plan (base 0): the
+    // line at 06:10:02 is ceil(1000·602 s/18 h) = 10, plus the allowance
+    // (1 %, 10): 20 (by b's clock, 48).
+    redis.advance(6 * 3600 * SEC + 600 * SEC);
+    ahead.advance(6 * 3600 * SEC + 600 * SEC);
+    let adaptive = deliver(&[&b], "ad", 400);
+    // b an hour ahead: the profile's line at 06:10:02 (weight 1 so far) is
+    // ceil(1000·22 202 s/48 h) = 129, plus 10: 139 (by b's clock, 160).
+    ahead.advance(1800 * SEC);
+    let profile = deliver(&[&b], "p", 400);
+    eprintln!(
+        "clock ahead: b delivered {adaptive} of an adaptive budget (20 at the store's time) \
+         and {profile} of a profile budget (139)"
+    );
+    assert!(adaptive <= 20, "adaptive paced by b's clock: {adaptive}");
+    assert!(adaptive >= 15, "adaptive under-delivered: {adaptive}");
+    assert!(profile <= 139, "profile paced by b's clock: {profile}");
+    assert!(profile >= 132, "profile under-delivered: {profile}");
+}

@@ -359,49 +359,132 @@ end
 --
 --   FCALL fc_lease_v2 1 L node spent want ttl_ms grace_ms key_expire_ms
 --                         start_ms end_ms rule amount allowance look_ms total
+--                         [segments_id segments]
 --
 --   start_ms, end_ms  the lease's period [start, end), unix ms. Redis's time
 --                     outside it grants no headroom (a node whose clock runs
 --                     ahead or behind cannot spend a period before it starts
 --                     or after it ended), and no grant outlives its end
---   rule              how the total is computed, at Redis's time now:
---                     0: `total` as sent (profile and adaptive pacing,
---                        whose lines need the time-zone database)
+--   rule              how the total is computed, at Redis's time now, with
+--                     t = min(max(now + look_ms, start), end):
+--                     0: `total` as sent
 --                     1: `amount` (a window's limit, an asap budget)
---                     2: even pacing: min(amount, ceil(amount * (now +
---                        look_ms - start) / (end - start)) + allowance)
+--                     2: even pacing: min(amount, ceil(amount * (t - start)
+--                        / (end - start)) + allowance)
+--                     3: profile pacing: min(amount, ceil(amount * F(t) /
+--                        F(end)) + allowance), F the weighted time of the
+--                        segments (weighted_at)
+--                     4: adaptive pacing: the plan (~a, ~base) fc_plan_v1
+--                        stored in this hash (none: a = start, base = 0),
+--                        t' = max(t, a): min(amount, base + ceil((amount -
+--                        base) * (F(t') - F(a)) / (F(end) - F(a))) +
+--                        allowance); amount if F(end) = F(a)
 --   amount, allowance, look_ms   as the rule says; stored (~r ~n ~al ~lk
 --                     ~ps ~pe) for inspection
+--   segments_id, segments   rules 3 and 4: the period's weighted time,
+--                     "start_ms:weight,start_ms:weight,..." from the period's
+--                     start (local hours need the time-zone database, which
+--                     the node has), and its digest. Stored (~pf, ~pid) when
+--                     sent; a call may send "" for segments when the stored
+--                     id is segments_id. Otherwise nothing is granted and
+--                     need_segments is 1: call again with them.
 --
--- Reply: [g_node, s_node, spent_total, total, now_ms, usable_ms]: usable_ms
--- is how long the grant may be used, min(ttl_ms, end - now), 0 outside the
--- period.
+-- Reply: [g_node, s_node, spent_total, total, now_ms, usable_ms,
+-- need_segments]: usable_ms is how long the grant may be used, min(ttl_ms,
+-- end - now), 0 outside the period.
 -------------------------------------------------------------------------------
+
+-- F(t) of a weighted time: the sum of weight * ms of its segments up to t
+-- (`seg`: {start, weight} pairs in order; the last runs to end_ms).
+local function weighted_at(seg, end_ms, t)
+  local f = 0
+  for i, sg in ipairs(seg) do
+    if sg[1] >= t then break end
+    local e = end_ms
+    if seg[i + 1] then e = seg[i + 1][1] end
+    f = f + sg[2] * (math.min(t, e) - sg[1])
+  end
+  return f
+end
+
+-- The segments of rules 3 and 4, from the call or the hash: a list of
+-- {start, weight}, or nil (the hash lacks the ones named), or nil and an
+-- error reply.
+local function lease_segments(F, L, id, text)
+  if not string.match(id, '^%d+$') then
+    return nil, redis.error_reply('ERR ' .. F .. ': segments_id must be a non-negative integer')
+  end
+  if text == '' then
+    if redis.call('HGET', L, '~pid') ~= id then return nil end
+    text = redis.call('HGET', L, '~pf')
+  end
+  local seg = {}
+  for a, b in string.gmatch(text, '(%d+):(%d+)') do
+    seg[#seg + 1] = {tonumber(a), tonumber(b)}
+  end
+  if #seg == 0 then
+    return nil, redis.error_reply('ERR ' .. F .. ': segments must be start_ms:weight,...')
+  end
+  return seg
+end
+
 local function fc_lease_v2(keys, args)
   local F = 'fc_lease_v2'
+  local extra = {}
+  if #args == 15 then
+    extra = {args[14], args[15]}
+    args = {unpack(args, 1, 13)}
+  end
   local node, v = holder_args(F, keys, args,
     {'spent', 'want', 'ttl_ms', 'grace_ms', 'key_expire_ms', 'start_ms', 'end_ms',
      'rule', 'amount', 'allowance', 'look_ms', 'total'})
   if not node then return v end
-  if v.end_ms <= v.start_ms or v.rule > 2 then
-    return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and rule 0, 1 or 2')
+  if v.end_ms <= v.start_ms or v.rule > 4 then
+    return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and a rule from 0 to 4')
   end
+  if v.rule >= 3 and #extra ~= 2 then
+    return redis.error_reply('ERR ' .. F .. ': rules 3 and 4 need segments_id and segments')
+  end
+  local L = keys[1]
   local now = now_ms()
+  local t = math.min(math.max(now + v.look_ms, v.start_ms), v.end_ms)
+  local need = 0
   if v.rule == 1 then
     v.total = v.amount
   elseif v.rule == 2 then
-    local t = math.min(math.max(now + v.look_ms, v.start_ms), v.end_ms)
     local paced = math.ceil(v.amount * (t - v.start_ms) / (v.end_ms - v.start_ms))
     v.total = math.min(v.amount, paced + v.allowance)
+  elseif v.rule >= 3 then
+    local seg, err = lease_segments(F, L, extra[1], extra[2])
+    if err then return err end
+    if not seg then
+      need, v.total = 1, 0
+    else
+      if extra[2] ~= '' then redis.call('HSET', L, '~pf', extra[2], '~pid', extra[1]) end
+      local a, base = v.start_ms, 0
+      if v.rule == 4 then
+        a = tonumber(redis.call('HGET', L, '~a')) or v.start_ms
+        base = tonumber(redis.call('HGET', L, '~base')) or 0
+        a = math.min(math.max(a, v.start_ms), v.end_ms)
+      end
+      local fa = weighted_at(seg, v.end_ms, a)
+      local left = weighted_at(seg, v.end_ms, v.end_ms) - fa
+      if left <= 0 then
+        v.total = v.amount
+      else
+        local ft = weighted_at(seg, v.end_ms, math.max(t, a))
+        local paced = base + math.ceil(math.max(0, v.amount - base) * (ft - fa) / left)
+        v.total = math.min(v.amount, paced + v.allowance)
+      end
+    end
   end
-  local open = now >= v.start_ms and now < v.end_ms
-  local L = keys[1]
+  local open = now >= v.start_ms and now < v.end_ms and need == 0
   local me, spent = lease_grant(L, node, v, now, open)
   redis.call('HSET', L, '~r', istr(v.rule), '~n', istr(v.amount), '~al', istr(v.allowance),
     '~lk', istr(v.look_ms), '~ps', istr(v.start_ms), '~pe', istr(v.end_ms))
   local usable = 0
   if open then usable = math.min(v.ttl_ms, v.end_ms - now) end
-  return {me.g, me.s, spent, v.total, now, usable}
+  return {me.g, me.s, spent, v.total, now, usable, need}
 end
 
 -------------------------------------------------------------------------------

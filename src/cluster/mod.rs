@@ -739,6 +739,11 @@ impl Shared for RedisStore {
             .arg(allowance)
             .arg(look_ms)
             .arg(req.total);
+        // The weighted time's id, and its segments if the store may lack them.
+        if let Some((seg, send)) = req.segments {
+            c.arg(seg.id.to_string());
+            c.arg(if send { seg.text() } else { String::new() });
+        }
         // Lease calls are rare: they wait for a replica whenever writes do,
         // so a failover does not hand out a grant twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;
@@ -749,11 +754,12 @@ impl Shared for RedisStore {
             ));
         }
         match &v {
-            Value::Array(a) if a.len() == 6 => match (int(&a[0]), int(&a[2]), int(&a[5])) {
+            Value::Array(a) if a.len() == 7 => match (int(&a[0]), int(&a[2]), int(&a[5])) {
                 (Some(granted), Some(spent_total), Some(usable_ms)) => Ok(LeaseGrant {
                     granted,
                     spent_total,
                     usable_ms,
+                    need_segments: int(&a[6]) == Some(1),
                 }),
                 _ => Err(unexpected("fc_lease_v2", &v)),
             },

@@ -43,7 +43,8 @@ use crate::limits::window::{Layout, Window};
 use crate::limits::{Item, ItemState, Kind};
 use crate::model::Scope;
 use crate::store::{
-    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Shared, SlotsRequest, StoreError, TotalRule,
+    LeaseGrant, LeaseRequest, LineRequest, PlanRequest, Segments, Shared, SlotsRequest, StoreError,
+    TotalRule,
 };
 
 use super::Engine;
@@ -114,6 +115,9 @@ struct Grant {
     /// The units reported under earlier holder names: the node reports its
     /// committed units less these under the current one.
     base: u64,
+    /// A profile or adaptive budget: its period's weighted time, and
+    /// whether the store confirmed having it (then calls send its id only).
+    segments: Option<(Arc<Segments>, bool)>,
 }
 
 /// This node's grants.
@@ -375,6 +379,27 @@ impl Leases {
         v
     }
 
+    /// The weighted time of budget `b`'s period in `v`, made once per
+    /// period, and whether the store has it.
+    fn segments(&self, key: GrantKey, b: &Budget, v: &LeaseView) -> Option<(Arc<Segments>, bool)> {
+        let mut grants = self.lock();
+        let g = grants.entry(key).or_default();
+        if g.segments.is_none() {
+            const MS: Nanos = 1_000_000;
+            let list = b.segments(v.start, v.end)?;
+            let ms = list.into_iter().map(|(s, w)| (s / MS, w)).collect();
+            g.segments = Some((Arc::new(Segments::new(ms)), false));
+        }
+        g.segments.clone()
+    }
+
+    /// Notes that the store has the weighted time of `key`.
+    fn segments_stored(&self, key: GrantKey) {
+        if let Some((_, stored)) = self.lock().get_mut(&key).and_then(|g| g.segments.as_mut()) {
+            *stored = true;
+        }
+    }
+
     /// Drops the grants of periods that ended.
     fn prune(&self, now: Nanos) {
         self.lock().retain(|_, g| g.end > now);
@@ -483,6 +508,7 @@ impl<C: Clock> Engine<C> {
                 granted,
                 spent_total: 0,
                 usable_ms: ttl_ms,
+                need_segments: false,
             });
         }
         // A hold made under a grant may be committed until its
@@ -517,6 +543,7 @@ impl<C: Clock> Engine<C> {
                 granted,
                 spent_total: grant.spent_total,
                 usable_ms: ttl_ms,
+                need_segments: false,
             });
         }
         let key_expire_ms = v.end.saturating_sub(now) / 1_000_000 + 3_600_000;
@@ -542,12 +569,28 @@ impl<C: Clock> Engine<C> {
                     allowance: b.allowance,
                     look_ms: LEASE_TTL / 1_000_000,
                 },
-                Pacing::Profile(_) | Pacing::Adaptive(_) => TotalRule::Given,
+                Pacing::Profile(_) => TotalRule::Weighted {
+                    amount: b.amount,
+                    allowance: b.allowance,
+                    look_ms: LEASE_TTL / 1_000_000,
+                },
+                Pacing::Adaptive(_) => TotalRule::Planned {
+                    amount: b.amount,
+                    allowance: b.allowance,
+                    look_ms: LEASE_TTL / 1_000_000,
+                },
             },
             _ => TotalRule::Given,
         };
-        let mut grant = shared.lease(&LeaseRequest {
-            key: &lease_key(key),
+        let segments = match (item, rule) {
+            (Item::Budget(b), TotalRule::Weighted { .. } | TotalRule::Planned { .. }) => {
+                self.leases.segments(key, b, v)
+            }
+            _ => None,
+        };
+        let lkey = lease_key(key);
+        let request = |segments| LeaseRequest {
+            key: &lkey,
             holder: &holder,
             spent: v.committed.saturating_sub(base),
             want,
@@ -566,7 +609,19 @@ impl<C: Clock> Engine<C> {
             // rounded up keeps a period's last instant in it.
             period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
             rule,
-        })?;
+            segments,
+        };
+        let mut grant = shared.lease(&request(segments.as_ref().map(|(s, sent)| (&**s, !sent))))?;
+        if let Some((seg, _)) = &segments {
+            // The store lacks the weighted time (a new lease, or one whose
+            // segments another definition replaced): once more with them.
+            if grant.need_segments {
+                grant = shared.lease(&request(Some((seg, true))))?;
+            }
+            if !grant.need_segments {
+                self.leases.segments_stored(key);
+            }
+        }
         grant.granted = base.saturating_add(grant.granted);
         self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
         Ok(grant)

@@ -405,6 +405,18 @@ impl Budget {
         }
     }
 
+    /// The weighted time of the period `[start, end)` that paces it, as
+    /// (segment start, weight) in order from `start`: a profile's local
+    /// hours, or one segment of weight 1 (even time); `None` for asap. A
+    /// cluster's lease function integrates them at Redis's time
+    /// (src/cluster/functions.lua, `fc_lease_v2` rules 3 and 4).
+    pub fn segments(&self, start: Nanos, end: Nanos) -> Option<Vec<(Nanos, u64)>> {
+        Some(match self.progress(start, end)? {
+            Progress::Even { .. } => vec![(start, 1)],
+            Progress::Profile(p) => p.segments.iter().map(|&(s, _, w)| (s, w)).collect(),
+        })
+    }
+
     /// cap(now) for the period `[start, end)`.
     pub fn cap(&self, start: Nanos, end: Nanos, now: Nanos) -> u64 {
         let Some(pr) = self.progress(start, end) else {

@@ -55,20 +55,84 @@ pub struct LeaseRequest<'a> {
     /// How the store computes the total at its own time (`total` is the
     /// caller's, for [`TotalRule::Given`]).
     pub rule: TotalRule,
+    /// The period's weighted time, for [`TotalRule::Weighted`] and
+    /// [`TotalRule::Planned`]: its id always, its segments when the caller
+    /// does not know the store to have them (they are kept with the lease).
+    pub segments: Option<(&'a Segments, bool)>,
+}
+
+/// A period's weighted time for profile and adaptive pacing: segments
+/// (start, unix ms; weight), the first at the period's start. F(t) is the
+/// sum of weight × ms up to t. The node makes them (local hours need the
+/// time-zone database); the store keeps them with the lease and computes
+/// the pacing line at its own time, so no node's clock moves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segments {
+    /// A digest of the segments: a call naming another id than the stored
+    /// one must send them.
+    pub id: u64,
+    pub list: Vec<(u64, u64)>,
+}
+
+impl Segments {
+    pub fn new(list: Vec<(u64, u64)>) -> Self {
+        // FNV-1a: a digest the store compares, not a defence.
+        let mut id: u64 = 0xcbf2_9ce4_8422_2325;
+        for (s, w) in &list {
+            for b in s.to_le_bytes().into_iter().chain(w.to_le_bytes()) {
+                id = (id ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        Segments { id, list }
+    }
+
+    /// As the store keeps them: `start:weight,start:weight,...`.
+    pub fn text(&self) -> String {
+        let parts: Vec<String> = self.list.iter().map(|(s, w)| format!("{s}:{w}")).collect();
+        parts.join(",")
+    }
+
+    /// F(t) for `t` in the period ending at `end` (ms), as `weighted_at` in
+    /// src/cluster/functions.lua, in the same doubles.
+    fn at(&self, end: u64, t: u64) -> f64 {
+        let mut f = 0.0;
+        for (i, &(s, w)) in self.list.iter().enumerate() {
+            if s >= t {
+                break;
+            }
+            let e = self.list.get(i + 1).map_or(end, |n| n.0);
+            f += w as f64 * (t.min(e) - s) as f64;
+        }
+        f
+    }
 }
 
 /// How `fc_lease_v2` computes a lease's total at Redis's time, so that no
 /// node's clock makes it larger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TotalRule {
-    /// The caller's `total` (lines that need the time-zone database:
-    /// profile and adaptive pacing).
+    /// The caller's `total`.
     Given,
     /// A fixed total: a window's limit, an `asap` budget's amount.
     Fixed(u64),
     /// Even pacing over the period: min(amount, ceil(amount·(now + look −
     /// start)/(end − start)) + allowance).
     Even {
+        amount: u64,
+        allowance: u64,
+        look_ms: u64,
+    },
+    /// Profile pacing: min(amount, ceil(amount·F(t)/F(end)) + allowance),
+    /// F the weighted time of the request's [`Segments`], t = now + look.
+    Weighted {
+        amount: u64,
+        allowance: u64,
+        look_ms: u64,
+    },
+    /// Adaptive pacing: the fleet's plan (anchor a, base; `fc_plan_v1`'s,
+    /// kept with the lease) over the weighted time: min(amount, base +
+    /// ceil((amount − base)·(F(t) − F(a))/(F(end) − F(a))) + allowance).
+    Planned {
         amount: u64,
         allowance: u64,
         look_ms: u64,
@@ -86,13 +150,34 @@ impl TotalRule {
                 allowance,
                 look_ms,
             } => (2, amount, allowance, look_ms),
+            TotalRule::Weighted {
+                amount,
+                allowance,
+                look_ms,
+            } => (3, amount, allowance, look_ms),
+            TotalRule::Planned {
+                amount,
+                allowance,
+                look_ms,
+            } => (4, amount, allowance, look_ms),
         }
     }
 
     /// The total at store time `now` (ms) in the period, as `fc_lease_v2`
-    /// computes it.
-    pub fn total(self, given: u64, (start, end): (u64, u64), now: u64) -> u64 {
-        match self {
+    /// computes it, given the period's weighted time and the stored plan
+    /// (`None`: the store lacks them, and grants nothing).
+    pub fn total(
+        self,
+        given: u64,
+        (start, end): (u64, u64),
+        now: u64,
+        segments: Option<&Segments>,
+        plan: Option<(u64, u64)>,
+    ) -> Option<u64> {
+        let line = |amount: u64, allowance: u64, paced: f64| {
+            Some(amount.min((paced.ceil().max(0.0) as u64).saturating_add(allowance)))
+        };
+        Some(match self {
             TotalRule::Given => given,
             TotalRule::Fixed(n) => n,
             TotalRule::Even {
@@ -105,7 +190,39 @@ impl TotalRule {
                 let paced = (u128::from(amount) * u128::from(t - start)).div_ceil(u128::from(span));
                 amount.min((paced as u64).saturating_add(allowance))
             }
-        }
+            TotalRule::Weighted {
+                amount,
+                allowance,
+                look_ms,
+            } => {
+                let seg = segments?;
+                let t = (now + look_ms).clamp(start, end);
+                let fe = seg.at(end, end);
+                if fe <= 0.0 {
+                    return Some(amount);
+                }
+                return line(amount, allowance, amount as f64 * seg.at(end, t) / fe);
+            }
+            TotalRule::Planned {
+                amount,
+                allowance,
+                look_ms,
+            } => {
+                // No plan stored (the lease's key was lost): the line from
+                // the period's start.
+                let (seg, (a, base)) = (segments?, plan.unwrap_or((start, 0)));
+                let a = a.clamp(start, end);
+                let t = (now + look_ms).clamp(start, end).max(a);
+                let fa = seg.at(end, a);
+                let left = seg.at(end, end) - fa;
+                if left <= 0.0 {
+                    return Some(amount);
+                }
+                let rest = amount.saturating_sub(base) as f64;
+                let paced = base as f64 + (rest * (seg.at(end, t) - fa) / left).ceil();
+                return line(amount, allowance, paced);
+            }
+        })
     }
 }
 
@@ -119,6 +236,9 @@ pub struct LeaseGrant {
     /// How long the grant may be used (the store's clock): its life, or
     /// less near the period's end, 0 outside the period.
     pub usable_ms: u64,
+    /// The store lacks the weighted time the rule needs (and granted
+    /// nothing): call again with the segments.
+    pub need_segments: bool,
 }
 
 /// A token-line call (`fc_line_v1`, docs/cluster.md "Leases"): a
@@ -421,6 +541,8 @@ pub struct SharedMemory {
     lines: Mutex<HashMap<Vec<u8>, LineState>>,
     /// Adaptive plans by lease key: (anchor ms, base).
     plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
+    /// Weighted time by lease key (`~pf`, `~pid` in Redis).
+    segments: Mutex<HashMap<Vec<u8>, Segments>>,
     /// The lease functions' clock: µs since this store was made.
     started: std::sync::OnceLock<std::time::Instant>,
     /// Or, for tests, this clock (µs), as Redis's `TIME` would be.
@@ -615,12 +737,28 @@ impl Shared for SharedMemory {
         // Without a clock of its own (`new`), this store has no unix time to
         // hold a period against: it trusts the caller's period and total, as
         // fc_lease_v1 did. With one (`with_clock`), it is fc_lease_v2.
-        let (open, total) = match self.clock {
-            Some(_) => (
-                (req.period_ms.0..req.period_ms.1).contains(&now),
-                req.rule.total(req.total, req.period_ms, now),
-            ),
-            None => (true, req.total),
+        let (open, total, need_segments) = match self.clock {
+            Some(_) => {
+                let mut stored = self.segments.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some((seg, true)) = req.segments {
+                    stored.insert(req.key.to_vec(), seg.clone());
+                }
+                let seg = stored
+                    .get(req.key)
+                    .filter(|s| req.segments.is_some_and(|(r, _)| r.id == s.id));
+                let plan = self
+                    .plans
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(req.key)
+                    .copied();
+                let in_period = (req.period_ms.0..req.period_ms.1).contains(&now);
+                match req.rule.total(req.total, req.period_ms, now, seg, plan) {
+                    Some(total) => (in_period, total, false),
+                    None => (false, 0, true),
+                }
+            }
+            None => (true, req.total, false),
         };
         let req = &LeaseRequest { total, ..*req };
         let mut all = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
@@ -681,6 +819,7 @@ impl Shared for SharedMemory {
             granted: me.granted,
             spent_total: spent,
             usable_ms,
+            need_segments,
         })
     }
 
