@@ -1284,3 +1284,42 @@ fn profile_and_adaptive_budgets_are_paced_at_the_stores_time() {
     assert!(profile <= 139, "profile paced by b's clock: {profile}");
     assert!(profile >= 132, "profile under-delivered: {profile}");
 }
+
+/// A screen whose write was applied but not confirmed (a replica's late
+/// answer: 503), retried on the same node under the caller's id, is the
+/// same reservation, and its campaign side is charged once when it is
+/// committed. Before, the node gave its campaign-side holds back at the
+/// 503 and the retry found the reservation in the record without taking
+/// them again: the impression was charged to the user only, and a budget of
+/// 5 delivered 6.
+#[test]
+fn a_screen_retried_after_an_unconfirmed_write_is_charged_once() {
+    let (store, a, b, ca, _) = two_nodes();
+    a.put_campaign(
+        "b",
+        campaign(r#"{"budget": {"amount": 5, "per": "1d", "pacing": "asap"}}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let mut req = screen("u0", &["b"]);
+    req.reservation_id = Some("r-unconfirmed".into());
+    store.unconfirmed_writes.store(1, Ordering::Release);
+    match a.screen(&req) {
+        Err(EngineError::Store(e)) => eprintln!("first screen: {e}"),
+        other => panic!("expected the unconfirmed write's error, got {other:?}"),
+    }
+    // The retry: the same answer, the same reservation.
+    let s = a.screen(&req).unwrap();
+    assert!(s.results[0].eligible);
+    assert_eq!(s.reservation.as_deref(), Some("r-unconfirmed"));
+    let mut c = commit("b");
+    c.user = Some("u0".into());
+    assert_eq!(
+        a.commit("r-unconfirmed", &c).unwrap().outcome,
+        Outcome::Committed
+    );
+    ca.advance(1500 * 1_000_000);
+    a.sweep();
+    assert_eq!(a.delivery("b").unwrap().spent, 1, "the impression, charged");
+    assert_eq!(deliver(&[&a, &b], "b", 10), 4, "the budget, exactly");
+}

@@ -121,6 +121,10 @@ impl<C: Clock> Engine<C> {
             (None, Some(r)) if shared => Some((self.userless_record(r.seq), false)),
             (None, _) => None,
         };
+        // With a shared store, the last decision that held something: if
+        // its write's answer is lost (it may have been applied), the
+        // reservation is kept as made (below).
+        let mut last_held: Option<(Vec<CandidateResult>, Vec<HeldCandidate>)> = None;
         let decided = match record {
             Some((key, of_user)) => self.with_record(key, now, reads, |rec, now| {
                 // A shared store may run this again (the record moved under
@@ -157,6 +161,9 @@ impl<C: Clock> Engine<C> {
                         // grace after, as a user record's holds keep it.
                         rec.idle_at = rec.idle_at.max(r.deadline);
                     }
+                    last_held = Some((results.clone(), held.clone()));
+                } else {
+                    last_held = None;
                 }
                 Ok((results, held))
             }),
@@ -194,6 +201,37 @@ impl<C: Clock> Engine<C> {
             Ok(Ok(x)) => Ok(x),
             Err(e) => Err(e),
         };
+        // A write whose answer was lost may have been applied: the
+        // reservation stands as decided, as if answered (docs/cluster.md,
+        // "Exactly once"). A retry on this node gets its answer from the
+        // table, a commit anywhere settles it, and this node charges its
+        // campaign-side holds as the record says at the deadline. Before,
+        // they were given back here, and such an impression, retried and
+        // committed, was charged to the user only (a budget of 5 delivered
+        // 6: `a_screen_retried_after_an_unconfirmed_write_is_charged_once`).
+        if let (Err(Halt::Failed(EngineError::Store(StoreError::Unavailable(why)))), Some(c)) =
+            (&decided, &claim)
+            && let Some((results, candidates)) = last_held.take()
+        {
+            let answer = Answer::Screen(ScreenOutcome {
+                reservation: Some(c.id.clone()),
+                results,
+            });
+            let reserved = Reserved::Screen { user, candidates };
+            let bytes = footprint(&c.id, &answer, &reserved);
+            self.reservations.finish(&c.id, answer, reserved, bytes);
+            if self.options.fail_open {
+                // Failed open, as below, its holds kept: a caller that chose
+                // the id may still commit it.
+                self.stats.failed_open.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("screen failed open: {why}");
+                return Ok(ScreenOutcome {
+                    reservation: None,
+                    results: failed_open(&reg, req),
+                });
+            }
+            return Err(EngineError::Store(StoreError::Unavailable(why.clone())).into());
+        }
         let (results, candidates) = match decided {
             Ok(x) => x,
             Err(Halt::Failed(EngineError::Store(StoreError::Unavailable(why))))

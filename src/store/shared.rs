@@ -538,6 +538,10 @@ pub struct SharedMemory {
     /// While set, every record read fails, as a store that does not answer
     /// (a primary failing over): for tests.
     pub fail_reads: std::sync::atomic::AtomicBool,
+    /// While above 0, a compare-and-set that writes is applied and then
+    /// answered as a primary whose replica did not confirm it in time
+    /// (`StoreError::Unavailable`), and this is lowered by one: for tests.
+    pub unconfirmed_writes: AtomicU64,
     lines: Mutex<HashMap<Vec<u8>, LineState>>,
     /// Adaptive plans by lease key: (anchor ms, base).
     plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
@@ -707,6 +711,14 @@ impl Shared for SharedMemory {
         }
         let version = current + 1;
         m.insert(key.to_vec(), (version, value.to_vec()));
+        let unconfirmed =
+            self.unconfirmed_writes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if unconfirmed.is_ok() {
+            return Err(StoreError::Unavailable(
+                "the write was not confirmed by a replica in time (unconfirmed_writes)".into(),
+            ));
+        }
         Ok(Cas::Written(version))
     }
 
