@@ -132,6 +132,7 @@ impl<C: Clock> Engine<C> {
                 // first, so a reservation holds once.
                 if shared && let Some(r) = reserving {
                     undo_campaign_holds(&reg, req, r.seq, now);
+                    last_held = None;
                     // The id reserved already, on another node or by this
                     // one in a write whose answer was lost: the record is
                     // the cluster's table of reservations, not this node's.
@@ -161,9 +162,9 @@ impl<C: Clock> Engine<C> {
                         // grace after, as a user record's holds keep it.
                         rec.idle_at = rec.idle_at.max(r.deadline);
                     }
-                    last_held = Some((results.clone(), held.clone()));
-                } else {
-                    last_held = None;
+                    if req.reservation_id.is_some() {
+                        last_held = Some((results.clone(), held.clone()));
+                    }
                 }
                 Ok((results, held))
             }),
@@ -209,8 +210,13 @@ impl<C: Clock> Engine<C> {
         // they were given back here, and such an impression, retried and
         // committed, was charged to the user only (a budget of 5 delivered
         // 6: `a_screen_retried_after_an_unconfirmed_write_is_charged_once`).
+        // Only an id the caller chose can be repeated or committed: a
+        // node-made one never reached the caller, and its holds go back at
+        // once (kept, they stranded up to a TTL of budget: 190 of 200
+        // delivered in `leased_budgets_and_campaign_caps_hold_across_nodes`).
         if let (Err(Halt::Failed(EngineError::Store(StoreError::Unavailable(why)))), Some(c)) =
             (&decided, &claim)
+            && req.reservation_id.is_some()
             && let Some((results, candidates)) = last_held.take()
         {
             let answer = Answer::Screen(ScreenOutcome {
