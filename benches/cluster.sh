@@ -17,6 +17,15 @@
 # throughput does not scale with nodes; the per-request costs are what carry
 # over to a real deployment (nodes on their own machines). Every process is
 # stopped by its PID on exit.
+#
+# Redis's own counts, read before and after each run from every server
+# (issue 26): `INFO commandstats` of the primaries (top-level FCALL and
+# HMGET calls per ad, and the µs per FCALL inside Redis), `INFO stats`
+# total_net_input_bytes of the primaries (bytes sent to them per ad), and
+# `INFO cpu` of all six (Redis CPU per ad, replication included). The same
+# workload on one node with its embedded RocksDB store, in the same run, is
+# the baseline for node CPU. The table goes to OUT/table.txt and the rows to
+# OUT/summary.json. RUNS picks the runs (nodes:route:reports ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +62,27 @@ trap cleanup EXIT
 
 SEEDS=$(ops/redis-cluster.sh start "$OUT/redis" "$BASE" | tail -1)
 REDIS_PIDS=$(awk '{print $2}' "$OUT/redis/pids")
+REDIS_PORTS=$(awk '{print $1}' "$OUT/redis/pids")
+
+# Redis's counters, summed: FCALL calls and µs, HMGET calls (the primaries'
+# top-level commands: a replica applies a function's effects, not FCALL),
+# bytes in to the primaries, and the CPU seconds of every server.
+redis_counts() {
+    local port out
+    for port in $REDIS_PORTS; do
+        out=$(redis-cli -h 127.0.0.1 -p "$port" INFO all 2>/dev/null | tr -d '\r')
+        if grep -qx 'role:master' <<<"$out"; then
+            awk -F'[:,=]' '
+                /^cmdstat_fcall:/ {fc = $3; us = $5}
+                /^cmdstat_hmget:/ {hm = $3}
+                /^total_net_input_bytes:/ {bytes = $2}
+                /^used_cpu_(sys|user):/ {cpu += $2}
+                END {printf "%d %d %d %d %s\n", fc, us, hm, bytes, cpu}' <<<"$out"
+        else
+            awk -F: '/^used_cpu_(sys|user):/ {c += $2} END {printf "0 0 0 0 %s\n", c}' <<<"$out"
+        fi
+    done | awk '{a += $1; b += $2; c += $3; d += $4; e += $5} END {printf "%d %d %d %d %.3f\n", a, b, c, d, e}'
+}
 
 # CPU seconds (user + system) of the given PIDs.
 cpu() {
@@ -76,7 +106,8 @@ metric() {
     echo "$total"
 }
 
-printf '%-6s %-9s %-8s %9s %8s %8s %10s %8s %10s %10s %12s %13s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' | tee "$OUT/table.txt"
+printf '%-6s %-9s %-8s %9s %8s %8s %10s %8s %10s %10s %12s %13s %9s %9s %9s %9s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' 'FCALL/ad' 'HMGET/ad' 'µs/FCALL' 'B in/ad' | tee "$OUT/table.txt"
+: >"$OUT/rows.jsonl"
 run() {
     local n=$1 route=$2 reports=$3 ports=() addrs=() i
     for i in $(seq 1 "$n"); do
@@ -106,6 +137,8 @@ run() {
     l0=$(metric freqcap_lease_calls_total "${ports[@]}")
     r0=$(cpu $REDIS_PIDS)
     f0=$(cpu "${NODE_PIDS[@]}")
+    local i0 i1
+    i0=$(redis_counts)
     "$LOADGEN" run --target freqcap --addr "$addr" --route "$route" --workload screen --k "$K" \
         --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route-$reports.json"
     local c1 f1 r1 cas1 cf1 l1
@@ -115,24 +148,78 @@ run() {
     l1=$(metric freqcap_lease_calls_total "${ports[@]}")
     r1=$(cpu $REDIS_PIDS)
     f1=$(cpu "${NODE_PIDS[@]}")
-    python3 - "$OUT/n$n-$route-$reports.json" "$n" "$route" "$reports" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" <<'EOF' | tee -a "$OUT/table.txt"
+    i1=$(redis_counts)
+    # shellcheck disable=SC2086 # i0, i1: five numbers each
+    python3 - "$OUT/n$n-$route-$reports.json" "$n" "$route" "$reports" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" $i0 $i1 <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 j = json.load(open(sys.argv[1]))
 n, route, reports = sys.argv[2], sys.argv[3], sys.argv[4]
-c0, c1, cas0, cas1, cf0, cf1, l0, l1, r0, r1, f0, f1 = map(float, sys.argv[5:])
+c0, c1, cas0, cas1, cf0, cf1, l0, l1, r0, r1, f0, f1 = map(float, sys.argv[5:17])
+fc0, us0, hm0, b0, _, fc1, us1, hm1, b1, _ = map(float, sys.argv[17:27])
 ads = max(j["ops"], 1)
-print(f'{n:<6} {route:<9} {reports:<8} {j["ops_per_s"]:9.0f} {j["p50_us"]/1000:8.2f} {j["p99_us"]/1000:8.2f} '
-      f'{(c1-c0)/ads:10.2f} {(cas1-cas0)/ads:8.2f} {100*(cf1-cf0)/max(cas1-cas0,1):9.2f}% '
-      f'{(l1-l0)/ads:10.3f} {1e6*(r1-r0)/ads:12.0f} {1e6*(f1-f0)/ads:13.0f}'
+row = {"nodes": int(n), "route": route, "reports": reports, "ads_per_s": j["ops_per_s"],
+       "p50_ms": j["p50_us"] / 1000, "p99_ms": j["p99_us"] / 1000,
+       "redis_calls_per_ad": (c1 - c0) / ads, "cas_per_ad": (cas1 - cas0) / ads,
+       "conflicts_pct": 100 * (cf1 - cf0) / max(cas1 - cas0, 1), "lease_per_ad": (l1 - l0) / ads,
+       "redis_cpu_us_per_ad": 1e6 * (r1 - r0) / ads, "node_cpu_us_per_ad": 1e6 * (f1 - f0) / ads,
+       "fcall_per_ad": (fc1 - fc0) / ads, "hmget_per_ad": (hm1 - hm0) / ads,
+       "us_per_fcall": (us1 - us0) / max(fc1 - fc0, 1), "bytes_in_per_ad": (b1 - b0) / ads,
+       "errors": j["errors"]}
+print(f'{n:<6} {route:<9} {reports:<8} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
+      f'{row["redis_calls_per_ad"]:10.2f} {row["cas_per_ad"]:8.2f} {row["conflicts_pct"]:9.2f}% '
+      f'{row["lease_per_ad"]:10.3f} {row["redis_cpu_us_per_ad"]:12.0f} {row["node_cpu_us_per_ad"]:13.0f} '
+      f'{row["fcall_per_ad"]:9.2f} {row["hmget_per_ad"]:9.2f} {row["us_per_fcall"]:9.1f} {row["bytes_in_per_ad"]:9.0f}'
       + (f'   errors {j["errors"]}: {j["first_error"]}' if j["errors"] else ''))
+print(json.dumps(row), file=open(sys.argv[1].rsplit("/", 1)[0] + "/rows.jsonl", "a"))
 EOF
     stop_nodes
 }
 
-run 1 affinity commit
-run 2 affinity commit
-run 3 affinity commit
-run 3 spread commit
-run 1 affinity batched
-run 3 affinity batched
-echo "results in $OUT"
+# One node on its embedded RocksDB store, the same workload: the baseline of
+# node CPU per ad.
+baseline() {
+    local port f0 f1
+    port=$(free_port)
+    "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$port" --data-dir "$OUT/single" \
+        2>"$OUT/single.log" &
+    NODE_PIDS+=($!)
+    for _ in $(seq 1 100); do
+        curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break
+        sleep 0.1
+    done
+    "$LOADGEN" run --target freqcap --addr "127.0.0.1:$port" --workload screen --k "$K" --conns 1 --secs 0.2 --warmup 0 >/dev/null
+    f0=$(cpu "${NODE_PIDS[@]}")
+    "$LOADGEN" run --target freqcap --addr "127.0.0.1:$port" --workload screen --k "$K" \
+        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/single.json"
+    f1=$(cpu "${NODE_PIDS[@]}")
+    python3 - "$OUT/single.json" "$f0" "$f1" <<'EOF' | tee -a "$OUT/table.txt"
+import json, sys
+j = json.load(open(sys.argv[1]))
+f0, f1 = map(float, sys.argv[2:4])
+ads = max(j["ops"], 1)
+row = {"nodes": 1, "route": "rocksdb", "reports": "-", "ads_per_s": j["ops_per_s"],
+       "p50_ms": j["p50_us"] / 1000, "p99_ms": j["p99_us"] / 1000,
+       "node_cpu_us_per_ad": 1e6 * (f1 - f0) / ads, "errors": j["errors"]}
+print(f'{1:<6} {"rocksdb":<9} {"-":<8} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
+      f'{"-":>10} {"-":>8} {"-":>10} {"-":>10} {"-":>12} {row["node_cpu_us_per_ad"]:13.0f}')
+print(json.dumps(row), file=open(sys.argv[1].rsplit("/", 1)[0] + "/rows.jsonl", "a"))
+EOF
+    stop_nodes
+}
+
+RUNS=${RUNS:-"1:affinity:commit 2:affinity:commit 3:affinity:commit 3:spread:commit 1:affinity:batched 3:affinity:batched"}
+baseline
+for r in $RUNS; do
+    IFS=: read -r n route reports <<<"$r"
+    run "$n" "$route" "$reports"
+done
+python3 - "$OUT" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/rows.jsonl")]
+base = next((r["node_cpu_us_per_ad"] for r in rows if r["route"] == "rocksdb"), None)
+for r in rows:
+    if base and r["route"] != "rocksdb":
+        r["node_cpu_vs_one_node"] = r["node_cpu_us_per_ad"] / base
+json.dump({"baseline_node_cpu_us_per_ad": base, "rows": rows}, open(sys.argv[1] + "/summary.json", "w"), indent=1)
+EOF
+echo "results in $OUT (table.txt, summary.json)"
