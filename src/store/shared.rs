@@ -532,7 +532,8 @@ pub struct SharedMemory {
     /// Activity by day and campaign.
     activity: Mutex<HashMap<(u64, u32), u64>>,
     ids: AtomicU64,
-    /// CAS calls and conflicts, for tests.
+    /// Record reads, CAS calls and conflicts, for tests.
+    pub reads: AtomicU64,
     pub cas_calls: AtomicU64,
     pub cas_conflicts: AtomicU64,
     /// While set, every record read fails, as a store that does not answer
@@ -565,6 +566,12 @@ impl SharedMemory {
             clock: Some(Box::new(clock)),
             ..Self::default()
         }
+    }
+
+    /// The bytes of every record the store holds: for tests.
+    pub fn record_bytes(&self) -> usize {
+        let m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        m.values().map(|(_, v)| v.len()).sum()
     }
 
     /// How many holders the store keeps, over all its leases and token
@@ -685,6 +692,7 @@ fn op_space(op: &super::Op) -> Space {
 
 impl Shared for SharedMemory {
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         if self.fail_reads.load(Ordering::Acquire) {
             return Err(StoreError::Io("read refused: fail_reads is set".into()));
         }
