@@ -1357,4 +1357,22 @@ fn a_screen_and_commit_write_a_small_record_without_a_read() {
     );
     assert_eq!((screen_reads, screen_cas), (0, 1));
     assert!(bytes < 400, "{bytes} bytes stored for one impression");
+    // A denial changes nothing, so nothing is written (the decision's
+    // encoding, without its time, is the one before).
+    a.put_campaign(
+        "once",
+        campaign(r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d"}]}"#),
+    )
+    .unwrap();
+    let s = a.screen(&screen("new-user", &["once"])).unwrap();
+    a.commit(s.reservation.as_deref().unwrap(), &commit("once"))
+        .unwrap();
+    let cas = store.cas_calls.load(Ordering::Relaxed);
+    let s = a.screen(&screen("new-user", &["once"])).unwrap();
+    assert!(!s.results[0].eligible);
+    assert_eq!(
+        store.cas_calls.load(Ordering::Relaxed),
+        cas,
+        "a denial wrote"
+    );
 }

@@ -275,6 +275,13 @@ impl From<StoredPendingItem> for PendingItem {
     }
 }
 
+/// A payload of [`payload`] without its first field, decision time `last`.
+fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
+    payload
+        .get(codec::encode(&last).len()..)
+        .unwrap_or_default()
+}
+
 /// The payload of `rec` as stored, with decision time `last`.
 fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
     let meta = rec.shared_meta();
@@ -809,10 +816,13 @@ impl<C: Clock> Engine<C> {
         for _ in 0..MAX_TRIES {
             let now = now.max(self.last_now.load(Ordering::Acquire));
             let at = self.record_time(now, last, rec.write_seq);
+            // Two encodes a decision, not three: the one written is the one
+            // compared (without its decision time, its first field).
             let before = payload(&rec, 0);
             expire_held(&mut rec, at, &reg);
             let r = f(&mut rec, at);
-            if payload(&rec, 0) == before {
+            let after = payload(&rec, at);
+            if without_last(&after, at) == without_last(&before, 0) {
                 if fresh {
                     self.keep_copy(hot_key, now, rec);
                     return Ok(r);
@@ -852,7 +862,7 @@ impl<C: Clock> Engine<C> {
                     .unwrap_or(0);
                 rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
             }
-            let value = codec::frame(rec.idle_at, &payload(&rec, at));
+            let value = codec::frame(rec.idle_at, &after);
             let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
             self.stats.cas.fetch_add(1, Ordering::Relaxed);
             match shared.cas(&disk, rec.write_seq, &value, expire) {
