@@ -1349,6 +1349,10 @@ fn a_screen_and_commit_write_a_small_record_without_a_read() {
     assert!(s.results.iter().all(|r| r.eligible));
     let screen_reads = store.reads.load(Ordering::Relaxed) - reads;
     let screen_cas = store.cas_calls.load(Ordering::Relaxed) - cas;
+    eprintln!(
+        "{} bytes stored after the screen (its pending debits)",
+        store.record_bytes()
+    );
     a.commit(s.reservation.as_deref().unwrap(), &commit("c7"))
         .unwrap();
     let bytes = store.record_bytes();
