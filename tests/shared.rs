@@ -516,16 +516,22 @@ fn a_leased_campaign_cap_is_exact_across_nodes() {
     assert_eq!(delivered, 10, "the campaign cap, across nodes");
 }
 
-#[test]
-fn a_commit_on_another_node_is_charged_by_the_node_that_held_it() {
-    let (_, a, b, ca, _) = two_nodes();
+/// Two nodes and campaign "b" (a budget of 5): node a holds the whole
+/// budget for five reservations, and b commits them.
+fn held_on_a_committed_on_b() -> (
+    Arc<SharedMemory>,
+    Node,
+    Node,
+    Arc<ManualClock>,
+    Arc<ManualClock>,
+) {
+    let (store, a, b, ca, cb) = two_nodes();
     a.put_campaign(
         "b",
         campaign(r#"{"budget": {"amount": 5, "per": "1d", "pacing": "asap"}}"#),
     )
     .unwrap();
     b.refresh_definitions().unwrap();
-    // Node a holds the whole budget for five reservations; b commits them.
     let ids: Vec<String> = (0..5)
         .map(|i| {
             let s = a.screen(&screen(&format!("u{i}"), &["b"])).unwrap();
@@ -539,6 +545,12 @@ fn a_commit_on_another_node_is_charged_by_the_node_that_held_it() {
             Outcome::Committed
         );
     }
+    (store, a, b, ca, cb)
+}
+
+#[test]
+fn a_commit_on_another_node_is_charged_by_the_node_that_held_it() {
+    let (_, a, b, ca, _) = held_on_a_committed_on_b();
     // At the deadline a learns from the records how they were settled and
     // charges them: the budget is spent, on every node.
     ca.advance(1500 * 1_000_000);
@@ -1196,26 +1208,7 @@ fn a_lease_keeps_its_live_holders_only_and_counts_each_unit_once() {
 /// and the budget delivered 5 more than its amount (issue 25, R3).
 #[test]
 fn a_failed_read_at_a_deadline_keeps_the_holds_until_the_store_answers() {
-    let (store, a, b, ca, _) = two_nodes();
-    a.put_campaign(
-        "b",
-        campaign(r#"{"budget": {"amount": 5, "per": "1d", "pacing": "asap"}}"#),
-    )
-    .unwrap();
-    b.refresh_definitions().unwrap();
-    let ids: Vec<String> = (0..5)
-        .map(|i| {
-            let s = a.screen(&screen(&format!("u{i}"), &["b"])).unwrap();
-            assert!(s.results[0].eligible, "reservation {i}");
-            s.reservation.unwrap()
-        })
-        .collect();
-    for id in &ids {
-        assert_eq!(
-            b.commit(id, &commit("b")).unwrap().outcome,
-            Outcome::Committed
-        );
-    }
+    let (store, a, b, ca, _) = held_on_a_committed_on_b();
     // The deadline passes while the store does not answer a's reads.
     store.fail_reads.store(true, Ordering::Release);
     ca.advance(1500 * 1_000_000);
