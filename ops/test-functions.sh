@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the nine functions" \
-  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the ten functions" \
+  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -545,5 +545,20 @@ read -r g s spent _ <<<"$out"
 expect "fc_line_v1: a folded holder's spent still counts (granted 4 of 5 before; 1 left)" \
   '1 0 4' "$g $s $spent"
 expect "fc_line_v1: its fields are gone" '0' "$(raw HEXISTS "$LNF" s:old)"
+
+###############################################################################
+echo "== fc_peek_v1"
+PK='fc:{u:peek-test}'
+expect "an absent record at version 0: current" '(integer) 1' "$(rc FCALL fc_peek_v1 1 "$PK" 0)"
+raw FCALL fc_cas_v1 1 "$PK" 0 blob1 0 >/dev/null
+V=$(raw HGET "$PK" v)
+expect "at its version: current, no record sent" '(integer) 1' "$(rc FCALL fc_peek_v1 1 "$PK" "$V")"
+expect "behind: the version and the record" "$(printf '%s\nblob1' "$V")" \
+  "$(raw FCALL fc_peek_v1 1 "$PK" 0)"
+expect "a record gone, asked at a version: 0 and nil" $'1) (integer) 0\n2) (nil)' \
+  "$(rc FCALL fc_peek_v1 1 'fc:{u:peek-none}' 5)"
+expect "fc_peek_v1 names a bad version" \
+  '(error) ERR fc_peek_v1: version must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_peek_v1 1 "$PK" x)"
 
 echo "all $PASS checks passed"

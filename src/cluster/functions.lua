@@ -657,6 +657,31 @@ local function fc_plan(keys, args)
 end
 
 -------------------------------------------------------------------------------
+-- fc_peek_v1 (no-writes): a cached copy's freshness check.
+--
+--   FCALL fc_peek_v1 1 K version
+--
+-- Reply: 1 when record K is at `version` (0: K is absent); else [v, blob],
+-- its current version and value (0 and nil when absent). The record travels
+-- only when it moved: a decision that wrote nothing on a current copy (a
+-- denial) read the whole record before (HMGET v b) to learn its version.
+-------------------------------------------------------------------------------
+local function fc_peek(keys, args)
+  local F = 'fc_peek_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects 1 argument: version')
+  end
+  local version, err = uint_arg(args[1], F, 'version')
+  if not version then return err end
+  local cur = tonumber(redis.call('HGET', keys[1], 'v')) or 0
+  if cur == version then return 1 end
+  return {cur, redis.call('HGET', keys[1], 'b')}
+end
+
+-------------------------------------------------------------------------------
 -- fc_lease_read_v1 (no-writes; FCALL_RO works, also on replicas):
 --
 --   FCALL_RO fc_lease_read_v1 1 L
@@ -916,6 +941,8 @@ local function fc_writer(keys, args)
 end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
+redis.register_function{function_name = 'fc_peek_v1', callback = fc_peek,
+  flags = {'no-writes'}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
 redis.register_function{function_name = 'fc_lease_v2', callback = fc_lease_v2, flags = {}}
 redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}

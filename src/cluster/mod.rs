@@ -529,8 +529,10 @@ fn redis_key(disk: &[u8]) -> String {
     s.push_str("fc:{");
     s.push(kind as char);
     s.push(':');
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in rest {
-        s.push_str(&format!("{b:02x}"));
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 15)]));
     }
     s.push('}');
     s
@@ -594,6 +596,24 @@ impl Shared for RedisStore {
                 },
             },
             _ => Err(unexpected("HMGET record", &v)),
+        }
+    }
+
+    fn peek(&self, key: &[u8], version: u64) -> Result<Option<Option<(u64, Vec<u8>)>>, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_peek_v1").arg(1).arg(redis_key(key)).arg(version);
+        let v = self.query("fc_peek_v1", c)?;
+        match &v {
+            Value::Int(1) => Ok(None),
+            Value::Array(a) => match a.as_slice() {
+                [ver, _] if int(ver) == Some(0) => Ok(Some(None)),
+                [ver, b] => match (int(ver), bytes(b)) {
+                    (Some(ver), Some(b)) => Ok(Some(Some((ver, b)))),
+                    _ => Err(unexpected("fc_peek_v1", &v)),
+                },
+                _ => Err(unexpected("fc_peek_v1", &v)),
+            },
+            _ => Err(unexpected("fc_peek_v1", &v)),
         }
     }
 

@@ -831,21 +831,18 @@ impl<C: Clock> Engine<C> {
                 // cached copy was current: a denial or an unknown id decided
                 // on an old copy would be wrong (a release elsewhere, a
                 // reservation made elsewhere). Ask for the version; decide
-                // again on the current copy if it moved.
-                match shared.read(&disk)? {
-                    Some((v, _)) if v == rec.write_seq => {
+                // again on the current copy if it moved (the record comes
+                // back only then).
+                match shared.peek(&disk, rec.write_seq)? {
+                    None => {
                         self.keep_copy(hot_key, now, rec);
                         return Ok(r);
                     }
-                    None if rec.write_seq == 0 => {
-                        self.keep_copy(hot_key, now, rec);
-                        return Ok(r);
-                    }
-                    Some((v, value)) => {
+                    Some(Some((v, value))) => {
                         let (current, t) = self.decoded(&disk, &value, v)?;
                         (rec, last) = (current, t);
                     }
-                    None => rec = SubjectRecord::default(),
+                    Some(None) => rec = SubjectRecord::default(),
                 }
                 fresh = true;
                 continue;

@@ -347,6 +347,16 @@ pub trait Shared: Send + Sync {
     /// The (version, value) of record `key`; `None` if absent.
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError>;
 
+    /// Whether record `key` is still at `version` (0: absent): `None` if
+    /// so, else what [`Shared::read`] gives. The record travels only when
+    /// it moved (`fc_peek_v1`).
+    #[allow(clippy::type_complexity)]
+    fn peek(&self, key: &[u8], version: u64) -> Result<Option<Option<(u64, Vec<u8>)>>, StoreError> {
+        let current = self.read(key)?;
+        let same = current.as_ref().map_or(0, |(v, _)| *v) == version;
+        Ok((!same).then_some(current))
+    }
+
     /// Writes `value` under `key` if its version is still `expected` (0:
     /// absent), to expire at `expire_at` (unix ns; 0: never).
     fn cas(
