@@ -457,23 +457,23 @@ expect "rule 3 without segments rejected" \
 v2w() { rc FCALL fc_lease_v2 1 "$@" | ints; }
 MID=$(( (S + E) / 2 ))
 SEG="$S:1,$MID:3"
-out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 42 "$SEG")
+out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 0 42 "$SEG")
 tot=$(awk '{print $4}' <<<"$out")
 expect_true "rule 3: the weighted line at Redis's time, about a quarter ($tot)" "got: $out" \
   test "$tot" -ge 248 -a "$tot" -le 256
 expect "rule 3 stores the segments" "$(printf '"%s"\n"42"' "$SEG")" \
   "$(raw HMGET 'fc:{l:v2-w}' '~pf' '~pid' | sed 's/.*/"&"/')"
-out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 42 '')
+out=$(v2w 'fc:{l:v2-w}' a 0 1000 60000 0 0 "$S" "$E" 3 1000 0 0 999 0 42 '')
 expect_true "rule 3 with the stored id: segments not resent ($out)" "got: $out" \
   test "$(awk '{print $4, $7}' <<<"$out" | cut -d' ' -f2)" = 0 -a "$(awk '{print $4}' <<<"$out")" -ge 248
-out=$(v2w 'fc:{l:v2-w}' b 0 5 60000 0 0 "$S" "$E" 3 1000 0 0 999 43 '')
+out=$(v2w 'fc:{l:v2-w}' b 0 5 60000 0 0 "$S" "$E" 3 1000 0 0 999 0 43 '')
 expect "another id, not sent: nothing granted, need_segments" '0 0 0 0 1' \
   "$(awk '{print $1, $2, $4, $6, $7}' <<<"$out")"
 # Rule 4: the plan of the slice at S + (E - S) / 4 with base 100, over even
 # time (one segment): at the middle, base + (900) * (1/4) / (3/4) = 400.
 PW='fc:{l:v2-plan}'
 raw HSET "$PW" '~a' $(( S + (E - S) / 4 )) '~base' 100 >/dev/null
-out=$(v2w "$PW" a 0 1000 60000 0 0 "$S" "$E" 4 1000 5 0 999 7 "$S:1")
+out=$(v2w "$PW" a 0 1000 60000 0 0 "$S" "$E" 4 1000 5 0 999 0 7 "$S:1")
 tot=$(awk '{print $4}' <<<"$out")
 expect_true "rule 4: the stored plan's line at Redis's time, about 400 + 5 ($tot)" "got: $out" \
   test "$tot" -ge 404 -a "$tot" -le 408
@@ -560,5 +560,23 @@ expect "a record gone, asked at a version: 0 and nil" $'1) (integer) 0\n2) (nil)
 expect "fc_peek_v1 names a bad version" \
   '(error) ERR fc_peek_v1: version must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_peek_v1 1 "$PK" x)"
+
+###############################################################################
+echo "== a holder that reports later: its reclaimed headroom counts as spent"
+LU='fc:{l:later-test}'
+NOWMS=$(now_ms)
+GONE=$(( NOWMS - 5000 ))
+# b (batched, u:b 1) holds 10 with 4 reported; c (reports at commit) holds 10
+# with 4 reported; both gone 5 s ago.
+raw HSET "$LU" s:b 4 g:b 14 w:b 5 e:b "$GONE" x:b "$GONE" u:b 1 \
+  s:c 4 g:c 14 w:c 5 e:c "$GONE" x:c "$GONE" >/dev/null
+out=$(rc FCALL fc_lease_v2 1 "$LU" a 0 100 60000 0 0 "$S" "$E" 1 100 0 0 0 1 '' '' | ints)
+expect "spent counts b's headroom, not c's: 14 + 4" '18' "$(awk '{print $3}' <<<"$out")"
+expect "b's spent raised to its grant, c's grant lowered to its spent" \
+  $'14\n14\n4\n4' "$(raw HMGET "$LU" s:b g:b s:c g:c)"
+expect "a reports later too: u:a" '1' "$(raw HGET "$LU" u:a)"
+expect "reports_later must be 0 or 1" \
+  '(error) ERR fc_lease_v2: reports_later must be 0 or 1' \
+  "$(rc FCALL fc_lease_v2 1 "$LU" a 0 1 60000 0 0 "$S" "$E" 1 100 0 0 0 2 '' '')"
 
 echo "all $PASS checks passed"

@@ -173,6 +173,9 @@ end
 --   w:N  N's last want
 --   e:N  N's grant expiry, Redis server time in ms
 --   x:N  N's open holds may be committed until then (Redis time, ms)
+--   u:N  1 if N reports its spend later than it commits (spend_reports
+--        "batched"): when its headroom is reclaimed, that headroom is
+--        counted as spent, since N may have spent it unreported
 --   ~S   the spent of holders folded away (fold_dead), in sum
 -- Node names may contain any bytes, ':' included: a field is split after its
 -- two-byte prefix only.
@@ -185,11 +188,11 @@ local function load_lease(L)
     local p = string.sub(f, 1, 2)
     if f == '~S' then
       folded = tonumber(flat[i + 1]) or 0
-    elseif p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' then
+    elseif p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' or p == 'u:' then
       local name = string.sub(f, 3)
       local n = nodes[name]
       if not n then
-        n = {s = 0, g = 0, w = 0, e = 0, x = 0}
+        n = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0}
         nodes[name] = n
         names[#names + 1] = name
       end
@@ -227,7 +230,7 @@ local function fold_dead(L, nodes, names, folded, node, now)
       folded = folded + n.s
       nodes[name] = nil
       redis.call('HDEL', L, 's:' .. name, 'g:' .. name, 'w:' .. name, 'e:' .. name,
-        'x:' .. name)
+        'x:' .. name, 'u:' .. name)
     else
       kept[#kept + 1] = name
     end
@@ -290,7 +293,7 @@ local function lease_grant(L, node, v, now, open)
 
   local me = nodes[node]
   if not me then
-    me = {s = 0, g = 0, w = 0, e = 0, x = 0}
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0}
     nodes[node] = me
     names[#names + 1] = node
   end
@@ -307,11 +310,20 @@ local function lease_grant(L, node, v, now, open)
     spent = spent + n.s
     if name ~= node then
       if reclaim_at(n) < now then
-        -- Reclaimed: unspent headroom returns to the pool. Written only when
-        -- it changes, so a long-dead node costs no write per call.
+        -- Reclaimed: unspent headroom returns to the pool, or, from a
+        -- holder that reports later than it commits, is counted as spent
+        -- (it may have spent it: a budget is never exceeded, and what it
+        -- had not spent is not delivered). Written only when it changes, so
+        -- a long-dead node costs no write per call.
         if n.g > n.s then
-          n.g = n.s
-          redis.call('HSET', L, 'g:' .. name, istr(n.g))
+          if n.u == 1 then
+            spent = spent + n.g - n.s
+            n.s = n.g
+            redis.call('HSET', L, 's:' .. name, istr(n.s))
+          else
+            n.g = n.s
+            redis.call('HSET', L, 'g:' .. name, istr(n.g))
+          end
         end
       else
         held_others = held_others + math.max(0, n.g - n.s)
@@ -337,6 +349,7 @@ local function lease_grant(L, node, v, now, open)
     'w:' .. node, istr(v.want),
     'e:' .. node, istr(now + v.ttl_ms),
     'x:' .. node, istr(now + v.grace_ms))
+  if v.later == 1 then redis.call('HSET', L, 'u:' .. node, '1') end
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
@@ -359,7 +372,7 @@ end
 --
 --   FCALL fc_lease_v2 1 L node spent want ttl_ms grace_ms key_expire_ms
 --                         start_ms end_ms rule amount allowance look_ms total
---                         [segments_id segments]
+--                         [reports_later segments_id segments]
 --
 --   start_ms, end_ms  the lease's period [start, end), unix ms. Redis's time
 --                     outside it grants no headroom (a node whose clock runs
@@ -381,6 +394,9 @@ end
 --                        allowance); amount if F(end) = F(a)
 --   amount, allowance, look_ms   as the rule says; stored (~r ~n ~al ~lk
 --                     ~ps ~pe) for inspection
+--   reports_later     1 if the caller reports its spend later than it
+--                     commits (spend_reports "batched"; stored as u:<node>):
+--                     its headroom, once reclaimed, counts as spent
 --   segments_id, segments   rules 3 and 4: the period's weighted time,
 --                     "start_ms:weight,start_ms:weight,..." from the period's
 --                     start (local hours need the time-zone database, which
@@ -430,9 +446,9 @@ end
 
 local function fc_lease_v2(keys, args)
   local F = 'fc_lease_v2'
-  local extra = {}
-  if #args == 15 then
-    extra = {args[14], args[15]}
+  local extra = {'0', '', ''}
+  if #args == 16 then
+    extra = {args[14], args[15], args[16]}
     args = {unpack(args, 1, 13)}
   end
   local node, v = holder_args(F, keys, args,
@@ -442,7 +458,12 @@ local function fc_lease_v2(keys, args)
   if v.end_ms <= v.start_ms or v.rule > 4 then
     return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and a rule from 0 to 4')
   end
-  if v.rule >= 3 and #extra ~= 2 then
+  local later, err = uint_arg(extra[1], F, 'reports_later')
+  if not later or later > 1 then
+    return err or redis.error_reply('ERR ' .. F .. ': reports_later must be 0 or 1')
+  end
+  v.later = later
+  if v.rule >= 3 and extra[2] == '' then
     return redis.error_reply('ERR ' .. F .. ': rules 3 and 4 need segments_id and segments')
   end
   local L = keys[1]
@@ -455,12 +476,12 @@ local function fc_lease_v2(keys, args)
     local paced = math.ceil(v.amount * (t - v.start_ms) / (v.end_ms - v.start_ms))
     v.total = math.min(v.amount, paced + v.allowance)
   elseif v.rule >= 3 then
-    local seg, err = lease_segments(F, L, extra[1], extra[2])
-    if err then return err end
+    local seg, serr = lease_segments(F, L, extra[2], extra[3])
+    if serr then return serr end
     if not seg then
       need, v.total = 1, 0
     else
-      if extra[2] ~= '' then redis.call('HSET', L, '~pf', extra[2], '~pid', extra[1]) end
+      if extra[3] ~= '' then redis.call('HSET', L, '~pf', extra[3], '~pid', extra[2]) end
       local a, base = v.start_ms, 0
       if v.rule == 4 then
         a = tonumber(redis.call('HGET', L, '~a')) or v.start_ms

@@ -759,10 +759,16 @@ impl Shared for RedisStore {
             .arg(allowance)
             .arg(look_ms)
             .arg(req.total);
+        c.arg(u8::from(req.reports_later));
         // The weighted time's id, and its segments if the store may lack them.
-        if let Some((seg, send)) = req.segments {
-            c.arg(seg.id.to_string());
-            c.arg(if send { seg.text() } else { String::new() });
+        match req.segments {
+            Some((seg, send)) => {
+                c.arg(seg.id.to_string());
+                c.arg(if send { seg.text() } else { String::new() });
+            }
+            None => {
+                c.arg("").arg("");
+            }
         }
         // Lease calls are rare: they wait for a replica whenever writes do,
         // so a failover does not hand out a grant twice.

@@ -47,9 +47,9 @@ use crate::store::{
     TotalRule,
 };
 
-use super::Engine;
 use super::registry::CampaignEntry;
 use super::request::MAX_TTL_MS;
+use super::{Engine, SpendReports};
 
 /// How long a grant lives (by Redis's clock); a node uses it for 80 % of
 /// that by its own clock, so clock drift never makes it spend past expiry.
@@ -610,6 +610,10 @@ impl<C: Clock> Engine<C> {
             period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
             rule,
             segments,
+            // Its headroom, once reclaimed, counts as spent: with batched
+            // reports a node killed leaves up to a second of spend
+            // unreported, which the fleet spent again (issue 25, R7).
+            reports_later: self.options.spend_reports == SpendReports::Batched,
         };
         let mut grant = shared.lease(&request(segments.as_ref().map(|(s, sent)| (&**s, !sent))))?;
         if let Some((seg, _)) = &segments {

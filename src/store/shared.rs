@@ -59,6 +59,10 @@ pub struct LeaseRequest<'a> {
     /// [`TotalRule::Planned`]: its id always, its segments when the caller
     /// does not know the store to have them (they are kept with the lease).
     pub segments: Option<(&'a Segments, bool)>,
+    /// The holder reports its spend later than it commits (`spend_reports
+    /// = "batched"`): once reclaimed, its headroom counts as spent, since it
+    /// may have spent it unreported.
+    pub reports_later: bool,
 }
 
 /// A period's weighted time for profile and adaptive pacing: segments
@@ -463,6 +467,8 @@ struct LeaseHolder {
     expires: u64,
     /// Its holds may be committed until then (same clock).
     holds_until: u64,
+    /// It reports its spend later than it commits.
+    reports_later: bool,
 }
 
 impl LeaseHolder {
@@ -801,9 +807,16 @@ impl Shared for SharedMemory {
         me.want = req.want;
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
+        me.reports_later |= req.reports_later;
         for (name, h) in holders.iter_mut() {
             if name != req.holder && h.reclaimable(now) {
-                h.granted = h.spent;
+                // As fc_lease_v2: a holder that reports later may have spent
+                // its headroom unreported.
+                if h.reports_later {
+                    h.spent = h.granted;
+                } else {
+                    h.granted = h.spent;
+                }
             }
         }
         let spent: u64 = state.folded + holders.values().map(|h| h.spent).sum::<u64>();
