@@ -579,4 +579,12 @@ expect "reports_later must be 0 or 1" \
   '(error) ERR fc_lease_v2: reports_later must be 0 or 1' \
   "$(rc FCALL fc_lease_v2 1 "$LU" a 0 1 60000 0 0 "$S" "$E" 1 100 0 0 0 2 '' '')"
 
+LUL='fc:{l:later-line}'
+raw HSET "$LUL" s:b 0 g:b 1 w:b 1 e:b "$GONE" x:b "$GONE" u:b 1 '~t0' "$(now_us)" >/dev/null
+out=$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 1 | ints)
+expect "fc_line_v1: a later reporter's reclaimed unit stays taken (a gets 0)" '0 0 1' \
+  "$(awk '{print $1, $2, $3}' <<<"$out")"
+expect "fc_line_v1: reports_later must be 0 or 1" \
+  '(error) ERR fc_line_v1: reports_later must be 0 or 1' \
+  "$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 2)"
 echo "all $PASS checks passed"

@@ -1419,3 +1419,33 @@ fn a_node_dead_with_unreported_spend_never_makes_a_budget_overrun() {
     assert!(by_a + by_b <= 1000, "over the budget: {by_a} + {by_b}");
     assert!(by_a + by_b >= 970, "under-delivered: {by_a} + {by_b}");
 }
+
+/// The same for a token line (a campaign-scope gap) with batched reports:
+/// a node that dies with an impression it had not reported does not let
+/// another node take that unit again. Before, the line took the dead node's
+/// grant back and a "one per 10 s" gap admitted a second impression 5 s
+/// after the first.
+#[test]
+fn a_node_dead_with_unreported_line_units_keeps_a_gap() {
+    let clock = Arc::new(ManualClock::new(DAY0 + 3600 * SEC));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let options = EngineOptions {
+        spend_reports: freqcap::engine::SpendReports::Batched,
+        ..EngineOptions::default()
+    };
+    let a = Engine::open(store.clone(), clock.clone(), options.clone()).unwrap();
+    let b = Engine::open(store.clone(), clock.clone(), options).unwrap();
+    a.put_campaign(
+        "g",
+        campaign(r#"{"caps": [{"kind": "gap", "min": "10s", "scope": "campaign"}]}"#),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    assert_eq!(deliver(&[&a], "g", 1), 1);
+    drop(a);
+    clock.advance(5 * SEC);
+    assert_eq!(deliver(&[&b], "g", 3), 0, "a second impression 5 s later");
+    clock.advance(6 * SEC);
+    assert_eq!(deliver(&[&b], "g", 3), 1, "the next one, 11 s later");
+}

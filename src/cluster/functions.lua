@@ -512,7 +512,7 @@ end
 -- fc_line_v1: a token line (a campaign-scope rate or gap) leased in units.
 --
 --   FCALL fc_line_v1 1 L node spent want burst rate per_us look_us ttl_ms
---                        grace_ms key_expire_ms
+--                        grace_ms key_expire_ms [reports_later]
 --
 --   node, spent, want, ttl_ms, grace_ms, key_expire_ms   as fc_lease_v1
 --                  (spent: the caller's cumulative units on this line)
@@ -520,6 +520,8 @@ end
 --   rate, per_us   the line rises `rate` units every `per_us` µs
 --   look_us        lookahead: a grant may take what the line allows
 --                  look_us from now (0: only what it allows now)
+--   reports_later  1 as in fc_lease_v2: once reclaimed, the holder's
+--                  headroom stays taken from the line (default 0)
 --
 -- The line is a token bucket over grants, at Redis time (µs):
 --   allowance(t) = burst + floor((t - t0) * rate / per_us)
@@ -546,6 +548,14 @@ end
 -------------------------------------------------------------------------------
 local function fc_line(keys, args)
   local F = 'fc_line_v1'
+  local later = '0'
+  if #args == 11 then
+    later = args[11]
+    args = {unpack(args, 1, 10)}
+  end
+  if later ~= '0' and later ~= '1' then
+    return redis.error_reply('ERR ' .. F .. ': reports_later must be 0 or 1')
+  end
   local node, v = holder_args(F, keys, args,
     {'spent', 'want', 'burst', 'rate', 'per_us', 'look_us', 'ttl_ms', 'grace_ms',
      'key_expire_ms'})
@@ -578,9 +588,16 @@ local function fc_line(keys, args)
     local n = nodes[name]
     if name ~= node then
       if reclaim_at(n) < now then
+        -- As fc_lease_v2: a holder that reports later may have committed
+        -- its headroom unreported, which stays taken from the line.
         if n.g > n.s then
-          n.g = n.s
-          redis.call('HSET', L, 'g:' .. name, istr(n.g))
+          if n.u == 1 then
+            n.s = n.g
+            redis.call('HSET', L, 's:' .. name, istr(n.s))
+          else
+            n.g = n.s
+            redis.call('HSET', L, 'g:' .. name, istr(n.g))
+          end
         end
       else
         live[#live + 1] = n.w
@@ -619,6 +636,7 @@ local function fc_line(keys, args)
     'x:' .. node, istr(now + v.grace_ms),
     '~t0', istr(t0), '~b', istr(v.burst), '~r', istr(v.rate),
     '~p', istr(v.per_us), '~l', istr(v.look_us))
+  if later == '1' then redis.call('HSET', L, 'u:' .. node, '1') end
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end

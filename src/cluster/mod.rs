@@ -807,7 +807,8 @@ impl Shared for RedisStore {
             .arg(req.look_us)
             .arg(req.ttl_ms)
             .arg(req.grace_ms)
-            .arg(req.key_expire_ms);
+            .arg(req.key_expire_ms)
+            .arg(u8::from(req.reports_later));
         // As lease calls: confirmed by a replica, so a failover does not
         // hand out a unit twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;

@@ -519,6 +519,10 @@ impl<C: Clock> Engine<C> {
             + 1_000)
             .min(MAX_TTL_MS);
         let (holder, base) = self.units_holder(key, now);
+        // Once reclaimed, its headroom counts as spent: with batched reports
+        // a node killed leaves up to a second of spend unreported, which the
+        // fleet spent again (issue 25, R7).
+        let reports_later = self.options.spend_reports == SpendReports::Batched;
         if let Some(line) = v.line {
             let grant = shared.line(&LineRequest {
                 key: &lease_key(key),
@@ -534,6 +538,7 @@ impl<C: Clock> Engine<C> {
                 // An idle line is full again after its refill time: its key
                 // may go then (and an hour more, as period leases).
                 key_expire_ms: line.refill_ms.saturating_add(3_600_000),
+                reports_later,
             })?;
             let retry_at = now.saturating_add(grant.retry_ms.saturating_mul(1_000_000));
             self.leases.lock().entry(key).or_default().retry_at = retry_at;
@@ -610,10 +615,7 @@ impl<C: Clock> Engine<C> {
             period_ms: (v.start / 1_000_000, v.end.div_ceil(1_000_000)),
             rule,
             segments,
-            // Its headroom, once reclaimed, counts as spent: with batched
-            // reports a node killed leaves up to a second of spend
-            // unreported, which the fleet spent again (issue 25, R7).
-            reports_later: self.options.spend_reports == SpendReports::Batched,
+            reports_later,
         };
         let mut grant = shared.lease(&request(segments.as_ref().map(|(s, sent)| (&**s, !sent))))?;
         if let Some((seg, _)) = &segments {

@@ -266,6 +266,8 @@ pub struct LineRequest<'a> {
     pub ttl_ms: u64,
     pub grace_ms: u64,
     pub key_expire_ms: u64,
+    /// As [`LeaseRequest::reports_later`].
+    pub reports_later: bool,
 }
 
 /// A token line's answer.
@@ -890,13 +892,18 @@ impl Shared for SharedMemory {
         me.want = req.want;
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
+        me.reports_later |= req.reports_later;
         let mut wants = vec![req.want];
         // A folded holder's grant was its spent (reclaimed before the fold).
         let (mut granted, mut spent) = (line.holders.folded, line.holders.folded);
         for (name, h) in line.holders.by_name.iter_mut() {
             if name != req.holder {
                 if h.reclaimable(now) {
-                    h.granted = h.spent;
+                    if h.reports_later {
+                        h.spent = h.spent.max(h.granted);
+                    } else {
+                        h.granted = h.spent;
+                    }
                 } else {
                     wants.push(h.want);
                 }
