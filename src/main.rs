@@ -116,6 +116,10 @@ struct ServeArgs {
     /// commit (commit) or once a second (batched).
     #[arg(long, env = "FREQCAP_SPEND_REPORTS")]
     spend_reports: Option<freqcap::engine::SpendReports>,
+    /// With a redis-cluster store: the layout records are written in (3;
+    /// 2 during a rolling upgrade from a build before 3).
+    #[arg(long, env = "FREQCAP_RECORD_LAYOUT")]
+    record_layout: Option<u8>,
     /// With a redis-cluster store: deadline of one Redis call, ms.
     #[arg(long, env = "FREQCAP_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
@@ -268,6 +272,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.spend_reports {
             c.spend_reports = v;
+        }
+        if let Some(v) = self.record_layout {
+            c.record_layout = v;
         }
         if let Some(v) = self.durability {
             c.durability = v;

@@ -78,6 +78,10 @@ pub struct ServeConfig {
     /// campaign state before a commit is acknowledged, `batched` once a
     /// second per grant in use (docs/cluster.md, "Leases").
     pub spend_reports: crate::engine::SpendReports,
+    /// With a redis-cluster store: the layout records are written in, 3
+    /// (default) or 2 while nodes of a build before layout 3 still share
+    /// the cluster (docs/cluster.md, "Record layout").
+    pub record_layout: u8,
     pub durability: Durability,
     /// `text` (default) or `json`: one JSON object per log line, for log
     /// pipelines (docs/service.md, "Logs").
@@ -160,6 +164,7 @@ impl Default for ServeConfig {
             fail_open: false,
             redis_timeout_ms: 100,
             spend_reports: crate::engine::SpendReports::Commit,
+            record_layout: e.record_layout,
             durability: Durability::Wal,
             log_format: LogFormat::Text,
             memory_budget: e.memory_budget,
@@ -219,6 +224,13 @@ impl ServeConfig {
         }
         if self.redis_timeout_ms == 0 {
             return Err("redis_timeout_ms: must be at least 1".into());
+        }
+        if !(2..=crate::store::codec::SHARED_FORMAT_VERSION).contains(&self.record_layout) {
+            return Err(format!(
+                "record_layout: must be 2 or {}, got {}",
+                crate::store::codec::SHARED_FORMAT_VERSION,
+                self.record_layout
+            ));
         }
         if self
             .node_id
@@ -392,6 +404,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         shadow: config.shadow,
         node_id: node_id.clone(),
         spend_reports: config.spend_reports,
+        record_layout: config.record_layout,
         ..EngineOptions::default()
     };
     // Opening reads definitions, which a shared store holds over the network:

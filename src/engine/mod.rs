@@ -40,6 +40,7 @@
 mod chain;
 mod check;
 mod check_all;
+mod compact_form;
 mod definitions;
 mod events;
 mod figures;
@@ -125,6 +126,11 @@ pub struct EngineOptions {
     /// With a shared store, when a commit's spend on leased campaign state
     /// is reported (docs/cluster.md, "Leases").
     pub spend_reports: SpendReports,
+    /// With a shared store, the layout its records are written in:
+    /// [`codec::SHARED_FORMAT_VERSION`] (3, the default), or 2 while nodes
+    /// of an older build still read them during a rolling upgrade
+    /// (docs/cluster.md, "Record layout"). Every layout is read.
+    pub record_layout: u8,
     /// Every policy and campaign in shadow mode (`--shadow`; docs/semantics.md,
     /// "Shadow mode"), whatever its own `mode`.
     pub shadow: bool,
@@ -173,6 +179,7 @@ impl Default for EngineOptions {
             fail_open: false,
             node_id: "node".into(),
             spend_reports: SpendReports::Commit,
+            record_layout: crate::store::codec::SHARED_FORMAT_VERSION,
             shadow: false,
         }
     }

@@ -24,6 +24,7 @@ use crate::store::{Cas, Shared, StoreError};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
 use super::check::compile_inline;
+use super::compact_form::{self, CounterDelta, PendingGroup};
 use super::hot::{Halt, RecordKey};
 use super::record::{Counter, PendingEntry, SubjectRecord};
 use super::registry::Registry;
@@ -185,19 +186,40 @@ pub(crate) struct SettledId {
 }
 
 /// A record as the shared store holds it: the state as it is in memory,
-/// pending debits included (they are the cluster's, not one node's).
+/// pending debits included (they are the cluster's, not one node's). Its
+/// counters and pending debits are [`StoredCounter`]s and [`StoredPending`]s
+/// in layout 2, delta-coded ([`CounterDelta`]s, [`PendingGroup`]s) in layout
+/// 3 (codec's versions); the rest is laid out alike.
 #[derive(Serialize, Deserialize)]
-struct SharedForm {
+struct SharedForm<C, P> {
     /// The latest decision time written here: a node behind it decides on
     /// this record at this time instead (a record never goes back in time),
     /// up to [`MAX_RECORD_AHEAD`] past its own.
     last: Nanos,
-    counters: Vec<StoredCounter>,
-    pending: Vec<StoredPending>,
+    counters: Vec<C>,
+    pending: Vec<P>,
     held: Vec<Held>,
     settled: Vec<SettledId>,
     /// What a stored counter leaves out and a shared record must keep.
     extra: Vec<ExtraState>,
+}
+
+impl<C, P> SharedForm<C, P> {
+    /// The same form with its counters and pending debits mapped.
+    fn map_lists<C2, P2>(
+        self,
+        counters: impl FnOnce(Vec<C>) -> Result<Vec<C2>, String>,
+        pending: impl FnOnce(Vec<P>) -> Result<Vec<P2>, String>,
+    ) -> Result<SharedForm<C2, P2>, String> {
+        Ok(SharedForm {
+            last: self.last,
+            counters: counters(self.counters)?,
+            pending: pending(self.pending)?,
+            held: self.held,
+            settled: self.settled,
+            extra: self.extra,
+        })
+    }
 }
 
 /// State beyond a stored counter's (which keeps committed state only): a
@@ -221,6 +243,7 @@ enum StoredExtra {
     },
 }
 
+/// A pending debit as layout 2 stores it (~28 bytes; layout 3 takes ~6).
 #[derive(Serialize, Deserialize)]
 struct StoredPending {
     res: u64,
@@ -282,29 +305,19 @@ fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
         .unwrap_or_default()
 }
 
-/// The payload of `rec` as stored, with decision time `last`.
-fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
-    let meta = rec.shared_meta();
-    let form = SharedForm {
-        last,
-        // Empty counters (a window at 0, an empty log) are left out, as the
-        // hot tier's sweep drops them: a user screened against 50 campaigns
-        // and shown one kept 49 of them, and every write carried them
-        // (~1.8 KB a commit; issue 26).
-        counters: rec
-            .counters
-            .iter()
-            .filter(|c| !c.state.is_empty())
-            .filter_map(|c| {
-                let state = StoredState::from(&c.state);
-                (state != StoredState::Fresh).then_some(StoredCounter {
-                    owner: c.owner,
-                    tag: c.tag,
-                    state,
-                })
-            })
-            .collect(),
-        pending: rec
+/// The payload of `rec` as stored in `layout` (2 or 3), with decision time
+/// `last`.
+fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
+    let mut out = if layout >= 3 {
+        let counters = compact_form::encode_counters(stored_counters(rec));
+        codec::encode(&form(
+            rec,
+            last,
+            counters,
+            compact_form::encode(rec.pending()),
+        ))
+    } else {
+        let pending = rec
             .pending()
             .map(|p| StoredPending {
                 res: p.res,
@@ -314,7 +327,61 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
                 item: (&p.item).into(),
                 n: p.n,
             })
-            .collect(),
+            .collect();
+        codec::encode(&form(rec, last, stored_counters(rec).collect(), pending))
+    };
+    let held = rec.shared_meta().map_or(&[][..], |m| &m.held[..]);
+    // Appended, not a field of the form: see [`Held::body`].
+    let bodies: Vec<(u64, u64)> = held
+        .iter()
+        .filter(|h| h.body != 0)
+        .map(|h| (h.res, h.body))
+        .collect();
+    let inline: Vec<(u64, &[u8])> = held
+        .iter()
+        .filter_map(|h| Some((h.res, &**h.inline.as_ref()?)))
+        .collect();
+    if !bodies.is_empty() || !inline.is_empty() {
+        out.extend_from_slice(&codec::encode(&bodies));
+    }
+    // After the bodies, likewise (see [`Held::inline`]).
+    if !inline.is_empty() {
+        out.extend_from_slice(&codec::encode(&inline));
+    }
+    out
+}
+
+/// The counters of `rec` a shared record keeps. Empty ones (a window at
+/// 0, an empty log) are left out, as the hot tier's sweep drops them: a
+/// user screened against 50 campaigns and shown one kept 49 of them, and
+/// every write carried them (~1.8 KB a commit; issue 26).
+fn stored_counters(rec: &SubjectRecord) -> impl Iterator<Item = StoredCounter> + '_ {
+    rec.counters
+        .iter()
+        .filter(|c| !c.state.is_empty())
+        .filter_map(|c| {
+            let state = StoredState::from(&c.state);
+            (state != StoredState::Fresh).then_some(StoredCounter {
+                owner: c.owner,
+                tag: c.tag,
+                state,
+            })
+        })
+}
+
+/// `rec`'s form with decision time `last`, its counters as `counters` and
+/// its pending debits as `pending`.
+fn form<C, P>(
+    rec: &SubjectRecord,
+    last: Nanos,
+    counters: Vec<C>,
+    pending: Vec<P>,
+) -> SharedForm<C, P> {
+    let meta = rec.shared_meta();
+    SharedForm {
+        last,
+        counters,
+        pending,
         held: meta.map(|m| m.held.clone()).unwrap_or_default(),
         settled: meta.map(|m| m.settled.clone()).unwrap_or_default(),
         extra: rec
@@ -341,28 +408,7 @@ fn payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
                 })
             })
             .collect(),
-    };
-    let mut out = codec::encode(&form);
-    // Appended, not a field of the form: see [`Held::body`].
-    let bodies: Vec<(u64, u64)> = form
-        .held
-        .iter()
-        .filter(|h| h.body != 0)
-        .map(|h| (h.res, h.body))
-        .collect();
-    let inline: Vec<(u64, &[u8])> = form
-        .held
-        .iter()
-        .filter_map(|h| Some((h.res, &**h.inline.as_ref()?)))
-        .collect();
-    if !bodies.is_empty() || !inline.is_empty() {
-        out.extend_from_slice(&codec::encode(&bodies));
     }
-    // After the bodies, likewise (see [`Held::inline`]).
-    if !inline.is_empty() {
-        out.extend_from_slice(&codec::encode(&inline));
-    }
-    out
 }
 
 /// Inline checks' limits by reservation, as stored after the bodies.
@@ -371,8 +417,32 @@ type InlineSpecs = Vec<(u64, Vec<u8>)>;
 /// A record read from the shared store at `version`, and its last decision
 /// time.
 pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
-    let (idle_at, payload) = codec::unframe(value)?;
-    let (form, used): (SharedForm, usize) = codec::decode_prefix(payload)?;
+    let (layout, idle_at, payload) = codec::unframe_versioned(value)?;
+    let (form, used) = if layout >= 3 {
+        let (f, used): (SharedForm<CounterDelta, PendingGroup>, usize) =
+            codec::decode_prefix(payload)?;
+        (
+            f.map_lists(compact_form::decode_counters, compact_form::decode)?,
+            used,
+        )
+    } else {
+        let (f, used): (SharedForm<StoredCounter, StoredPending>, usize) =
+            codec::decode_prefix(payload)?;
+        let f = f.map_lists(Ok, |pending| {
+            Ok(pending
+                .into_iter()
+                .map(|p| PendingEntry {
+                    res: p.res,
+                    cand: p.cand,
+                    owner: p.owner,
+                    tag: p.tag,
+                    item: p.item.into(),
+                    n: p.n,
+                })
+                .collect())
+        })?;
+        (f, used)
+    };
     let (bodies, inline): (Vec<(u64, u64)>, InlineSpecs) = match payload.get(used..) {
         Some(rest) if !rest.is_empty() => {
             let (bodies, more) = codec::decode_prefix(rest)?;
@@ -417,14 +487,7 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
         }
     }
     for p in form.pending {
-        rec.add_pending(PendingEntry {
-            res: p.res,
-            cand: p.cand,
-            owner: p.owner,
-            tag: p.tag,
-            item: p.item.into(),
-            n: p.n,
-        });
+        rec.add_pending(p);
     }
     if !form.held.is_empty() || !form.settled.is_empty() {
         let meta = rec.shared_meta_mut();
@@ -818,10 +881,10 @@ impl<C: Clock> Engine<C> {
             let at = self.record_time(now, last, rec.write_seq);
             // Two encodes a decision, not three: the one written is the one
             // compared (without its decision time, its first field).
-            let before = payload(&rec, 0);
+            let before = payload(&rec, 0, self.options.record_layout);
             expire_held(&mut rec, at, &reg);
             let r = f(&mut rec, at);
-            let after = payload(&rec, at);
+            let after = payload(&rec, at, self.options.record_layout);
             if without_last(&after, at) == without_last(&before, 0) {
                 if fresh {
                     self.keep_copy(hot_key, now, rec);
@@ -859,7 +922,7 @@ impl<C: Clock> Engine<C> {
                     .unwrap_or(0);
                 rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
             }
-            let value = codec::frame(rec.idle_at, &after);
+            let value = codec::frame_as(self.options.record_layout, rec.idle_at, &after);
             let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
             self.stats.cas.fetch_add(1, Ordering::Relaxed);
             match shared.cas(&disk, rec.write_seq, &value, expire) {

@@ -17,6 +17,10 @@
 //!   TAT·q as a 128-bit integer, exact however far ahead (rates with a large
 //!   burst·T); the variant is new, every other one is laid out as in 1, so a
 //!   value of version 1 decodes as it always did.
+//! - 3: only a shared store's records (docs/cluster.md, "Record layout"):
+//!   their pending debits grouped per reservation and delta-coded
+//!   (`engine::pending_form`). Data directories stay at 2, so a node's
+//!   RocksDB values are read by builds that know 2.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,13 +32,22 @@ use crate::limits::window::{ApproxState, CounterState, Debit, LogState};
 /// The newest layout this build writes and reads (it reads every older one).
 pub const FORMAT_VERSION: u8 = 2;
 
+/// The newest layout of a shared store's records this build writes and
+/// reads (every older one too).
+pub const SHARED_FORMAT_VERSION: u8 = 3;
+
 /// Bytes before the payload.
 const HEADER: usize = 9;
 
 /// Frames a payload with its version and expiry.
 pub fn frame(expires: u64, payload: &[u8]) -> Vec<u8> {
+    frame_as(FORMAT_VERSION, expires, payload)
+}
+
+/// Frames a payload laid out as `version` with its expiry.
+pub fn frame_as(version: u8, expires: u64, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER + payload.len());
-    v.push(FORMAT_VERSION);
+    v.push(version);
     v.extend_from_slice(&expires.to_le_bytes());
     v.extend_from_slice(payload);
     v
@@ -42,21 +55,26 @@ pub fn frame(expires: u64, payload: &[u8]) -> Vec<u8> {
 
 /// The (expiry, payload) of a framed value.
 pub fn unframe(value: &[u8]) -> Result<(u64, &[u8]), String> {
+    unframe_versioned(value).map(|(_, e, p)| (e, p))
+}
+
+/// The (format version, expiry, payload) of a framed value.
+pub fn unframe_versioned(value: &[u8]) -> Result<(u8, u64, &[u8]), String> {
     if value.len() < HEADER {
         return Err(format!(
             "value of {} bytes is shorter than its header",
             value.len()
         ));
     }
-    if value[0] == 0 || value[0] > FORMAT_VERSION {
+    if value[0] == 0 || value[0] > SHARED_FORMAT_VERSION {
         return Err(format!(
-            "value has format version {}, this build reads 1 to {FORMAT_VERSION}",
+            "value has format version {}, this build reads 1 to {SHARED_FORMAT_VERSION}",
             value[0]
         ));
     }
     let mut e = [0u8; 8];
     e.copy_from_slice(&value[1..HEADER]);
-    Ok((u64::from_le_bytes(e), &value[HEADER..]))
+    Ok((value[0], u64::from_le_bytes(e), &value[HEADER..]))
 }
 
 /// The expiry of a framed value, if it has a readable header.
@@ -223,7 +241,7 @@ mod tests {
         let v = frame(42, b"abc");
         assert_eq!(unframe(&v), Ok((42, &b"abc"[..])));
         let mut newer = v.clone();
-        newer[0] = FORMAT_VERSION + 1;
+        newer[0] = SHARED_FORMAT_VERSION + 1;
         assert!(unframe(&newer).is_err());
         assert!(unframe(&v[..5]).is_err());
     }
