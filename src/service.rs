@@ -744,6 +744,8 @@ mod tests {
             ("header_timeout_secs = 0\n", "header_timeout_secs"),
             ("max_connections = 0\n", "max_connections"),
             ("allowed_hosts = [\"example.com:80\"]\n", "allowed_hosts"),
+            ("record_layout = 4\n", "record_layout"),
+            ("record_layout = 1\n", "record_layout"),
         ] {
             let e = parse(text).unwrap().check().unwrap_err();
             assert!(e.starts_with(field), "{text}: {e}");
