@@ -562,29 +562,33 @@ expect "fc_peek_v1 names a bad version" \
   "$(rc FCALL fc_peek_v1 1 "$PK" x)"
 
 ###############################################################################
-echo "== a holder that reports later: its reclaimed headroom counts as spent"
+echo "== a holder that reports later: its reclaimed headroom counts as spent, up to its bound"
 LU='fc:{l:later-test}'
 NOWMS=$(now_ms)
 GONE=$(( NOWMS - 5000 ))
-# b (batched, u:b 1) holds 10 with 4 reported; c (reports at commit) holds 10
-# with 4 reported; both gone 5 s ago.
+# b (batched, no bound: u:b 1, as builds before the bound wrote), c (reports
+# at commit) and d (batched with at most 3 unreported: u:d 4) each hold 10
+# with 4 reported; all gone 5 s ago.
 raw HSET "$LU" s:b 4 g:b 14 w:b 5 e:b "$GONE" x:b "$GONE" u:b 1 \
-  s:c 4 g:c 14 w:c 5 e:c "$GONE" x:c "$GONE" >/dev/null
-out=$(rc FCALL fc_lease_v2 1 "$LU" a 0 100 60000 0 0 "$S" "$E" 1 100 0 0 0 1 '' '' | ints)
-expect "spent counts b's headroom, not c's: 14 + 4" '18' "$(awk '{print $3}' <<<"$out")"
-expect "b's spent raised to its grant, c's grant lowered to its spent" \
-  $'14\n14\n4\n4' "$(raw HMGET "$LU" s:b g:b s:c g:c)"
-expect "a reports later too: u:a" '1' "$(raw HGET "$LU" u:a)"
-expect "reports_later must be 0 or 1" \
-  '(error) ERR fc_lease_v2: reports_later must be 0 or 1' \
-  "$(rc FCALL fc_lease_v2 1 "$LU" a 0 1 60000 0 0 "$S" "$E" 1 100 0 0 0 2 '' '')"
+  s:c 4 g:c 14 w:c 5 e:c "$GONE" x:c "$GONE" \
+  s:d 4 g:d 14 w:d 5 e:d "$GONE" x:d "$GONE" u:d 4 >/dev/null
+out=$(rc FCALL fc_lease_v2 1 "$LU" a 0 100 60000 0 0 "$S" "$E" 1 100 0 0 0 6 '' '' | ints)
+expect "spent counts b's headroom, none of c's, 3 of d's: 14 + 4 + 7" '25' "$(awk '{print $3}' <<<"$out")"
+expect "b's spent raised to its grant, c's grant lowered to its spent, d's both to 7" \
+  $'14\n14\n4\n4\n7\n7' "$(raw HMGET "$LU" s:b g:b s:c g:c s:d g:d)"
+expect "a reports later with a bound of 5: u:a" '6' "$(raw HGET "$LU" u:a)"
+expect "reports_later is a number" \
+  '(error) ERR fc_lease_v2: reports_later must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_lease_v2 1 "$LU" a 0 1 60000 0 0 "$S" "$E" 1 100 0 0 0 x '' '')"
 
 LUL='fc:{l:later-line}'
-raw HSET "$LUL" s:b 0 g:b 1 w:b 1 e:b "$GONE" x:b "$GONE" u:b 1 '~t0' "$(now_us)" >/dev/null
-out=$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 1 | ints)
-expect "fc_line_v1: a later reporter's reclaimed unit stays taken (a gets 0)" '0 0 1' \
+raw HSET "$LUL" s:b 0 g:b 1 w:b 1 e:b "$GONE" x:b "$GONE" u:b 1 \
+  s:d 0 g:d 3 w:d 1 e:d "$GONE" x:d "$GONE" u:d 2 '~t0' "$(now_us)" >/dev/null
+out=$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 2 1 1000000000 0 60000 0 0 1 | ints)
+expect "fc_line_v1: b's reclaimed unit and 1 of d's stay taken, d's other 2 go back (a gets 0: burst 2, 2 taken)" '0 0 2' \
   "$(awk '{print $1, $2, $3}' <<<"$out")"
-expect "fc_line_v1: reports_later must be 0 or 1" \
-  '(error) ERR fc_line_v1: reports_later must be 0 or 1' \
-  "$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 2)"
+expect "fc_line_v1: d's spent and grant" $'1\n1' "$(raw HMGET "$LUL" s:d g:d)"
+expect "fc_line_v1: reports_later is a number" \
+  '(error) ERR fc_line_v1: reports_later must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 x)"
 echo "all $PASS checks passed"

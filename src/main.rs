@@ -113,7 +113,8 @@ struct ServeArgs {
     #[arg(long, env = "FREQCAP_FAIL_OPEN", num_args = 0..=1, default_missing_value = "true")]
     fail_open: Option<bool>,
     /// With a redis-cluster store: report spend before acknowledging a
-    /// commit (commit) or once a second (batched).
+    /// commit (commit) or once a second, and before a commit only past
+    /// 0.1 % of a limit unreported (batched, the default).
     #[arg(long, env = "FREQCAP_SPEND_REPORTS")]
     spend_reports: Option<freqcap::engine::SpendReports>,
     /// With a redis-cluster store: the layout records are written in (3;

@@ -75,8 +75,9 @@ pub struct ServeConfig {
     /// (a write and its WAIT together).
     pub redis_timeout_ms: u64,
     /// With a redis-cluster store: `commit` reports spend on leased
-    /// campaign state before a commit is acknowledged, `batched` once a
-    /// second per grant in use (docs/cluster.md, "Leases").
+    /// campaign state before a commit is acknowledged, `batched` (default)
+    /// once a second per grant in use and before a commit only past 0.1 %
+    /// of the item's limit unreported (docs/cluster.md, "Leases").
     pub spend_reports: crate::engine::SpendReports,
     /// With a redis-cluster store: the layout records are written in, 3
     /// (default) or 2 while nodes of a build before layout 3 still share
@@ -163,7 +164,7 @@ impl Default for ServeConfig {
             shadow: false,
             fail_open: false,
             redis_timeout_ms: 100,
-            spend_reports: crate::engine::SpendReports::Commit,
+            spend_reports: e.spend_reports,
             record_layout: e.record_layout,
             durability: Durability::Wal,
             log_format: LogFormat::Text,

@@ -173,9 +173,11 @@ end
 --   w:N  N's last want
 --   e:N  N's grant expiry, Redis server time in ms
 --   x:N  N's open holds may be committed until then (Redis time, ms)
---   u:N  1 if N reports its spend later than it commits (spend_reports
---        "batched"): when its headroom is reclaimed, that headroom is
---        counted as spent, since N may have spent it unreported
+--   u:N  set if N reports its spend later than it commits (spend_reports
+--        "batched"): when its headroom is reclaimed, up to u - 1 units of
+--        it are counted as spent (N may have committed that much
+--        unreported; 1, from builds before the bound: all of it), and the
+--        rest goes back to the pool
 --   ~S   the spent of holders folded away (fold_dead), in sum
 -- Node names may contain any bytes, ':' included: a field is split after its
 -- two-byte prefix only.
@@ -208,6 +210,16 @@ local function reclaim_at(n)
   local holds_until = n.x
   if holds_until == 0 then holds_until = n.e + 3600000 end
   return math.max(n.e, holds_until)
+end
+
+-- What a reclaim counts as spent of holder n's headroom: nothing if it
+-- reported each commit (u = 0), all of it if it reported later with no bound
+-- (u = 1, builds before the bound), else at most its bound u - 1.
+local function unreported_taken(n)
+  local headroom = math.max(0, n.g - n.s)
+  if n.u == 0 then return 0 end
+  if n.u == 1 then return headroom end
+  return math.min(headroom, n.u - 1)
 end
 
 -- A holder reclaimed this long ago is folded away: its spent is added to ~S
@@ -316,14 +328,11 @@ local function lease_grant(L, node, v, now, open)
         -- had not spent is not delivered). Written only when it changes, so
         -- a long-dead node costs no write per call.
         if n.g > n.s then
-          if n.u == 1 then
-            spent = spent + n.g - n.s
-            n.s = n.g
-            redis.call('HSET', L, 's:' .. name, istr(n.s))
-          else
-            n.g = n.s
-            redis.call('HSET', L, 'g:' .. name, istr(n.g))
-          end
+          local taken = unreported_taken(n)
+          spent = spent + taken
+          n.s = n.s + taken
+          n.g = n.s
+          redis.call('HSET', L, 's:' .. name, istr(n.s), 'g:' .. name, istr(n.g))
         end
       else
         held_others = held_others + math.max(0, n.g - n.s)
@@ -349,7 +358,7 @@ local function lease_grant(L, node, v, now, open)
     'w:' .. node, istr(v.want),
     'e:' .. node, istr(now + v.ttl_ms),
     'x:' .. node, istr(now + v.grace_ms))
-  if v.later == 1 then redis.call('HSET', L, 'u:' .. node, '1') end
+  if (v.later or 0) >= 1 and me.u ~= v.later then redis.call('HSET', L, 'u:' .. node, istr(v.later)) end
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
@@ -394,9 +403,12 @@ end
 --                        allowance); amount if F(end) = F(a)
 --   amount, allowance, look_ms   as the rule says; stored (~r ~n ~al ~lk
 --                     ~ps ~pe) for inspection
---   reports_later     1 if the caller reports its spend later than it
---                     commits (spend_reports "batched"; stored as u:<node>):
---                     its headroom, once reclaimed, counts as spent
+--   reports_later     0 if the caller reports each commit before it is
+--                     acknowledged; b + 1 if it reports later
+--                     (spend_reports "batched"; stored as u:<node>), with
+--                     at most b units committed unreported: that much of
+--                     its headroom, once reclaimed, counts as spent (1 from
+--                     builds before the bound: all of it)
 --   segments_id, segments   rules 3 and 4: the period's weighted time,
 --                     "start_ms:weight,start_ms:weight,..." from the period's
 --                     start (local hours need the time-zone database, which
@@ -459,9 +471,7 @@ local function fc_lease_v2(keys, args)
     return redis.error_reply('ERR ' .. F .. ': needs start_ms < end_ms and a rule from 0 to 4')
   end
   local later, err = uint_arg(extra[1], F, 'reports_later')
-  if not later or later > 1 then
-    return err or redis.error_reply('ERR ' .. F .. ': reports_later must be 0 or 1')
-  end
+  if not later then return err end
   v.later = later
   if v.rule >= 3 and extra[2] == '' then
     return redis.error_reply('ERR ' .. F .. ': rules 3 and 4 need segments_id and segments')
@@ -520,8 +530,9 @@ end
 --   rate, per_us   the line rises `rate` units every `per_us` µs
 --   look_us        lookahead: a grant may take what the line allows
 --                  look_us from now (0: only what it allows now)
---   reports_later  1 as in fc_lease_v2: once reclaimed, the holder's
---                  headroom stays taken from the line (default 0)
+--   reports_later  as in fc_lease_v2: once reclaimed, up to its bound of
+--                  the holder's headroom stays taken from the line
+--                  (default 0)
 --
 -- The line is a token bucket over grants, at Redis time (µs):
 --   allowance(t) = burst + floor((t - t0) * rate / per_us)
@@ -548,13 +559,12 @@ end
 -------------------------------------------------------------------------------
 local function fc_line(keys, args)
   local F = 'fc_line_v1'
-  local later = '0'
+  local later = 0
   if #args == 11 then
-    later = args[11]
+    local err
+    later, err = uint_arg(args[11], F, 'reports_later')
+    if not later then return err end
     args = {unpack(args, 1, 10)}
-  end
-  if later ~= '0' and later ~= '1' then
-    return redis.error_reply('ERR ' .. F .. ': reports_later must be 0 or 1')
   end
   local node, v = holder_args(F, keys, args,
     {'spent', 'want', 'burst', 'rate', 'per_us', 'look_us', 'ttl_ms', 'grace_ms',
@@ -573,7 +583,7 @@ local function fc_line(keys, args)
 
   local me = nodes[node]
   if not me then
-    me = {s = 0, g = 0, w = 0, e = 0, x = 0}
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0}
     nodes[node] = me
     names[#names + 1] = node
   end
@@ -591,13 +601,9 @@ local function fc_line(keys, args)
         -- As fc_lease_v2: a holder that reports later may have committed
         -- its headroom unreported, which stays taken from the line.
         if n.g > n.s then
-          if n.u == 1 then
-            n.s = n.g
-            redis.call('HSET', L, 's:' .. name, istr(n.s))
-          else
-            n.g = n.s
-            redis.call('HSET', L, 'g:' .. name, istr(n.g))
-          end
+          n.s = n.s + unreported_taken(n)
+          n.g = n.s
+          redis.call('HSET', L, 's:' .. name, istr(n.s), 'g:' .. name, istr(n.g))
         end
       else
         live[#live + 1] = n.w
@@ -636,7 +642,7 @@ local function fc_line(keys, args)
     'x:' .. node, istr(now + v.grace_ms),
     '~t0', istr(t0), '~b', istr(v.burst), '~r', istr(v.rate),
     '~p', istr(v.per_us), '~l', istr(v.look_us))
-  if later == '1' then redis.call('HSET', L, 'u:' .. node, '1') end
+  if later >= 1 and me.u ~= later then redis.call('HSET', L, 'u:' .. node, istr(later)) end
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end

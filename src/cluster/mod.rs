@@ -759,7 +759,7 @@ impl Shared for RedisStore {
             .arg(allowance)
             .arg(look_ms)
             .arg(req.total);
-        c.arg(u8::from(req.reports_later));
+        c.arg(crate::store::reports_later_arg(req.reports_later));
         // The weighted time's id, and its segments if the store may lack them.
         match req.segments {
             Some((seg, send)) => {
@@ -808,7 +808,7 @@ impl Shared for RedisStore {
             .arg(req.ttl_ms)
             .arg(req.grace_ms)
             .arg(req.key_expire_ms)
-            .arg(u8::from(req.reports_later));
+            .arg(crate::store::reports_later_arg(req.reports_later));
         // As lease calls: confirmed by a replica, so a failover does not
         // hand out a unit twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;

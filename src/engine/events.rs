@@ -314,9 +314,10 @@ impl<C: Clock> Engine<C> {
                 }
             }
         }
-        if self.shared().is_some() && self.options.spend_reports == super::SpendReports::Commit {
-            // Leased campaign state: report the spend now; should it fail,
-            // the next renewal reports it (counters are absolute).
+        if self.shared().is_some() {
+            // Leased campaign state: report the spend now if more is
+            // unreported than may be; should it fail, the next renewal
+            // reports it (counters are absolute).
             let chains: Vec<Arc<CampaignEntry>> = new
                 .iter()
                 .filter_map(|n| reg.chain(&n.event.campaign))

@@ -65,6 +65,28 @@ const QUIET: Nanos = 100_000_000;
 /// unreported: one second's, plus a sweep).
 const REPORT_EVERY: Nanos = 1_000_000_000;
 
+/// With `spend_reports = "batched"`, the most of a leased item's limit a
+/// node may have committed and not reported: one part in this many (a
+/// budget's amount, a window's limit, a line's burst). A node killed then
+/// leaves at most that much unreported, which the store counts as spent
+/// once its grant is reclaimed (never granted again, so never delivered):
+/// 0.1 % of a budget per node killed. Below 1 000 units the bound is 0 and
+/// each commit is reported before it is acknowledged, as with `"commit"`.
+const UNREPORTED_PARTS: u64 = 1000;
+
+/// The most units of `item` a node may have committed unreported, with
+/// batched spend reports ([`UNREPORTED_PARTS`]).
+fn unreported_bound(item: &Item) -> u64 {
+    let limit = match item {
+        Item::Budget(b) => b.amount,
+        Item::Window(w) => w.limit,
+        Item::Rate { rate, .. } => rate.burst(),
+        // Slots are held and given back, not reported as spend.
+        Item::Concurrency(_) => 0,
+    };
+    limit / UNREPORTED_PARTS
+}
+
 /// How far ahead of now a token line (a campaign-scope rate) may be
 /// granted: with a grant spent within 80 % of [`LEASE_TTL`] (1.6 s) of
 /// asking, the fleet admits in any interval of length d at most
@@ -519,10 +541,13 @@ impl<C: Clock> Engine<C> {
             + 1_000)
             .min(MAX_TTL_MS);
         let (holder, base) = self.units_holder(key, now);
-        // Once reclaimed, its headroom counts as spent: with batched reports
-        // a node killed leaves up to a second of spend unreported, which the
-        // fleet spent again (issue 25, R7).
-        let reports_later = self.options.spend_reports == SpendReports::Batched;
+        // Once reclaimed, up to its bound of its headroom counts as spent:
+        // with batched reports a node killed leaves that much unreported,
+        // which the fleet spent again before (issue 25, R7).
+        let reports_later = match self.options.spend_reports {
+            SpendReports::Batched => Some(unreported_bound(item)).filter(|&b| b > 0),
+            SpendReports::Commit => None,
+        };
         if let Some(line) = v.line {
             let grant = shared.line(&LineRequest {
                 key: &lease_key(key),
@@ -785,8 +810,11 @@ impl<C: Clock> Engine<C> {
     }
 
     /// Reports this node's committed spend on the leased items of `chains`
-    /// (after a commit or an event), so a node that dies next loses none of
-    /// it. Reports coalesce: one waiting for another finds its spend
+    /// (after a commit or an event) where more is unreported than a node
+    /// may leave (all of it with `spend_reports = "commit"`, beyond
+    /// [`unreported_bound`] with `"batched"`), so a node that dies next
+    /// loses none of it, or no more than the bound the store counts as
+    /// spent. Reports coalesce: one waiting for another finds its spend
     /// reported and makes no call.
     pub(crate) fn report_spend<'a>(
         &self,
@@ -795,40 +823,63 @@ impl<C: Clock> Engine<C> {
         let Some(shared) = self.shared() else {
             return Ok(());
         };
+        let mut due: Vec<(&Arc<CampaignEntry>, usize)> = Vec::new();
+        let now = self.now();
+        for e in chains {
+            if due.iter().any(|(d, _)| d.id == e.id) {
+                continue;
+            }
+            for i in 0..e.compiled.items.len() {
+                if self.spend_due(e, i, now).is_some() {
+                    due.push((e, i));
+                }
+            }
+        }
+        if due.is_empty() {
+            // Nothing past its bound (batched reports, most commits): no
+            // wait on the reporting lock, which is held across round trips.
+            return Ok(());
+        }
         let _one = self
             .leases
             .reporting
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let now = self.now();
-        let mut seen: Vec<u32> = Vec::new();
-        for e in chains {
-            if seen.contains(&e.id) {
-                continue;
-            }
-            seen.push(e.id);
-            for (i, cap) in e.compiled.items.iter().enumerate() {
-                if cap.scope != Scope::Campaign || !leasable(&cap.item) {
-                    continue;
-                }
-                let Some((key, v)) =
-                    campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots)
-                else {
-                    continue;
-                };
-                let (reported, granted) = {
-                    let grants = self.leases.lock();
-                    grants.get(&key).map_or((0, 0), |g| (g.reported, g.granted))
-                };
-                if reported >= v.committed {
-                    continue;
-                }
-                // Keep the headroom the node holds: ask for what it has.
-                let want = granted.saturating_sub(v.committed);
-                self.lease_call(shared, key, &cap.item, &v, want, now)?;
+        for (e, i) in due {
+            // Again under the lock: a report made meanwhile may have
+            // covered it.
+            if let Some((key, v, want)) = self.spend_due(e, i, now) {
+                self.lease_call(shared, key, &e.compiled.items[i].item, &v, want, now)?;
             }
         }
         Ok(())
+    }
+
+    /// Whether item `i` of campaign `e` has more spend unreported than this
+    /// node may leave, and if so its grant, view and want (the headroom it
+    /// holds, kept).
+    fn spend_due(
+        &self,
+        e: &CampaignEntry,
+        i: usize,
+        now: Nanos,
+    ) -> Option<(GrantKey, LeaseView, u64)> {
+        let cap = &e.compiled.items[i];
+        if cap.scope != Scope::Campaign || !leasable(&cap.item) {
+            return None;
+        }
+        let (key, v) = campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots)?;
+        let (reported, granted) = {
+            let grants = self.leases.lock();
+            grants.get(&key).map_or((0, 0), |g| (g.reported, g.granted))
+        };
+        let may_leave = match self.options.spend_reports {
+            SpendReports::Batched => unreported_bound(&cap.item),
+            SpendReports::Commit => 0,
+        };
+        (v.committed.saturating_sub(reported) > may_leave)
+            .then(|| (key, v, granted.saturating_sub(v.committed)))
     }
 
     /// The sweeper's part (every 250 ms): renews the grants in use,

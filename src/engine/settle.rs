@@ -20,7 +20,7 @@ use super::request::{
 };
 use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
 use super::shared::{SettledAs, SettledHere, SharedSettle};
-use super::{Engine, EngineError, SpendReports, invalid};
+use super::{Engine, EngineError, invalid};
 use crate::store::Shared;
 
 /// Most reservations a request expires before it is handled (the sweeper
@@ -580,7 +580,7 @@ impl<C: Clock> Engine<C> {
             }
             self.reservations.forget(id);
         }
-        if how.outcome == Outcome::Committed && self.options.spend_reports == SpendReports::Commit {
+        if how.outcome == Outcome::Committed {
             let reg = self.registry();
             let chains: Vec<Arc<super::registry::CampaignEntry>> = how
                 .campaigns

@@ -20,7 +20,7 @@ pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
     Cas, DefsWrite, LeaseGrant, LeaseRequest, LineGrant, LineRequest, MinuteCounts, PlanRequest,
-    Segments, Shared, SharedMemory, SlotsRequest, TotalRule,
+    Segments, Shared, SharedMemory, SlotsRequest, TotalRule, reports_later_arg,
 };
 
 /// The key spaces (RocksDB column families).

@@ -59,10 +59,29 @@ pub struct LeaseRequest<'a> {
     /// [`TotalRule::Planned`]: its id always, its segments when the caller
     /// does not know the store to have them (they are kept with the lease).
     pub segments: Option<(&'a Segments, bool)>,
-    /// The holder reports its spend later than it commits (`spend_reports
-    /// = "batched"`): once reclaimed, its headroom counts as spent, since it
-    /// may have spent it unreported.
-    pub reports_later: bool,
+    /// `Some(b)`: the holder reports its spend later than it commits
+    /// (`spend_reports = "batched"`), with at most `b` units (≥ 1) committed
+    /// and not reported; once reclaimed, that much of its headroom counts
+    /// as spent, since it may have spent it unreported, and the rest goes
+    /// back. `None`: it reports each commit before acknowledging it.
+    pub reports_later: Option<u64>,
+}
+
+/// `reports_later` as the functions take it: 0 for `None`, b + 1 for at
+/// most b (1, "any", is what builds before the bound sent).
+pub fn reports_later_arg(r: Option<u64>) -> u64 {
+    r.map_or(0, |b| b.max(1).saturating_add(1))
+}
+
+/// What a reclaim counts as spent of a holder's `headroom` when it reported
+/// as `later` ([`reports_later_arg`]'s form): none, all, or at most its
+/// bound (`fc_lease_v2` and `fc_line_v1` in src/cluster/functions.lua).
+fn unreported_taken(later: u64, headroom: u64) -> u64 {
+    match later {
+        0 => 0,
+        1 => headroom,
+        b => headroom.min(b - 1),
+    }
 }
 
 /// A period's weighted time for profile and adaptive pacing: segments
@@ -267,7 +286,7 @@ pub struct LineRequest<'a> {
     pub grace_ms: u64,
     pub key_expire_ms: u64,
     /// As [`LeaseRequest::reports_later`].
-    pub reports_later: bool,
+    pub reports_later: Option<u64>,
 }
 
 /// A token line's answer.
@@ -469,8 +488,9 @@ struct LeaseHolder {
     expires: u64,
     /// Its holds may be committed until then (same clock).
     holds_until: u64,
-    /// It reports its spend later than it commits.
-    reports_later: bool,
+    /// It reports its spend later than it commits, with at most this
+    /// many units unreported ([`reports_later_arg`]'s form).
+    reports_later: u64,
 }
 
 impl LeaseHolder {
@@ -809,16 +829,16 @@ impl Shared for SharedMemory {
         me.want = req.want;
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
-        me.reports_later |= req.reports_later;
+        if let Some(b) = req.reports_later {
+            me.reports_later = reports_later_arg(Some(b));
+        }
         for (name, h) in holders.iter_mut() {
             if name != req.holder && h.reclaimable(now) {
                 // As fc_lease_v2: a holder that reports later may have spent
-                // its headroom unreported.
-                if h.reports_later {
-                    h.spent = h.granted;
-                } else {
-                    h.granted = h.spent;
-                }
+                // up to its bound of its headroom unreported; the rest
+                // goes back.
+                h.spent += unreported_taken(h.reports_later, h.granted.saturating_sub(h.spent));
+                h.granted = h.spent;
             }
         }
         let spent: u64 = state.folded + holders.values().map(|h| h.spent).sum::<u64>();
@@ -892,18 +912,17 @@ impl Shared for SharedMemory {
         me.want = req.want;
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
-        me.reports_later |= req.reports_later;
+        if let Some(b) = req.reports_later {
+            me.reports_later = reports_later_arg(Some(b));
+        }
         let mut wants = vec![req.want];
         // A folded holder's grant was its spent (reclaimed before the fold).
         let (mut granted, mut spent) = (line.holders.folded, line.holders.folded);
         for (name, h) in line.holders.by_name.iter_mut() {
             if name != req.holder {
                 if h.reclaimable(now) {
-                    if h.reports_later {
-                        h.spent = h.spent.max(h.granted);
-                    } else {
-                        h.granted = h.spent;
-                    }
+                    h.spent += unreported_taken(h.reports_later, h.granted.saturating_sub(h.spent));
+                    h.granted = h.spent;
                 } else {
                     wants.push(h.want);
                 }
