@@ -4,11 +4,12 @@
 #   benches/cluster.sh [OUT_DIR]    # default: ${TMPDIR:-/tmp}/freqcap-cluster/<UTC time>
 #
 # Starts a 3-primary + 3-replica Redis Cluster (ops/redis-cluster.sh, AOF on)
-# and, for 1, 2 and 3 freqcap nodes (durability wal), runs the load
-# generator's `screen` workload (screen of K=50 candidates for a Zipf user,
-# then a commit of one winner) closed loop over CONNS connections for SECS
-# seconds, with users routed by affinity and, for 3 nodes, spread, and again
-# with spend reports batched (--spend-reports batched). For each
+# and, for the runs RUNS names (default: 1 and 3 freqcap nodes, durability
+# wal, users routed by affinity and, for 3, spread; then 3 nodes with spend
+# reports at each commit, in record layout 3 and in layout 2, what an ad
+# cost before issue 26), runs the load generator's `screen` workload (screen
+# of K=50 candidates for a Zipf user, then a commit of one winner) closed
+# loop over CONNS connections for SECS seconds. For each
 # run it reads, before and after, the nodes' /metrics (Redis calls, CAS,
 # conflicts, lease calls) and the CPU time of every Redis server and every
 # freqcap node (/proc/PID/stat), and prints per ad request: Redis calls,
@@ -24,8 +25,11 @@
 # total_net_input_bytes of the primaries (bytes sent to them per ad), and
 # `INFO cpu` of all six (Redis CPU per ad, replication included). The same
 # workload on one node with its embedded RocksDB store, in the same run, is
-# the baseline for node CPU. The table goes to OUT/table.txt and the rows to
-# OUT/summary.json. RUNS picks the runs (nodes:route:reports ...).
+# the baseline for node CPU; the Lua recipe on the same cluster (anchor
+# below) is the baseline for Redis CPU. The table goes to OUT/table.txt and
+# the rows to OUT/summary.json. RUNS picks the runs
+# (nodes:route:reports[:layout] ...; layout 2 is the record layout before
+# issue 26, so 3:affinity:commit:2 is the ad's cost before it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,16 +68,17 @@ SEEDS=$(ops/redis-cluster.sh start "$OUT/redis" "$BASE" | tail -1)
 REDIS_PIDS=$(awk '{print $2}' "$OUT/redis/pids")
 REDIS_PORTS=$(awk '{print $1}' "$OUT/redis/pids")
 
-# Redis's counters, summed: FCALL calls and µs, HMGET calls (the primaries'
-# top-level commands: a replica applies a function's effects, not FCALL),
-# bytes in to the primaries, and the CPU seconds of every server.
+# Redis's counters, summed: scripted calls (FCALL and EVALSHA) and their µs,
+# HMGET calls (the primaries' top-level commands: a replica applies a
+# script's effects, not the script), bytes in to the primaries, and the CPU
+# seconds of every server.
 redis_counts() {
     local port out
     for port in $REDIS_PORTS; do
         out=$(redis-cli -h 127.0.0.1 -p "$port" INFO all 2>/dev/null | tr -d '\r')
         if grep -qx 'role:master' <<<"$out"; then
             awk -F'[:,=]' '
-                /^cmdstat_fcall:/ {fc = $3; us = $5}
+                /^cmdstat_(fcall|evalsha):/ {fc += $3; us += $5}
                 /^cmdstat_hmget:/ {hm = $3}
                 /^total_net_input_bytes:/ {bytes = $2}
                 /^used_cpu_(sys|user):/ {cpu += $2}
@@ -106,15 +111,20 @@ metric() {
     echo "$total"
 }
 
-printf '%-6s %-9s %-8s %9s %8s %8s %10s %8s %10s %10s %12s %13s %9s %9s %9s %9s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' 'FCALL/ad' 'HMGET/ad' 'µs/FCALL' 'B in/ad' | tee "$OUT/table.txt"
+printf '%-6s %-9s %-10s %9s %8s %8s %10s %8s %10s %10s %12s %13s %9s %9s %9s %9s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' 'FCALL/ad' 'HMGET/ad' 'µs/FCALL' 'B in/ad' | tee "$OUT/table.txt"
 : >"$OUT/rows.jsonl"
 run() {
-    local n=$1 route=$2 reports=$3 ports=() addrs=() i
+    local n=$1 route=$2 spend=$3 layout=${4:-3} ports=() addrs=() i
+    # The row's label: the spend reports, and the record layout if not the
+    # default (3:affinity:commit:2 is how an ad cost before issue 26).
+    local reports=$spend
+    [ "$layout" = 3 ] || reports="$spend/L$layout"
     for i in $(seq 1 "$n"); do
         local port
         port=$(free_port)
         "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$port" --store "$SEEDS" --node-id "n$i" \
-            --spend-reports "$reports" --data-dir "$OUT/n$i" 2>"$OUT/n$n-$route-$reports-$i.log" &
+            --spend-reports "$spend" --record-layout "$layout" --data-dir "$OUT/n$i" \
+            2>"$OUT/n$n-$route-${reports//\//-}-$i.log" &
         NODE_PIDS+=($!)
         ports+=("$port")
         addrs+=("127.0.0.1:$port")
@@ -140,7 +150,7 @@ run() {
     local i0 i1
     i0=$(redis_counts)
     "$LOADGEN" run --target freqcap --addr "$addr" --route "$route" --workload screen --k "$K" \
-        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route-$reports.json"
+        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route-${reports//\//-}.json"
     local c1 f1 r1 cas1 cf1 l1
     c1=$(metric freqcap_redis_calls_total "${ports[@]}")
     cas1=$(metric freqcap_cas_total "${ports[@]}")
@@ -150,7 +160,7 @@ run() {
     f1=$(cpu "${NODE_PIDS[@]}")
     i1=$(redis_counts)
     # shellcheck disable=SC2086 # i0, i1: five numbers each
-    python3 - "$OUT/n$n-$route-$reports.json" "$n" "$route" "$reports" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" $i0 $i1 <<'EOF' | tee -a "$OUT/table.txt"
+    python3 - "$OUT/n$n-$route-${reports//\//-}.json" "$n" "$route" "$reports" "$c0" "$c1" "$cas0" "$cas1" "$cf0" "$cf1" "$l0" "$l1" "$r0" "$r1" "$f0" "$f1" $i0 $i1 <<'EOF' | tee -a "$OUT/table.txt"
 import json, sys
 j = json.load(open(sys.argv[1]))
 n, route, reports = sys.argv[2], sys.argv[3], sys.argv[4]
@@ -165,7 +175,7 @@ row = {"nodes": int(n), "route": route, "reports": reports, "ads_per_s": j["ops_
        "fcall_per_ad": (fc1 - fc0) / ads, "hmget_per_ad": (hm1 - hm0) / ads,
        "us_per_fcall": (us1 - us0) / max(fc1 - fc0, 1), "bytes_in_per_ad": (b1 - b0) / ads,
        "errors": j["errors"]}
-print(f'{n:<6} {route:<9} {reports:<8} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
+print(f'{n:<6} {route:<9} {reports:<10} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
       f'{row["redis_calls_per_ad"]:10.2f} {row["cas_per_ad"]:8.2f} {row["conflicts_pct"]:9.2f}% '
       f'{row["lease_per_ad"]:10.3f} {row["redis_cpu_us_per_ad"]:12.0f} {row["node_cpu_us_per_ad"]:13.0f} '
       f'{row["fcall_per_ad"]:9.2f} {row["hmget_per_ad"]:9.2f} {row["us_per_fcall"]:9.1f} {row["bytes_in_per_ad"]:9.0f}'
@@ -200,26 +210,68 @@ ads = max(j["ops"], 1)
 row = {"nodes": 1, "route": "rocksdb", "reports": "-", "ads_per_s": j["ops_per_s"],
        "p50_ms": j["p50_us"] / 1000, "p99_ms": j["p99_us"] / 1000,
        "node_cpu_us_per_ad": 1e6 * (f1 - f0) / ads, "errors": j["errors"]}
-print(f'{1:<6} {"rocksdb":<9} {"-":<8} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
+print(f'{1:<6} {"rocksdb":<9} {"-":<10} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
       f'{"-":>10} {"-":>8} {"-":>10} {"-":>10} {"-":>12} {row["node_cpu_us_per_ad"]:13.0f}')
 print(json.dumps(row), file=open(sys.argv[1].rsplit("/", 1)[0] + "/rows.jsonl", "a"))
 EOF
     stop_nodes
 }
 
-RUNS=${RUNS:-"1:affinity:commit 2:affinity:commit 3:affinity:commit 3:spread:commit 1:affinity:batched 3:affinity:batched"}
+# The anchor: the Lua recipe teams run today (benches/lua: per-user caps as
+# INCR/ZSET keys, a budget as a token bucket) on the same cluster, users
+# hash-tagged so a user's keys share a slot: a screen script on the user's
+# primary, then the winner's budget and the release of the others (loadgen
+# --target redis-cluster). Its Redis CPU per ad is what freqcap's is
+# compared with (issue 26: under a quarter of it).
+anchor() {
+    local i0 i1
+    i0=$(redis_counts)
+    "$LOADGEN" run --target redis-cluster --addr "127.0.0.1:$BASE" --workload screen --k "$K" \
+        --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/lua-recipe.json"
+    i1=$(redis_counts)
+    # shellcheck disable=SC2086 # i0, i1: five numbers each
+    python3 - "$OUT/lua-recipe.json" $i0 $i1 <<'EOF' | tee -a "$OUT/table.txt"
+import json, sys
+j = json.load(open(sys.argv[1]))
+fc0, us0, hm0, b0, cpu0, fc1, us1, hm1, b1, cpu1 = map(float, sys.argv[2:12])
+ads = max(j["ops"], 1)
+row = {"nodes": 0, "route": "lua-recipe", "reports": "-", "ads_per_s": j["ops_per_s"],
+       "p50_ms": j["p50_us"] / 1000, "p99_ms": j["p99_us"] / 1000,
+       "redis_calls_per_ad": (fc1 - fc0) / ads, "redis_cpu_us_per_ad": 1e6 * (cpu1 - cpu0) / ads,
+       "evalsha_per_ad": (fc1 - fc0) / ads, "us_per_evalsha": (us1 - us0) / max(fc1 - fc0, 1),
+       "bytes_in_per_ad": (b1 - b0) / ads, "errors": j["errors"]}
+print(f'{"-":<6} {"lua":<9} {"recipe":<10} {row["ads_per_s"]:9.0f} {row["p50_ms"]:8.2f} {row["p99_ms"]:8.2f} '
+      f'{row["redis_calls_per_ad"]:10.2f} {"-":>8} {"-":>10} {"-":>10} {row["redis_cpu_us_per_ad"]:12.0f} {"-":>13} '
+      f'{row["evalsha_per_ad"]:9.2f} {"-":>9} {row["us_per_evalsha"]:9.1f} {row["bytes_in_per_ad"]:9.0f}'
+      + (f'   errors {j["errors"]}: {j["first_error"]}' if j["errors"] else ''))
+print(json.dumps(row), file=open(sys.argv[1].rsplit("/", 1)[0] + "/rows.jsonl", "a"))
+EOF
+}
+
+RUNS=${RUNS:-"1:affinity:batched 3:affinity:batched 3:spread:batched 3:affinity:commit 3:affinity:commit:2"}
 baseline
+anchor
 for r in $RUNS; do
-    IFS=: read -r n route reports <<<"$r"
-    run "$n" "$route" "$reports"
+    IFS=: read -r n route reports layout <<<"$r"
+    run "$n" "$route" "$reports" "${layout:-3}"
 done
 python3 - "$OUT" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1] + "/rows.jsonl")]
 base = next((r["node_cpu_us_per_ad"] for r in rows if r["route"] == "rocksdb"), None)
+lua = next((r["redis_cpu_us_per_ad"] for r in rows if r["route"] == "lua-recipe"), None)
 for r in rows:
-    if base and r["route"] != "rocksdb":
+    if r["route"] in ("rocksdb", "lua-recipe"):
+        continue
+    if base:
         r["node_cpu_vs_one_node"] = r["node_cpu_us_per_ad"] / base
-json.dump({"baseline_node_cpu_us_per_ad": base, "rows": rows}, open(sys.argv[1] + "/summary.json", "w"), indent=1)
+    if lua:
+        r["redis_cpu_vs_lua_recipe"] = r["redis_cpu_us_per_ad"] / lua
+json.dump({"baseline_node_cpu_us_per_ad": base, "lua_recipe_redis_cpu_us_per_ad": lua, "rows": rows},
+          open(sys.argv[1] + "/summary.json", "w"), indent=1)
+for r in rows:
+    if "node_cpu_vs_one_node" in r or "redis_cpu_vs_lua_recipe" in r:
+        print(f'{r["nodes"]} {r["route"]} {r["reports"]}: node CPU {r.get("node_cpu_vs_one_node", 0):.2f}x one RocksDB node, '
+              f'Redis CPU {r.get("redis_cpu_vs_lua_recipe", 0):.2f}x the Lua recipe\'s')
 EOF
 echo "results in $OUT (table.txt, summary.json)"

@@ -75,6 +75,13 @@ enum Target {
     /// workloads (check-hot: one of each; check-1m: each drawn from `--keys`).
     /// The rules are the server's (benches/grpc.sh writes them).
     FreqcapRls,
+    /// The Lua recipe (benches/lua) on a Redis Cluster, `--addr` one of its
+    /// nodes (the slot map is read with `CLUSTER SLOTS`): users hash-tagged
+    /// (`{u...}`) so a user's keys share a slot, one `screen.lua` on the
+    /// user's primary, then the winner's `pay.lua` on its budget key and
+    /// `release.lua` on the user's: three calls per ad, as a script may not
+    /// touch two slots. `screen` only: the anchor of benches/cluster.sh.
+    RedisCluster,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -510,12 +517,16 @@ const LUA_GCRA: &str = include_str!("lua/gcra.lua");
 const LUA_SCREEN: &str = include_str!("lua/screen.lua");
 const LUA_COMMIT: &str = include_str!("lua/commit.lua");
 const LUA_EVENT: &str = include_str!("lua/event.lua");
+const LUA_PAY: &str = include_str!("lua/pay.lua");
+const LUA_RELEASE: &str = include_str!("lua/release.lua");
 
 struct Shas {
     gcra: String,
     screen: String,
     commit: String,
     event: String,
+    pay: String,
+    release: String,
 }
 
 async fn load_scripts(c: &mut Conn) -> Res<Shas> {
@@ -534,7 +545,89 @@ async fn load_scripts(c: &mut Conn) -> Res<Shas> {
         screen: load(LUA_SCREEN).await?,
         commit: load(LUA_COMMIT).await?,
         event: load(LUA_EVENT).await?,
+        pay: load(LUA_PAY).await?,
+        release: load(LUA_RELEASE).await?,
     })
+}
+
+// ---- Redis Cluster routing, for the Lua recipe on a cluster ----
+
+/// Which primary serves each slot: (first slot, last slot, index in
+/// `primaries`).
+struct SlotMap {
+    primaries: Vec<String>,
+    ranges: Vec<(u16, u16, usize)>,
+}
+
+impl SlotMap {
+    /// The map `CLUSTER SLOTS` of the node at `addr` answers.
+    async fn read(addr: &str) -> Res<SlotMap> {
+        let mut c = Conn::connect(addr).await?;
+        let mut out = Vec::new();
+        let Resp::Array(list) = c.resp(&[b"CLUSTER", b"SLOTS"], &mut out).await? else {
+            return Err(err("CLUSTER SLOTS: not an array"));
+        };
+        let mut map = SlotMap {
+            primaries: Vec::new(),
+            ranges: Vec::new(),
+        };
+        for r in list {
+            let Resp::Array(r) = r else { continue };
+            let (Some(Resp::Int(a)), Some(Resp::Int(b)), Some(Resp::Array(node))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                return Err(err("CLUSTER SLOTS: unexpected entry"));
+            };
+            let (Some(Resp::Bulk(Some(ip))), Some(Resp::Int(port))) = (node.first(), node.get(1))
+            else {
+                return Err(err("CLUSTER SLOTS: unexpected node"));
+            };
+            let p = format!("{}:{port}", String::from_utf8_lossy(ip));
+            let i = match map.primaries.iter().position(|x| *x == p) {
+                Some(i) => i,
+                None => {
+                    map.primaries.push(p);
+                    map.primaries.len() - 1
+                }
+            };
+            map.ranges.push((*a as u16, *b as u16, i));
+        }
+        Ok(map)
+    }
+
+    /// The primary (index) serving `key`.
+    fn primary(&self, key: &[u8]) -> Res<usize> {
+        let s = slot(key);
+        self.ranges
+            .iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&s))
+            .map(|r| r.2)
+            .ok_or_else(|| err(format!("slot {s} has no primary")))
+    }
+}
+
+/// Redis Cluster's key slot: CRC16 (XMODEM) of the key's hash tag (what is
+/// between the first `{` and the next `}`, if not empty) or of the key.
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&c| c == b'{').and_then(|s| {
+        let rest = &key[s + 1..];
+        rest.iter()
+            .position(|&c| c == b'}')
+            .filter(|&e| e > 0)
+            .map(|e| &rest[..e])
+    });
+    let mut crc: u16 = 0;
+    for &b in tagged.unwrap_or(key) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 // ---- setup: definitions through the API ----
@@ -590,6 +683,8 @@ struct Shared {
     a: RunArgs,
     zipf: Option<Zipf>,
     shas: Option<Shas>,
+    /// `--target redis-cluster`: who serves which slot.
+    slots: Option<SlotMap>,
     /// Each run's users are new (`u<run>-<rank>`), so repeated runs start fresh.
     run_id: String,
     t0: Instant,
@@ -621,9 +716,26 @@ async fn run(a: RunArgs) -> Res<()> {
     let zipf = matches!(a.workload, Workload::Screen | Workload::Events)
         .then(|| Zipf::new(a.users, a.zipf));
     let check = matches!(a.workload, Workload::CheckHot | Workload::Check1m);
+    let slots = if a.target == Target::RedisCluster {
+        if a.workload != Workload::Screen || a.verify {
+            return Err(err(
+                "--target redis-cluster runs screen, without --verify",
+            ));
+        }
+        Some(SlotMap::read(&a.addr).await?)
+    } else {
+        None
+    };
     let shas = if a.target == Target::Redis {
         let mut c = Conn::connect(&a.addr).await?;
         Some(load_scripts(&mut c).await?)
+    } else if let Some(map) = &slots {
+        // Scripts are cached per server: load them on every primary.
+        let mut shas = None;
+        for p in &map.primaries {
+            shas = Some(load_scripts(&mut Conn::connect(p).await?).await?);
+        }
+        shas
     } else if a.target == Target::FreqcapGrpc && a.workload == Workload::Events {
         return Err(err(
             "--target freqcap-grpc runs check-hot, check-1m and screen",
@@ -667,6 +779,7 @@ async fn run(a: RunArgs) -> Res<()> {
         a: a.clone(),
         zipf,
         shas,
+        slots,
         run_id,
         t0,
         measure_from,
@@ -884,6 +997,11 @@ async fn conn_loop(
         }
         _ => None,
     };
+    // `--target redis-cluster`: a connection to every primary.
+    let mut primaries = Vec::new();
+    for p in sh.slots.iter().flat_map(|m| &m.primaries) {
+        primaries.push(Conn::connect(p).await?);
+    }
     let mut rng = Rng(0x5EED
         ^ (i as u64).wrapping_mul(0x1234_5678_9ABC_DEF1)
         ^ sh.t0.elapsed().as_nanos() as u64);
@@ -907,9 +1025,12 @@ async fn conn_loop(
         }
         let measured = intended >= sh.measure_from;
         seq += 1;
-        let outcome = match grpc.as_mut() {
-            Some(g) => grpc_op(sh, g, &mut rng).await,
-            None => one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await,
+        let outcome = match (grpc.as_mut(), &sh.slots) {
+            (Some(g), _) => grpc_op(sh, g, &mut rng).await,
+            (None, Some(map)) => {
+                cluster_screen(sh, map, &mut primaries, &mut rng, &mut out, i, seq).await
+            }
+            (None, None) => one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await,
         };
         let done = Instant::now();
         let outcome_shed = outcome.as_ref().ok().map(|o| o.shed);
@@ -1178,6 +1299,118 @@ async fn grpc_op(sh: &Shared, g: &mut Rpc, rng: &mut Rng) -> Res<Outcome> {
     Ok(o)
 }
 
+/// One ad request of the Lua recipe on a Redis Cluster: `screen.lua` on the
+/// user's primary (every key of it carries the user's hash tag), then
+/// `pay.lua` on the winner's budget key and `release.lua` for the holds that
+/// did not win, on the user's primary again.
+async fn cluster_screen(
+    sh: &Shared,
+    map: &SlotMap,
+    primaries: &mut [Conn],
+    rng: &mut Rng,
+    out: &mut Vec<u8>,
+    conn: usize,
+    seq: u64,
+) -> Res<Outcome> {
+    let a = &sh.a;
+    let mut o = Outcome::default();
+    let zipf = sh.zipf.as_ref().ok_or_else(|| err("no zipf"))?;
+    let shas = sh.shas.as_ref().ok_or_else(|| err("no scripts"))?;
+    let u = zipf.sample(rng);
+    let user = format!("{{u{}-{u}}}", sh.run_id);
+    let user_key = format!("fx:{user}");
+    let at = map.primary(user_key.as_bytes())?;
+    let rid = format!("r{conn}-{seq}");
+    let names: Vec<String> = (0..a.k).map(campaign_name).collect();
+    let (d, ro, rw, n) = (
+        DAILY.to_string(),
+        ROLLING.to_string(),
+        ROLLING_MS.to_string(),
+        a.k.to_string(),
+    );
+    let mut args: Vec<&[u8]> = vec![
+        b"EVALSHA",
+        shas.screen.as_bytes(),
+        b"1",
+        user_key.as_bytes(),
+        user.as_bytes(),
+        rid.as_bytes(),
+        d.as_bytes(),
+        ro.as_bytes(),
+        rw.as_bytes(),
+        n.as_bytes(),
+    ];
+    args.extend(names.iter().map(|s| s.as_bytes()));
+    let flags = match primaries[at].resp(&args, out).await? {
+        Resp::Bulk(Some(f)) => f,
+        other => {
+            o.error = true;
+            o.error_body = format!("screen: {other:?}").into_bytes();
+            return Ok(o);
+        }
+    };
+    o.requests = 1;
+    let eligible: Vec<usize> = flags
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f == b'1')
+        .map(|(i, _)| i)
+        .collect();
+    if eligible.is_empty() {
+        o.none_eligible = true;
+        return Ok(o);
+    }
+    let w = eligible[rng.below(eligible.len() as u64) as usize];
+    let budget_key = format!("bud:{}", names[w]);
+    let budget = BUDGET.to_string();
+    let paid = match primaries[map.primary(budget_key.as_bytes())?]
+        .resp(
+            &[
+                b"EVALSHA",
+                shas.pay.as_bytes(),
+                b"1",
+                budget_key.as_bytes(),
+                b"1",
+                budget.as_bytes(),
+            ],
+            out,
+        )
+        .await?
+    {
+        Resp::Int(p) => p == 1,
+        other => {
+            o.error = true;
+            o.error_body = format!("pay: {other:?}").into_bytes();
+            return Ok(o);
+        }
+    };
+    let mut args: Vec<&[u8]> = vec![
+        b"EVALSHA",
+        shas.release.as_bytes(),
+        b"1",
+        user_key.as_bytes(),
+        user.as_bytes(),
+        rid.as_bytes(),
+    ];
+    args.extend(
+        eligible
+            .iter()
+            .filter(|&&i| i != w || !paid)
+            .map(|&i| names[i].as_bytes()),
+    );
+    let v = primaries[at].resp(&args, out).await?;
+    o.requests = 3;
+    match v {
+        Resp::Int(_) if paid => o.committed = Some((u, w)),
+        Resp::Int(_) => {}
+        other => {
+            o.error = true;
+            o.error_body = format!("release: {other:?}").into_bytes();
+        }
+    }
+    Ok(o)
+}
+
 async fn one_op(
     sh: &Shared,
     c: &mut Conn,
@@ -1416,6 +1649,9 @@ async fn one_op(
                 o.error_body = format!("{v:?}").into_bytes();
             }
         }
+        (Target::RedisCluster, _) => {
+            return Err(err("--target redis-cluster runs through cluster_screen"));
+        }
     }
     Ok(o)
 }
@@ -1487,8 +1723,10 @@ async fn verify_caps(
                 }
                 worst
             }
-            Target::FreqcapResp | Target::FreqcapRls => {
-                return Err(err("no accuracy check over RESP or the rate limit service"));
+            Target::FreqcapResp | Target::FreqcapRls | Target::RedisCluster => {
+                return Err(err(
+                    "no accuracy check over RESP, the rate limit service or a Redis Cluster",
+                ));
             }
             Target::Redis => {
                 let key = format!("rz:{user}:{camp}");
