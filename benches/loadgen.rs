@@ -718,9 +718,7 @@ async fn run(a: RunArgs) -> Res<()> {
     let check = matches!(a.workload, Workload::CheckHot | Workload::Check1m);
     let slots = if a.target == Target::RedisCluster {
         if a.workload != Workload::Screen || a.verify {
-            return Err(err(
-                "--target redis-cluster runs screen, without --verify",
-            ));
+            return Err(err("--target redis-cluster runs screen, without --verify"));
         }
         Some(SlotMap::read(&a.addr).await?)
     } else {

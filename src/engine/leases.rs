@@ -151,7 +151,17 @@ pub(crate) struct Leases {
     reporting: Mutex<()>,
     /// Numbers slots calls, so a late older one changes nothing.
     seq: std::sync::atomic::AtomicU64,
+    /// Refreshes of one grant wait for each other (a grant's stripe, by
+    /// its key's hash): the screens that find a grant short at once
+    /// made one lease call each for it, and the store gave each a sliver.
+    /// Measured on one node of three under load: 1 251 refreshes in 8 s,
+    /// up to 9 in a row for one grant in the same state (issue 26).
+    refreshing: [Mutex<()>; REFRESH_STRIPES],
 }
+
+/// Stripes of [`Leases::refreshing`] (32: the most `Default` makes for an
+/// array). Two grants sharing a stripe only wait for each other.
+const REFRESH_STRIPES: usize = 32;
 
 /// What a leased item of a campaign looks like now: its period, this node's
 /// use in it, and the total the cluster may be granted now.
@@ -329,6 +339,13 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
 /// its line a grant's life ahead, as [`view`] does for the other pacings.
 fn plan_total(b: &Budget, v: &LeaseView, anchor: Nanos, base: u64, now: Nanos) -> u64 {
     b.plan_cap(v.start, v.end, anchor, base, now.saturating_add(LEASE_TTL))
+}
+
+/// The stripe of [`Leases::refreshing`] grant `k` refreshes under.
+fn refresh_stripe(k: GrantKey) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(k);
+    (h % REFRESH_STRIPES as u64) as usize
 }
 
 /// A lease's key in the shared store.
@@ -783,17 +800,25 @@ impl<C: Clock> Engine<C> {
                 let Some((key, v)) = campaign_view(&self.leases, e, i, now) else {
                     continue;
                 };
-                let (ok, quiet) = {
+                let fits = || {
                     let grants = self.leases.lock();
                     match grants.get(&key) {
-                        Some(g) => (
-                            now < g.usable_until && v.committed + v.pending + n <= g.granted,
-                            now < g.quiet_until,
-                        ),
-                        None => (false, false),
+                        Some(g) => {
+                            (now < g.usable_until && v.committed + v.pending + n <= g.granted)
+                                || now < g.quiet_until
+                        }
+                        None => false,
                     }
                 };
-                if ok || quiet {
+                if fits() {
+                    continue;
+                }
+                // One refresh of a grant at a time; one waiting here finds
+                // the grant refreshed by the one before it, mostly.
+                let _one = self.leases.refreshing[refresh_stripe(key)]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if fits() {
                     continue;
                 }
                 // Slots: the ones it needs and one spare; units: its rate.
