@@ -19,9 +19,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::PendingItem;
+use smallvec::SmallVec;
+
 use crate::limits::rate::RatePending;
+use crate::limits::{ItemState, PendingItem};
 use crate::store::codec::{StoredCounter, StoredState};
+
+use super::record::Counter;
 
 use super::record::PendingEntry;
 
@@ -251,9 +255,10 @@ enum StateDelta {
         used: u64,
     },
     /// Each debit's time from the debit before it (the previous log's last
-    /// for the first).
+    /// for the first). Inline up to 4 (a user's log holds a few): no
+    /// allocation per counter when encoding; encoded as a `Vec` would be.
     Log {
-        debits: Vec<(i64, u64)>,
+        debits: SmallVec<[(i64, u64); 4]>,
         sum: u64,
     },
     Approx {
@@ -293,41 +298,25 @@ impl Times {
     }
 }
 
-/// `counters` as differences, in their order.
-pub(crate) fn encode_counters(counters: impl Iterator<Item = StoredCounter>) -> Vec<CounterDelta> {
+/// `counters` as differences, in their order, as their stored states
+/// ([`StoredState`]) would be.
+pub(crate) fn encode_counters<'a>(
+    counters: impl Iterator<Item = &'a Counter>,
+) -> Vec<CounterDelta> {
     let (mut owner, mut tags, mut t) = (0u32, Tags::default(), Times::default());
     counters
         .map(|c| {
-            let state = match c.state {
-                StoredState::Fresh => StateDelta::Fresh,
-                StoredState::Rate { tat_ns, tat_rem } => StateDelta::Rate { tat_ns, tat_rem },
-                StoredState::RateScaled { lo, hi } => StateDelta::RateScaled { lo, hi },
-                StoredState::Counter { start, end, used } => StateDelta::Counter {
-                    start: t.delta(C_START, start),
-                    end: t.delta(C_END, end),
-                    used,
-                },
-                StoredState::Log { debits, sum } => StateDelta::Log {
-                    debits: debits
-                        .into_iter()
-                        .map(|(at, cost)| (t.delta(LOG_AT, at), cost))
+            let state = match &c.state {
+                // Straight from the log: its stored state would copy it.
+                ItemState::Log(l) => StateDelta::Log {
+                    debits: l
+                        .debits
+                        .iter()
+                        .map(|d| (t.delta(LOG_AT, d.at), d.cost))
                         .collect(),
-                    sum,
+                    sum: l.sum,
                 },
-                StoredState::Approx {
-                    cur_start,
-                    prev,
-                    cur,
-                } => StateDelta::Approx {
-                    cur_start: t.delta(A_START, cur_start),
-                    prev,
-                    cur,
-                },
-                StoredState::Budget { start, end, spent } => StateDelta::Budget {
-                    start: t.delta(B_START, start),
-                    end: t.delta(B_END, end),
-                    spent,
-                },
+                other => stored_delta(StoredState::from(other), &mut t),
             };
             let d = CounterDelta {
                 owner: delta(u64::from(owner), u64::from(c.owner)),
@@ -338,6 +327,41 @@ pub(crate) fn encode_counters(counters: impl Iterator<Item = StoredCounter>) -> 
             d
         })
         .collect()
+}
+
+/// A stored state as differences from `t`'s times.
+fn stored_delta(state: StoredState, t: &mut Times) -> StateDelta {
+    match state {
+        StoredState::Fresh => StateDelta::Fresh,
+        StoredState::Rate { tat_ns, tat_rem } => StateDelta::Rate { tat_ns, tat_rem },
+        StoredState::RateScaled { lo, hi } => StateDelta::RateScaled { lo, hi },
+        StoredState::Counter { start, end, used } => StateDelta::Counter {
+            start: t.delta(C_START, start),
+            end: t.delta(C_END, end),
+            used,
+        },
+        StoredState::Log { debits, sum } => StateDelta::Log {
+            debits: debits
+                .into_iter()
+                .map(|(at, cost)| (t.delta(LOG_AT, at), cost))
+                .collect(),
+            sum,
+        },
+        StoredState::Approx {
+            cur_start,
+            prev,
+            cur,
+        } => StateDelta::Approx {
+            cur_start: t.delta(A_START, cur_start),
+            prev,
+            cur,
+        },
+        StoredState::Budget { start, end, spent } => StateDelta::Budget {
+            start: t.delta(B_START, start),
+            end: t.delta(B_END, end),
+            spent,
+        },
+    }
 }
 
 /// The counters [`encode_counters`] wrote, in their order.
@@ -456,13 +480,24 @@ mod tests {
         /// comes back as it was through bincode.
         #[test]
         fn counters_round_trip(list in prop::collection::vec(
-            (any::<u32>(), any::<u32>(), state())
-                .prop_map(|(owner, tag, state)| StoredCounter { owner, tag, state }),
+            (any::<u32>(), any::<u32>(), state()).prop_map(|(owner, tag, state)| Counter {
+                owner,
+                tag,
+                state: state.into(),
+            }),
             0..30,
         )) {
-            let bytes = codec::encode(&encode_counters(list.clone().into_iter()));
+            let bytes = codec::encode(&encode_counters(list.iter()));
             let back: Vec<CounterDelta> = codec::decode(&bytes).expect("decodes");
-            prop_assert_eq!(decode_counters(back).expect("in range"), list);
+            let stored: Vec<StoredCounter> = list
+                .iter()
+                .map(|c| StoredCounter {
+                    owner: c.owner,
+                    tag: c.tag,
+                    state: StoredState::from(&c.state),
+                })
+                .collect();
+            prop_assert_eq!(decode_counters(back).expect("in range"), stored);
         }
 
         /// Any list of debits, extreme values included, comes back as it

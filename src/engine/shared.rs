@@ -10,6 +10,7 @@
 //! [`MAX_TRIES`] times. Decisions are the same code as on one node: only
 //! where the record comes from and goes to differs.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -190,27 +191,31 @@ pub(crate) struct SettledId {
 /// counters and pending debits are [`StoredCounter`]s and [`StoredPending`]s
 /// in layout 2, delta-coded ([`CounterDelta`]s, [`PendingGroup`]s) in layout
 /// 3 (codec's versions); the rest is laid out alike.
+///
+/// Holds and settled ids are borrowed from the record when it is written (a
+/// slice encodes as a `Vec` does) and owned when it is read: a copy of
+/// each, twice a decision, was a node's largest cost in encoding.
 #[derive(Serialize, Deserialize)]
-struct SharedForm<C, P> {
+struct SharedForm<'a, C, P> {
     /// The latest decision time written here: a node behind it decides on
     /// this record at this time instead (a record never goes back in time),
     /// up to [`MAX_RECORD_AHEAD`] past its own.
     last: Nanos,
     counters: Vec<C>,
     pending: Vec<P>,
-    held: Vec<Held>,
-    settled: Vec<SettledId>,
+    held: Cow<'a, [Held]>,
+    settled: Cow<'a, [SettledId]>,
     /// What a stored counter leaves out and a shared record must keep.
     extra: Vec<ExtraState>,
 }
 
-impl<C, P> SharedForm<C, P> {
+impl<'a, C, P> SharedForm<'a, C, P> {
     /// The same form with its counters and pending debits mapped.
     fn map_lists<C2, P2>(
         self,
         counters: impl FnOnce(Vec<C>) -> Result<Vec<C2>, String>,
         pending: impl FnOnce(Vec<P>) -> Result<Vec<P2>, String>,
-    ) -> Result<SharedForm<C2, P2>, String> {
+    ) -> Result<SharedForm<'a, C2, P2>, String> {
         Ok(SharedForm {
             last: self.last,
             counters: counters(self.counters)?,
@@ -309,7 +314,7 @@ fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
 /// `last`.
 fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
     let mut out = if layout >= 3 {
-        let counters = compact_form::encode_counters(stored_counters(rec));
+        let counters = compact_form::encode_counters(kept_counters(rec));
         codec::encode(&form(
             rec,
             last,
@@ -354,19 +359,22 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
 /// The counters of `rec` a shared record keeps. Empty ones (a window at
 /// 0, an empty log) are left out, as the hot tier's sweep drops them: a
 /// user screened against 50 campaigns and shown one kept 49 of them, and
-/// every write carried them (~1.8 KB a commit; issue 26).
+/// every write carried them (~1.8 KB a commit; issue 26). So are those
+/// whose stored state is fresh (a concurrency item's: its holds are kept
+/// as extra state).
+fn kept_counters(rec: &SubjectRecord) -> impl Iterator<Item = &Counter> + '_ {
+    rec.counters.iter().filter(|c| {
+        !c.state.is_empty() && !matches!(c.state, ItemState::Fresh | ItemState::Concurrency(_))
+    })
+}
+
+/// [`kept_counters`] as layout 2 stores them.
 fn stored_counters(rec: &SubjectRecord) -> impl Iterator<Item = StoredCounter> + '_ {
-    rec.counters
-        .iter()
-        .filter(|c| !c.state.is_empty())
-        .filter_map(|c| {
-            let state = StoredState::from(&c.state);
-            (state != StoredState::Fresh).then_some(StoredCounter {
-                owner: c.owner,
-                tag: c.tag,
-                state,
-            })
-        })
+    kept_counters(rec).map(|c| StoredCounter {
+        owner: c.owner,
+        tag: c.tag,
+        state: StoredState::from(&c.state),
+    })
 }
 
 /// `rec`'s form with decision time `last`, its counters as `counters` and
@@ -376,14 +384,14 @@ fn form<C, P>(
     last: Nanos,
     counters: Vec<C>,
     pending: Vec<P>,
-) -> SharedForm<C, P> {
+) -> SharedForm<'_, C, P> {
     let meta = rec.shared_meta();
     SharedForm {
         last,
         counters,
         pending,
-        held: meta.map(|m| m.held.clone()).unwrap_or_default(),
-        settled: meta.map(|m| m.settled.clone()).unwrap_or_default(),
+        held: Cow::Borrowed(meta.map_or(&[][..], |m| &m.held[..])),
+        settled: Cow::Borrowed(meta.map_or(&[][..], |m| &m.settled[..])),
         extra: rec
             .counters
             .iter()
@@ -419,14 +427,14 @@ type InlineSpecs = Vec<(u64, Vec<u8>)>;
 pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos), String> {
     let (layout, idle_at, payload) = codec::unframe_versioned(value)?;
     let (form, used) = if layout >= 3 {
-        let (f, used): (SharedForm<CounterDelta, PendingGroup>, usize) =
+        let (f, used): (SharedForm<'_, CounterDelta, PendingGroup>, usize) =
             codec::decode_prefix(payload)?;
         (
             f.map_lists(compact_form::decode_counters, compact_form::decode)?,
             used,
         )
     } else {
-        let (f, used): (SharedForm<StoredCounter, StoredPending>, usize) =
+        let (f, used): (SharedForm<'_, StoredCounter, StoredPending>, usize) =
             codec::decode_prefix(payload)?;
         let f = f.map_lists(Ok, |pending| {
             Ok(pending
@@ -491,8 +499,8 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
     }
     if !form.held.is_empty() || !form.settled.is_empty() {
         let meta = rec.shared_meta_mut();
-        meta.held = form.held;
-        meta.settled = form.settled;
+        meta.held = form.held.into_owned();
+        meta.settled = form.settled.into_owned();
         for (res, body) in bodies {
             if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
                 h.body = body;
