@@ -1297,6 +1297,43 @@ async fn grpc_op(sh: &Shared, g: &mut Rpc, rng: &mut Rng) -> Res<Outcome> {
     Ok(o)
 }
 
+/// `screen.lua` (sha `script`) for `user` over the campaigns `names`, with
+/// `key` a key in the user's slot on a cluster (the script builds its keys
+/// itself): the eligible candidates' indexes, or the reply if it is not the
+/// script's flags.
+async fn lua_screen(
+    c: &mut Conn,
+    script: &str,
+    key: Option<&str>,
+    user: &str,
+    rid: &str,
+    names: &[String],
+    out: &mut Vec<u8>,
+) -> Res<Result<Vec<usize>, String>> {
+    let (d, ro, rw, n) = (
+        DAILY.to_string(),
+        ROLLING.to_string(),
+        ROLLING_MS.to_string(),
+        names.len().to_string(),
+    );
+    let mut args: Vec<&[u8]> = vec![b"EVALSHA", script.as_bytes()];
+    match key {
+        Some(k) => args.extend([&b"1"[..], k.as_bytes()]),
+        None => args.push(b"0"),
+    }
+    args.extend([user, rid, d.as_str(), ro.as_str(), rw.as_str(), n.as_str()].map(str::as_bytes));
+    args.extend(names.iter().map(|s| s.as_bytes()));
+    Ok(match c.resp(&args, out).await? {
+        Resp::Bulk(Some(flags)) => Ok(flags
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f == b'1')
+            .map(|(i, _)| i)
+            .collect()),
+        other => Err(format!("{other:?}")),
+    })
+}
+
 /// One ad request of the Lua recipe on a Redis Cluster: `screen.lua` on the
 /// user's primary (every key of it carries the user's hash tag), then
 /// `pay.lua` on the winner's budget key and `release.lua` for the holds that
@@ -1320,40 +1357,25 @@ async fn cluster_screen(
     let at = map.primary(user_key.as_bytes())?;
     let rid = format!("r{conn}-{seq}");
     let names: Vec<String> = (0..a.k).map(campaign_name).collect();
-    let (d, ro, rw, n) = (
-        DAILY.to_string(),
-        ROLLING.to_string(),
-        ROLLING_MS.to_string(),
-        a.k.to_string(),
-    );
-    let mut args: Vec<&[u8]> = vec![
-        b"EVALSHA",
-        shas.screen.as_bytes(),
-        b"1",
-        user_key.as_bytes(),
-        user.as_bytes(),
-        rid.as_bytes(),
-        d.as_bytes(),
-        ro.as_bytes(),
-        rw.as_bytes(),
-        n.as_bytes(),
-    ];
-    args.extend(names.iter().map(|s| s.as_bytes()));
-    let flags = match primaries[at].resp(&args, out).await? {
-        Resp::Bulk(Some(f)) => f,
-        other => {
+    let screened = lua_screen(
+        &mut primaries[at],
+        &shas.screen,
+        Some(&user_key),
+        &user,
+        &rid,
+        &names,
+        out,
+    )
+    .await?;
+    o.requests = 1;
+    let eligible = match screened {
+        Ok(e) => e,
+        Err(reply) => {
             o.error = true;
-            o.error_body = format!("screen: {other:?}").into_bytes();
+            o.error_body = format!("screen: {reply}").into_bytes();
             return Ok(o);
         }
     };
-    o.requests = 1;
-    let eligible: Vec<usize> = flags
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| **f == b'1')
-        .map(|(i, _)| i)
-        .collect();
     if eligible.is_empty() {
         o.none_eligible = true;
         return Ok(o);
@@ -1534,40 +1556,16 @@ async fn one_op(
             let user = format!("u{}-{u}", sh.run_id);
             let rid = format!("r{conn}-{seq}");
             let names: Vec<String> = (0..a.k).map(campaign_name).collect();
-            let (d, ro, rw, n) = (
-                DAILY.to_string(),
-                ROLLING.to_string(),
-                ROLLING_MS.to_string(),
-                a.k.to_string(),
-            );
-            let mut args: Vec<&[u8]> = vec![
-                b"EVALSHA",
-                shas.screen.as_bytes(),
-                b"0",
-                user.as_bytes(),
-                rid.as_bytes(),
-                d.as_bytes(),
-                ro.as_bytes(),
-                rw.as_bytes(),
-                n.as_bytes(),
-            ];
-            args.extend(names.iter().map(|s| s.as_bytes()));
-            let v = c.resp(&args, out).await?;
+            let screened = lua_screen(c, &shas.screen, None, &user, &rid, &names, out).await?;
             o.requests = 1;
-            let flags = match v {
-                Resp::Bulk(Some(f)) => f,
-                other => {
+            let eligible = match screened {
+                Ok(e) => e,
+                Err(reply) => {
                     o.error = true;
-                    o.error_body = format!("{other:?}").into_bytes();
+                    o.error_body = reply.into_bytes();
                     return Ok(o);
                 }
             };
-            let eligible: Vec<usize> = flags
-                .iter()
-                .enumerate()
-                .filter(|(_, f)| **f == b'1')
-                .map(|(i, _)| i)
-                .collect();
             if eligible.is_empty() {
                 o.none_eligible = true;
                 return Ok(o);
