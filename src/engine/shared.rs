@@ -315,12 +315,21 @@ fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
 fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
     let mut out = if layout >= 3 {
         let counters = compact_form::encode_counters(kept_counters(rec));
-        codec::encode(&form(
-            rec,
-            last,
-            counters,
-            compact_form::encode(rec.pending()),
-        ))
+        // ~8 bytes a counter and a pending debit (compact_form), ~3 a held
+        // screen's candidate, a few dozen for the rest.
+        let held: usize = rec.shared_meta().map_or(0, |m| {
+            m.held
+                .iter()
+                .map(|h| match &h.kind {
+                    HeldKind::Screen { candidates } => 16 + 3 * candidates.len(),
+                    HeldKind::Check { .. } => 24,
+                })
+                .sum::<usize>()
+                + 32 * m.settled.len()
+        });
+        let estimate = 64 + 8 * (counters.len() + rec.pending().count()) + held;
+        let form = form(rec, last, counters, compact_form::encode(rec.pending()));
+        codec::encode_sized(&form, estimate)
     } else {
         let pending = rec
             .pending()
