@@ -536,6 +536,7 @@ mod tests {
             })
             .collect();
         let bytes = codec::encode(&encode(entries.iter())).len();
+        eprintln!("{bytes} bytes for a screen's 100 debits");
         assert!(bytes <= 100 * 8, "{bytes} bytes for 100 debits");
     }
 

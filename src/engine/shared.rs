@@ -193,8 +193,8 @@ pub(crate) struct SettledId {
 /// 3 (codec's versions); the rest is laid out alike.
 ///
 /// Holds and settled ids are borrowed from the record when it is written (a
-/// slice encodes as a `Vec` does) and owned when it is read: a copy of
-/// each, twice a decision, was a node's largest cost in encoding.
+/// slice encodes as a `Vec` does) and owned when it is read: no copy of
+/// them per encode, twice a decision.
 #[derive(Serialize, Deserialize)]
 struct SharedForm<'a, C, P> {
     /// The latest decision time written here: a node behind it decides on
@@ -248,7 +248,8 @@ enum StoredExtra {
     },
 }
 
-/// A pending debit as layout 2 stores it (~28 bytes; layout 3 takes ~6).
+/// A pending debit as layout 2 stores it (~28 bytes; layout 3 takes ~7:
+/// 737 bytes for a screen's 100 in compact_form's test).
 #[derive(Serialize, Deserialize)]
 struct StoredPending {
     res: u64,
