@@ -121,6 +121,14 @@ struct ServeArgs {
     /// 2 during a rolling upgrade from a build before 3).
     #[arg(long, env = "FREQCAP_RECORD_LAYOUT")]
     record_layout: Option<u8>,
+    /// With a redis-cluster store: where users' open reservations live,
+    /// shared (in Redis, the default) or owner (in one owner node's memory).
+    #[arg(long, env = "FREQCAP_RESERVATIONS")]
+    reservations: Option<freqcap::cluster::owners::Mode>,
+    /// Owner mode: host:port other nodes reach this node's HTTP API at
+    /// (default: the listen address).
+    #[arg(long, env = "FREQCAP_ADVERTISE")]
+    advertise: Option<String>,
     /// With a redis-cluster store: deadline of one Redis call, ms.
     #[arg(long, env = "FREQCAP_REDIS_TIMEOUT_MS")]
     redis_timeout_ms: Option<u64>,
@@ -276,6 +284,12 @@ impl ServeArgs {
         }
         if let Some(v) = self.record_layout {
             c.record_layout = v;
+        }
+        if let Some(v) = self.reservations {
+            c.reservations = v;
+        }
+        if let Some(v) = &self.advertise {
+            c.advertise = Some(v.clone());
         }
         if let Some(v) = self.durability {
             c.durability = v;

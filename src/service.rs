@@ -83,6 +83,14 @@ pub struct ServeConfig {
     /// (default) or 2 while nodes of a build before layout 3 still share
     /// the cluster (docs/cluster.md, "Record layout").
     pub record_layout: u8,
+    /// With a redis-cluster store: where a user's open reservations live,
+    /// `shared` (default: in Redis, any node decides) or `owner` (in one
+    /// owner node's memory; docs/cluster.md, "Owner mode").
+    pub reservations: crate::cluster::owners::Mode,
+    /// Owner mode: the `host:port` other nodes reach this node's HTTP API
+    /// at, to forward requests for the users it owns; default the listen
+    /// address (which must then not be a wildcard such as 0.0.0.0).
+    pub advertise: Option<String>,
     pub durability: Durability,
     /// `text` (default) or `json`: one JSON object per log line, for log
     /// pipelines (docs/service.md, "Logs").
@@ -166,6 +174,8 @@ impl Default for ServeConfig {
             redis_timeout_ms: 100,
             spend_reports: e.spend_reports,
             record_layout: e.record_layout,
+            reservations: crate::cluster::owners::Mode::Shared,
+            advertise: None,
             durability: Durability::Wal,
             log_format: LogFormat::Text,
             memory_budget: e.memory_budget,
@@ -205,6 +215,34 @@ impl ServeConfig {
         crate::model::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
+    /// Owner mode: the address other nodes forward this node's users to
+    /// (`None` in shared mode; port 0: the port the listener got); errors
+    /// name the option.
+    pub fn advertised(&self) -> Result<Option<SocketAddr>, String> {
+        use crate::cluster::owners::Mode;
+        if self.reservations == Mode::Shared {
+            return Ok(None);
+        }
+        if !self.store.starts_with("redis-cluster://") {
+            return Err(
+                "reservations: owner needs a redis-cluster store (store = \"redis-cluster://...\")"
+                    .into(),
+            );
+        }
+        let at = match &self.advertise {
+            Some(a) => a.parse::<SocketAddr>().map_err(|e| {
+                format!("advertise: must be an IP address and port (host:port), got {a:?}: {e}")
+            })?,
+            None => self.listen,
+        };
+        if at.ip().is_unspecified() || (self.advertise.is_some() && at.port() == 0) {
+            return Err(format!(
+                "advertise: other nodes cannot reach {at}: set advertise to this node's address and HTTP port"
+            ));
+        }
+        Ok(Some(at))
+    }
+
     /// Refuses a configuration the service could not honour, naming the
     /// option: an empty token would be accepted at start and then refuse
     /// every request; a zero timeout would close every connection.
@@ -236,10 +274,11 @@ impl ServeConfig {
         if self
             .node_id
             .as_deref()
-            .is_some_and(|n| n.is_empty() || n.len() > 128)
+            .is_some_and(|n| n.is_empty() || n.len() > 128 || n.contains(' '))
         {
-            return Err("node_id: must be 1 to 128 bytes".into());
+            return Err("node_id: must be 1 to 128 bytes, without spaces".into());
         }
+        self.advertised()?;
         for (name, token) in [
             ("decision_token", &self.decision_token),
             ("admin_token", &self.admin_token),
@@ -553,6 +592,27 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // Owner mode: join the fleet before serving. The node owns no user
+    // until its lease is active (a lease after joining); meanwhile its
+    // requests go to the other members.
+    let membership = match config.advertised()? {
+        None => None,
+        Some(at) => {
+            let at = if at.port() == 0 { addr } else { at };
+            let owners = Arc::new(crate::cluster::owners::Owners::new(
+                &node_id,
+                &at.to_string(),
+            ));
+            engine.set_owners(owners);
+            let e = engine.clone();
+            tokio::task::spawn_blocking(move || e.renew_membership())
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("reservations: cannot join the fleet's members in Redis: {e}"))?;
+            tracing::info!(%at, "owner mode: joined the fleet; forwarded requests reach this node at {at}");
+            Some(membership_renewer(engine.clone()))
+        }
+    };
     // Bound before the line below, which tells scripts the service is up.
     let resp_listener = match config.resp_listen {
         None => None,
@@ -656,6 +716,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         let _ = g.await;
     }
     sweeper.abort();
+    if let Some((stop, thread)) = membership {
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     tracing::info!("draining done; flushing the writer");
     // The campaigns' minutes (the ad-ops page) go with the last batch.
     engine.flush_timelines(true);
@@ -666,6 +730,33 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     engine.flush().map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Owner mode: renews this node's membership lease every
+/// [`crate::cluster::owners::RENEW_EVERY`] on a thread of its own (a
+/// renewal must not wait behind the sweeper's work), until told to stop.
+fn membership_renewer(
+    engine: Arc<Engine<SystemClock>>,
+) -> (Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut failures = 0u64;
+        while !flag.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(crate::cluster::owners::RENEW_EVERY);
+            match engine.renew_membership() {
+                Ok(()) => failures = 0,
+                Err(e) => {
+                    // Logged when it starts failing, then every 10 s.
+                    if failures % 20 == 0 {
+                        tracing::warn!("owner mode: cannot renew this node's membership lease: {e}");
+                    }
+                    failures += 1;
+                }
+            }
+        }
+    });
+    (stop, thread)
 }
 
 #[cfg(test)]

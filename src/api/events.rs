@@ -3,6 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, Method};
 use axum::extract::rejection::BytesRejection;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -10,7 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::ApiError;
 use super::St;
 use super::request::*;
+use super::forward;
 use crate::clock::Clock;
+use crate::cluster::owners::Owner;
 use crate::engine::Event;
 
 #[derive(Deserialize, JsonSchema)]
@@ -65,6 +68,7 @@ pub(crate) struct EventsAnswer {
 
 pub(crate) async fn events<C: Clock + 'static>(
     State(s): St<C>,
+    headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<EventsAnswer>, ApiError> {
     // One event object, or an array of them; each element must be an object
@@ -74,18 +78,73 @@ pub(crate) async fn events<C: Clock + 'static>(
         EventsBody::List(v) => v.into_iter().map(|Object(e)| e).collect(),
     };
     let n = list.len();
-    let evs: Vec<Event> = list
-        .into_iter()
-        .map(|e| Event {
-            user: e.user,
-            campaign: e.campaign,
-            cost: e.cost,
-            event_id: e.event_id,
-        })
-        .collect();
-    let counted = count_events(&s, evs).await?;
+    // Owner mode: each other owner's events go to it, in one request per
+    // owner; the rest are counted here (docs/cluster.md, "Owner mode").
+    let mut here = Vec::with_capacity(n);
+    let mut away: Vec<(Owner, Vec<serde_json::Value>)> = Vec::new();
+    for e in list {
+        let owner = e.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
+        match owner {
+            Some(o @ Owner::Other { .. }) if !headers.contains_key(forward::FORWARDED) => {
+                let json = serde_json::json!({
+                    "user": e.user, "campaign": e.campaign, "cost": e.cost, "event_id": e.event_id,
+                });
+                match away.iter_mut().find(|(x, _)| *x == o) {
+                    Some((_, v)) => v.push(json),
+                    None => away.push((o, vec![json])),
+                }
+            }
+            _ => here.push(Event {
+                user: e.user,
+                campaign: e.campaign,
+                cost: e.cost,
+                event_id: e.event_id,
+            }),
+        }
+    }
+    let mut counted = if here.is_empty() {
+        0
+    } else {
+        count_events(&s, here).await?
+    };
+    for (owner, list) in away {
+        let body = Bytes::from(serde_json::to_vec(&list).map_err(ApiError::internal)?);
+        let Some(r) = s
+            .forwarder
+            .to_owner(Some(owner), Method::POST, "/v1/events", &headers, body)
+            .await
+        else {
+            continue;
+        };
+        counted += forwarded_count(r?).await?;
+    }
     Ok(Json(EventsAnswer {
         counted,
         duplicates: n - counted,
     }))
+}
+
+/// The count an owner's answer to forwarded events gives; its error, as
+/// the owner said it, otherwise. Events other parts of the request counted
+/// stay counted (docs/cluster.md: events split between owners should carry
+/// `event_id`, so that a retry counts each once).
+async fn forwarded_count(r: axum::response::Response) -> Result<usize, ApiError> {
+    let status = r.status();
+    let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("an owner's answer could not be read: {e}")))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if !status.is_success() {
+        let message = v["error"]["message"]
+            .as_str()
+            .unwrap_or("the owner refused the events");
+        return Err(ApiError::unavailable(format!(
+            "events forwarded to their user's owner: {} {message}",
+            status.as_u16()
+        )));
+    }
+    v["counted"]
+        .as_u64()
+        .map(|c| c as usize)
+        .ok_or_else(|| ApiError::unavailable("an owner's answer to events had no count"))
 }

@@ -177,6 +177,10 @@ pub struct Figures {
     /// that met another node's write first, and screens answered open.
     pub cas: u64,
     pub cas_conflicts: u64,
+    /// Owner mode: users claimed into memory, and decisions refused
+    /// because a later owner had claimed the user.
+    pub owner_claims: u64,
+    pub owner_fenced: u64,
     pub failed_open: u64,
     /// Lease calls, and this node's grants now (count, units not yet spent).
     pub lease_calls: u64,
@@ -482,6 +486,18 @@ impl Collector for EngineFigures {
             "freqcap_cas_conflicts",
             "Compare-and-set writes another node's write beat (decided again)",
             f.cas_conflicts,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_owner_claims",
+            "Owner mode: users claimed into this node's memory (read from the shared store)",
+            f.owner_claims,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_owner_fenced",
+            "Owner mode: decisions refused because a later owner had claimed the user",
+            f.owner_fenced,
         )?;
         counter(
             &mut e,

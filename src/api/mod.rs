@@ -8,6 +8,7 @@ mod check;
 mod definitions;
 pub mod error;
 mod events;
+pub mod forward;
 pub mod guard;
 pub mod headers;
 pub mod metrics;
@@ -120,6 +121,8 @@ pub struct AppState<C: Clock> {
     pub body_budget: body_budget::BodyBudget,
     /// Request counters, and the in-flight count that load shedding reads.
     pub metrics: Metrics,
+    /// Owner mode: requests about users other nodes own go there.
+    pub forwarder: forward::Forwarder,
 }
 
 /// Every route, as its template: what the router serves (each through
@@ -182,6 +185,8 @@ fn figures<C: Clock + 'static>(
         rocksdb_estimated_keys: store.estimated_keys,
         cas: get(&st.cas),
         cas_conflicts: get(&st.cas_conflicts),
+        owner_claims: get(&st.owner_claims),
+        owner_fenced: get(&st.owner_fenced),
         failed_open: get(&st.failed_open),
         lease_calls: get(&st.lease_calls),
         record_time_capped: get(&st.record_time_capped),
@@ -273,8 +278,10 @@ pub fn app_state<C: Clock + 'static>(
         options.body_memory.max(options.max_body + (128 << 10)),
         metrics.overloaded_counter("body_memory"),
     );
+    let forwarder = forward::Forwarder::new(engine.node_id());
     Arc::new(AppState {
         engine,
+        forwarder,
         options,
         metrics,
         body_budget,

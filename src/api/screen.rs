@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
 use axum::extract::rejection::BytesRejection;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -82,10 +84,19 @@ pub(crate) struct ScreenAnswer {
 
 pub(crate) async fn screen<C: Clock + 'static>(
     State(s): St<C>,
+    headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<ScreenAnswer>, ApiError> {
+) -> Result<Response, ApiError> {
     let bytes = b.map_err(rejected)?;
     let b: ScreenBody = body(Ok(bytes.clone()))?;
+    let owner = b.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::POST, "/v1/screen", &headers, bytes.clone())
+        .await
+    {
+        return r;
+    }
     let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let req = ScreenRequest {
         user: b.user,
@@ -131,7 +142,8 @@ pub(crate) async fn screen<C: Clock + 'static>(
                 would_deny: r.would_deny.map(denied_body),
             })
             .collect(),
-    }))
+    })
+    .into_response())
 }
 
 fn denied_body(d: crate::engine::DeniedBy) -> DeniedBody {

@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::extract::rejection::BytesRejection;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -67,9 +69,20 @@ impl From<crate::engine::CommitOutcome> for SettledBody {
 pub(crate) async fn commit<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    uri: Uri,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<SettledBody>, ApiError> {
-    let b: CommitBody = optional_body(b)?;
+) -> Result<Response, ApiError> {
+    let bytes = b.map_err(rejected)?;
+    let b: CommitBody = optional_body(Ok(bytes.clone()))?;
+    let owner = s.engine.owner_of_reservation(&id, b.user.as_deref());
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::POST, uri.path(), &headers, bytes)
+        .await
+    {
+        return r;
+    }
     let req = CommitRequest {
         campaigns: match b.campaign {
             None => Vec::new(),
@@ -80,7 +93,7 @@ pub(crate) async fn commit<C: Clock + 'static>(
         event_id: b.event_id,
         user: b.user,
     };
-    Ok(Json(commit_reservation(&s, id, req).await?.into()))
+    Ok(Json(SettledBody::from(commit_reservation(&s, id, req).await?)).into_response())
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -97,10 +110,21 @@ pub(crate) struct ReleaseBody {
 pub(crate) async fn release<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    uri: Uri,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<SettledBody>, ApiError> {
-    let body: ReleaseBody = optional_body(b)?;
+) -> Result<Response, ApiError> {
+    let bytes = b.map_err(rejected)?;
+    let body: ReleaseBody = optional_body(Ok(bytes.clone()))?;
+    let owner = s.engine.owner_of_reservation(&id, body.user.as_deref());
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::POST, uri.path(), &headers, bytes)
+        .await
+    {
+        return r;
+    }
     let e = s.engine.clone();
     let out = blocking(move || e.release_for(&id, body.user.as_deref())).await?;
-    Ok(Json(out.into()))
+    Ok(Json(SettledBody::from(out)).into_response())
 }

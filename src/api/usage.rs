@@ -2,7 +2,10 @@
 //! every cap in a campaign's chain) and `GET /v1/campaigns/{id}/delivery`
 //! (a budget's spend against its pacing line).
 
+use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -102,9 +105,20 @@ pub(crate) struct UsageBody {
 pub(crate) async fn usage<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath((user, id)): ApiPath<(String, String)>,
-) -> Result<Json<UsageBody>, ApiError> {
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     id_param(&s, "user", &user)?;
     id_param(&s, "id", &id)?;
+    // Owner mode: the owner's figures include the holds only it knows.
+    let owner = s.engine.owner_of_user(&user);
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::GET, uri.path(), &headers, Bytes::new())
+        .await
+    {
+        return r;
+    }
     let e = s.engine.clone();
     let (u, c) = (user.clone(), id.clone());
     let caps = blocking(move || e.user_usage(&u, &c)).await?;
@@ -125,5 +139,6 @@ pub(crate) async fn usage<C: Clock + 'static>(
                 reset_after_ms: ms(c.reset_after),
             })
             .collect(),
-    }))
+    })
+    .into_response())
 }

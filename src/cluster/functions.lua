@@ -702,6 +702,170 @@ local function fc_plan(keys, args)
 end
 
 -------------------------------------------------------------------------------
+-- Owner mode (docs/cluster.md, "Owner mode"): a user's record is decided by
+-- one node, its owner, from memory; the record's field `e` is the epoch of
+-- the owner that last claimed it. Epochs come from the members hash
+-- (fc_member_v1) and only grow, so a deposed owner (one whose lease ran out
+-- while it was paused, say) holds a lower epoch than the record and is
+-- refused whatever version it read.
+--
+-- fc_own_v1: a new owner claims record K before deciding on it.
+--
+--   FCALL fc_own_v1 1 K epoch absent_ttl_ms
+--
+-- Reply:
+--   [1, version, blob|nil]   claimed: the record as it is (nil: no blob);
+--                            `e` is now `epoch` and the version moved, so
+--                            no write made on an older copy can land
+--   [-1, epoch_of_K]         fenced: a later owner claimed K
+--
+-- A record absent is created with no blob, to expire after absent_ttl_ms
+-- unless a write gives it its own expiry: the claim must stand for a
+-- deposed owner's write against "absent" to be refused too.
+-------------------------------------------------------------------------------
+local function fc_own(keys, args)
+  local F = 'fc_own_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 2 then
+    return redis.error_reply('ERR ' .. F .. ': expects 2 arguments: epoch absent_ttl_ms')
+  end
+  local epoch, err = uint_arg(args[1], F, 'epoch')
+  if not epoch then return err end
+  local ttl
+  ttl, err = uint_arg(args[2], F, 'absent_ttl_ms')
+  if not ttl then return err end
+  if epoch == 0 then
+    return redis.error_reply('ERR ' .. F .. ': epoch must be at least 1')
+  end
+  local k = keys[1]
+  local e = tonumber(redis.call('HGET', k, 'e')) or 0
+  if e > epoch then return {-1, e} end
+  local cur = tonumber(redis.call('HGET', k, 'v')) or 0
+  local blob = redis.call('HGET', k, 'b')
+  if e == epoch then return {1, cur, blob} end
+  local new = math.max(cur + 1, now_us())
+  if new > MAX_INT then
+    return redis.error_reply('ERR ' .. F .. ': version would exceed 2^53-1')
+  end
+  redis.call('HSET', k, 'v', istr(new), 'e', istr(epoch))
+  if not blob and ttl > 0 then
+    redis.call('PEXPIRE', k, istr(ttl))
+  end
+  return {1, new, blob}
+end
+
+-------------------------------------------------------------------------------
+-- fc_cas_v2: fc_cas_v1 by an owner of epoch `epoch`.
+--
+--   FCALL fc_cas_v2 1 K expected_version blob expire_at_ms epoch
+--
+-- Reply: as fc_cas_v1's, or [-1, epoch_of_K] (fenced: a later owner claimed
+-- K; nothing written). A write leaves `e` at max(e, epoch).
+-------------------------------------------------------------------------------
+local function fc_cas_v2(keys, args)
+  local F = 'fc_cas_v2'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 4 then
+    return redis.error_reply('ERR ' .. F .. ': expects 4 arguments: expected_version blob expire_at_ms epoch')
+  end
+  local epoch, err = uint_arg(args[4], F, 'epoch')
+  if not epoch then return err end
+  local e = tonumber(redis.call('HGET', keys[1], 'e')) or 0
+  if e > epoch then return {-1, e} end
+  local r = fc_cas(keys, {args[1], args[2], args[3]})
+  if type(r) == 'table' and r[1] == 1 and e < epoch
+     and redis.call('EXISTS', keys[1]) == 1 then
+    redis.call('HSET', keys[1], 'e', istr(epoch))
+  end
+  return r
+end
+
+-------------------------------------------------------------------------------
+-- fc_member_v1: owner mode's membership, one hash M for the fleet.
+--
+--   FCALL fc_member_v1 1 M node addr epoch ttl_ms
+--
+-- M's fields: `#epoch`, the last epoch given out, and `n:<node>` =
+-- "epoch active_from_ms expiry_ms addr" per member. epoch "0" joins: the
+-- node gets the next epoch and owns nothing before active_from = now + ttl
+-- (later still if an earlier process of the same name holds a lease: it
+-- must run out first), so every live member, which reads M every ttl/4,
+-- knows of it before it owns anything. Otherwise the call renews the lease
+-- of that epoch to now + ttl.
+--
+-- Reply:
+--   [1, epoch, now_ms, [node, "epoch active_from expiry addr", ...]]
+--   [0, now_ms]   the lease of that epoch is gone (it ran out, or another
+--                 process of the same name joined): join again, deciding
+--                 nothing meanwhile.
+-- Members whose lease ended over a minute ago are removed.
+-------------------------------------------------------------------------------
+local function fc_member(keys, args)
+  local F = 'fc_member_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 4 then
+    return redis.error_reply('ERR ' .. F .. ': expects 4 arguments: node addr epoch ttl_ms')
+  end
+  local node, addr = args[1], args[2]
+  if #node == 0 or #node > 128 or string.find(node, ' ', 1, true) then
+    return redis.error_reply('ERR ' .. F .. ': node must be 1 to 128 bytes without spaces')
+  end
+  if #addr == 0 or #addr > 256 or string.find(addr, ' ', 1, true) then
+    return redis.error_reply('ERR ' .. F .. ': addr must be 1 to 256 bytes without spaces')
+  end
+  local epoch, err = uint_arg(args[3], F, 'epoch')
+  if not epoch then return err end
+  local ttl
+  ttl, err = uint_arg(args[4], F, 'ttl_ms')
+  if not ttl then return err end
+  if ttl == 0 then
+    return redis.error_reply('ERR ' .. F .. ': ttl_ms must be at least 1')
+  end
+  local m = keys[1]
+  local now = now_ms()
+  local field = 'n:' .. node
+  local cur = redis.call('HGET', m, field)
+  local ce, cfrom, cexp
+  if cur then
+    local a, b, c = string.match(cur, '^(%d+) (%d+) (%d+) ')
+    ce, cfrom, cexp = tonumber(a), tonumber(b), tonumber(c)
+  end
+  if epoch == 0 then
+    epoch = redis.call('HINCRBY', m, '#epoch', 1)
+    local from = now + ttl
+    if cexp and cexp > now then from = math.max(from, cexp) end
+    redis.call('HSET', m, field, istr(epoch) .. ' ' .. istr(from) .. ' ' .. istr(from + ttl) .. ' ' .. addr)
+  else
+    if not ce or ce ~= epoch or cexp <= now then
+      return {0, now}
+    end
+    redis.call('HSET', m, field, istr(epoch) .. ' ' .. istr(cfrom) .. ' ' ..
+      istr(math.max(cexp, now + ttl)) .. ' ' .. addr)
+  end
+  local all = redis.call('HGETALL', m)
+  local out = {}
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    if string.sub(f, 1, 2) == 'n:' then
+      local exp = tonumber(string.match(v, '^%d+ %d+ (%d+) '))
+      if exp and exp + 60000 < now then
+        redis.call('HDEL', m, f)
+      else
+        out[#out + 1] = string.sub(f, 3)
+        out[#out + 1] = v
+      end
+    end
+  end
+  return {1, epoch, now, out}
+end
+
+-------------------------------------------------------------------------------
 -- fc_peek_v1 (no-writes): a cached copy's freshness check.
 --
 --   FCALL fc_peek_v1 1 K version
@@ -986,6 +1150,9 @@ local function fc_writer(keys, args)
 end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
+redis.register_function{function_name = 'fc_cas_v2', callback = fc_cas_v2, flags = {}}
+redis.register_function{function_name = 'fc_own_v1', callback = fc_own, flags = {}}
+redis.register_function{function_name = 'fc_member_v1', callback = fc_member, flags = {}}
 redis.register_function{function_name = 'fc_peek_v1', callback = fc_peek,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}

@@ -37,11 +37,12 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, DefsWrite, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
+    Batch, Cas, DefsWrite, Membership, Owned, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
     MinuteCounts, Op, PlanRequest, Receipt, Shared, SlotsRequest, Space, Store, StoreError,
     StoreStats,
 };
 
+pub mod owners;
 pub mod time;
 
 /// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
@@ -54,6 +55,8 @@ const DEFS_VERSION: &str = "__v";
 const DEFS_IDS: &str = "__ids";
 /// The definitions-writer lock (the slot of [`DEFS`]).
 const DEFS_WRITER: &str = "fc:{defs}:writer";
+/// Owner mode's members and their leases (`fc_member_v1`).
+const MEMBERS_KEY: &str = "fc:{members}";
 /// The campaigns' activity on a UTC day, for `/metrics`' most active ones.
 fn tops_key(day: u64) -> String {
     format!("fc:{{tops}}:{day}")
@@ -404,6 +407,38 @@ impl RedisStore {
         }
     }
 
+    /// Runs a compare-and-set function (`fc_cas_v1`, `fc_cas_v2`) and reads
+    /// its answer.
+    fn cas_call(&self, what: &str, c: &Cmd) -> Result<Cas, StoreError> {
+        let (v, replicas) = self.fcall(c, self.waits())?;
+        let Value::Array(a) = &v else {
+            return Err(unexpected(what, &v));
+        };
+        match a.as_slice() {
+            [ok, ver] if int(ok) == Some(1) => {
+                let ver = int(ver).ok_or_else(|| unexpected(what, &v))?;
+                if replicas < 1 {
+                    // Applied on the primary, not confirmed on a replica: not
+                    // acknowledged. The engine reads the record again.
+                    self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+                    return Err(StoreError::Unavailable(
+                        "the write was not confirmed by a replica in time (durability replicated)"
+                            .into(),
+                    ));
+                }
+                Ok(Cas::Written(ver))
+            }
+            [ok, e] if matches!(ok, Value::Int(-1)) => {
+                Ok(Cas::Fenced(int(e).ok_or_else(|| unexpected(what, &v))?))
+            }
+            [ok, ver, b] if int(ok) == Some(0) => Ok(Cas::Conflict {
+                version: int(ver).ok_or_else(|| unexpected(what, &v))?,
+                value: bytes(b),
+            }),
+            _ => Err(unexpected(what, &v)),
+        }
+    }
+
     fn query(&self, what: &str, cmd: Cmd) -> Result<Value, StoreError> {
         let conn = self.conn.clone();
         self.run(what, async move { conn.query(&cmd).await })
@@ -631,29 +666,103 @@ impl Shared for RedisStore {
             .arg(expected)
             .arg(value)
             .arg(ms(expire_at));
+        self.cas_call("fc_cas_v1", &c)
+    }
+
+    fn cas_owned(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: &[u8],
+        expire_at: Nanos,
+        epoch: u64,
+    ) -> Result<Cas, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_cas_v2")
+            .arg(1)
+            .arg(redis_key(key))
+            .arg(expected)
+            .arg(value)
+            .arg(ms(expire_at))
+            .arg(epoch);
+        self.cas_call("fc_cas_v2", &c)
+    }
+
+    fn own(&self, key: &[u8], epoch: u64, absent_ttl: Nanos) -> Result<Owned, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_own_v1")
+            .arg(1)
+            .arg(redis_key(key))
+            .arg(epoch)
+            .arg(absent_ttl / 1_000_000);
+        // A claim is a write: it waits for a replica as commits do, or a
+        // failover could forget it and let a deposed owner write again.
         let (v, replicas) = self.fcall(&c, self.waits())?;
         let Value::Array(a) = &v else {
-            return Err(unexpected("fc_cas_v1", &v));
+            return Err(unexpected("fc_own_v1", &v));
         };
         match a.as_slice() {
-            [ok, ver] if int(ok) == Some(1) => {
-                let ver = int(ver).ok_or_else(|| unexpected("fc_cas_v1", &v))?;
+            [ok, e] if matches!(ok, Value::Int(-1)) => {
+                Ok(Owned::Fenced(int(e).ok_or_else(|| unexpected("fc_own_v1", &v))?))
+            }
+            [ok, ver, b] if int(ok) == Some(1) => {
                 if replicas < 1 {
-                    // Applied on the primary, not confirmed on a replica: not
-                    // acknowledged. The engine reads the record again.
                     self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
                     return Err(StoreError::Unavailable(
-                        "the write was not confirmed by a replica in time (durability replicated)"
+                        "the claim was not confirmed by a replica in time (durability replicated)"
                             .into(),
                     ));
                 }
-                Ok(Cas::Written(ver))
+                Ok(Owned::Claimed {
+                    version: int(ver).ok_or_else(|| unexpected("fc_own_v1", &v))?,
+                    value: bytes(b),
+                })
             }
-            [ok, ver, b] if int(ok) == Some(0) => Ok(Cas::Conflict {
-                version: int(ver).ok_or_else(|| unexpected("fc_cas_v1", &v))?,
-                value: bytes(b),
+            _ => Err(unexpected("fc_own_v1", &v)),
+        }
+    }
+
+    fn member(
+        &self,
+        node: &str,
+        addr: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<Membership, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_member_v1")
+            .arg(1)
+            .arg(MEMBERS_KEY)
+            .arg(node)
+            .arg(addr)
+            .arg(epoch)
+            .arg(ttl_ms);
+        let (v, _) = self.fcall(&c, false)?;
+        let bad = || unexpected("fc_member_v1", &v);
+        let Value::Array(a) = &v else {
+            return Err(bad());
+        };
+        match a.as_slice() {
+            [ok, now] if int(ok) == Some(0) => Ok(Membership::Gone {
+                now_ms: int(now).ok_or_else(bad)?,
             }),
-            _ => Err(unexpected("fc_cas_v1", &v)),
+            [ok, e, now, Value::Array(list)] if int(ok) == Some(1) => {
+                let text = |x: &Value| bytes(x).and_then(|b| String::from_utf8(b).ok());
+                let members = list
+                    .chunks(2)
+                    .map(|p| match p {
+                        [n, m] => Some((text(n)?, text(m)?)),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(bad)?;
+                Ok(Membership::Lease {
+                    epoch: int(e).ok_or_else(bad)?,
+                    now_ms: int(now).ok_or_else(bad)?,
+                    members,
+                })
+            }
+            _ => Err(bad()),
         }
     }
 

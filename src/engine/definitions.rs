@@ -191,6 +191,7 @@ impl<C: Clock> Engine<C> {
         }
         self.renew_leases();
         self.refresh_fleet_top();
+        self.drop_unowned(self.now());
         r
     }
 

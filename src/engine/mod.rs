@@ -298,6 +298,10 @@ pub struct EngineStats {
     /// writes that met another node's first (decided again).
     pub cas: AtomicU64,
     pub cas_conflicts: AtomicU64,
+    /// Owner mode: users claimed (taken into memory from the store), and
+    /// decisions refused because a later owner had claimed the user.
+    pub owner_claims: AtomicU64,
+    pub owner_fenced: AtomicU64,
     /// Screens answered eligible without their user's record, which could
     /// not be reached (`fail_open`).
     pub failed_open: AtomicU64,
@@ -360,6 +364,9 @@ pub struct Engine<C: Clock> {
     /// With a shared store, the records being decided (one decision at a
     /// time per record, no lock across a Redis call).
     gates: gate::Gates,
+    /// Owner mode (docs/cluster.md, "Owner mode"): who owns which user. Set
+    /// once, after the node joined the fleet.
+    owners: std::sync::OnceLock<Arc<crate::cluster::owners::Owners>>,
     /// When the campaigns' timelines were last written (engine time).
     timelines_flushed_at: AtomicU64,
     /// With a shared store: the fleet's most active campaigns, which
@@ -444,6 +451,7 @@ impl<C: Clock> Engine<C> {
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),
             gates: gate::Gates::default(),
+            owners: std::sync::OnceLock::new(),
             timelines_flushed_at: AtomicU64::new(0),
             fleet_top: figures::FleetTop::default(),
             hash_key,

@@ -21,7 +21,8 @@ use crate::limits::concurrency::ConcurrencyState;
 use crate::limits::rate::RatePending;
 use crate::limits::{ItemState, PendingItem};
 use crate::store::codec::{self, StoredCounter, StoredState};
-use crate::store::{Cas, Shared, StoreError};
+use crate::cluster::owners::{Owner, Owners};
+use crate::store::{Cas, Owned, Shared, StoreError};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
 use super::check::compile_inline;
@@ -55,6 +56,16 @@ const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
 /// following it would roll this record's windows early. Decisions on it are
 /// held up by this much only, and counted (`record_time_capped`).
 pub(crate) const MAX_RECORD_AHEAD: Nanos = 1_000_000_000;
+
+/// How long a claim of a user with no record stands (owner mode): the
+/// claim fences earlier owners' writes against "absent" until the owner
+/// writes the record, or the user goes idle.
+const OWNED_ABSENT_TTL: Nanos = 3_600 * 1_000_000_000;
+
+/// The error a request gets where this node does not decide.
+fn unavailable(message: String) -> Halt {
+    EngineError::Store(StoreError::Unavailable(message)).into()
+}
 
 /// How a reservation was settled, as its record says.
 #[derive(Debug, Clone)]
@@ -314,6 +325,9 @@ fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
 /// The payload of `rec` as stored in `layout` (2 or 3), with decision time
 /// `last`.
 fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
+    if layout == OWNED {
+        return owned_payload(rec, last);
+    }
     let mut out = if layout >= 3 {
         let counters = compact_form::encode_counters(kept_counters(rec));
         // ~8 bytes a counter and a pending debit (compact_form), ~3 a held
@@ -364,6 +378,33 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
         out.extend_from_slice(&codec::encode(&inline));
     }
     out
+}
+
+/// [`payload`]'s `layout` for owner mode's records: layout 3 with only
+/// what commits change (docs/cluster.md, "Owner mode").
+const OWNED: u8 = 0;
+
+/// A record as owner mode stores it: its committed state and settled ids
+/// only. Open reservations (holds, pending debits, a budget's pending spend,
+/// concurrency slots) stay in the owner's memory, as on one node, so a
+/// screen writes nothing and a commit writes ~100 bytes (issue 26).
+fn owned_payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
+    let counters = compact_form::encode_counters(kept_counters(rec));
+    let mut form = form(rec, last, counters, Vec::<PendingGroup>::new());
+    form.held = Cow::Borrowed(&[]);
+    // Releases are not written: only commits change what other owners
+    // must know (a retried commit is recognised by its settled id).
+    if form.settled.iter().any(|x| !x.committed) {
+        form.settled = Cow::Owned(form.settled.iter().filter(|x| x.committed).cloned().collect());
+    }
+    form.extra.retain_mut(|x| match &mut x.extra {
+        StoredExtra::Budget { pending, .. } => {
+            *pending = 0;
+            true
+        }
+        StoredExtra::Concurrency { .. } => false,
+    });
+    codec::encode_sized(&form, 64 + 8 * form.counters.len())
 }
 
 /// The counters of `rec` a shared record keeps. Empty ones (a window at
@@ -741,6 +782,49 @@ impl<C: Clock> Engine<C> {
         self.store.shared()
     }
 
+    /// This node's name among the nodes of a cluster.
+    pub fn node_id(&self) -> &str {
+        &self.options.node_id
+    }
+
+    /// Owner mode: this node's membership, set once it has joined.
+    pub fn set_owners(&self, owners: Arc<Owners>) {
+        let _ = self.owners.set(owners);
+    }
+
+    /// Owner mode: renews this node's lease and reads the members
+    /// ([`Owners::renew`]); nothing in shared mode.
+    pub fn renew_membership(&self) -> Result<(), EngineError> {
+        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+            return Ok(());
+        };
+        owners.renew(shared).map_err(Into::into)
+    }
+
+    /// Owner mode: who decides on `user` now (`None`: not in owner mode).
+    pub fn owner_of_user(&self, user: &str) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        Some(owners.owner(self.hash(b'u', 0, user), self.now()))
+    }
+
+    /// Owner mode: who decides on reservation `id` (`user`: the user a
+    /// commit names): the owner of the user whose record holds it. `None`:
+    /// not in owner mode, or a reservation any node settles (a user-less
+    /// screen's, a policy key's).
+    pub fn owner_of_reservation(&self, id: &str, user: Option<&str>) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        let h = match Self::record_in_id(id) {
+            Some(RecordKey::User(h)) => h,
+            Some(_) => return None,
+            None => match self.reservations.reserved(id).as_deref() {
+                Some(super::reservations::Reserved::Screen { user: Some(u), .. }) => *u,
+                Some(_) => return None,
+                None => self.hash(b'u', 0, user?),
+            },
+        };
+        Some(owners.owner(h, self.now()))
+    }
+
     /// A reservation id's hash: the `res` of its pending debits in a shared
     /// record (and the local table's number for it), the same on every node.
     pub(crate) fn res_of(&self, id: &str) -> u64 {
@@ -848,6 +932,16 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
+        if let (Some(owners), RecordKey::User(h)) = (self.owners.get(), key) {
+            return match owners.owner(h, now) {
+                Owner::Me { epoch } => self.with_owned_record(shared, owners, key, now, epoch, f),
+                Owner::Other { node, addr } => Err(unavailable(format!(
+                    "this user is owned by node {node} ({addr}) in owner mode: send the request there \
+                     (the HTTP API forwards it)"
+                ))),
+                Owner::Unsettled(why) => Err(unavailable(why.to_owned())),
+            };
+        }
         let disk = key.disk_key();
         let hot_key = key.hot_key();
         let reg = self.registry();
@@ -964,6 +1058,15 @@ impl<C: Clock> Engine<C> {
                     };
                     fresh = true;
                 }
+                // `fc_cas_v1` never fences; an owner-mode record met in
+                // shared mode (nodes of both modes on one cluster) is
+                // refused rather than decided on.
+                Ok(Cas::Fenced(_)) => {
+                    return Err(unavailable(
+                        "this record is kept by owner mode: every node of a fleet must use the same `reservations` mode"
+                            .to_owned(),
+                    ));
+                }
                 Err(e) => {
                     // It may have been applied: the cached copy is read
                     // again before the next decision.
@@ -982,6 +1085,147 @@ impl<C: Clock> Engine<C> {
             "the record changed under {MAX_TRIES} decisions in a row (other nodes wrote it); retry"
         ))
         .into())
+    }
+
+    /// [`Engine::with_shared_record`] in owner mode, on a user this node owns
+    /// (docs/cluster.md, "Owner mode"): its copy in memory is the record, as
+    /// on one node, since no other node decides on it. A user not in memory
+    /// is claimed first (`fc_own_v1`: read, and fenced against earlier
+    /// owners). Only a change of what is committed is written, by
+    /// compare-and-set under this node's epoch; a write refused (a later
+    /// owner claimed the record, or it moved) means this node is no longer
+    /// the owner: its copy is dropped and the request fails with 503, to be
+    /// retried where the user now lives.
+    fn with_owned_record<R>(
+        &self,
+        shared: &dyn Shared,
+        owners: &Owners,
+        key: RecordKey,
+        now: Nanos,
+        epoch: u64,
+        mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
+    ) -> Result<R, Halt> {
+        self.drop_unowned(now);
+        let disk = key.disk_key();
+        let hot_key = key.hot_key();
+        let reg = self.registry();
+        let _turn = self.gates.enter(hot_key);
+        let cached = self
+            .hot
+            .try_with(
+                &hot_key,
+                now,
+                &u64::MAX,
+                || Err(()),
+                |rec| {
+                    (rec.write_seq != STALE).then(|| {
+                        std::mem::replace(
+                            rec,
+                            SubjectRecord {
+                                write_seq: STALE,
+                                ..SubjectRecord::default()
+                            },
+                        )
+                    })
+                },
+            )
+            .ok()
+            .flatten();
+        let (mut rec, last) = match cached {
+            Some(rec) => (rec, 0),
+            None => {
+                self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
+                self.stats.owner_claims.fetch_add(1, Ordering::Relaxed);
+                match shared.own(&disk, epoch, OWNED_ABSENT_TTL)? {
+                    Owned::Claimed {
+                        version,
+                        value: Some(v),
+                    } => self.decoded(&disk, &v, version)?,
+                    Owned::Claimed {
+                        version,
+                        value: None,
+                    } => (
+                        SubjectRecord {
+                            write_seq: version,
+                            ..SubjectRecord::default()
+                        },
+                        0,
+                    ),
+                    Owned::Fenced(later) => {
+                        return Err(self.deposed(owners, later));
+                    }
+                }
+            }
+        };
+        let now = now.max(self.last_now.load(Ordering::Acquire));
+        let at = self.record_time(now, last, rec.write_seq);
+        let before = payload(&rec, 0, OWNED);
+        expire_held(&mut rec, at, &reg);
+        let r = f(&mut rec, at);
+        let after = payload(&rec, at, OWNED);
+        if without_last(&after, at) == without_last(&before, 0) {
+            self.keep_copy(hot_key, now, rec);
+            return Ok(r);
+        }
+        if let Some(m) = rec.shared_meta() {
+            let until = m.settled.iter().map(|s| s.deadline).max().unwrap_or(0);
+            rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
+        }
+        let value = codec::frame_as(3, rec.idle_at, &after);
+        let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
+        self.stats.cas.fetch_add(1, Ordering::Relaxed);
+        match shared.cas_owned(&disk, rec.write_seq, &value, expire, epoch) {
+            Ok(Cas::Written(v)) => {
+                rec.write_seq = v;
+                self.keep_copy(hot_key, now, rec);
+                Ok(r)
+            }
+            Ok(Cas::Fenced(later)) => Err(self.deposed(owners, later)),
+            Ok(Cas::Conflict { .. }) => {
+                self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                Err(self.deposed(owners, epoch))
+            }
+            // It may have been applied: the copy is not put back (its
+            // placeholder is marked STALE), so the next decision claims the
+            // record again, reading it.
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// This node's copy of a user it thought it owned was overtaken (a
+    /// later owner of epoch `later` claimed or wrote it): the copy is not
+    /// put back (its placeholder is STALE), and the request fails with 503
+    /// (retried, it goes to the owner).
+    fn deposed(&self, owners: &Owners, later: u64) -> Halt {
+        self.stats.owner_fenced.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            node = owners.node(),
+            later,
+            "a user's record was claimed by a later owner: this node no longer decides on it"
+        );
+        unavailable(
+            "this node no longer owns this user (another node claimed it): retry, and the request \
+             goes to the owner"
+                .to_owned(),
+        )
+    }
+
+    /// Owner mode: drops the copies of users this node may have stopped
+    /// owning since it last did ([`Owners::drop_plan`]). Called by the
+    /// periodic tick and before each decision.
+    pub(crate) fn drop_unowned(&self, now: Nanos) {
+        let Some(owners) = self.owners.get() else {
+            return;
+        };
+        if let Some(plan) = owners.drop_plan(now) {
+            let n = self
+                .hot
+                .retain_keys(|k| plan.keeps(u128::from(k[0]) | (u128::from(k[1]) << 64)));
+            owners.dropped(&plan);
+            if n > 0 {
+                tracing::info!(dropped = n, "owners changed: dropped the copies of users this node no longer owns");
+            }
+        }
     }
 
     /// Puts `rec`, as decided and written (or found current), back in the

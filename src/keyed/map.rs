@@ -548,6 +548,28 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         total
     }
 
+    /// Drops every record whose key `keep` refuses, whatever its state
+    /// (owner mode drops the users it no longer owns: their copies go stale
+    /// once another node decides on them). Returns how many were dropped.
+    pub fn retain_keys(&self, mut keep: impl FnMut(&K) -> bool) -> usize {
+        let mut total = 0;
+        for s in self.shards.iter() {
+            let mut s = s.lock();
+            let before = s.table.len();
+            let mut freed = 0;
+            s.table.retain(|(k, v)| {
+                let kept = keep(k);
+                if !kept {
+                    freed += v.heap_bytes();
+                }
+                kept
+            });
+            s.heap -= freed;
+            total += before - s.table.len();
+        }
+        total
+    }
+
     pub fn stats(&self) -> &MapStats {
         &self.stats
     }

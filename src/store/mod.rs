@@ -19,8 +19,8 @@ use std::path::PathBuf;
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
-    Cas, DefsWrite, LeaseGrant, LeaseRequest, LineGrant, LineRequest, MinuteCounts, PlanRequest,
-    Segments, Shared, SharedMemory, SlotsRequest, TotalRule, reports_later_arg,
+    Cas, DefsWrite, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Membership, MinuteCounts,
+    Owned, PlanRequest, Segments, Shared, SharedMemory, SlotsRequest, TotalRule, reports_later_arg,
 };
 
 /// The key spaces (RocksDB column families).

@@ -27,6 +27,33 @@ pub enum Cas {
         version: u64,
         value: Option<Vec<u8>>,
     },
+    /// Owner mode: a later owner (this epoch) claimed the record; nothing
+    /// was written.
+    Fenced(u64),
+}
+
+/// The answer to an owner's claim of a record ([`Shared::own`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// Claimed: the record's version after the claim, and its value (`None`:
+    /// it has none yet).
+    Claimed { version: u64, value: Option<Vec<u8>> },
+    /// A later owner (this epoch) claimed it.
+    Fenced(u64),
+}
+
+/// The answer to a membership call ([`Shared::member`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Membership {
+    /// The lease holds: this node's epoch, the store's time (unix ms), and
+    /// every member as (name, "epoch active_from_ms expiry_ms addr").
+    Lease {
+        epoch: u64,
+        now_ms: u64,
+        members: Vec<(String, String)>,
+    },
+    /// The lease of that epoch is gone: join again.
+    Gone { now_ms: u64 },
 }
 
 /// A lease call (`fc_lease_v1`, docs/cluster.md "Leases"): absolute
@@ -391,6 +418,45 @@ pub trait Shared: Send + Sync {
         value: &[u8],
         expire_at: Nanos,
     ) -> Result<Cas, StoreError>;
+
+    /// Owner mode (docs/cluster.md, "Owner mode"): claims record `key` for
+    /// the owner of epoch `epoch`, so that no owner of an earlier epoch
+    /// writes it again; a record absent is created empty, to expire after
+    /// `absent_ttl` unless written.
+    fn own(&self, _key: &[u8], _epoch: u64, _absent_ttl: Nanos) -> Result<Owned, StoreError> {
+        Err(StoreError::Unsupported(
+            "owner mode needs a redis-cluster store",
+        ))
+    }
+
+    /// [`Shared::cas`] by the owner of epoch `epoch`: [`Cas::Fenced`] if a
+    /// later owner claimed the record.
+    fn cas_owned(
+        &self,
+        _key: &[u8],
+        _expected: u64,
+        _value: &[u8],
+        _expire_at: Nanos,
+        _epoch: u64,
+    ) -> Result<Cas, StoreError> {
+        Err(StoreError::Unsupported(
+            "owner mode needs a redis-cluster store",
+        ))
+    }
+
+    /// Owner mode's membership: joins (`epoch` 0) or renews this node's
+    /// lease for `ttl_ms`, and reads every member.
+    fn member(
+        &self,
+        _node: &str,
+        _addr: &str,
+        _epoch: u64,
+        _ttl_ms: u64,
+    ) -> Result<Membership, StoreError> {
+        Err(StoreError::Unsupported(
+            "owner mode needs a redis-cluster store",
+        ))
+    }
 
     /// Sets `key` to `token` if absent, to expire at `expire_at` (an event id
     /// within its horizon): `true` if this call set it. A claim that is

@@ -1,0 +1,132 @@
+//! Owner mode (docs/cluster.md, "Owner mode"): a request about a user
+//! another node owns is sent to that node as it came (method, path, body,
+//! credentials), and its answer is returned as the owner gave it.
+//!
+//! A forwarded request carries [`FORWARDED`] and is never forwarded again:
+//! two nodes whose copies of the members disagree for a moment answer 503
+//! (the engine's "owned by" error), which the client retries, instead of
+//! sending it back and forth.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::ApiError;
+use crate::cluster::owners::Owner;
+
+/// Marks a request one node forwarded to another (its value: the sender).
+pub const FORWARDED: &str = "x-freqcap-forwarded";
+
+/// How long a forwarded request may take, connection included: an owner
+/// that does not answer in this is treated as gone (503, retried).
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest answer taken back from an owner (answers are a few KB: a screen
+/// of 1 000 candidates is ~60 KB).
+const MAX_ANSWER: usize = 4 << 20;
+
+/// The headers an owner's answer keeps (rate-limit headers, retry hints).
+const KEPT: [&str; 6] = [
+    "content-type",
+    "retry-after",
+    "ratelimit",
+    "ratelimit-policy",
+    "x-request-id",
+    "www-authenticate",
+];
+
+/// A pooled HTTP/1.1 client to the other nodes.
+pub struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    node: HeaderValue,
+}
+
+impl Forwarder {
+    pub fn new(node: &str) -> Forwarder {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(TIMEOUT));
+        Forwarder {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+            node: HeaderValue::from_str(node).unwrap_or(HeaderValue::from_static("node")),
+        }
+    }
+
+    /// Sends the request to `owner` if it is another node and the request
+    /// was not forwarded already; `None`: decide it here.
+    pub async fn to_owner(
+        &self,
+        owner: Option<Owner>,
+        method: Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Option<Result<Response, ApiError>> {
+        let Some(Owner::Other { node, addr }) = owner else {
+            return None;
+        };
+        if headers.contains_key(FORWARDED) {
+            return None;
+        }
+        Some(self.send(&node, &addr, method, path, headers, body).await)
+    }
+
+    async fn send(
+        &self,
+        node: &str,
+        addr: &str,
+        method: Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response, ApiError> {
+        let gone = |why: String| {
+            ApiError::unavailable(format!(
+                "this user's owner, node {node} ({addr}), cannot be reached: {why}; retry"
+            ))
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(HeaderName::from_static(FORWARDED), self.node.clone());
+        for h in [header::AUTHORIZATION, HeaderName::from_static("x-request-id")] {
+            if let Some(v) = headers.get(&h) {
+                req = req.header(h, v.clone());
+            }
+        }
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| ApiError::internal(format_args!("forwarded request: {e}")))?;
+        let answer = tokio::time::timeout(TIMEOUT, async {
+            let res = self.client.request(req).await.map_err(|e| gone(e.to_string()))?;
+            let (parts, body) = res.into_parts();
+            let bytes = Limited::new(body, MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| gone(format!("its answer could not be read: {e}")))?
+                .to_bytes();
+            Ok::<_, ApiError>((parts, bytes))
+        })
+        .await
+        .map_err(|_| gone(format!("no answer in {} s", TIMEOUT.as_secs())))??;
+        let (parts, bytes) = answer;
+        let mut out = Response::new(Body::from(bytes));
+        *out.status_mut() = StatusCode::from_u16(parts.status.as_u16())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        for name in KEPT {
+            for v in parts.headers.get_all(name) {
+                out.headers_mut().append(name, v.clone());
+            }
+        }
+        Ok(out.into_response())
+    }
+}

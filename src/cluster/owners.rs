@@ -1,0 +1,439 @@
+//! Owner mode's membership (docs/cluster.md, "Owner mode"): which live node
+//! owns a user, so that one node decides on each user's record from memory.
+//!
+//! Members hold leases in one Redis hash (`fc_member_v1`): a node joins with
+//! a new epoch, owns nothing until every other member has read of it (its
+//! `active_from`, one lease ahead), and renews every [`RENEW_EVERY`]. A user
+//! is owned by the live member with the highest rendezvous score of the
+//! user's hash and the member's name, so a member joining or leaving moves
+//! only the users it takes or had (about 1/N of them).
+//!
+//! Every node computes owners from its own copy of the members, at the
+//! cluster's time. A user whose owner changes within [`MARGIN`] of now has
+//! none for that while (answered 503, retried by the client): the old owner
+//! stops deciding before the new one starts. A node whose copy is older than
+//! [`MAX_VIEW_AGE`] (it cannot reach Redis), or whose own lease ends within
+//! [`MARGIN`], owns nothing. What a paused owner decided before its pause
+//! cannot be written after its successor claimed the record: writes carry
+//! the epoch, and Redis refuses one below the record's (`fc_cas_v2`).
+
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use crate::clock::{MS, Nanos};
+use crate::store::{Membership, Shared, StoreError};
+
+/// Where a fleet keeps a user's open reservations (`reservations`,
+/// docs/cluster.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// In the user's record in Redis: any node decides on any user, each
+    /// decision a compare-and-set (a screen and a commit: ~2 calls an ad).
+    #[default]
+    Shared,
+    /// In the memory of the user's owner, one live node: screens cost no
+    /// Redis call, a commit one; other nodes forward to the owner, and an
+    /// owner's kill -9 loses its open reservations (as one node's does).
+    Owner,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shared" => Ok(Mode::Shared),
+            "owner" => Ok(Mode::Owner),
+            _ => Err(format!("reservations must be shared or owner, got {s:?}")),
+        }
+    }
+}
+
+/// A member's lease. Renewed every quarter of it, so a member's copy of the
+/// others (at most [`MAX_VIEW_AGE`] old) always sees a live member's lease
+/// running at least 1 s past it.
+pub const LEASE_MS: u64 = 2_000;
+
+/// How often a node renews its lease and reads the members.
+pub const RENEW_EVERY: Duration = Duration::from_millis(LEASE_MS / 4);
+
+/// A copy of the members older than this is not used: the node owns nothing
+/// until it reads them again (half a lease: a live member it believes gone
+/// has renewed within the last quarter).
+pub const MAX_VIEW_AGE: Nanos = LEASE_MS * MS / 2;
+
+/// Around a change of owner, how long neither node decides for the users it
+/// moves: covers the cluster time's error between nodes (under a ms) and a
+/// decision's own length (a Redis call: `redis_timeout_ms`, 100 by default).
+pub const MARGIN: Nanos = 250 * MS;
+
+/// One member, as the members hash says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub node: String,
+    /// Where its HTTP API is reached (requests for its users go there).
+    pub addr: String,
+    pub epoch: u64,
+    /// From when it owns users (cluster time, ns).
+    pub active_from: Nanos,
+    /// When its lease ends (cluster time, ns).
+    pub expiry: Nanos,
+    /// Its name's hash, mixed into every score.
+    seed: u64,
+}
+
+impl Member {
+    /// Parses "epoch active_from_ms expiry_ms addr" (`fc_member_v1`).
+    fn parse(node: String, value: &str) -> Option<Member> {
+        let mut parts = value.splitn(4, ' ');
+        let epoch = parts.next()?.parse().ok()?;
+        let active_from: u64 = parts.next()?.parse().ok()?;
+        let expiry: u64 = parts.next()?.parse().ok()?;
+        let addr = parts.next()?.to_owned();
+        Some(Member {
+            seed: name_hash(&node),
+            node,
+            addr,
+            epoch,
+            active_from: active_from.saturating_mul(MS),
+            expiry: expiry.saturating_mul(MS),
+        })
+    }
+
+    fn live_at(&self, t: Nanos) -> bool {
+        self.active_from <= t && t < self.expiry
+    }
+}
+
+/// FNV-1a: a member's seed must be the same on every node and every build
+/// (std's hashers promise neither).
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The rendezvous score of key `h` on a member of seed `seed`: SplitMix64's
+/// finalizer over both, so that every bit of each moves the score.
+fn score(h: u128, seed: u64) -> u64 {
+    let mut z = (h as u64) ^ ((h >> 64) as u64).rotate_left(29) ^ seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Who decides on a key now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// This node, in its epoch.
+    Me { epoch: u64 },
+    /// Another member: its name and address.
+    Other { node: String, addr: String },
+    /// No one for now (the reason); the caller retries shortly.
+    Unsettled(&'static str),
+}
+
+/// A node's copy of the members.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// This node's epoch (0: not a member yet, or its lease was lost).
+    pub epoch: u64,
+    /// When the copy was read (cluster time, ns).
+    pub read_at: Nanos,
+    pub members: Vec<Member>,
+}
+
+impl View {
+    /// The member owning `h` at `t`, if any is live then.
+    fn pick(&self, h: u128, t: Nanos) -> Option<&Member> {
+        self.members
+            .iter()
+            .filter(|m| m.live_at(t))
+            .max_by_key(|m| (score(h, m.seed), m.seed))
+    }
+
+    /// The latest instant at or before `now` at which a member became
+    /// active or its lease ended: users may have changed owner then.
+    fn last_change(&self, now: Nanos) -> Nanos {
+        self.members
+            .iter()
+            .flat_map(|m| [m.active_from, m.expiry])
+            .filter(|t| *t <= now)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Who decides on key `h` at `now`, as `me` sees it.
+    pub fn owner(&self, me: &str, h: u128, now: Nanos) -> Owner {
+        if self.epoch == 0 {
+            return Owner::Unsettled("this node is joining the fleet (owner mode)");
+        }
+        if now > self.read_at.saturating_add(MAX_VIEW_AGE) {
+            return Owner::Unsettled("this node cannot read the fleet's members from Redis");
+        }
+        let (a, b) = (self.pick(h, now), self.pick(h, now.saturating_add(MARGIN)));
+        let (Some(a), Some(b)) = (a, b) else {
+            return Owner::Unsettled("no member of the fleet is live");
+        };
+        if a.node != b.node || a.epoch != b.epoch {
+            return Owner::Unsettled("this user's owner is changing; retry");
+        }
+        if a.node != me {
+            return Owner::Other {
+                node: a.node.clone(),
+                addr: a.addr.clone(),
+            };
+        }
+        if a.epoch != self.epoch {
+            // An earlier process of this name, whose lease still runs.
+            return Owner::Unsettled("this node's previous process still holds its lease");
+        }
+        Owner::Me { epoch: self.epoch }
+    }
+}
+
+/// Which copies of users a node keeps after owners changed.
+#[derive(Debug)]
+pub struct DropPlan {
+    /// This node's epoch changed: it keeps none.
+    all: bool,
+    times: Vec<Nanos>,
+    last: Nanos,
+    me: String,
+    view: Arc<View>,
+}
+
+impl DropPlan {
+    /// Whether the copy of key `h` stays: this node owned it at every
+    /// change since the last drop, owns it now and still will past the
+    /// margin.
+    pub fn keeps(&self, h: u128) -> bool {
+        !self.all
+            && self.times.iter().all(|t| {
+                self.view
+                    .pick(h, *t)
+                    .is_some_and(|m| m.node == self.me && m.epoch == self.view.epoch)
+            })
+    }
+}
+
+/// This node's membership: its name, its address, and its copy of the
+/// members (replaced whole by each renewal).
+#[derive(Debug)]
+pub struct Owners {
+    node: String,
+    addr: String,
+    view: RwLock<Arc<View>>,
+    /// The epoch, and the last change of owners, for which the users this
+    /// node no longer owns were dropped from its memory
+    /// ([`Owners::needs_drop`]).
+    dropped: Mutex<(u64, Nanos)>,
+}
+
+impl Owners {
+    pub fn new(node: &str, addr: &str) -> Owners {
+        Owners {
+            node: node.to_owned(),
+            addr: addr.to_owned(),
+            view: RwLock::new(Arc::new(View::default())),
+            dropped: Mutex::new((0, 0)),
+        }
+    }
+
+    /// What to drop from this node's memory, if users may have changed
+    /// owner (or this node's epoch changed) since it last dropped the copies
+    /// of users it does not own: a copy kept across a move away and back
+    /// would miss what the other owner wrote meanwhile. The engine drops
+    /// them (from its periodic tick, and before a decision if a change
+    /// came since), then calls [`Owners::dropped`].
+    pub fn drop_plan(&self, now: Nanos) -> Option<DropPlan> {
+        let view = self.view();
+        let (epoch, since) = *self.dropped.lock().unwrap_or_else(PoisonError::into_inner);
+        let last = view.last_change(now);
+        if epoch == view.epoch && since >= last {
+            return None;
+        }
+        // Every instant owners changed at since the last drop: a user is
+        // kept only if it was this node's throughout.
+        let mut times: Vec<Nanos> = view
+            .members
+            .iter()
+            .flat_map(|m| [m.active_from, m.expiry])
+            .filter(|t| *t > since && *t <= now)
+            .collect();
+        times.extend([now, now.saturating_add(MARGIN)]);
+        Some(DropPlan {
+            all: epoch != view.epoch,
+            times,
+            last,
+            me: self.node.clone(),
+            view,
+        })
+    }
+
+    /// Records that the copies `plan` names were dropped.
+    pub fn dropped(&self, plan: &DropPlan) {
+        *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) =
+            (plan.view.epoch, plan.last);
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The current copy of the members.
+    pub fn view(&self) -> Arc<View> {
+        self.view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Who decides on key `h` at `now`.
+    pub fn owner(&self, h: u128, now: Nanos) -> Owner {
+        self.view().owner(&self.node, h, now)
+    }
+
+    /// Renews this node's lease (joining if it has none) and reads the
+    /// members. A lease found gone is a new membership: a new epoch, and
+    /// nothing owned until it is active.
+    pub fn renew(&self, shared: &dyn Shared) -> Result<(), StoreError> {
+        let epoch = self.view().epoch;
+        let mut reply = shared.member(&self.node, &self.addr, epoch, LEASE_MS)?;
+        if let Membership::Gone { .. } = reply {
+            tracing::warn!(
+                node = self.node,
+                epoch,
+                "this node's membership lease ran out (paused, or cut off from Redis): \
+                 joining again with a new epoch; it owns no user until then"
+            );
+            self.set(View::default());
+            reply = shared.member(&self.node, &self.addr, 0, LEASE_MS)?;
+        }
+        match reply {
+            Membership::Lease {
+                epoch: mine,
+                now_ms,
+                members,
+            } => {
+                if mine != epoch {
+                    tracing::info!(node = self.node, epoch = mine, "joined the fleet (owner mode)");
+                }
+                let members = members
+                    .into_iter()
+                    .filter_map(|(n, v)| Member::parse(n, &v))
+                    .collect();
+                self.set(View {
+                    epoch: mine,
+                    read_at: now_ms.saturating_mul(MS),
+                    members,
+                });
+                Ok(())
+            }
+            Membership::Gone { .. } => Err(StoreError::Unavailable(
+                "the members hash refused a fresh join".into(),
+            )),
+        }
+    }
+
+    fn set(&self, v: View) {
+        *self.view.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn member(node: &str, epoch: u64, from: Nanos, expiry: Nanos) -> Member {
+        Member::parse(
+            node.into(),
+            &format!("{epoch} {} {} 127.0.0.1:1", from / MS, expiry / MS),
+        )
+        .unwrap()
+    }
+
+    fn view(epoch: u64, members: Vec<Member>) -> View {
+        View {
+            epoch,
+            read_at: 100 * S,
+            members,
+        }
+    }
+
+    /// Each key has one owner, the same from every member's copy; a third
+    /// member takes about a third of the keys, and moves no key between
+    /// the other two.
+    #[test]
+    fn rendezvous_moves_only_what_a_new_member_takes() {
+        let two = vec![member("a", 1, 0, 200 * S), member("b", 2, 0, 200 * S)];
+        let mut three = two.clone();
+        three.push(member("c", 3, 0, 200 * S));
+        let (v2, v3) = (view(1, two), view(1, three));
+        let (mut moved, mut to_c) = (0, 0);
+        for k in 0..3000u128 {
+            let h = k.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834);
+            let before = v2.pick(h, 100 * S).unwrap().node.clone();
+            let after = v3.pick(h, 100 * S).unwrap().node.clone();
+            if before != after {
+                moved += 1;
+                assert_eq!(after, "c", "a key moved between the two old members");
+                to_c += 1;
+            }
+        }
+        assert_eq!(moved, to_c);
+        assert!((800..1200).contains(&to_c), "c took {to_c} of 3000");
+    }
+
+    /// A member joining (active from t) or leaving (lease ending at t):
+    /// its keys have no owner within MARGIN before t, so the old and the
+    /// new owner never decide at once.
+    #[test]
+    fn a_key_changing_owner_has_none_around_the_change() {
+        let t = 101 * S;
+        let v = view(
+            1,
+            vec![member("a", 1, 0, 200 * S), member("b", 2, t, 200 * S)],
+        );
+        let h = (0..u128::MAX)
+            .find(|h| v.pick(*h, t).is_some_and(|m| m.node == "b"))
+            .unwrap();
+        assert_eq!(v.owner("a", h, t - 2 * MARGIN), Owner::Me { epoch: 1 });
+        assert!(matches!(v.owner("a", h, t - MARGIN / 2), Owner::Unsettled(_)));
+        assert!(matches!(v.owner("b", h, t - MARGIN / 2), Owner::Unsettled(_)));
+        assert_eq!(
+            v.owner("a", h, t),
+            Owner::Other {
+                node: "b".into(),
+                addr: "127.0.0.1:1".into()
+            }
+        );
+        // b's lease ends at 200 s: a owns its keys again from then.
+        assert!(matches!(
+            v.owner("a", h, 200 * S - MARGIN / 2),
+            Owner::Unsettled(_)
+        ));
+    }
+
+    /// A copy of the members too old, a lost lease, or a previous process
+    /// of the same name: the node owns nothing.
+    #[test]
+    fn a_node_unsure_of_its_lease_owns_nothing() {
+        let v = view(1, vec![member("a", 1, 0, 200 * S)]);
+        assert_eq!(v.owner("a", 7, 100 * S), Owner::Me { epoch: 1 });
+        assert!(matches!(
+            v.owner("a", 7, 100 * S + MAX_VIEW_AGE + 1),
+            Owner::Unsettled(_)
+        ));
+        assert!(matches!(
+            view(0, v.members.clone()).owner("a", 7, 100 * S),
+            Owner::Unsettled(_)
+        ));
+        assert!(matches!(
+            view(2, v.members.clone()).owner("a", 7, 100 * S),
+            Owner::Unsettled(_)
+        ));
+    }
+}
