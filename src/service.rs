@@ -608,7 +608,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             tokio::task::spawn_blocking(move || e.renew_membership())
                 .await
                 .map_err(|e| e.to_string())?
-                .map_err(|e| format!("reservations: cannot join the fleet's members in Redis: {e}"))?;
+                .map_err(|e| {
+                    format!("reservations: cannot join the fleet's members in Redis: {e}")
+                })?;
             tracing::info!(%at, "owner mode: joined the fleet; forwarded requests reach this node at {at}");
             Some(membership_renewer(engine.clone()))
         }
@@ -737,7 +739,10 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
 /// renewal must not wait behind the sweeper's work), until told to stop.
 fn membership_renewer(
     engine: Arc<Engine<SystemClock>>,
-) -> (Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stop.clone();
     let thread = std::thread::spawn(move || {
@@ -749,7 +754,9 @@ fn membership_renewer(
                 Err(e) => {
                     // Logged when it starts failing, then every 10 s.
                     if failures % 20 == 0 {
-                        tracing::warn!("owner mode: cannot renew this node's membership lease: {e}");
+                        tracing::warn!(
+                            "owner mode: cannot renew this node's membership lease: {e}"
+                        );
                     }
                     failures += 1;
                 }

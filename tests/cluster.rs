@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,199 +23,11 @@ use serde_json::{Value, json};
 
 mod support;
 
+use support::cluster::{Node, Redis, redis_cli};
+
 const CAP: u64 = 3;
 const USERS: usize = 120;
 const CAMPAIGNS: usize = 6;
-/// Requests' own timeout: a call into a dead node fails at connect.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The Redis Cluster of this test, stopped (by PID, by the script) on drop.
-struct Redis {
-    dir: PathBuf,
-    seeds: String,
-    script: PathBuf,
-}
-
-impl Redis {
-    fn start(dir: &Path, base_port: u16) -> Redis {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/redis-cluster.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(dir)
-            .arg(base_port.to_string())
-            .output()
-            .expect("ops/redis-cluster.sh runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "the cluster did not start: {}\n{}",
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let seeds = stdout.lines().last().unwrap_or_default().trim().to_owned();
-        assert!(seeds.starts_with("redis-cluster://"), "{seeds}");
-        Redis {
-            dir: dir.to_owned(),
-            seeds,
-            script,
-        }
-    }
-
-    /// The ports of the current primaries.
-    fn primaries(&self, base: u16) -> Vec<u16> {
-        (base..base + 6)
-            .filter(|p| {
-                redis_cli(*p, &["role"])
-                    .lines()
-                    .next()
-                    .is_some_and(|l| l.trim() == "master")
-            })
-            .collect()
-    }
-
-    /// The pid of the node on `port` (from the script's pid file).
-    fn pid(&self, port: u16) -> i32 {
-        let pids = std::fs::read_to_string(self.dir.join("pids")).expect("pid file");
-        pids.lines()
-            .find_map(|l| {
-                let (p, pid) = l.split_once(' ')?;
-                (p == port.to_string()).then(|| pid.trim().parse().ok())?
-            })
-            .expect("the port is in the pid file")
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(&self.script)
-            .arg("stop")
-            .arg(&self.dir)
-            .output();
-    }
-}
-
-fn redis_cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-h")
-        .arg("127.0.0.1")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .expect("redis-cli runs");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// One freqcap node; dropping it kills it.
-struct Node {
-    child: Child,
-    base: String,
-    agent: ureq::Agent,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Node {
-    fn start(data: &Path, seeds: &str, id: &str) -> Node {
-        Node::start_env(data, seeds, id, &[])
-    }
-
-    /// [`Node::start`] with environment variables (say, libfaketime's).
-    fn start_env(data: &Path, seeds: &str, id: &str, env: &[(&str, &str)]) -> Node {
-        Node::start_with(data, seeds, id, env, &[])
-    }
-
-    /// [`Node::start_env`] with more arguments.
-    fn start_with(
-        data: &Path,
-        seeds: &str,
-        id: &str,
-        env: &[(&str, &str)],
-        extra: &[&str],
-    ) -> Node {
-        let mut args: Vec<&std::ffi::OsStr> = [
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            seeds,
-            "--durability",
-            "replicated",
-            "--node-id",
-            id,
-        ]
-        .into_iter()
-        .map(std::ffi::OsStr::new)
-        .collect();
-        if !extra.contains(&"--redis-timeout-ms") {
-            // Six Redis servers, three nodes and the test share two cores:
-            // a replica's WAIT can take longer than the 100 ms default. Still
-            // below the 400 ms CLIENT PAUSE, so writes do time out there.
-            args.extend(["--redis-timeout-ms", "300"].map(std::ffi::OsStr::new));
-        }
-        args.push(std::ffi::OsStr::new("--data-dir"));
-        args.push(data.as_os_str());
-        args.extend(extra.iter().map(std::ffi::OsStr::new));
-        let support::Served { child, addr, log } = support::serve_env(args, env, false);
-        Node {
-            child,
-            base: format!("http://{addr}"),
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .timeout_global(Some(REQUEST_TIMEOUT))
-                .build()
-                .into(),
-            log,
-        }
-    }
-
-    /// [`Node::call`], retried (at most 20 times, 100 ms apart) while it
-    /// answers 503, as a client honouring Retry-After would.
-    fn call_retrying(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let mut r = self.call(method, path, body);
-        for _ in 0..20 {
-            if r.0 != 503 {
-                break;
-            }
-            // Shown when a test fails: what was retried, and why.
-            eprintln!("{} answered 503 to {method} {path}: {}", self.base, r.1);
-            std::thread::sleep(Duration::from_millis(100));
-            r = self.call(method, path, body);
-        }
-        r
-    }
-
-    /// (status, body); status 0 when the node cannot be reached.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let url = format!("{}{path}", self.base);
-        let r = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("PUT", Some(b)) => self
-                .agent
-                .put(&url)
-                .header("content-type", "application/json")
-                .send(b.to_string()),
-            (_, b) => self
-                .agent
-                .post(&url)
-                .header("content-type", "application/json")
-                .send(b.map(Value::to_string).unwrap_or_default()),
-        };
-        match r {
-            Ok(mut r) => {
-                let status = r.status().as_u16();
-                let text = r.body_mut().read_to_string().unwrap_or_default();
-                (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-            }
-            Err(_) => (0, Value::Null),
-        }
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Waits (5 s at most) until every node in `nodes` serves the definition at
 /// `path`: nodes apply definitions others wrote within a second.
@@ -228,12 +40,6 @@ fn definition_reached(nodes: &[Node], path: &str) {
             }
         });
         assert!(seen, "{path} did not reach every node within 5 s");
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 
@@ -945,13 +751,7 @@ fn impression(n: &Node, user: &str, campaign: &str) -> bool {
 
 /// The value of metric `name` on node `n` (its first sample).
 fn metric(n: &Node, name: &str) -> Option<f64> {
-    let url = format!("{}/metrics", n.base);
-    let mut r = n.agent.get(&url).call().ok()?;
-    let text = r.body_mut().read_to_string().ok()?;
-    text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    n.metric(name)
 }
 
 /// One node's clock 600 s ahead (libfaketime) must not move any decision:

@@ -3,15 +3,15 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, Method};
 use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, Method};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use super::St;
-use super::request::*;
 use super::forward;
+use super::request::*;
 use crate::clock::Clock;
 use crate::cluster::owners::Owner;
 use crate::engine::Event;

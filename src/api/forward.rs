@@ -98,7 +98,10 @@ impl Forwarder {
             .uri(format!("http://{addr}{path}"))
             .header(header::CONTENT_TYPE, "application/json")
             .header(HeaderName::from_static(FORWARDED), self.node.clone());
-        for h in [header::AUTHORIZATION, HeaderName::from_static("x-request-id")] {
+        for h in [
+            header::AUTHORIZATION,
+            HeaderName::from_static("x-request-id"),
+        ] {
             if let Some(v) = headers.get(&h) {
                 req = req.header(h, v.clone());
             }
@@ -107,7 +110,11 @@ impl Forwarder {
             .body(Full::new(body))
             .map_err(|e| ApiError::internal(format_args!("forwarded request: {e}")))?;
         let answer = tokio::time::timeout(TIMEOUT, async {
-            let res = self.client.request(req).await.map_err(|e| gone(e.to_string()))?;
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| gone(e.to_string()))?;
             let (parts, body) = res.into_parts();
             let bytes = Limited::new(body, MAX_ANSWER)
                 .collect()

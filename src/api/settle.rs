@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::extract::rejection::BytesRejection;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -37,9 +37,9 @@ use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
 use crate::store::{
-    Batch, Cas, DefsWrite, Membership, Owned, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
-    MinuteCounts, Op, PlanRequest, Receipt, Shared, SlotsRequest, Space, Store, StoreError,
-    StoreStats,
+    Batch, Cas, DefsWrite, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
+    Membership, MinuteCounts, Op, Owned, PlanRequest, Receipt, Shared, SlotsRequest, Space, Store,
+    StoreError, StoreStats,
 };
 
 pub mod owners;
@@ -702,9 +702,9 @@ impl Shared for RedisStore {
             return Err(unexpected("fc_own_v1", &v));
         };
         match a.as_slice() {
-            [ok, e] if matches!(ok, Value::Int(-1)) => {
-                Ok(Owned::Fenced(int(e).ok_or_else(|| unexpected("fc_own_v1", &v))?))
-            }
+            [ok, e] if matches!(ok, Value::Int(-1)) => Ok(Owned::Fenced(
+                int(e).ok_or_else(|| unexpected("fc_own_v1", &v))?,
+            )),
             [ok, ver, b] if int(ok) == Some(1) => {
                 if replicas < 1 {
                     self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);

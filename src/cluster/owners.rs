@@ -273,8 +273,7 @@ impl Owners {
 
     /// Records that the copies `plan` names were dropped.
     pub fn dropped(&self, plan: &DropPlan) {
-        *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) =
-            (plan.view.epoch, plan.last);
+        *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = (plan.view.epoch, plan.last);
     }
 
     pub fn node(&self) -> &str {
@@ -317,7 +316,11 @@ impl Owners {
                 members,
             } => {
                 if mine != epoch {
-                    tracing::info!(node = self.node, epoch = mine, "joined the fleet (owner mode)");
+                    tracing::info!(
+                        node = self.node,
+                        epoch = mine,
+                        "joined the fleet (owner mode)"
+                    );
                 }
                 let members = members
                     .into_iter()
@@ -401,8 +404,14 @@ mod tests {
             .find(|h| v.pick(*h, t).is_some_and(|m| m.node == "b"))
             .unwrap();
         assert_eq!(v.owner("a", h, t - 2 * MARGIN), Owner::Me { epoch: 1 });
-        assert!(matches!(v.owner("a", h, t - MARGIN / 2), Owner::Unsettled(_)));
-        assert!(matches!(v.owner("b", h, t - MARGIN / 2), Owner::Unsettled(_)));
+        assert!(matches!(
+            v.owner("a", h, t - MARGIN / 2),
+            Owner::Unsettled(_)
+        ));
+        assert!(matches!(
+            v.owner("b", h, t - MARGIN / 2),
+            Owner::Unsettled(_)
+        ));
         assert_eq!(
             v.owner("a", h, t),
             Owner::Other {

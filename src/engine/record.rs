@@ -492,6 +492,39 @@ impl SubjectRecord {
     /// pending entry's counter belongs to; without it the debit stays counted (the
     /// conservative side).
     pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
+        let counters = self.committed_counters(now, &def);
+        let mut idle = 0;
+        let stored: Vec<StoredCounter> = counters
+            .iter()
+            .filter_map(|s| {
+                if let Some(item) = def(s.owner, s.tag) {
+                    let at = item.idle_at(&s.state);
+                    if at <= now {
+                        return None;
+                    }
+                    idle = idle.max(at);
+                } else {
+                    idle = idle.max(self.idle_at);
+                }
+                let state = StoredState::from(&s.state);
+                (state != StoredState::Fresh).then_some(StoredCounter {
+                    owner: s.owner,
+                    tag: s.tag,
+                    state,
+                })
+            })
+            .collect();
+        codec::frame(idle, &codec::encode(&stored))
+    }
+
+    /// The counters with every pending debit released as of `now` (what a
+    /// crash leaves; owner mode writes them, docs/cluster.md): borrowed
+    /// when nothing is pending. `def` as in [`SubjectRecord::to_stored`].
+    pub fn committed_counters<'a>(
+        &self,
+        now: Nanos,
+        def: &impl Fn(u32, u32) -> Option<&'a Item>,
+    ) -> std::borrow::Cow<'_, [Counter]> {
         // Only a record with pending debits needs a copy to release them
         // from; the others (most, and all of an event's) encode in place.
         let mut counters = std::borrow::Cow::Borrowed(&self.counters[..]);
@@ -549,28 +582,7 @@ impl SubjectRecord {
                 item.release(&mut s.state, &p.item, p.n, now);
             }
         }
-        let mut idle = 0;
-        let stored: Vec<StoredCounter> = counters
-            .iter()
-            .filter_map(|s| {
-                if let Some(item) = def(s.owner, s.tag) {
-                    let at = item.idle_at(&s.state);
-                    if at <= now {
-                        return None;
-                    }
-                    idle = idle.max(at);
-                } else {
-                    idle = idle.max(self.idle_at);
-                }
-                let state = StoredState::from(&s.state);
-                (state != StoredState::Fresh).then_some(StoredCounter {
-                    owner: s.owner,
-                    tag: s.tag,
-                    state,
-                })
-            })
-            .collect();
-        codec::frame(idle, &codec::encode(&stored))
+        counters
     }
 
     /// A record read back from the store.

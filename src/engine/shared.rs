@@ -17,11 +17,11 @@ use std::sync::atomic::Ordering;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{Clock, Nanos};
+use crate::cluster::owners::{Owner, Owners};
 use crate::limits::concurrency::ConcurrencyState;
 use crate::limits::rate::RatePending;
 use crate::limits::{ItemState, PendingItem};
 use crate::store::codec::{self, StoredCounter, StoredState};
-use crate::cluster::owners::{Owner, Owners};
 use crate::store::{Cas, Owned, Shared, StoreError};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
@@ -325,9 +325,6 @@ fn without_last(payload: &[u8], last: Nanos) -> &[u8] {
 /// The payload of `rec` as stored in `layout` (2 or 3), with decision time
 /// `last`.
 fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
-    if layout == OWNED {
-        return owned_payload(rec, last);
-    }
     let mut out = if layout >= 3 {
         let counters = compact_form::encode_counters(kept_counters(rec));
         // ~8 bytes a counter and a pending debit (compact_form), ~3 a held
@@ -380,30 +377,47 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
     out
 }
 
-/// [`payload`]'s `layout` for owner mode's records: layout 3 with only
-/// what commits change (docs/cluster.md, "Owner mode").
-const OWNED: u8 = 0;
-
-/// A record as owner mode stores it: its committed state and settled ids
-/// only. Open reservations (holds, pending debits, a budget's pending spend,
-/// concurrency slots) stay in the owner's memory, as on one node, so a
-/// screen writes nothing and a commit writes ~100 bytes (issue 26).
-fn owned_payload(rec: &SubjectRecord, last: Nanos) -> Vec<u8> {
-    let counters = compact_form::encode_counters(kept_counters(rec));
-    let mut form = form(rec, last, counters, Vec::<PendingGroup>::new());
-    form.held = Cow::Borrowed(&[]);
-    // Releases are not written: only commits change what other owners
-    // must know (a retried commit is recognised by its settled id).
-    if form.settled.iter().any(|x| !x.committed) {
-        form.settled = Cow::Owned(form.settled.iter().filter(|x| x.committed).cloned().collect());
-    }
-    form.extra.retain_mut(|x| match &mut x.extra {
-        StoredExtra::Budget { pending, .. } => {
-            *pending = 0;
-            true
-        }
-        StoredExtra::Concurrency { .. } => false,
+/// A record as owner mode stores it: its committed state (every pending
+/// debit released, as [`SubjectRecord::to_stored`] does for one node's
+/// disk) and the ids of its commits. Open reservations (holds, pending
+/// debits, concurrency slots) stay in the owner's memory, as on one node,
+/// so a screen writes nothing and a commit writes ~100 bytes (issue 26).
+fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) -> Vec<u8> {
+    let committed = rec.committed_counters(at, &|owner, tag| Defs::Registry(reg).item(owner, tag));
+    let kept = committed.iter().filter(|c| {
+        !c.state.is_empty() && !matches!(c.state, ItemState::Fresh | ItemState::Concurrency(_))
     });
+    let counters = compact_form::encode_counters(kept);
+    let meta = rec.shared_meta();
+    let settled = meta.map_or(&[][..], |m| &m.settled[..]);
+    let form = SharedForm::<CounterDelta, PendingGroup> {
+        last,
+        counters,
+        pending: Vec::new(),
+        held: Cow::Borrowed(&[]),
+        // Releases are not written: only commits change what a later owner
+        // must know (a retried commit is recognised by its settled id).
+        settled: if settled.iter().all(|x| x.committed) {
+            Cow::Borrowed(settled)
+        } else {
+            Cow::Owned(settled.iter().filter(|x| x.committed).cloned().collect())
+        },
+        extra: committed
+            .iter()
+            .filter_map(|c| match &c.state {
+                ItemState::Budget(b) => Some(ExtraState {
+                    owner: c.owner,
+                    tag: c.tag,
+                    extra: StoredExtra::Budget {
+                        pending: 0,
+                        anchor: b.anchor,
+                        base: b.base,
+                    },
+                }),
+                _ => None,
+            })
+            .collect(),
+    };
     codec::encode_sized(&form, 64 + 8 * form.counters.len())
 }
 
@@ -1159,10 +1173,10 @@ impl<C: Clock> Engine<C> {
         };
         let now = now.max(self.last_now.load(Ordering::Acquire));
         let at = self.record_time(now, last, rec.write_seq);
-        let before = payload(&rec, 0, OWNED);
+        let before = owned_payload(&rec, 0, at, &reg);
         expire_held(&mut rec, at, &reg);
         let r = f(&mut rec, at);
-        let after = payload(&rec, at, OWNED);
+        let after = owned_payload(&rec, at, at, &reg);
         if without_last(&after, at) == without_last(&before, 0) {
             self.keep_copy(hot_key, now, rec);
             return Ok(r);
@@ -1223,7 +1237,10 @@ impl<C: Clock> Engine<C> {
                 .retain_keys(|k| plan.keeps(u128::from(k[0]) | (u128::from(k[1]) << 64)));
             owners.dropped(&plan);
             if n > 0 {
-                tracing::info!(dropped = n, "owners changed: dropped the copies of users this node no longer owns");
+                tracing::info!(
+                    dropped = n,
+                    "owners changed: dropped the copies of users this node no longer owns"
+                );
             }
         }
     }

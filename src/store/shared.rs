@@ -37,7 +37,10 @@ pub enum Cas {
 pub enum Owned {
     /// Claimed: the record's version after the claim, and its value (`None`:
     /// it has none yet).
-    Claimed { version: u64, value: Option<Vec<u8>> },
+    Claimed {
+        version: u64,
+        value: Option<Vec<u8>>,
+    },
     /// A later owner (this epoch) claimed it.
     Fenced(u64),
 }

@@ -4,6 +4,8 @@
 //! Each test target uses part of it.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

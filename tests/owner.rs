@@ -1,0 +1,293 @@
+//! Owner mode (`reservations = "owner"`, docs/cluster.md "Owner mode") on a
+//! real Redis Cluster with real freqcap processes: each user has one owner
+//! among the live nodes, which decides from memory; the others forward.
+//!
+//! - An owner killed (`kill -9`) and restarted mid-load: no user gets more
+//!   acknowledged commits than its cap, and no acknowledged commit is lost.
+//! - A node joining takes its share of the users; requests sent to any node
+//!   are forwarded to the owner and the caps stay exact across the move.
+//! - An owner paused past its lease (SIGSTOP) that wakes up cannot write:
+//!   its reservation cannot be committed, and the new owner's count stands.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+mod support;
+
+use support::cluster::{Node, Redis};
+
+fn owner_node(tmp: &Path, redis: &Redis, id: &str) -> Node {
+    Node::start_with(
+        &tmp.join(id),
+        &redis.seeds,
+        id,
+        &[],
+        &["--reservations", "owner", "--grpc-listen", "off"],
+    )
+}
+
+/// A campaign capped at `cap` per user per hour, seen by every node.
+fn campaign(nodes: &[&Node], camp: &str, cap: u64) {
+    let def = json!({"caps": [{"kind": "window", "limit": cap, "window": "1h"}]});
+    let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{camp}"), Some(&def));
+    assert_eq!(st, 200, "{body}");
+    for n in nodes {
+        let seen = (0..100).any(|_| {
+            n.call("GET", &format!("/v1/campaigns/{camp}"), None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "campaign {camp} did not reach {} within 5 s", n.base);
+    }
+}
+
+/// Waits (15 s at most) until every node answers a user's screen: their
+/// leases are active and each knows the others.
+fn fleet_ready(nodes: &[&Node], camp: &str) {
+    for (i, n) in nodes.iter().enumerate() {
+        let until = Instant::now() + Duration::from_secs(15);
+        loop {
+            let body = json!({"user": format!("probe{i}"), "candidates": [{"campaign": camp}], "reserve": false});
+            let (st, out) = n.call("POST", "/v1/screen", Some(&body));
+            if st == 200 {
+                break;
+            }
+            assert!(Instant::now() < until, "{} not ready: {st} {out}", n.base);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Screens `user` on `n` and commits the reservation there: Some(true) if
+/// the commit was acknowledged, Some(false) if the screen found the user
+/// capped, None if either failed (503, unreachable: the commit may or may
+/// not have been applied).
+fn impression(n: &Node, user: &str, camp: &str) -> Option<bool> {
+    let body =
+        json!({"user": user, "candidates": [{"campaign": camp}], "reserve": true, "ttl_ms": 5000});
+    let (st, out) = n.call("POST", "/v1/screen", Some(&body));
+    if st != 200 {
+        return None;
+    }
+    if out["results"][0]["eligible"] != true {
+        return Some(false);
+    }
+    let id = out["reservation"].as_str()?;
+    let (st, out) = n.call(
+        "POST",
+        &format!("/v1/reservations/{id}/commit"),
+        Some(&json!({})),
+    );
+    (st == 200 && out["outcome"] == "committed").then_some(true)
+}
+
+/// `used` of the user's cap, asked of `n` (forwarded to the owner),
+/// retried while the owner is changing.
+fn used(n: &Node, user: &str, camp: &str) -> u64 {
+    let (st, u) = n.call_retrying("GET", &format!("/v1/users/{user}/campaigns/{camp}"), None);
+    assert_eq!(st, 200, "{u}");
+    u["caps"][0]["used"].as_u64().unwrap_or(u64::MAX)
+}
+
+fn sum_metric(nodes: &[&Node], name: &str) -> f64 {
+    nodes.iter().filter_map(|n| n.metric(name)).sum()
+}
+
+#[test]
+fn an_owner_killed_mid_load_loses_no_commit_and_no_cap() {
+    const CAP: u64 = 3;
+    const USERS: usize = 40;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7640);
+    let mut nodes: Vec<Node> = ["o0", "o1", "o2"]
+        .iter()
+        .map(|id| owner_node(tmp.path(), &redis, id))
+        .collect();
+    campaign(&nodes.iter().collect::<Vec<_>>(), "k", CAP);
+    fleet_ready(&nodes.iter().collect::<Vec<_>>(), "k");
+    let mut acked: HashMap<usize, u64> = HashMap::new();
+    let (mut ok, mut failed) = (0u64, 0u64);
+    // Each request goes to the next node in turn, whoever owns its user:
+    // two in three are forwarded.
+    let mut round = |nodes: &[Node], i: usize, acked: &mut HashMap<usize, u64>| {
+        let user = i % USERS;
+        match impression(&nodes[i % nodes.len()], &format!("u{user}"), "k") {
+            Some(true) => {
+                *acked.entry(user).or_default() += 1;
+                ok += 1;
+            }
+            Some(false) => ok += 1,
+            None => failed += 1,
+        }
+    };
+    for i in 0..150 {
+        round(&nodes, i, &mut acked);
+    }
+    nodes[2].kill9();
+    for i in 150..300 {
+        round(&nodes, i, &mut acked);
+    }
+    nodes[2] = owner_node(tmp.path(), &redis, "o2");
+    // Past the restarted node's activation (one lease), then more load.
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut i = 300;
+    while Instant::now() < until || i < 600 {
+        round(&nodes, i, &mut acked);
+        i += 1;
+        if i > 5_000 {
+            break;
+        }
+    }
+    eprintln!("owner killed: {ok} answered, {failed} failed over {i} requests");
+    assert!(
+        ok > failed,
+        "most requests must be answered: {ok} vs {failed}"
+    );
+    let all: Vec<&Node> = nodes.iter().collect();
+    for user in 0..USERS {
+        let a = acked.get(&user).copied().unwrap_or(0);
+        let stored = used(&nodes[user % 3], &format!("u{user}"), "k");
+        assert!(
+            a <= CAP,
+            "user u{user}: {a} acknowledged commits over its cap {CAP}"
+        );
+        assert!(
+            stored >= a,
+            "user u{user}: {a} commits acknowledged, {stored} stored (one was lost)"
+        );
+        assert!(
+            stored <= CAP,
+            "user u{user}: {stored} stored over its cap {CAP}"
+        );
+    }
+    // Forwarding and claims happened on every node.
+    assert!(sum_metric(&all, "freqcap_owner_claims") >= USERS as f64);
+}
+
+#[test]
+fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
+    const CAP: u64 = 3;
+    const USERS: usize = 30;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7660);
+    let a = owner_node(tmp.path(), &redis, "j0");
+    let b = owner_node(tmp.path(), &redis, "j1");
+    campaign(&[&a, &b], "j", CAP);
+    fleet_ready(&[&a, &b], "j");
+    // One impression each, all sent to a (half forwarded to b).
+    for u in 0..USERS {
+        assert_eq!(impression(&a, &format!("u{u}"), "j"), Some(true), "u{u}");
+    }
+    let c = owner_node(tmp.path(), &redis, "j2");
+    fleet_ready(&[&a, &b, &c], "j");
+    // Let every node see c active (its activation is one lease after it
+    // joined; the probe above may have been forwarded before that).
+    std::thread::sleep(Duration::from_millis(2_500));
+    let nodes = [&a, &b, &c];
+    // Five more attempts per user, through every node in turn: exactly two
+    // more fit under the cap, wherever the user now lives.
+    let mut allowed: HashMap<usize, u64> = HashMap::new();
+    for round in 0..5 {
+        for u in 0..USERS {
+            let n = nodes[(u + round) % 3];
+            let mut r = None;
+            for _ in 0..20 {
+                r = impression(n, &format!("u{u}"), "j");
+                if r.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if r.expect("answered within 2 s") {
+                *allowed.entry(u).or_default() += 1;
+            }
+        }
+    }
+    for u in 0..USERS {
+        assert_eq!(allowed.get(&u).copied().unwrap_or(0), CAP - 1, "u{u}");
+        for n in nodes {
+            assert_eq!(
+                used(n, &format!("u{u}"), "j"),
+                CAP,
+                "u{u} asked of {}",
+                n.base
+            );
+        }
+    }
+    // c owns a share of the users: it claimed them.
+    let claimed = c.metric("freqcap_owner_claims").unwrap_or(0.0);
+    assert!(claimed >= 3.0, "the new member claimed {claimed} users");
+}
+
+#[test]
+fn a_paused_owner_that_wakes_up_cannot_write() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7680);
+    let a = owner_node(tmp.path(), &redis, "p0");
+    let b = owner_node(tmp.path(), &redis, "p1");
+    campaign(&[&a, &b], "p", 1);
+    fleet_ready(&[&a, &b], "p");
+    // A user a owns: a screen sent to a that a claimed itself.
+    let user = (0..200)
+        .map(|i| format!("w{i}"))
+        .find(|u| {
+            let before = a.metric("freqcap_owner_claims").unwrap_or(0.0);
+            let body = json!({"user": u, "candidates": [{"campaign": "p"}], "reserve": false});
+            a.call("POST", "/v1/screen", Some(&body)).0 == 200
+                && a.metric("freqcap_owner_claims").unwrap_or(0.0) > before
+        })
+        .expect("a owns one of 200 users");
+    let body =
+        json!({"user": user, "candidates": [{"campaign": "p"}], "reserve": true, "ttl_ms": 60000});
+    let (st, out) = a.call("POST", "/v1/screen", Some(&body));
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["results"][0]["eligible"], true, "{out}");
+    let held = out["reservation"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned();
+    // a pauses past its lease: b becomes the user's owner, and shows the
+    // user its one impression (it never knew a's hold).
+    support::signal(&a.child, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(3_500));
+    let mut shown = None;
+    for _ in 0..30 {
+        shown = impression(&b, &user, "p");
+        if shown.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(shown, Some(true), "b, the owner now, shows the user once");
+    support::signal(&a.child, libc::SIGCONT);
+    // Woken, a must not write what it decided before its pause: its
+    // reservation's commit is refused, now and after a rejoined.
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut answers = Vec::new();
+    while Instant::now() < until {
+        let (st, out) = a.call(
+            "POST",
+            &format!("/v1/reservations/{held}/commit"),
+            Some(&json!({})),
+        );
+        assert_ne!(
+            st, 200,
+            "the woken owner committed its old reservation: {out}"
+        );
+        answers.push(st);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("woken owner's commit answers: {answers:?}");
+    for n in [&a, &b] {
+        assert_eq!(used(n, &user, "p"), 1, "asked of {}", n.base);
+    }
+    let log = support::log_text(&a.log);
+    assert!(
+        log.contains("membership lease ran out"),
+        "the woken node rejoined with a new epoch:\n{log}"
+    );
+}
