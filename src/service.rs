@@ -753,7 +753,7 @@ fn membership_renewer(
                 Ok(()) => failures = 0,
                 Err(e) => {
                     // Logged when it starts failing, then every 10 s.
-                    if failures % 20 == 0 {
+                    if failures.is_multiple_of(20) {
                         tracing::warn!(
                             "owner mode: cannot renew this node's membership lease: {e}"
                         );

@@ -428,9 +428,7 @@ impl RedisStore {
                 }
                 Ok(Cas::Written(ver))
             }
-            [ok, e] if matches!(ok, Value::Int(-1)) => {
-                Ok(Cas::Fenced(int(e).ok_or_else(|| unexpected(what, &v))?))
-            }
+            [Value::Int(-1), e] => Ok(Cas::Fenced(int(e).ok_or_else(|| unexpected(what, &v))?)),
             [ok, ver, b] if int(ok) == Some(0) => Ok(Cas::Conflict {
                 version: int(ver).ok_or_else(|| unexpected(what, &v))?,
                 value: bytes(b),
@@ -702,7 +700,7 @@ impl Shared for RedisStore {
             return Err(unexpected("fc_own_v1", &v));
         };
         match a.as_slice() {
-            [ok, e] if matches!(ok, Value::Int(-1)) => Ok(Owned::Fenced(
+            [Value::Int(-1), e] => Ok(Owned::Fenced(
                 int(e).ok_or_else(|| unexpected("fc_own_v1", &v))?,
             )),
             [ok, ver, b] if int(ok) == Some(1) => {
