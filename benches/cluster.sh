@@ -28,8 +28,11 @@
 # the baseline for node CPU; the Lua recipe on the same cluster (anchor
 # below) is the baseline for Redis CPU. The table goes to OUT/table.txt and
 # the rows to OUT/summary.json. RUNS picks the runs
-# (nodes:route:reports[:layout] ...; layout 2 is the record layout before
-# issue 26, so 3:affinity:commit:2 is the ad's cost before it).
+# (nodes:route:reports[:layout[:mode]] ...; layout 2 is the record layout
+# before issue 26, so 3:affinity:commit:2 is the ad's cost before it; mode
+# `owner` runs owner mode, where the load generator's affinity is not the
+# owners' (rendezvous over the members): about (n-1)/n of its requests are
+# forwarded, so its node CPU is a spread figure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -114,16 +117,18 @@ metric() {
 printf '%-6s %-9s %-10s %9s %8s %8s %10s %8s %10s %10s %12s %13s %9s %9s %9s %9s\n' nodes route reports 'ads/s' 'p50 ms' 'p99 ms' 'redis/ad' 'CAS/ad' 'conflicts' 'lease/ad' 'redis µs/ad' 'freqcap µs/ad' 'FCALL/ad' 'HMGET/ad' 'µs/FCALL' 'B in/ad' | tee "$OUT/table.txt"
 : >"$OUT/rows.jsonl"
 run() {
-    local n=$1 route=$2 spend=$3 layout=${4:-3} ports=() addrs=() i
-    # The row's label: the spend reports, and the record layout if not the
-    # default (3:affinity:commit:2 is how an ad cost before issue 26).
+    local n=$1 route=$2 spend=$3 layout=${4:-3} mode=${5:-shared} ports=() addrs=() i
+    # The row's label: the spend reports, the record layout if not the
+    # default (3:affinity:commit:2 is how an ad cost before issue 26), and
+    # owner mode.
     local reports=$spend
     [ "$layout" = 3 ] || reports="$spend/L$layout"
+    [ "$mode" = shared ] || reports="$reports/$mode"
     for i in $(seq 1 "$n"); do
         local port
         port=$(free_port)
         "$FREQCAP" serve --grpc-listen off --listen "127.0.0.1:$port" --store "$SEEDS" --node-id "n$i" \
-            --spend-reports "$spend" --record-layout "$layout" --data-dir "$OUT/n$i" \
+            --spend-reports "$spend" --record-layout "$layout" --reservations "$mode" --data-dir "$OUT/n$i" \
             2>"$OUT/n$n-$route-${reports//\//-}-$i.log" &
         NODE_PIDS+=($!)
         ports+=("$port")
@@ -135,6 +140,8 @@ run() {
             sleep 0.1
         done
     done
+    # Owner mode: a member owns users one lease (2 s) after it joined.
+    [ "$mode" = shared ] || sleep 2.5
     local addr
     addr=$(IFS=,; echo "${addrs[*]}")
     # Definitions first (the load generator puts them on the first node and
@@ -252,8 +259,8 @@ RUNS=${RUNS:-"1:affinity:batched 3:affinity:batched 3:spread:batched 3:affinity:
 baseline
 anchor
 for r in $RUNS; do
-    IFS=: read -r n route reports layout <<<"$r"
-    run "$n" "$route" "$reports" "${layout:-3}"
+    IFS=: read -r n route reports layout mode <<<"$r"
+    run "$n" "$route" "$reports" "${layout:-3}" "${mode:-shared}"
 done
 python3 - "$OUT" <<'EOF'
 import json, sys

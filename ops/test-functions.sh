@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the ten functions" \
-  $'fc_cas_v1\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the thirteen functions" \
+  $'fc_cas_v1\nfc_cas_v2\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -591,4 +591,43 @@ expect "fc_line_v1: d's spent and grant" $'1\n1' "$(raw HMGET "$LUL" s:d g:d)"
 expect "fc_line_v1: reports_later is a number" \
   '(error) ERR fc_line_v1: reports_later must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 x)"
+###############################################################################
+echo "== owner mode: fc_own_v1, fc_cas_v2, fc_member_v1"
+KO='fc:{u:owned}'
+out=$(rc FCALL fc_own_v1 1 "$KO" 5 60000 | ints)
+VO=$(awk '{print $2}' <<<"$out")
+expect "claim of an absent record: claimed, no blob" "1 $VO" "$(rc FCALL fc_own_v1 1 "$KO" 5 60000 | ints | awk '{print $1, $2}')"
+expect "the claim stands for a while (absent_ttl_ms)" '1' "$(( $(raw PTTL "$KO") > 0 ))"
+out=$(rc FCALL fc_cas_v2 1 "$KO" "$VO" 'mine' 0 5 | ints)
+VW=$(awk '{print $2}' <<<"$out")
+expect "the owner of epoch 5 writes" "1 $VW" "$out"
+out=$(rc FCALL fc_own_v1 1 "$KO" 6 60000)
+expect "a later owner (6) claims it and reads the blob" '"mine"' "$(sed -n 3p <<<"$out" | sed -E 's/^ *3\) //')"
+VN=$(sed -n 2p <<<"$out" | ints)
+expect_true "the claim moved the version ($VW < $VN)" "VW=$VW VN=$VN" test "$VN" -gt "$VW"
+expect "the deposed owner (5) cannot write, even at the current version" '-1 6' \
+  "$(rc FCALL fc_cas_v2 1 "$KO" "$VN" 'stale' 0 5 | ints)"
+expect "nor claim it back" '-1 6' "$(rc FCALL fc_own_v1 1 "$KO" 5 60000 | ints)"
+expect "nothing was written" '"mine"' "$(rc HGET "$KO" b)"
+expect "the new owner writes" '1' "$(rc FCALL fc_cas_v2 1 "$KO" "$VN" 'new' 0 6 | ints | awk '{print $1}')"
+expect "epoch 0 is refused" '(error) ERR fc_own_v1: epoch must be at least 1' \
+  "$(rc FCALL fc_own_v1 1 "$KO" 0 60000)"
+KM='fc:{members}'
+out=$(rc FCALL fc_member_v1 1 "$KM" n1 127.0.0.1:1 0 2000)
+E1=$(sed -n 2p <<<"$out" | ints)
+expect "a join gets the first epoch" '1' "$E1"
+expect "a renewal of that epoch holds" '1' "$(rc FCALL fc_member_v1 1 "$KM" n1 127.0.0.1:1 1 2000 | head -1 | ints)"
+expect "a renewal of another epoch is gone: join again" '0' \
+  "$(rc FCALL fc_member_v1 1 "$KM" n1 127.0.0.1:1 7 2000 | head -1 | ints)"
+out=$(rc FCALL fc_member_v1 1 "$KM" n2 127.0.0.1:2 0 2000)
+expect "a second member gets the next epoch" '2' "$(sed -n 2p <<<"$out" | ints)"
+NOWM=$(now_ms)
+ENTRY=$(raw HGET "$KM" n:n2)
+FROM=$(awk '{print $2}' <<<"$ENTRY")
+expect_true "a member owns nothing for a lease after it joined ($FROM >= $NOWM + 1900)" "from=$FROM now=$NOWM" \
+  test "$FROM" -ge $(( NOWM + 1900 ))
+expect "a name with a space is refused" \
+  '(error) ERR fc_member_v1: node must be 1 to 128 bytes without spaces' \
+  "$(rc FCALL fc_member_v1 1 "$KM" 'n 3' 127.0.0.1:3 0 2000)"
+
 echo "all $PASS checks passed"
