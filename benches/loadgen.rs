@@ -312,6 +312,9 @@ struct Conn {
     end: usize,
     /// Bytes at the front of `buf` belonging to the last answer.
     used: usize,
+    /// The last answer's `x-freqcap-owner` (owner mode: the node that
+    /// decided, when it was not the one asked).
+    owner: Option<String>,
 }
 
 impl Conn {
@@ -323,6 +326,7 @@ impl Conn {
             buf: vec![0; 64 * 1024],
             end: 0,
             used: 0,
+            owner: None,
         })
     }
 
@@ -372,7 +376,11 @@ impl Conn {
                     .parse()
                     .map_err(|_| err("bad status line"))?;
                 let mut len = 0usize;
+                self.owner = None;
                 for line in head.split(|&b| b == b'\n') {
+                    if line.len() > 16 && line[..16].eq_ignore_ascii_case(b"x-freqcap-owner:") {
+                        self.owner = Some(String::from_utf8_lossy(&line[16..]).trim().to_owned());
+                    }
                     if line.len() > 15 && line[..15].eq_ignore_ascii_case(b"content-length:") {
                         len = std::str::from_utf8(&line[15..])?
                             .trim()
@@ -691,6 +699,10 @@ struct Shared {
     measure_from: Instant,
     end: Instant,
     candidates_json: String,
+    /// Owner mode, `--route affinity`: the node each user's owner answered
+    /// from (`x-freqcap-owner`), so that its next requests go there, as a
+    /// load balancer that learns owners would send them.
+    owners: RefCell<std::collections::HashMap<usize, usize>>,
     /// The same candidates, for gRPC's `Screen`.
     candidates: Vec<freqcap::grpc::pb::Candidate>,
 }
@@ -783,6 +795,7 @@ async fn run(a: RunArgs) -> Res<()> {
         measure_from,
         end,
         candidates_json,
+        owners: RefCell::default(),
         candidates: (0..a.k)
             .map(|i| freqcap::grpc::pb::Candidate {
                 campaign: campaign_name(i),
@@ -1500,10 +1513,13 @@ async fn one_op(
             let mut u = zipf.sample(rng);
             let nodes = a.addrs().len();
             if a.route == Route::Affinity && nodes > 1 {
-                // This connection's node serves the users u ≡ conn (mod n):
+                // This connection's node serves the users u ≡ conn (mod n),
+                // or in owner mode those whose owner it was seen to be:
                 // draw again until one is (bounded; n tries on average).
+                let owners = sh.owners.borrow();
                 for _ in 0..1000 {
-                    if u % nodes == conn % nodes {
+                    let node = owners.get(&u).copied().unwrap_or(u % nodes);
+                    if node == conn % nodes {
                         break;
                     }
                     u = zipf.sample(rng);
@@ -1516,6 +1532,11 @@ async fn one_op(
                 sh.candidates_json
             );
             let (st, r) = c.http("POST", "/v1/screen", body, out).await?;
+            if let Some(owner) = c.owner.take()
+                && let Some(i) = a.addrs().iter().position(|x| *x == owner)
+            {
+                sh.owners.borrow_mut().insert(u, i);
+            }
             o.requests = 1;
             if st != 200 {
                 o.error = true;

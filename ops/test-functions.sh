@@ -626,6 +626,14 @@ ENTRY=$(raw HGET "$KM" n:n2)
 FROM=$(awk '{print $2}' <<<"$ENTRY")
 expect_true "a member owns nothing for a lease after it joined ($FROM >= $NOWM + 1900)" "from=$FROM now=$NOWM" \
   test "$FROM" -ge $(( NOWM + 1900 ))
+expect "n1 leaves: its lease holds no longer" '1' \
+  "$(rc FCALL fc_member_v1 1 "$KM" n1 127.0.0.1:1 1 0 | head -1 | ints)"
+EXP1=$(raw HGET "$KM" n:n1 | awk '{print $3}')
+expect_true "its lease ended at the call ($EXP1 <= $(now_ms))" "expiry=$EXP1" test "$EXP1" -le "$(now_ms)"
+expect "a renewal after leaving is gone" '0' \
+  "$(rc FCALL fc_member_v1 1 "$KM" n1 127.0.0.1:1 1 2000 | head -1 | ints)"
+expect "a join needs a ttl" '(error) ERR fc_member_v1: ttl_ms must be at least 1 to join' \
+  "$(rc FCALL fc_member_v1 1 "$KM" n4 127.0.0.1:4 0 0)"
 expect "a name with a space is refused" \
   '(error) ERR fc_member_v1: node must be 1 to 128 bytes without spaces' \
   "$(rc FCALL fc_member_v1 1 "$KM" 'n 3' 127.0.0.1:3 0 2000)"

@@ -720,7 +720,21 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     sweeper.abort();
     if let Some((stop, thread)) = membership {
         stop.store(true, std::sync::atomic::Ordering::Release);
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        let e = engine.clone();
+        let left = tokio::task::spawn_blocking(move || {
+            let _ = thread.join();
+            e.leave_membership()
+        })
+        .await;
+        match left {
+            Ok(Ok(())) => tracing::info!(
+                "owner mode: left the fleet; the other members take this node's users"
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                "owner mode: could not leave the fleet ({e}); its users move when the lease ends"
+            ),
+            Err(e) => tracing::warn!("owner mode: leaving the fleet failed: {e}"),
+        }
     }
     tracing::info!("draining done; flushing the writer");
     // The campaigns' minutes (the ad-ops page) go with the last batch.

@@ -218,9 +218,54 @@ fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
             );
         }
     }
+    // Events of many users posted to one node: each owner counts its own
+    // (one forwarded request per owner), the counts summed in the answer.
+    let events: Vec<_> = (0..USERS)
+        .map(|u| json!({"user": format!("u{u}"), "campaign": "j", "event_id": format!("e{u}")}))
+        .collect();
+    let (st, out) = a.call_retrying("POST", "/v1/events", Some(&json!(events)));
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["counted"], USERS, "{out}");
+    let (st, out) = b.call_retrying("POST", "/v1/events", Some(&json!(events)));
+    assert_eq!((st, &out["duplicates"]), (200, &json!(USERS)), "{out}");
+    // An answer given through another node names the owner, so a client
+    // can send the user's next requests there.
+    let hinted = (0..USERS).any(|u| {
+        let r = a
+            .agent
+            .get(&format!("{}/v1/users/u{u}/campaigns/j", a.base))
+            .call();
+        r.ok()
+            .and_then(|r| r.headers().get("x-freqcap-owner").cloned())
+            .is_some_and(|v| {
+                let owner = format!("http://{}", v.to_str().unwrap_or(""));
+                owner == b.base || owner == c.base
+            })
+    });
+    assert!(hinted, "no answer named another owner");
     // c owns a share of the users: it claimed them.
     let claimed = c.metric("freqcap_owner_claims").unwrap_or(0.0);
     assert!(claimed >= 3.0, "the new member claimed {claimed} users");
+    // c stops (SIGTERM): it leaves the members, and its users are a's and
+    // b's again, their counts intact.
+    let mut c = c;
+    support::signal(&c.child, libc::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(15);
+    while c.child.try_wait().ok().flatten().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its last lines may still be on their way from its stderr.
+    let left = (0..40).any(|_| {
+        support::log_text(&c.log).contains("left the fleet") || {
+            std::thread::sleep(Duration::from_millis(50));
+            false
+        }
+    });
+    assert!(left, "{}", support::log_text(&c.log));
+    c.kill9();
+    for u in 0..USERS {
+        assert_eq!(used(&a, &format!("u{u}"), "j"), CAP, "u{u} after c left");
+    }
 }
 
 #[test]

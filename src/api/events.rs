@@ -102,7 +102,8 @@ pub(crate) async fn events<C: Clock + 'static>(
             }),
         }
     }
-    let mut counted = if here.is_empty() {
+    // An empty request is the engine's to refuse (400), so it is asked.
+    let mut counted = if here.is_empty() && !away.is_empty() {
         0
     } else {
         count_events(&s, here).await?

@@ -23,6 +23,10 @@ use crate::cluster::owners::Owner;
 /// Marks a request one node forwarded to another (its value: the sender).
 pub const FORWARDED: &str = "x-freqcap-forwarded";
 
+/// On an answer the owner gave through another node: the owner's
+/// `host:port`.
+pub const OWNER: &str = "x-freqcap-owner";
+
 /// How long a forwarded request may take, connection included: an owner
 /// that does not answer in this is treated as gone (503, retried).
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -133,6 +137,11 @@ impl Forwarder {
             for v in parts.headers.get_all(name) {
                 out.headers_mut().append(name, v.clone());
             }
+        }
+        // Where the user lives: a client or load balancer that sends the
+        // user's next requests there saves this hop.
+        if let Ok(v) = HeaderValue::from_str(addr) {
+            out.headers_mut().insert(HeaderName::from_static(OWNER), v);
         }
         Ok(out.into_response())
     }

@@ -795,7 +795,8 @@ end
 -- (later still if an earlier process of the same name holds a lease: it
 -- must run out first), so every live member, which reads M every ttl/4,
 -- knows of it before it owns anything. Otherwise the call renews the lease
--- of that epoch to now + ttl.
+-- of that epoch to now + ttl; ttl_ms "0" ends it now instead (a node
+-- stopping: its users move at once, not when the lease would have ended).
 --
 -- Reply:
 --   [1, epoch, now_ms, [node, "epoch active_from expiry addr", ...]]
@@ -824,8 +825,8 @@ local function fc_member(keys, args)
   local ttl
   ttl, err = uint_arg(args[4], F, 'ttl_ms')
   if not ttl then return err end
-  if ttl == 0 then
-    return redis.error_reply('ERR ' .. F .. ': ttl_ms must be at least 1')
+  if ttl == 0 and epoch == 0 then
+    return redis.error_reply('ERR ' .. F .. ': ttl_ms must be at least 1 to join')
   end
   local m = keys[1]
   local now = now_ms()
@@ -845,8 +846,10 @@ local function fc_member(keys, args)
     if not ce or ce ~= epoch or cexp <= now then
       return {0, now}
     end
+    local exp = math.max(cexp, now + ttl)
+    if ttl == 0 then exp = now end
     redis.call('HSET', m, field, istr(epoch) .. ' ' .. istr(cfrom) .. ' ' ..
-      istr(math.max(cexp, now + ttl)) .. ' ' .. addr)
+      istr(exp) .. ' ' .. addr)
   end
   local all = redis.call('HGETALL', m)
   local out = {}

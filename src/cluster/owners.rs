@@ -339,6 +339,18 @@ impl Owners {
         }
     }
 
+    /// Ends this node's lease now (a node stopping, after its last
+    /// decision): the others take its users when they next read the
+    /// members, within [`RENEW_EVERY`], instead of a lease later.
+    pub fn leave(&self, shared: &dyn Shared) -> Result<(), StoreError> {
+        let epoch = self.view().epoch;
+        self.set(View::default());
+        if epoch == 0 {
+            return Ok(());
+        }
+        shared.member(&self.node, &self.addr, epoch, 0).map(drop)
+    }
+
     fn set(&self, v: View) {
         *self.view.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(v);
     }

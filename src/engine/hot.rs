@@ -173,6 +173,9 @@ impl<C: Clock> Engine<C> {
     /// there (kept there only if it is), else from the store.
     pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
         if let Some(shared) = self.shared() {
+            if let Some(r) = self.owned_figures(key) {
+                return Ok(r);
+            }
             return self.shared_figures(shared, key);
         }
         if let Some(r) = self.hot.get(&key.hot_key(), SubjectRecord::figures_copy) {

@@ -265,7 +265,16 @@ impl<C: Clock> Engine<C> {
                 Some(u) => RecordKey::User(*u),
                 None => self.userless_record(due.seq),
             };
-            let settled = match self.settled_as(shared, record, due.seq) {
+            // Owner mode: a user's reservation is settled only by its owner,
+            // this node (a later owner never knew it): due, it was not, and
+            // no read is needed.
+            let in_owner_mode = user.is_some() && self.in_owner_mode();
+            let read = if in_owner_mode {
+                Ok(None)
+            } else {
+                self.settled_as(shared, record, due.seq)
+            };
+            let settled = match read {
                 Ok(s) => s,
                 Err(e) => {
                     // Not known: it may have been committed on another node,

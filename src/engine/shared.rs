@@ -815,6 +815,38 @@ impl<C: Clock> Engine<C> {
         owners.renew(shared).map_err(Into::into)
     }
 
+    /// Owner mode: ends this node's membership lease now (at shutdown,
+    /// after the last request); nothing in shared mode.
+    pub fn leave_membership(&self) -> Result<(), EngineError> {
+        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+            return Ok(());
+        };
+        owners.leave(shared).map_err(Into::into)
+    }
+
+    /// Whether this node runs owner mode.
+    pub(crate) fn in_owner_mode(&self) -> bool {
+        self.owners.get().is_some()
+    }
+
+    /// Owner mode: this node's copy of user record `key` if it owns the
+    /// user now and has it in memory (holds included, which the shared
+    /// copy lacks); `None` otherwise.
+    pub(crate) fn owned_figures(&self, key: RecordKey) -> Option<SubjectRecord> {
+        let (owners, RecordKey::User(h)) = (self.owners.get()?, key) else {
+            return None;
+        };
+        if !matches!(owners.owner(h, self.now()), Owner::Me { .. }) {
+            return None;
+        }
+        self.drop_unowned(self.now());
+        self.hot
+            .get(&key.hot_key(), |r| {
+                (r.write_seq != STALE).then(|| r.figures_copy())
+            })
+            .flatten()
+    }
+
     /// Owner mode: who decides on `user` now (`None`: not in owner mode).
     pub fn owner_of_user(&self, user: &str) -> Option<Owner> {
         let owners = self.owners.get()?;
