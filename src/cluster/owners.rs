@@ -271,6 +271,14 @@ impl Owners {
         })
     }
 
+    /// Whether [`Owners::drop_plan`] has something to drop (cheap: no plan
+    /// is made).
+    pub fn drop_due(&self, now: Nanos) -> bool {
+        let view = self.view();
+        let (epoch, since) = *self.dropped.lock().unwrap_or_else(PoisonError::into_inner);
+        epoch != view.epoch || since < view.last_change(now)
+    }
+
     /// Records that the copies `plan` names were dropped.
     pub fn dropped(&self, plan: &DropPlan) {
         *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = (plan.view.epoch, plan.last);

@@ -69,6 +69,21 @@ impl Gates {
     }
 }
 
+impl Gates {
+    /// The turn on record `key` if no other decision on it is under way;
+    /// `None` otherwise (a caller on the executor must not wait for one
+    /// that is calling Redis).
+    pub(crate) fn try_enter(&self, key: [u64; 2]) -> Option<Turn<'_>> {
+        let (lock, _) = &self.stripes[stripe(key)];
+        let mut busy = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if busy.contains(&key) {
+            return None;
+        }
+        busy.push(key);
+        Some(Turn { gates: self, key })
+    }
+}
+
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let (lock, cond) = &self.gates.stripes[stripe(self.key)];

@@ -133,10 +133,13 @@ impl<C: Clock> Engine<C> {
         if let Some(shared) = self.shared() {
             // Every shared read and write is a network call: never on the
             // executor (the API moves such calls to a blocking thread).
-            if reads == Reads::MemoryOnly {
+            // Owner mode decides a screen on a user it owns and holds in
+            // memory with none (`super::shared`).
+            let memory_only = reads == Reads::MemoryOnly;
+            if memory_only && !(self.in_owner_mode() && matches!(key, RecordKey::User(_))) {
                 return Err(Halt::NotInMemory);
             }
-            return self.with_shared_record(shared, key, now, f);
+            return self.with_shared_record(shared, key, now, memory_only, f);
         }
         let written = self.store.written_seq();
         let load = || self.load_record(key, reads);

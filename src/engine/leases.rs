@@ -47,6 +47,7 @@ use crate::store::{
     TotalRule,
 };
 
+use super::hot::Reads;
 use super::registry::CampaignEntry;
 use super::request::MAX_TTL_MS;
 use super::{Engine, SpendReports};
@@ -787,9 +788,19 @@ impl<C: Clock> Engine<C> {
     /// `chain` has a live grant with room for `cost` (refreshing those that
     /// have not, unless quiet). A refresh that fails leaves the grant as it
     /// is: the decision then denies on that item (never over-spends).
-    pub(crate) fn prepare_leases(&self, chain: &[Arc<CampaignEntry>], cost: u64, now: Nanos) {
+    ///
+    /// With `reads` [`Reads::MemoryOnly`] (a decision on the executor) no
+    /// grant is refreshed: `false` if one would have been, and the decision
+    /// goes to a blocking thread instead.
+    pub(crate) fn prepare_leases(
+        &self,
+        chain: &[Arc<CampaignEntry>],
+        cost: u64,
+        now: Nanos,
+        reads: Reads,
+    ) -> bool {
         let Some(shared) = self.shared() else {
-            return;
+            return true;
         };
         for e in chain {
             for (i, cap) in e.compiled.items.iter().enumerate() {
@@ -813,6 +824,9 @@ impl<C: Clock> Engine<C> {
                 if fits() {
                     continue;
                 }
+                if reads == Reads::MemoryOnly {
+                    return false;
+                }
                 // One refresh of a grant at a time; one waiting here finds
                 // the grant refreshed by the one before it, mostly.
                 let _one = self.leases.refreshing[refresh_stripe(key)]
@@ -832,6 +846,7 @@ impl<C: Clock> Engine<C> {
                 }
             }
         }
+        true
     }
 
     /// Reports this node's committed spend on the leased items of `chains`

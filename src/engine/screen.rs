@@ -51,8 +51,10 @@ impl<C: Clock> Engine<C> {
         req: &ScreenRequest,
     ) -> Option<Result<ScreenOutcome, EngineError>> {
         // With a shared store every decision calls the network: never on
-        // the executor.
-        if self.shared().is_some() {
+        // the executor; but in owner mode a user's screen is decided from
+        // the owner's memory, calling nothing while its copy is there and
+        // its grants last (issue 26: no blocking hop for it).
+        if self.shared().is_some() && !(self.in_owner_mode() && req.user.is_some()) {
             return None;
         }
         if_in_memory(self.screen_with(req, Reads::MemoryOnly))
@@ -101,8 +103,15 @@ impl<C: Clock> Engine<C> {
         // before any lock is taken, so a decision never waits on one.
         let leases = if shared {
             for cand in &req.candidates {
-                if let Some(chain) = reg.chain(&cand.campaign) {
-                    self.prepare_leases(chain, cand.cost.unwrap_or(1), now);
+                if let Some(chain) = reg.chain(&cand.campaign)
+                    && !self.prepare_leases(chain, cand.cost.unwrap_or(1), now, reads)
+                {
+                    // A grant needs a refresh (a Redis call): not on the
+                    // executor. Nothing was held yet.
+                    if let Some(c) = &claim {
+                        self.reservations.abandon(&c.id);
+                    }
+                    return Err(Halt::NotInMemory);
                 }
             }
             Some(&self.leases)

@@ -208,6 +208,11 @@ impl<C: Clock> Engine<C> {
     /// still in the backlog expires it first ([`Settle::Expired`]), so no
     /// reservation is settled past its deadline.
     pub(crate) fn expire_step(&self, now: Nanos, reads: Reads) -> usize {
+        // With a shared store, expiring may read records: left to the
+        // sweeper and to decisions off the executor.
+        if reads == Reads::MemoryOnly && self.shared().is_some() {
+            return 0;
+        }
         self.expire_up_to(now, EXPIRE_BATCH, reads)
     }
 

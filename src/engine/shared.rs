@@ -976,11 +976,15 @@ impl<C: Clock> Engine<C> {
         shared: &dyn Shared,
         key: RecordKey,
         now: Nanos,
+        memory_only: bool,
         mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
         if let (Some(owners), RecordKey::User(h)) = (self.owners.get(), key) {
             return match owners.owner(h, now) {
-                Owner::Me { epoch } => self.with_owned_record(shared, owners, key, now, epoch, f),
+                Owner::Me { epoch } => {
+                    self.with_owned_record(shared, owners, key, now, epoch, memory_only, f)
+                }
+                _ if memory_only => Err(Halt::NotInMemory),
                 Owner::Other { node, addr } => Err(unavailable(format!(
                     "this user is owned by node {node} ({addr}) in owner mode: send the request there \
                      (the HTTP API forwards it)"
@@ -1142,6 +1146,14 @@ impl<C: Clock> Engine<C> {
     /// owner claimed the record, or it moved) means this node is no longer
     /// the owner: its copy is dropped and the request fails with 503, to be
     /// retried where the user now lives.
+    ///
+    /// `memory_only` (a screen on the executor, no blocking hop): only on a
+    /// copy in memory, with no drop of copies due, and nothing written. A
+    /// screen changes nothing committed but the form of its counters (a
+    /// window rolled over, a settled id forgotten), which the next commit's
+    /// write carries: the stored copy is older, never different in what it
+    /// counts.
+    #[allow(clippy::too_many_arguments)]
     fn with_owned_record<R>(
         &self,
         shared: &dyn Shared,
@@ -1149,13 +1161,24 @@ impl<C: Clock> Engine<C> {
         key: RecordKey,
         now: Nanos,
         epoch: u64,
+        memory_only: bool,
         mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
-        self.drop_unowned(now);
+        if memory_only {
+            if owners.drop_due(now) {
+                return Err(Halt::NotInMemory);
+            }
+        } else {
+            self.drop_unowned(now);
+        }
         let disk = key.disk_key();
         let hot_key = key.hot_key();
         let reg = self.registry();
-        let _turn = self.gates.enter(hot_key);
+        let _turn = if memory_only {
+            self.gates.try_enter(hot_key).ok_or(Halt::NotInMemory)?
+        } else {
+            self.gates.enter(hot_key)
+        };
         let cached = self
             .hot
             .try_with(
@@ -1179,6 +1202,8 @@ impl<C: Clock> Engine<C> {
             .flatten();
         let (mut rec, last) = match cached {
             Some(rec) => (rec, 0),
+            // Its placeholder (if any) stays STALE: the blocking path claims.
+            None if memory_only => return Err(Halt::NotInMemory),
             None => {
                 self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
                 self.stats.owner_claims.fetch_add(1, Ordering::Relaxed);
@@ -1209,7 +1234,7 @@ impl<C: Clock> Engine<C> {
         expire_held(&mut rec, at, &reg);
         let r = f(&mut rec, at);
         let after = owned_payload(&rec, at, at, &reg);
-        if without_last(&after, at) == without_last(&before, 0) {
+        if memory_only || without_last(&after, at) == without_last(&before, 0) {
             self.keep_copy(hot_key, now, rec);
             return Ok(r);
         }
@@ -1307,7 +1332,7 @@ impl<C: Clock> Engine<C> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
-        let settled = self.with_shared_record(shared, key, now, |rec, at| {
+        let settled = self.with_shared_record(shared, key, now, false, |rec, at| {
             settle_in_record(rec, res, id, how, at, &reg)
         });
         super::hot::waited(settled)?
