@@ -39,6 +39,9 @@ cd "$(dirname "$0")/.."
 SECS=${SECS:-5}
 CONNS=${CONNS:-32}
 K=${K:-50}
+# Users (Zipf ranks, exponent 0.99). With 1 M most users of a 5 s run are
+# new to the node that serves them; a few thousand shows a warm fleet.
+USERS=${USERS:-1000000}
 BASE=${BASE:-7600}
 OUT=${1:-${TMPDIR:-/tmp}/freqcap-cluster/$(date -u +%Y%m%dT%H%M%SZ)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/freqcap-target}
@@ -156,7 +159,7 @@ run() {
     f0=$(cpu "${NODE_PIDS[@]}")
     local i0 i1
     i0=$(redis_counts)
-    "$LOADGEN" run --target freqcap --addr "$addr" --route "$route" --workload screen --k "$K" \
+    "$LOADGEN" run --target freqcap --addr "$addr" --route "$route" --workload screen --k "$K" --users "$USERS" \
         --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/n$n-$route-${reports//\//-}.json"
     local c1 f1 r1 cas1 cf1 l1
     c1=$(metric freqcap_redis_calls_total "${ports[@]}")
@@ -206,7 +209,7 @@ baseline() {
     done
     "$LOADGEN" run --target freqcap --addr "127.0.0.1:$port" --workload screen --k "$K" --conns 1 --secs 0.2 --warmup 0 >/dev/null
     f0=$(cpu "${NODE_PIDS[@]}")
-    "$LOADGEN" run --target freqcap --addr "127.0.0.1:$port" --workload screen --k "$K" \
+    "$LOADGEN" run --target freqcap --addr "127.0.0.1:$port" --workload screen --k "$K" --users "$USERS" \
         --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/single.json"
     f1=$(cpu "${NODE_PIDS[@]}")
     python3 - "$OUT/single.json" "$f0" "$f1" <<'EOF' | tee -a "$OUT/table.txt"
@@ -233,7 +236,7 @@ EOF
 anchor() {
     local i0 i1
     i0=$(redis_counts)
-    "$LOADGEN" run --target redis-cluster --addr "127.0.0.1:$BASE" --workload screen --k "$K" \
+    "$LOADGEN" run --target redis-cluster --addr "127.0.0.1:$BASE" --workload screen --k "$K" --users "$USERS" \
         --conns "$CONNS" --secs "$SECS" --warmup 0 --json > "$OUT/lua-recipe.json"
     i1=$(redis_counts)
     # shellcheck disable=SC2086 # i0, i1: five numbers each

@@ -396,11 +396,20 @@ fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) ->
         pending: Vec::new(),
         held: Cow::Borrowed(&[]),
         // Releases are not written: only commits change what a later owner
-        // must know (a retried commit is recognised by its settled id).
-        settled: if settled.iter().all(|x| x.committed) {
+        // must know (a commit retried there is recognised by its settled
+        // id), and only until their deadline, as on one node (no other node
+        // learns of them there: the grace shared mode keeps them for made
+        // a hot user's writes grow with its last two minutes' commits).
+        settled: if settled.iter().all(|x| x.committed && x.deadline > at) {
             Cow::Borrowed(settled)
         } else {
-            Cow::Owned(settled.iter().filter(|x| x.committed).cloned().collect())
+            Cow::Owned(
+                settled
+                    .iter()
+                    .filter(|x| x.committed && x.deadline > at)
+                    .cloned()
+                    .collect(),
+            )
         },
         extra: committed
             .iter()
