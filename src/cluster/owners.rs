@@ -17,6 +17,7 @@
 //! cannot be written after its successor claimed the record: writes carry
 //! the epoch, and Redis refuses one below the record's (`fc_cas_v2`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -226,8 +227,11 @@ pub struct Owners {
     view: RwLock<Arc<View>>,
     /// The epoch, and the last change of owners, for which the users this
     /// node no longer owns were dropped from its memory
-    /// ([`Owners::needs_drop`]).
+    /// ([`Owners::drop_plan`]).
     dropped: Mutex<(u64, Nanos)>,
+    /// Drops made so far: a decision that saw it change while it ran does
+    /// not put its copy back.
+    drops: AtomicU64,
 }
 
 impl Owners {
@@ -237,6 +241,7 @@ impl Owners {
             addr: addr.to_owned(),
             view: RwLock::new(Arc::new(View::default())),
             dropped: Mutex::new((0, 0)),
+            drops: AtomicU64::new(0),
         }
     }
 
@@ -282,6 +287,12 @@ impl Owners {
     /// Records that the copies `plan` names were dropped.
     pub fn dropped(&self, plan: &DropPlan) {
         *self.dropped.lock().unwrap_or_else(PoisonError::into_inner) = (plan.view.epoch, plan.last);
+        self.drops.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many drops were made so far.
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Ordering::Acquire)
     }
 
     pub fn node(&self) -> &str {

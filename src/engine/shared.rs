@@ -1011,27 +1011,7 @@ impl<C: Clock> Engine<C> {
         // Taken out, not cloned (a screen's record holds a counter per
         // capped candidate): a placeholder marked STALE stays, so anything
         // that reads it without the gate reads the store instead.
-        let cached = self
-            .hot
-            .try_with(
-                &hot_key,
-                now,
-                &u64::MAX,
-                || Err(()),
-                |rec| {
-                    (rec.write_seq != STALE).then(|| {
-                        std::mem::replace(
-                            rec,
-                            SubjectRecord {
-                                write_seq: STALE,
-                                ..SubjectRecord::default()
-                            },
-                        )
-                    })
-                },
-            )
-            .ok()
-            .flatten();
+        let cached = self.take_copy(hot_key, now);
         // Whether the copy decided on was read from the store in this call
         // (else it is the cached one, perhaps behind the store). A record
         // not in memory is not read first: the decision is made on an empty
@@ -1180,6 +1160,7 @@ impl<C: Clock> Engine<C> {
         } else {
             self.drop_unowned(now);
         }
+        let drops = owners.drops();
         let disk = key.disk_key();
         let hot_key = key.hot_key();
         let reg = self.registry();
@@ -1188,27 +1169,7 @@ impl<C: Clock> Engine<C> {
         } else {
             self.gates.enter(hot_key)
         };
-        let cached = self
-            .hot
-            .try_with(
-                &hot_key,
-                now,
-                &u64::MAX,
-                || Err(()),
-                |rec| {
-                    (rec.write_seq != STALE).then(|| {
-                        std::mem::replace(
-                            rec,
-                            SubjectRecord {
-                                write_seq: STALE,
-                                ..SubjectRecord::default()
-                            },
-                        )
-                    })
-                },
-            )
-            .ok()
-            .flatten();
+        let cached = self.take_copy(hot_key, now);
         let (mut rec, last) = match cached {
             Some(rec) => (rec, 0),
             // Its placeholder (if any) stays STALE: the blocking path claims.
@@ -1244,7 +1205,7 @@ impl<C: Clock> Engine<C> {
         let r = f(&mut rec, at);
         let after = owned_payload(&rec, at, at, &reg);
         if memory_only || without_last(&after, at) == without_last(&before, 0) {
-            self.keep_copy(hot_key, now, rec);
+            self.keep_owned(owners, drops, hot_key, now, rec);
             return Ok(r);
         }
         if let Some(m) = rec.shared_meta() {
@@ -1257,7 +1218,7 @@ impl<C: Clock> Engine<C> {
         match shared.cas_owned(&disk, rec.write_seq, &value, expire, epoch) {
             Ok(Cas::Written(v)) => {
                 rec.write_seq = v;
-                self.keep_copy(hot_key, now, rec);
+                self.keep_owned(owners, drops, hot_key, now, rec);
                 Ok(r)
             }
             Ok(Cas::Fenced(later)) => Err(self.deposed(owners, later)),
@@ -1308,6 +1269,49 @@ impl<C: Clock> Engine<C> {
                     "owners changed: dropped the copies of users this node no longer owns"
                 );
             }
+        }
+    }
+
+    /// Takes the cached copy of a record out of the hot tier, if it has a
+    /// current one; a placeholder marked STALE stays, so anything that reads
+    /// it without the gate reads the store instead.
+    fn take_copy(&self, hot_key: [u64; 2], now: Nanos) -> Option<SubjectRecord> {
+        self.hot
+            .try_with(
+                &hot_key,
+                now,
+                &u64::MAX,
+                || Err(()),
+                |rec| {
+                    (rec.write_seq != STALE).then(|| {
+                        std::mem::replace(
+                            rec,
+                            SubjectRecord {
+                                write_seq: STALE,
+                                ..SubjectRecord::default()
+                            },
+                        )
+                    })
+                },
+            )
+            .ok()
+            .flatten()
+    }
+
+    /// Owner mode: [`Engine::keep_copy`], unless copies were dropped while
+    /// the decision ran (its user may have moved away meanwhile, and a copy
+    /// put back would be stale should it come back): the placeholder then
+    /// stays, and the next decision claims the record again.
+    fn keep_owned(
+        &self,
+        owners: &Owners,
+        drops: u64,
+        hot_key: [u64; 2],
+        now: Nanos,
+        rec: SubjectRecord,
+    ) {
+        if owners.drops() == drops {
+            self.keep_copy(hot_key, now, rec);
         }
     }
 
