@@ -75,12 +75,7 @@ pub(crate) async fn commit<C: Clock + 'static>(
 ) -> Result<Response, ApiError> {
     let bytes = b.map_err(rejected)?;
     let b: CommitBody = optional_body(Ok(bytes.clone()))?;
-    let owner = s.engine.owner_of_reservation(&id, b.user.as_deref());
-    if let Some(r) = s
-        .forwarder
-        .to_owner(owner, Method::POST, uri.path(), &headers, bytes)
-        .await
-    {
+    if let Some(r) = at_owner(&s, &id, b.user.as_deref(), &headers, &uri, bytes).await {
         return r;
     }
     let req = CommitRequest {
@@ -116,15 +111,27 @@ pub(crate) async fn release<C: Clock + 'static>(
 ) -> Result<Response, ApiError> {
     let bytes = b.map_err(rejected)?;
     let body: ReleaseBody = optional_body(Ok(bytes.clone()))?;
-    let owner = s.engine.owner_of_reservation(&id, body.user.as_deref());
-    if let Some(r) = s
-        .forwarder
-        .to_owner(owner, Method::POST, uri.path(), &headers, bytes)
-        .await
-    {
+    if let Some(r) = at_owner(&s, &id, body.user.as_deref(), &headers, &uri, bytes).await {
         return r;
     }
     let e = s.engine.clone();
     let out = blocking(move || e.release_for(&id, body.user.as_deref())).await?;
     Ok(Json(SettledBody::from(out)).into_response())
+}
+
+/// Owner mode: the answer of the node owning reservation `id`'s user, when
+/// that is another node (docs/cluster.md, "Owner mode"); `None`: settle it
+/// here.
+async fn at_owner<C: Clock + 'static>(
+    s: &super::AppState<C>,
+    id: &str,
+    user: Option<&str>,
+    headers: &HeaderMap,
+    uri: &Uri,
+    bytes: Bytes,
+) -> Option<Result<Response, ApiError>> {
+    let owner = s.engine.owner_of_reservation(id, user);
+    s.forwarder
+        .to_owner(owner, Method::POST, uri.path(), headers, bytes)
+        .await
 }
