@@ -622,7 +622,9 @@ impl Shared for RedisStore {
         let v = self.query("HMGET record", c)?;
         match &v {
             Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
-                (Value::Nil, _) => Ok(None),
+                // An owner's claim of a user with no record yet (owner
+                // mode, `fc_own_v1`): a version, no value.
+                (Value::Nil, _) | (_, Value::Nil) => Ok(None),
                 (ver, b) => match (int(ver), bytes(b)) {
                     (Some(ver), Some(b)) => Ok(Some((ver, b))),
                     _ => Err(unexpected("HMGET record", &v)),
@@ -639,7 +641,7 @@ impl Shared for RedisStore {
         match &v {
             Value::Int(1) => Ok(None),
             Value::Array(a) => match a.as_slice() {
-                [ver, _] if int(ver) == Some(0) => Ok(Some(None)),
+                [ver, b] if int(ver) == Some(0) || matches!(b, Value::Nil) => Ok(Some(None)),
                 [ver, b] => match (int(ver), bytes(b)) {
                     (Some(ver), Some(b)) => Ok(Some(Some((ver, b)))),
                     _ => Err(unexpected("fc_peek_v1", &v)),

@@ -57,10 +57,14 @@ const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
 /// held up by this much only, and counted (`record_time_capped`).
 pub(crate) const MAX_RECORD_AHEAD: Nanos = 1_000_000_000;
 
-/// How long a claim of a user with no record stands (owner mode): the
-/// claim fences earlier owners' writes against "absent" until the owner
-/// writes the record, or the user goes idle.
-const OWNED_ABSENT_TTL: Nanos = 3_600 * 1_000_000_000;
+/// How long a claim of a user with no record stands (owner mode), unless
+/// the owner writes the record first: it fences a deposed owner's write
+/// against "absent", which can only come from a decision that checked its
+/// lease before a pause and wrote after it. Each user screened and never
+/// shown costs Redis a small hash for this long (~100 bytes), so it is
+/// not an hour; a claim that ran out under an owner's copy is made again
+/// at its next write.
+const OWNED_ABSENT_TTL: Nanos = 600 * 1_000_000_000;
 
 /// The error a request gets where this node does not decide.
 fn unavailable(message: String) -> Halt {
@@ -1215,22 +1219,41 @@ impl<C: Clock> Engine<C> {
         let value = codec::frame_as(3, rec.idle_at, &after);
         let expire = rec.idle_at.saturating_add(EXPIRY_MARGIN);
         self.stats.cas.fetch_add(1, Ordering::Relaxed);
-        match shared.cas_owned(&disk, rec.write_seq, &value, expire, epoch) {
-            Ok(Cas::Written(v)) => {
-                rec.write_seq = v;
-                self.keep_owned(owners, drops, hot_key, now, rec);
-                Ok(r)
+        let mut expected = rec.write_seq;
+        for reclaimed in [false, true] {
+            match shared.cas_owned(&disk, expected, &value, expire, epoch) {
+                Ok(Cas::Written(v)) => {
+                    rec.write_seq = v;
+                    self.keep_owned(owners, drops, hot_key, now, rec);
+                    return Ok(r);
+                }
+                Ok(Cas::Fenced(later)) => return Err(self.deposed(owners, later)),
+                // The claim of a user with no record ran out (it stands
+                // [`OWNED_ABSENT_TTL`]) under this node's copy: nothing
+                // committed was lost. Claimed again, still with no record,
+                // the copy is written.
+                Ok(Cas::Conflict {
+                    version: 0,
+                    value: None,
+                }) if !reclaimed => match shared.own(&disk, epoch, OWNED_ABSENT_TTL)? {
+                    Owned::Claimed {
+                        version,
+                        value: None,
+                    } => expected = version,
+                    Owned::Claimed { .. } => return Err(self.deposed(owners, epoch)),
+                    Owned::Fenced(later) => return Err(self.deposed(owners, later)),
+                },
+                Ok(Cas::Conflict { .. }) => {
+                    self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    return Err(self.deposed(owners, epoch));
+                }
+                // It may have been applied: the copy is not put back (its
+                // placeholder is marked STALE), so the next decision claims
+                // the record again, reading it.
+                Err(e) => return Err(e.into()),
             }
-            Ok(Cas::Fenced(later)) => Err(self.deposed(owners, later)),
-            Ok(Cas::Conflict { .. }) => {
-                self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-                Err(self.deposed(owners, epoch))
-            }
-            // It may have been applied: the copy is not put back (its
-            // placeholder is marked STALE), so the next decision claims the
-            // record again, reading it.
-            Err(e) => Err(e.into()),
         }
+        Err(self.deposed(owners, epoch))
     }
 
     /// This node's copy of a user it thought it owned was overtaken (a
