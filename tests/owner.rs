@@ -17,7 +17,7 @@ use serde_json::json;
 
 mod support;
 
-use support::cluster::{Node, Redis};
+use support::cluster::{Node, Redis, redis_cli};
 
 fn owner_node(tmp: &Path, redis: &Redis, id: &str) -> Node {
     Node::start_with(
@@ -334,5 +334,63 @@ fn a_paused_owner_that_wakes_up_cannot_write() {
     assert!(
         log.contains("membership lease ran out"),
         "the woken node rejoined with a new epoch:\n{log}"
+    );
+}
+
+/// A claim of a user with no record stands 10 minutes; one that ran out
+/// (deleted here, as its expiry would) under the owner's copy is made
+/// again at the commit, which is acknowledged and counted once.
+#[test]
+fn a_claim_that_ran_out_is_made_again_at_the_commit() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7740);
+    let a = owner_node(tmp.path(), &redis, "c0");
+    campaign(&[&a], "q", 2);
+    fleet_ready(&[&a], "q");
+    let claims = |pattern: &str| -> Vec<(u16, String)> {
+        redis
+            .primaries(7740)
+            .into_iter()
+            .flat_map(|p| {
+                redis_cli(p, &["--scan", "--pattern", pattern])
+                    .lines()
+                    .map(|k| (p, k.to_owned()))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|(p, k)| redis_cli(*p, &["HEXISTS", k, "b"]).trim() == "0")
+            .collect()
+    };
+    let before = claims("fc:{u:*}");
+    let body = json!({"user": "late", "candidates": [{"campaign": "q"}], "reserve": true});
+    let (st, out) = a.call("POST", "/v1/screen", Some(&body));
+    assert_eq!(st, 200, "{out}");
+    let id = out["reservation"]
+        .as_str()
+        .expect("a reservation")
+        .to_owned();
+    let after = claims("fc:{u:*}");
+    let fresh: Vec<_> = after.iter().filter(|c| !before.contains(c)).collect();
+    assert_eq!(fresh.len(), 1, "one claim, with no record: {after:?}");
+    let (port, key) = fresh[0];
+    let ttl: i64 = redis_cli(*port, &["PTTL", key])
+        .trim()
+        .parse()
+        .unwrap_or(-1);
+    assert!(
+        (1..=600_000).contains(&ttl),
+        "the claim stands 10 minutes at most: {ttl} ms"
+    );
+    assert_eq!(redis_cli(*port, &["DEL", key]).trim(), "1");
+    let (st, out) = a.call(
+        "POST",
+        &format!("/v1/reservations/{id}/commit"),
+        Some(&json!({})),
+    );
+    assert_eq!((st, &out["outcome"]), (200, &json!("committed")), "{out}");
+    assert_eq!(used(&a, "late", "q"), 1);
+    assert_eq!(
+        redis_cli(*port, &["HEXISTS", key, "b"]).trim(),
+        "1",
+        "the commit wrote the record"
     );
 }
