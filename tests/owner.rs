@@ -45,8 +45,8 @@ fn campaign(nodes: &[&Node], camp: &str, cap: u64) {
     }
 }
 
-/// Waits (15 s at most) until every node answers a user's screen: their
-/// leases are active and each knows the others.
+/// Waits (15 s at most) until every node answers a user's screen, then
+/// until every node's lease is active.
 fn fleet_ready(nodes: &[&Node], camp: &str) {
     for (i, n) in nodes.iter().enumerate() {
         let until = Instant::now() + Duration::from_secs(15);
@@ -60,6 +60,9 @@ fn fleet_ready(nodes: &[&Node], camp: &str) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    // Every node has joined; each owns its users one lease (2 s) after it
+    // did, and until then users move: past that, owners hold still.
+    std::thread::sleep(Duration::from_millis(2_500));
 }
 
 /// Screens `user` on `n` and commits the reservation there: Some(true) if
@@ -83,6 +86,18 @@ fn impression(n: &Node, user: &str, camp: &str) -> Option<bool> {
         Some(&json!({})),
     );
     (st == 200 && out["outcome"] == "committed").then_some(true)
+}
+
+/// [`impression`], again (every 100 ms, 3 s at most) while it fails: a
+/// user whose owner is changing is answered 503 for up to half a second.
+fn impression_retrying(n: &Node, user: &str, camp: &str) -> Option<bool> {
+    for _ in 0..30 {
+        if let Some(r) = impression(n, user, camp) {
+            return Some(r);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
 }
 
 /// `used` of the user's cap, asked of `n` (forwarded to the owner),
@@ -180,13 +195,14 @@ fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
     fleet_ready(&[&a, &b], "j");
     // One impression each, all sent to a (half forwarded to b).
     for u in 0..USERS {
-        assert_eq!(impression(&a, &format!("u{u}"), "j"), Some(true), "u{u}");
+        assert_eq!(
+            impression_retrying(&a, &format!("u{u}"), "j"),
+            Some(true),
+            "u{u}"
+        );
     }
     let c = owner_node(tmp.path(), &redis, "j2");
     fleet_ready(&[&a, &b, &c], "j");
-    // Let every node see c active (its activation is one lease after it
-    // joined; the probe above may have been forwarded before that).
-    std::thread::sleep(Duration::from_millis(2_500));
     let nodes = [&a, &b, &c];
     // Five more attempts per user, through every node in turn: exactly two
     // more fit under the cap, wherever the user now lives.
@@ -194,15 +210,8 @@ fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
     for round in 0..5 {
         for u in 0..USERS {
             let n = nodes[(u + round) % 3];
-            let mut r = None;
-            for _ in 0..20 {
-                r = impression(n, &format!("u{u}"), "j");
-                if r.is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if r.expect("answered within 2 s") {
+            let r = impression_retrying(n, &format!("u{u}"), "j");
+            if r.expect("answered within 3 s") {
                 *allowed.entry(u).or_default() += 1;
             }
         }
@@ -299,14 +308,7 @@ fn a_paused_owner_that_wakes_up_cannot_write() {
     // user its one impression (it never knew a's hold).
     support::signal(&a.child, libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(3_500));
-    let mut shown = None;
-    for _ in 0..30 {
-        shown = impression(&b, &user, "p");
-        if shown.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let shown = impression_retrying(&b, &user, "p");
     assert_eq!(shown, Some(true), "b, the owner now, shows the user once");
     support::signal(&a.child, libc::SIGCONT);
     // Woken, a must not write what it decided before its pause: its
