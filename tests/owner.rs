@@ -239,7 +239,7 @@ fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
     assert_eq!((st, &out["duplicates"]), (200, &json!(USERS)), "{out}");
     // An answer given through another node names the owner, so a client
     // can send the user's next requests there.
-    let hinted = (0..USERS).any(|u| {
+    let elsewhere = (0..USERS).find(|u| {
         let r = a
             .agent
             .get(&format!("{}/v1/users/u{u}/campaigns/j", a.base))
@@ -251,7 +251,16 @@ fn a_member_joining_takes_its_users_and_requests_are_forwarded() {
                 owner == b.base || owner == c.base
             })
     });
-    assert!(hinted, "no answer named another owner");
+    let u = elsewhere.expect("an answer named another owner");
+    // The owner's refusal comes back as it gave it: an unknown campaign is
+    // a 404, not a 503 to retry.
+    let bad = json!({"user": format!("u{u}"), "campaign": "nope"});
+    let (st, out) = a.call_retrying("POST", "/v1/events", Some(&bad));
+    assert_eq!(
+        (st, &out["error"]["code"]),
+        (404, &json!("not_found")),
+        "{out}"
+    );
     // c owns a share of the users: it claimed them.
     let claimed = c.metric("freqcap_owner_claims").unwrap_or(0.0);
     assert!(claimed >= 3.0, "the new member claimed {claimed} users");

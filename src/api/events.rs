@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -70,7 +71,7 @@ pub(crate) async fn events<C: Clock + 'static>(
     State(s): St<C>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<EventsAnswer>, ApiError> {
+) -> Result<Response, ApiError> {
     // One event object, or an array of them; each element must be an object
     // (not read positionally), and a member given twice is an error.
     let list = match parse::<EventsBody>(b)? {
@@ -117,33 +118,30 @@ pub(crate) async fn events<C: Clock + 'static>(
         else {
             continue;
         };
-        counted += forwarded_count(r?).await?;
+        let r = r?;
+        if !r.status().is_success() {
+            // The owner's refusal as it gave it (a 404 for an unknown
+            // campaign stays a 404). Events other parts of the request
+            // counted stay counted (docs/cluster.md: events split between
+            // owners should carry `event_id`, so that a retry counts each
+            // once).
+            return Ok(r);
+        }
+        counted += forwarded_count(r).await?;
     }
     Ok(Json(EventsAnswer {
         counted,
         duplicates: n - counted,
-    }))
+    })
+    .into_response())
 }
 
-/// The count an owner's answer to forwarded events gives; its error, as
-/// the owner said it, otherwise. Events other parts of the request counted
-/// stay counted (docs/cluster.md: events split between owners should carry
-/// `event_id`, so that a retry counts each once).
-async fn forwarded_count(r: axum::response::Response) -> Result<usize, ApiError> {
-    let status = r.status();
+/// The count an owner's answer (a success) to forwarded events gives.
+async fn forwarded_count(r: Response) -> Result<usize, ApiError> {
     let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
         .await
         .map_err(|e| ApiError::unavailable(format!("an owner's answer could not be read: {e}")))?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    if !status.is_success() {
-        let message = v["error"]["message"]
-            .as_str()
-            .unwrap_or("the owner refused the events");
-        return Err(ApiError::unavailable(format!(
-            "events forwarded to their user's owner: {} {message}",
-            status.as_u16()
-        )));
-    }
     v["counted"]
         .as_u64()
         .map(|c| c as usize)
