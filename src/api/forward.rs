@@ -1,6 +1,6 @@
 //! Owner mode (docs/cluster.md, "Owner mode"): a request about a user
 //! another node owns is sent to that node as it came (method, path, body,
-//! credentials), and its answer is returned as the owner gave it.
+//! `Host`, credentials), and its answer is returned as the owner gave it.
 //!
 //! A forwarded request carries [`FORWARDED`] and is never forwarded again:
 //! two nodes whose copies of the members disagree for a moment answer 503
@@ -102,7 +102,11 @@ impl Forwarder {
             .uri(format!("http://{addr}{path}"))
             .header(header::CONTENT_TYPE, "application/json")
             .header(HeaderName::from_static(FORWARDED), self.node.clone());
+        // The client's `Host` too: the owner checks it as the node asked
+        // did (`allowed_hosts`, the same across a fleet), where the owner's
+        // own address might not be allowed.
         for h in [
+            header::HOST,
             header::AUTHORIZATION,
             HeaderName::from_static("x-request-id"),
         ] {
