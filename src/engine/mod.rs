@@ -56,6 +56,7 @@ pub(crate) mod reservations;
 mod screen;
 mod settle;
 mod shared;
+mod throttle;
 mod timeline;
 mod usage;
 
@@ -83,6 +84,7 @@ pub use request::{
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};
+pub use throttle::{ThrottleOutcome, ThrottleRequest, Throttled};
 pub use timeline::{Bucket, CampaignTimeline, Minute, PerUser};
 pub use usage::{CapUsage, Delivery};
 
@@ -500,11 +502,16 @@ impl<C: Clock> Engine<C> {
 
     /// A 128-bit keyed hash of a namespaced id.
     fn hash(&self, ns: u8, owner: u32, id: &str) -> u128 {
+        self.hash_bytes(ns, owner, id.as_bytes())
+    }
+
+    /// [`Engine::hash`] of any bytes (`CL.THROTTLE`'s keys).
+    fn hash_bytes(&self, ns: u8, owner: u32, id: &[u8]) -> u128 {
         use siphasher::sip128::{Hasher128, SipHasher13};
         let mut h = SipHasher13::new_with_key(&self.hash_key);
         h.write_u8(ns);
         h.write_u32(owner);
-        h.write(id.as_bytes());
+        h.write(id);
         h.finish128().as_u128()
     }
 

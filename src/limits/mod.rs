@@ -15,6 +15,7 @@
 
 pub mod budget;
 pub mod calendar;
+pub mod cell;
 pub mod concurrency;
 pub mod rate;
 pub mod stack;

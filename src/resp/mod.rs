@@ -94,8 +94,6 @@ pub struct Front<C: Clock> {
     started: Instant,
     port: u16,
     next_id: AtomicU64,
-    /// `CL.THROTTLE`'s items, compiled once per parameters.
-    compiled: cmd::throttle::Compiled,
     counters: cmd::Counters,
     /// Seconds from `started` to the last cross-protocol warning, plus one
     /// (0: never).
@@ -174,7 +172,6 @@ pub async fn serve<C: Clock + 'static>(
         started: Instant::now(),
         port,
         next_id: AtomicU64::new(1),
-        compiled: cmd::throttle::Compiled::default(),
         counters,
         cross_protocol_logged: AtomicU64::new(0),
     });

@@ -12,7 +12,7 @@ pub mod throttle;
 
 use crate::api::ApiError;
 use crate::clock::Clock;
-use crate::engine::{CheckRequest, Engine};
+use crate::engine::{CheckRequest, Engine, ThrottleRequest, Throttled};
 use crate::server::Conn;
 use prometheus_client::metrics::counter::Counter;
 
@@ -222,20 +222,15 @@ async fn dispatch<C: Clock + 'static>(
         return go(Reply::error("NOAUTH Authentication required."));
     }
     match label {
-        "cl.throttle" => go(
-            match throttle::parse(args).and_then(|t| t.request(&front.compiled)) {
-                Err(e) => e,
-                Ok(req) => match decide(front, conn, req, Endpoint::Throttle).await {
-                    Ok(out) => throttle::answer(&out),
-                    // Argument errors in redis-cell's words; the rest (overload,
-                    // an unavailable store) in freqcap's.
-                    Err(e) if e.code == "invalid_argument" => {
-                        Reply::error(format!("Cell error: {}", e.message))
-                    }
-                    Err(e) => api_error(&e),
-                },
+        "cl.throttle" => go(match throttle::parse(args) {
+            Err(e) => e,
+            Ok(req) => match decide_throttle(front, conn, req).await {
+                Ok(Ok(out)) => throttle::answer(&out),
+                Ok(Err(refused)) => refused.into(),
+                // Overload or an unavailable store, in freqcap's words.
+                Err(e) => api_error(&e),
             },
-        ),
+        }),
         "fc.check" => go(match check::parse(args) {
             Err(e) => e,
             Ok(req) => match decide(front, conn, req, Endpoint::Check).await {
@@ -275,16 +270,13 @@ async fn dispatch<C: Clock + 'static>(
     }
 }
 
-/// Decides a check as HTTP's `/v1/check` does: shed when the connection
-/// waited too long to run or too many requests are in flight (one counter
-/// with HTTP's), then on the executor if every record is in memory, else on
-/// a blocking thread.
-async fn decide<C: Clock + 'static>(
-    front: &Front<C>,
+/// Sheds as HTTP's `/v1/check` does: when the connection waited too long
+/// to run or too many requests are in flight (one counter with HTTP's).
+/// The slot is held until dropped.
+fn admit<'f, C: Clock + 'static>(
+    front: &'f Front<C>,
     conn: Option<&Conn>,
-    req: CheckRequest,
-    endpoint: Endpoint,
-) -> Result<crate::engine::CheckOutcome, ApiError> {
+) -> Result<crate::api::guard::InFlight<'f>, ApiError> {
     let st = &front.state;
     if let Some(c) = conn {
         st.metrics.queue_delay(c.queue_delay().as_secs_f64());
@@ -295,10 +287,52 @@ async fn decide<C: Clock + 'static>(
             ));
         }
     }
-    let _slot = crate::api::guard::InFlight::try_enter(&st.metrics, st.options.max_in_flight)?;
+    crate::api::guard::InFlight::try_enter(&st.metrics, st.options.max_in_flight)
+}
+
+/// Decides a check: shed ([`admit`]), then on the executor if every record
+/// is in memory, else on a blocking thread.
+async fn decide<C: Clock + 'static>(
+    front: &Front<C>,
+    conn: Option<&Conn>,
+    req: CheckRequest,
+    endpoint: Endpoint,
+) -> Result<crate::engine::CheckOutcome, ApiError> {
+    let _slot = admit(front, conn)?;
+    let st = &front.state;
     let out =
         crate::api::request::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
             .await?;
     front.counters.decisions[endpoint as usize][usize::from(out.decision.allowed)].inc();
+    Ok(out)
+}
+
+/// Decides a `CL.THROTTLE` as [`decide`] does a check; the key is copied
+/// only when the decision moves to a blocking thread.
+async fn decide_throttle<C: Clock + 'static>(
+    front: &Front<C>,
+    conn: Option<&Conn>,
+    req: ThrottleRequest<'_>,
+) -> Result<Throttled, ApiError> {
+    let _slot = admit(front, conn)?;
+    let engine = &front.state.engine;
+    let out = match engine.throttle_in_memory(&req) {
+        Some(r) => r?,
+        None => {
+            let (e, key, rate, quantity) = (engine.clone(), req.key.to_vec(), req.rate, req.quantity);
+            crate::api::request::blocking(move || {
+                e.throttle(&ThrottleRequest {
+                    key: &key,
+                    rate,
+                    quantity,
+                })
+            })
+            .await?
+        }
+    };
+    if let Ok(o) = &out {
+        front.counters.decisions[Endpoint::Throttle as usize][usize::from(!o.answer.limited)]
+            .inc();
+    }
     Ok(out)
 }
