@@ -106,29 +106,30 @@ impl<C: Clock> Engine<C> {
         if_in_memory(self.throttle_with(req, Reads::MemoryOnly))
     }
 
-    fn throttle_with(
-        &self,
-        req: &ThrottleRequest<'_>,
-        reads: Reads,
-    ) -> Result<Throttled, Halt> {
+    fn throttle_with(&self, req: &ThrottleRequest<'_>, reads: Reads) -> Result<Throttled, Halt> {
         let now = self.now();
         self.expire_step(now, reads);
         let record = RecordKey::PolicyKey(self.hash_bytes(b'c', 0, req.key));
         let shadow = self.options.shadow;
         self.with_record(record, now, reads, |rec, now: Nanos| {
-            let (answer, keep) = req.rate.throttle(kept_tat(rec), now, req.quantity)?;
-            if answer.limited && shadow {
+            let step = req.rate.throttle(kept_tat(rec), now, req.quantity);
+            if let Ok(a) = step.answer
+                && a.limited
+                && shadow
+            {
+                // Decided, debiting nothing (a limited call never does), and
+                // answered allowed.
                 let allowed = CellAnswer {
                     limited: false,
                     retry_after: None,
-                    ..answer
+                    ..a
                 };
                 return Ok(ThrottleOutcome {
                     answer: allowed,
                     would_deny: true,
                 });
             }
-            if let Some(tat) = keep.filter(|&t| Some(t) != kept_tat(rec)) {
+            if let Some(tat) = step.keep.filter(|&t| Some(t) != kept_tat(rec)) {
                 keep_tat(rec, tat);
                 let mut changes = Changes::new();
                 changes.record(record, rec);
@@ -136,7 +137,7 @@ impl<C: Clock> Engine<C> {
                 // record's idle_at, its TAT.
                 self.persist(changes, Defs::Chain(&[]), now, Ack::WriteBehind);
             }
-            Ok(ThrottleOutcome {
+            step.answer.map(|answer| ThrottleOutcome {
                 answer,
                 would_deny: false,
             })

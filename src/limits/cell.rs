@@ -41,9 +41,9 @@ pub enum CellError {
     /// truncated interval is then 0).
     #[error("Zero rates are not supported")]
     ZeroRate,
-    /// Allowed with a TAT more than a millisecond in the past (a negative
-    /// quantity or rate): redis-cell fails to set the key's expiry. It has
-    /// written the key by then; here nothing changes.
+    /// Allowed with a TAT 2 ms or more in the past (a negative quantity or
+    /// rate): redis-cell fails to set the key's expiry, having written the
+    /// key (see [`CellRate::throttle`]).
     #[error("Error while setting key expire")]
     Expire,
     /// Past the range redis-cell's `i64` nanoseconds hold.
@@ -60,6 +60,15 @@ pub struct CellTat {
     pub ns: Nanos,
     pub rem: u64,
     pub q: u64,
+}
+
+impl CellTat {
+    /// A TAT in the distant past: an empty key.
+    pub const EMPTY: CellTat = CellTat {
+        ns: 0,
+        rem: 0,
+        q: 0,
+    };
 }
 
 /// A `CL.THROTTLE`'s answer, before redis-cell's rounding to seconds.
@@ -158,8 +167,7 @@ impl CellRate {
     }
 
     /// Decides `quantity` at `now` on a key whose TAT is `stored` (`None`:
-    /// absent, or expired: redis-cell's key expires at its TAT). Returns the
-    /// answer and, if allowed, the TAT to keep (`None`: nothing changes).
+    /// absent, or expired: redis-cell's key expires at its TAT).
     ///
     /// redis-cell's steps (its `RateLimiter::rate_limit`): tat = stored or
     /// now; new_tat = max(now, tat) + increment; limited if new_tat − τ is
@@ -167,44 +175,61 @@ impl CellRate {
     /// fits in τ (else −1) and reset_after = tat − now; else new_tat is
     /// written, and reset_after = new_tat − now. remaining is
     /// trunc((τ − reset_after) / T) when that is above −T, else 0.
-    pub fn throttle(
-        &self,
-        stored: Option<CellTat>,
-        now: Nanos,
-        quantity: i64,
-    ) -> Result<(CellAnswer, Option<CellTat>), CellError> {
-        let increment = self.increment(quantity)?;
+    pub fn throttle(&self, stored: Option<CellTat>, now: Nanos, quantity: i64) -> CellStep {
+        let increment = match self.increment(quantity) {
+            Ok(i) => i,
+            Err(e) => {
+                return CellStep {
+                    answer: Err(e),
+                    keep: None,
+                };
+            }
+        };
         let now = i128::from(now) * self.q;
         let stored = stored.map(|t| self.scaled(t)).filter(|&t| t > now);
         let tat = stored.unwrap_or(now);
         let new_tat = tat.max(now) + increment;
         let wait = new_tat - self.tau - now;
-        let (limited, ttl, keep, retry_after) = if wait > 0 {
+        let (limited, ttl, retry_after) = if wait > 0 {
             let retry = (increment <= self.tau).then(|| self.ns(wait));
-            (true, tat - now, None, retry)
+            (true, tat - now, retry)
         } else {
-            let ttl = new_tat - now;
-            // redis-cell sets the key's expiry in whole ms, truncated: a TTL
-            // of −1 ms or less is refused (after the key was written).
-            if self.ns(ttl) <= -1_000_000 {
-                return Err(CellError::Expire);
-            }
-            (false, ttl, self.kept(new_tat), None)
+            (false, new_tat - now, None)
         };
+        // A TAT before the epoch is as empty as one just past.
+        let keep = (!limited).then(|| self.kept(new_tat).unwrap_or(CellTat::EMPTY));
+        // redis-cell sets the key's expiry in whole ms, truncated toward
+        // zero, after writing it; Redis refuses a negative expiry, except
+        // −1 ms, its "no expiry". So the TAT moved (a refund past now
+        // leaves the key empty) and the answer is the error.
+        if !limited && self.ns(ttl) / 1_000_000 < -1 {
+            return CellStep {
+                answer: Err(CellError::Expire),
+                keep,
+            };
+        }
         let next = self.tau - ttl;
         let remaining = if next > -self.p { next / self.p } else { 0 };
         let sat = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
-        Ok((
-            CellAnswer {
+        CellStep {
+            answer: Ok(CellAnswer {
                 limited,
                 limit: sat(self.limit),
                 remaining: sat(remaining),
                 retry_after,
                 reset_after: self.ns(ttl),
-            },
+            }),
             keep,
-        ))
+        }
     }
+}
+
+/// What a [`CellRate::throttle`] answers, and the TAT to keep (`None`:
+/// nothing changes). An error may move the TAT, as redis-cell's does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellStep {
+    pub answer: Result<CellAnswer, CellError>,
+    pub keep: Option<CellTat>,
 }
 
 /// A duration in whole seconds as redis-cell reports it: truncated toward
@@ -260,7 +285,8 @@ mod tests {
         for (i, &(at, b, count, period, q)) in steps.iter().enumerate() {
             let now = START + at;
             let rate = CellRate::new(b, count, period).unwrap();
-            let (a, keep) = rate.throttle(mine, now, q).unwrap();
+            let CellStep { answer, keep } = rate.throttle(mine, now, q);
+            let a = answer.unwrap();
             let (limited, limit, remaining, retry, ttl, keep_ref) =
                 reference(theirs, i128::from(now), b, count, period, q);
             assert_eq!(a.limited, limited, "step {i}");
@@ -296,9 +322,14 @@ mod tests {
     #[test]
     fn negative_arguments_answer_as_redis_cell_does() {
         // Each on a fresh key: redis-cell's answers, read from the module.
-        let fresh = |b, c, p, q| CellRate::new(b, c, p).unwrap().throttle(None, START, q);
-        let five = |r: Result<(CellAnswer, Option<CellTat>), CellError>| {
-            r.map(|(a, _)| {
+        let fresh = |b, c, p, q| {
+            CellRate::new(b, c, p)
+                .unwrap()
+                .throttle(None, START, q)
+                .answer
+        };
+        let five = |r: Result<CellAnswer, CellError>| {
+            r.map(|a| {
                 [
                     i64::from(a.limited),
                     a.limit,
@@ -323,11 +354,17 @@ mod tests {
         let r = CellRate::new(5, 1, 1).unwrap();
         let mut tat = None;
         for _ in 0..3 {
-            tat = r.throttle(tat, START, 1).unwrap().1;
+            tat = r.throttle(tat, START, 1).keep;
         }
-        let (a, keep) = r.throttle(tat, START, -2).unwrap();
+        let step = r.throttle(tat, START, -2);
+        let a = step.answer.unwrap();
         assert_eq!((a.limited, a.remaining), (false, 5));
-        assert_eq!(keep.map(|t| t.ns), Some(START + S));
+        assert_eq!(step.keep.map(|t| t.ns), Some(START + S));
+        // A refund past now is refused, and empties the key, as
+        // redis-cell's does.
+        let step = r.throttle(step.keep, START, -3);
+        assert_eq!(step.answer, Err(CellError::Expire));
+        assert_eq!(step.keep.map(|t| t.ns), Some(START - 2 * S));
     }
 
     #[test]
@@ -338,10 +375,10 @@ mod tests {
         // One request every ms for 1000 s: the burst of 3, then exactly 3 a
         // second.
         for ms in 0..1_000_000u64 {
-            let (a, keep) = r.throttle(tat, START + ms * MS, 1).unwrap();
-            if !a.limited {
+            let step = r.throttle(tat, START + ms * MS, 1);
+            if !step.answer.unwrap().limited {
                 allowed += 1;
-                tat = keep;
+                tat = step.keep;
             }
         }
         assert_eq!(allowed, 3 + 3 * 999 + 2);
@@ -357,16 +394,21 @@ mod tests {
             CellRate::new(i64::MAX, 1, 1),
             Err(CellError::Range(_))
         ));
-        assert!(matches!(CellRate::new(0, 1, 300 * 365 * 86_400), Err(CellError::Range(_))));
+        assert!(matches!(
+            CellRate::new(0, 1, 300 * 365 * 86_400),
+            Err(CellError::Range(_))
+        ));
         let r = CellRate::new(0, 1, 1).unwrap();
-        assert!(matches!(r.throttle(None, START, i64::MAX), Err(CellError::Range(_))));
+        assert!(matches!(
+            r.throttle(None, START, i64::MAX).answer,
+            Err(CellError::Range(_))
+        ));
     }
 
     #[test]
     fn a_tat_of_another_q_is_read_rounded_up() {
         let thirds = CellRate::new(2, 3, 1).unwrap();
-        let (_, kept) = thirds.throttle(None, START, 1).unwrap();
-        let kept = kept.unwrap();
+        let kept = thirds.throttle(None, START, 1).keep.unwrap();
         assert_eq!((kept.ns, kept.rem, kept.q), (START + 333_333_333, 1, 3));
         let whole = CellRate::new(2, 1, 1).unwrap();
         assert_eq!(whole.scaled(kept), i128::from(START + 333_333_334));

@@ -319,7 +319,8 @@ async fn decide_throttle<C: Clock + 'static>(
     let out = match engine.throttle_in_memory(&req) {
         Some(r) => r?,
         None => {
-            let (e, key, rate, quantity) = (engine.clone(), req.key.to_vec(), req.rate, req.quantity);
+            let (e, key, rate, quantity) =
+                (engine.clone(), req.key.to_vec(), req.rate, req.quantity);
             crate::api::request::blocking(move || {
                 e.throttle(&ThrottleRequest {
                     key: &key,
@@ -331,8 +332,7 @@ async fn decide_throttle<C: Clock + 'static>(
         }
     };
     if let Ok(o) = &out {
-        front.counters.decisions[Endpoint::Throttle as usize][usize::from(!o.answer.limited)]
-            .inc();
+        front.counters.decisions[Endpoint::Throttle as usize][usize::from(!o.answer.limited)].inc();
     }
     Ok(out)
 }
