@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# freqcap's RESP front (CL.THROTTLE) against Redis+Lua GCRA (EVALSHA), both
-# driven by Debian's redis-benchmark, in one run.
+# freqcap's RESP front (CL.THROTTLE) against Redis+Lua GCRA (EVALSHA) and
+# against redis-cell itself (the module's CL.THROTTLE, built from its source
+# by benches/peers/redis-cell.sh), all driven by Debian's redis-benchmark, in
+# one run.
 #
 #   benches/resp.sh [OUT_DIR]       # default: ${TMPDIR:-/tmp}/freqcap-resp/<UTC time>
 #
 #   REQUESTS=20000 REPS=1 benches/resp.sh          # a quick check of the script
 #   FREQCAP_BIN=/path/to/freqcap benches/resp.sh   # measure that binary, no cargo build
 #   LOADGEN=0 benches/resp.sh                      # without the load generator's runs (below)
+#   CELL=0 benches/resp.sh                         # without redis-cell (no module build)
+#   REDIS_CELL_SO=/path/libredis_cell.so benches/resp.sh   # that module, no build
 #
 # Starts redis-server on a free loopback port (`--save "" --appendonly no`, as
 # benches/run.sh: no persistence) and SCRIPT LOADs benches/lua/gcra.lua; starts
@@ -19,6 +23,7 @@
 # of one (keys, P) back to back (their order alternating by repetition):
 #
 #   redis    EVALSHA <sha of gcra.lua> 1 KEY 100 100 1 1
+#   cell     CL.THROTTLE KEY 100 100 1 1   (the same redis-server, module loaded)
 #   freqcap  CL.THROTTLE KEY 100 100 1 1
 #
 # with KEY `hot` (one key) or `k:__rand_int__` with -r 1000000 (1 000 000
@@ -59,7 +64,8 @@ WARMUP_REQUESTS=${WARMUP_REQUESTS:-20000}
 CONNS=${CONNS:-50}
 PIPELINES=${PIPELINES:-"1 16"}
 KEYSETS=${KEYSETS:-"1 1000000"}
-TARGETS=${TARGETS:-"redis freqcap"}
+TARGETS=${TARGETS:-"redis cell freqcap"}
+CELL=${CELL:-1}
 MAX_BURST=${MAX_BURST:-100}
 COUNT=${COUNT:-100}
 PERIOD=${PERIOD:-1}
@@ -91,8 +97,17 @@ if [ "$want_freqcap" = 1 ]; then
         SKIP_WHY="no --resp-listen in this build"
     fi
 fi
+# redis-cell: loaded into the benchmark's redis-server (its own target,
+# `cell`, on the same port), unless CELL=0 or TARGETS leaves it out.
+CELL_SO=
+case " $TARGETS " in *" cell "*) ;; *) CELL=0 ;; esac
+if [ "$CELL" != 0 ]; then
+    CELL_SO=${REDIS_CELL_SO:-$(benches/peers/redis-cell.sh)} || die "building redis-cell failed (CELL=0 skips it)"
+    [ -f "$CELL_SO" ] || die "no redis-cell module at $CELL_SO"
+fi
 TARGETS_RUN=redis
-[ "$want_freqcap" = 1 ] && TARGETS_RUN="redis freqcap"
+[ -n "$CELL_SO" ] && TARGETS_RUN="$TARGETS_RUN cell"
+[ "$want_freqcap" = 1 ] && TARGETS_RUN="$TARGETS_RUN freqcap"
 case " $TARGETS " in *" redis "*) ;; *) die "TARGETS must include redis (the baseline of every ratio)" ;; esac
 
 mkdir -p "$OUT"
@@ -127,8 +142,10 @@ cleanup() {
 trap cleanup EXIT
 
 # `taskset -c CPU cmd` execs cmd, so $! is the server's own PID.
+LOADMODULE=()
+[ -n "$CELL_SO" ] && LOADMODULE=(--loadmodule "$CELL_SO")
 taskset -c "$SERVER_CPU" redis-server --bind 127.0.0.1 --port "$RD_PORT" --save "" --appendonly no \
-    --dir "$DATA" --logfile "$OUT/redis.log" &
+    --dir "$DATA" --logfile "$OUT/redis.log" "${LOADMODULE[@]}" &
 RD_PID=$!
 if [ "$want_freqcap" = 1 ]; then
     # Load shedding is loosened to 1 s of queueing: redis-benchmark aborts on
@@ -165,8 +182,8 @@ cmd_of() { # target key
         echo CL.THROTTLE "$2" "${LIMIT[@]}"
     fi
 }
-port_of() { if [ "$1" = redis ]; then echo "$RD_PORT"; else echo "$FC_RESP"; fi; }
-pid_of() { if [ "$1" = redis ]; then echo "$RD_PID"; else echo "$FC_PID"; fi; }
+port_of() { if [ "$1" = freqcap ]; then echo "$FC_RESP"; else echo "$RD_PORT"; fi; }
+pid_of() { if [ "$1" = freqcap ]; then echo "$FC_PID"; else echo "$RD_PID"; fi; }
 
 # One call on a fresh key must be allowed with limit max_burst + 1: both
 # targets answer CL.THROTTLE's five integers for the same limit.
@@ -192,6 +209,7 @@ done
     uname -r
     redis-server --version
     redis-benchmark --version
+    [ -n "$CELL_SO" ] && echo "redis-cell: $CELL_SO $(md5sum <"$CELL_SO" | cut -d' ' -f1)"
     echo "gcra.lua sha1: $SHA; limit: max_burst $MAX_BURST, count $COUNT, period $PERIOD s, quantity 1"
     echo "server cpu $SERVER_CPU, client cpu $CLIENT_CPU; reps $REPS, secs $SECS, requests ${REQUESTS:-by warm-up}, warm-up $WARMUP_REQUESTS x P, conns $CONNS"
 } >"$OUT/machine.txt"
@@ -281,7 +299,7 @@ def agg(t, k, p):
                 p99=med(f("p99_ms")), ccpu=med(f("client_cpu_pct")), scpu=med(f("server_cpu_pct")), n=len(rs))
 num = lambda x: f"{x:,.0f}".replace(",", " ")
 keys_label = lambda k: num(int(k))
-print("| target | keys | pipeline | requests/s | p50 ms | p99 ms | client CPU % | server CPU % | freqcap/redis | goal |")
+print("| target | keys | pipeline | requests/s | p50 ms | p99 ms | client CPU % | server CPU % | freqcap/lua | freqcap/redis-cell |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 seen = []
 for r in rows:
@@ -289,19 +307,18 @@ for r in rows:
     if kp not in seen:
         seen.append(kp)
 for k, p in seen:
-    base = agg("redis", k, p)
-    goal = "≥ 1.5" if p == "1" else "≥ 2"
-    for t in ("redis", "freqcap"):
+    base, cell = agg("redis", k, p), agg("cell", k, p)
+    for t in ("redis", "cell", "freqcap"):
         a = agg(t, k, p)
         if a is None:
             if t == "freqcap" and not freqcap_ran:
-                print(f"| freqcap | {keys_label(k)} | {p} | skipped ({sys.argv[3]}) | | | | | n/a | {goal} |")
+                print(f"| freqcap | {keys_label(k)} | {p} | skipped ({sys.argv[3]}) | | | | | n/a | n/a |")
             continue
         rps = num(a["rps"]) + (f" ({num(a['lo'])}–{num(a['hi'])})" if a["n"] > 1 else "")
-        ratio = f"{a['rps'] / base['rps']:.2f}" if t == "freqcap" and base else ""
+        ratio = lambda b: f"{a['rps'] / b['rps']:.2f}" if t == "freqcap" and b else ""
         bound = " *" if a["ccpu"] >= CLIENT_BOUND else ""
         print(f"| {t} | {keys_label(k)} | {p} | {rps} | {a['p50']:.3f} | {a['p99']:.3f} | "
-              f"{a['ccpu']:.0f}{bound} | {a['scpu']:.0f} | {ratio} | {goal if t == 'freqcap' else ''} |")
+              f"{a['ccpu']:.0f}{bound} | {a['scpu']:.0f} | {ratio(base)} | {ratio(cell)} |")
 reps = len({r["rep"] for r in rows})
 print(f"\nmedian of {reps} repetition(s); requests/s range in parentheses; "
       "latency of a pipelined request = its batch's (write of P commands to first reply byte); "
