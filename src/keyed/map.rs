@@ -28,6 +28,14 @@
 //!   prefetched together with the control bytes, before the lock is taken and
 //!   the clock read ([`ShardedMap::with_now`]): the two misses, the lock and the
 //!   clock then overlap.
+//! - **Hot records read without a lock.** A record may publish a `u64` view
+//!   of itself ([`Record::published`]; a `rate` key's TAT). A record that an
+//!   operation leaves unchanged (a denial: the hot keys) takes one of its
+//!   shard's few published slots, and every later change of it is written
+//!   there under the lock, so [`ShardedMap::published`] reads it with loads
+//!   only, as a seqlock: no lock, no write. A denial on a hot key then costs
+//!   what governor's does (one atomic read of the TAT) instead of a lock and
+//!   an unlock.
 //! - **Records that never mattered are never stored.** An operation on an absent
 //!   key runs on a fresh record and inserts it only if it is no longer idle (a
 //!   denied request or a peek on a new key allocates nothing).
@@ -79,6 +87,49 @@ pub trait Record {
     fn prune(&mut self, _ctx: &Self::Ctx) -> usize {
         0
     }
+    /// A view of the record that readers may see without the lock
+    /// ([`ShardedMap::published`]): it must change whenever the record does.
+    /// None, by default (nothing is published).
+    fn published(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// One published record of a shard: its key's hash and its view, under a
+/// sequence number that is odd while it is being written (a seqlock: the
+/// writer holds the shard's lock, readers only load).
+#[derive(Default)]
+struct Slot {
+    seq: AtomicU64,
+    hash: AtomicU64,
+    value: AtomicU64,
+}
+
+/// Published slots per shard: a shard's hot keys are few (a key denied again
+/// and again is what fills one), and 4 slots of 24 bytes fit one padded line.
+const SLOTS: usize = 4;
+
+impl Slot {
+    /// The view of the record whose key hashes to `hash`, if this slot holds it.
+    #[inline(always)]
+    fn read(&self, hash: u64) -> Option<u64> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        let h = self.hash.load(Ordering::Relaxed);
+        let v = self.value.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        let s2 = self.seq.load(Ordering::Relaxed);
+        (s1 == s2 && s1 & 1 == 0 && h == hash).then_some(v)
+    }
+
+    /// Writes `hash` and `value`; only under the shard's lock.
+    fn write(&self, hash: u64, value: u64) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.hash.store(hash, Ordering::Relaxed);
+        self.value.store(value, Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
 }
 
 /// Counters of a map's life, for metrics and tests.
@@ -111,6 +162,9 @@ struct ShardCell<K, V> {
     ctrl: AtomicPtr<u8>,
     /// `buckets - 1`.
     mask: AtomicUsize,
+    /// Published records, on their own line so lock-free readers do not
+    /// share one with the lock's writers.
+    slots: CachePadded<[Slot; SLOTS]>,
 }
 
 /// A shard cell alone on its cache line(s).
@@ -151,6 +205,40 @@ impl<K, V> ShardCell<K, V> {
         let entry = ctrl.wrapping_sub((i + 1) * size);
         prefetch(entry);
         prefetch(entry.wrapping_add(size.saturating_sub(1)));
+    }
+
+    /// The slot `hash` may be published in.
+    #[inline(always)]
+    fn slot(&self, hash: u64) -> &Slot {
+        // Bits 20.. : neither the shard (40..) nor hashbrown's bucket (low)
+        // nor its tag (top seven) bits, for any table this map builds.
+        &self.slots[(hash >> 20) as usize % SLOTS]
+    }
+
+    /// After an operation on the record of `hash` whose view was `before`
+    /// and is `after` (under the lock): an unchanged record takes its slot,
+    /// a changed one updates the slot it holds.
+    #[inline]
+    fn publish(&self, hash: u64, before: Option<u64>, after: Option<u64>) {
+        let slot = self.slot(hash);
+        let held = slot.hash.load(Ordering::Relaxed) == hash;
+        match (after, held) {
+            (Some(v), false) if before == after => slot.write(hash, v),
+            (Some(v), true) if before != after => slot.write(hash, v),
+            // A record that stops publishing is forgotten.
+            (None, true) => slot.write(0, 0),
+            _ => {}
+        }
+    }
+
+    /// Forgets every published record of the shard (an eviction may have
+    /// dropped one that is not idle).
+    fn unpublish_all(&self) {
+        for slot in self.slots.iter() {
+            if slot.hash.load(Ordering::Relaxed) != 0 {
+                slot.write(0, 0);
+            }
+        }
     }
 
     /// Records where the table lies after an insert put `entry` in bucket `index`
@@ -229,6 +317,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
                     }),
                     ctrl: AtomicPtr::new(std::ptr::null_mut()),
                     mask: AtomicUsize::new(0),
+                    slots: CachePadded::default(),
                 })
             })
             .collect();
@@ -346,7 +435,12 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
         if let Some((_, v)) = sh.table.find_mut(hash, eq) {
             sh.hits += 1;
             if V::heap_fixed(ctx) {
-                return Ok(f(v, now));
+                let before = v.published();
+                let r = f(v, now);
+                if before.is_some() {
+                    cell.publish(hash, before, v.published());
+                }
+                return Ok(r);
             }
             let before = v.heap_bytes();
             let r = f(v, now);
@@ -356,6 +450,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
                 // A record that grew in place (a longer log) can overrun the
                 // share as an insert can.
                 self.evict(&mut shard, now, ctx, 0);
+                cell.unpublish_all();
             }
             return Ok(r);
         }
@@ -365,6 +460,7 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
             let add = v.heap_bytes();
             if shard.table.len() >= self.max_len || self.over_budget(&shard, add) {
                 self.evict(&mut shard, now, ctx, add);
+                cell.unpublish_all();
             }
             let hasher = &self.hasher;
             let rehash = |e: &(K, V)| hasher.hash_one(&e.0);
@@ -382,11 +478,32 @@ impl<K: Hash + Eq, V: Record> ShardedMap<K, V> {
                 }
             }
             shard.heap += add;
+            if let Some(p) = v.published() {
+                // A key back in the map after it went idle: its slot, if it
+                // still holds one, must follow it.
+                cell.publish(hash, None, Some(p));
+            }
             let e = shard.table.insert_unique(hash, (key.to_owned(), v), rehash);
             let (index, entry) = (e.bucket_index(), std::ptr::from_ref(e.get()));
             cell.locate(shard.table.num_buckets(), index, entry);
         }
         Ok(r)
+    }
+
+    /// The published view of `key`'s record ([`Record::published`]), if one of
+    /// its shard's slots holds it: the view as of the last operation on it,
+    /// read without the lock (a seqlock: loads only). `None` says nothing
+    /// about the record; ask under the lock then. A match is by the key's
+    /// 64-bit hash (seeded per map): two keys of one shard would have to
+    /// collide on all 64 bits to read each other's view.
+    #[inline]
+    pub fn published<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        self.shards[self.shard_of(hash)].slot(hash).read(hash)
     }
 
     /// Runs `f` on the record for `key` if present, without creating one.

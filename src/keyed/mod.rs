@@ -231,6 +231,11 @@ impl Slots for TatRecord {
 impl Record for TatRecord {
     type Ctx = Stack;
 
+    /// The TAT: what a denial reads ([`KeyedLimiter::admit`]).
+    fn published(&self) -> Option<u64> {
+        Some(self.0)
+    }
+
     fn idle_at(&self, stack: &Stack) -> Nanos {
         stack.idle_at(&[ItemState::Rate(RateState::from_ns(self.0))])
     }
@@ -412,6 +417,39 @@ where
     )
 }
 
+/// The denial of `cost` on `key`, decided from its published TAT without a
+/// lock or a write, as governor's is (one atomic read), when the key is hot
+/// (it has been denied since it last changed, see [`ShardedMap::published`])
+/// and its one `rate` item denies; `None` otherwise, having changed nothing.
+/// The TAT read is the one the last operation on the key left, so the
+/// verdict is the one the locked path gives at `now`.
+#[inline]
+fn deny_published<K, Q>(
+    map: &ShardedMap<K, TatRecord>,
+    stack: &Stack,
+    key: &Q,
+    cost: u64,
+    now: impl FnOnce() -> Nanos,
+) -> Option<Verdict>
+where
+    K: Hash + Eq + std::borrow::Borrow<Q>,
+    Q: Hash + Eq + ?Sized,
+{
+    // Delay mode debits when it allows late: only plain denials here.
+    if cost == 0 || stack.on_limit() != OnLimit::Reject {
+        return None;
+    }
+    let rate = one_rate(stack)?;
+    let st = RateState::from_ns(map.published(key)?);
+    let now = now();
+    let p = rate.probe(&st, now, cost);
+    (!p.allowed).then(|| Verdict {
+        allowed: false,
+        delay: 0,
+        retry_after: rate.retry_after(&p, now, cost),
+    })
+}
+
 /// [`Stack::admit`] on `key`'s record (see [`step`]).
 fn admit_step<K, V, Q>(
     map: &ShardedMap<K, V>,
@@ -514,6 +552,11 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let (stack, now) = (&self.stack, || self.clock.now());
+        if let Records::Tat(m) = &self.map
+            && let Some(v) = deny_published(m, stack, key, cost, now)
+        {
+            return v;
+        }
         on_map!(&self.map, m => admit_step(m, stack, key, now, cost))
     }
 
@@ -606,6 +649,15 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         on_map!(&self.map, m => m.sweep(now, &self.stack))
     }
 
+    /// `key`'s published TAT, if a slot holds it (tests).
+    #[cfg(test)]
+    fn map_published(&self, key: &K) -> Option<u64> {
+        match &self.map {
+            Records::Tat(m) => m.published(key),
+            _ => None,
+        }
+    }
+
     /// Records one shard may hold (for tests and sizing).
     pub fn shard_capacity(&self) -> usize {
         on_map!(&self.map, m => m.shard_capacity())
@@ -678,6 +730,95 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Denials read from a hot key's published TAT (no lock) give the
+    /// locked path's verdicts on a random stream over many keys (slots shared
+    /// and taken over), with reservations released (the TAT moving back),
+    /// sweeps, and time moving.
+    #[test]
+    fn published_denials_are_the_locked_verdicts() {
+        let policy: PolicyDef = crate::model::from_json(
+            r#"{"limits": [{"kind": "rate", "rate": 10, "per": "1s", "burst": 5}]}"#,
+        )
+        .unwrap();
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_700_000_000 * SECOND));
+        let opts = LimiterOptions {
+            memory_budget: 1 << 20,
+            shards: 4,
+        };
+        let lim = KeyedLimiter::<u64, _>::with_clock(&policy, opts, clock.clone()).unwrap();
+        assert_eq!(lim.record_layout(), RecordLayout::Tat);
+        let stack = lim.stack().clone();
+        let mut want: std::collections::HashMap<u64, Vec<ItemState>> = Default::default();
+        let mut fast = 0;
+        for i in 0..200_000u64 {
+            let r = mix(i);
+            let key = r % 40;
+            if r.is_multiple_of(97) {
+                clock.advance(((r >> 8) % 400) * MS);
+            }
+            let now = crate::clock::Clock::now(&clock);
+            let st = want.entry(key).or_insert_with(|| stack.fresh_state());
+            match (r >> 16) % 10 {
+                0 => {
+                    // Reserved, then released: the TAT moves back.
+                    let (d, pending) = lim.reserve(&key, 1, SECOND);
+                    let hold = Hold::Reserve {
+                        deadline: now + SECOND,
+                    };
+                    let (w, wp) = stack.decide(st, now, 1, hold);
+                    assert_eq!(d.allowed, w.allowed, "step {i} key {key}");
+                    if let (Some(p), Some(q)) = (pending, wp) {
+                        lim.release(&key, &p);
+                        stack.release(st, &q, now);
+                    }
+                }
+                1 if r.is_multiple_of(13) => {
+                    lim.sweep();
+                }
+                _ => {
+                    let cost = (r >> 24) % 3;
+                    fast += usize::from(cost > 0 && lim.map_published(&key).is_some());
+                    let v = lim.admit(&key, cost);
+                    assert_eq!(v, stack.admit(st, now, cost), "step {i} key {key}");
+                }
+            }
+        }
+        assert!(fast > 10_000, "{fast} decisions could read a published TAT");
+    }
+
+    /// Threads denied on one hot key without a lock never let more through
+    /// than the limit.
+    #[test]
+    fn a_hot_key_admits_exactly_its_burst_across_threads() {
+        let policy: PolicyDef = crate::model::from_json(
+            r#"{"limits": [{"kind": "rate", "rate": 1000, "per": "1s", "burst": 1000}]}"#,
+        )
+        .unwrap();
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_700_000_000 * SECOND));
+        let lim =
+            KeyedLimiter::<u64, _>::with_clock(&policy, LimiterOptions::default(), clock.clone())
+                .unwrap();
+        for round in 0..3u64 {
+            let allowed = std::sync::atomic::AtomicU64::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for _ in 0..20_000 {
+                            if lim.admit(&7, 1).allowed {
+                                allowed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+            });
+            // The first round gets the burst; each later one the 250 units
+            // that 250 ms refill.
+            let want = if round == 0 { 1000 } else { 250 };
+            assert_eq!(allowed.into_inner(), want, "round {round}");
+            clock.advance(250 * MS);
         }
     }
 
