@@ -47,10 +47,28 @@ pub struct SystemClock {
     synced: AtomicU64,
 }
 
-/// `CLOCK_MONOTONIC` in ns. Read directly rather than through
-/// `std::time::Instant`, whose `Duration` arithmetic costs as much again as the
-/// (vDSO, no system call) read itself on the decision path.
+#[cfg(target_arch = "x86_64")]
+mod tsc;
+
+/// The process's TSC mapping, if the CPU's counter is invariant (see [`tsc`]).
+#[cfg(target_arch = "x86_64")]
+static TSC: std::sync::OnceLock<Option<tsc::Tsc>> = std::sync::OnceLock::new();
+
+/// `CLOCK_MONOTONIC` in ns: from the CPU's counter where it is invariant
+/// ([`tsc`]: 9.5 ns a read where the vDSO takes 23.2), else from the kernel.
+/// Read directly rather than through `std::time::Instant`, whose `Duration`
+/// arithmetic costs as much again as the read itself on the decision path.
+#[inline]
 fn monotonic_now() -> Nanos {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = TSC.get_or_init(tsc::Tsc::detect) {
+        return t.now();
+    }
+    kernel_monotonic()
+}
+
+/// `CLOCK_MONOTONIC` from the kernel (the vDSO).
+fn kernel_monotonic() -> Nanos {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -61,6 +79,15 @@ fn monotonic_now() -> Nanos {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Measures the counter's rate again, for [`monotonic_now`] to follow the
+/// kernel's clock (which NTP slews).
+fn recalibrate() {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(Some(t)) = TSC.get() {
+        t.recalibrate();
+    }
 }
 
 /// How often [`SystemClock`] re-reads the wall clock to follow forward steps.
@@ -88,6 +115,7 @@ impl SystemClock {
     #[cold]
     fn resync(&self, mono: Nanos) -> Nanos {
         self.synced.store(mono, Ordering::Relaxed);
+        recalibrate();
         let wanted = wall_now().saturating_sub(mono);
         // Relaxed: the offset is one value read on its own; fetch_max keeps it
         // from ever decreasing even when two threads resync at once.
