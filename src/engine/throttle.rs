@@ -134,8 +134,16 @@ impl<C: Clock> Engine<C> {
                 let mut changes = Changes::new();
                 changes.record(record, rec);
                 // No definition describes the counter: it is kept until the
-                // record's idle_at, its TAT.
-                self.persist(changes, Defs::Chain(&[]), now, Ack::WriteBehind);
+                // record's idle_at, its TAT. A refund lowers the TAT, so it
+                // is submitted acknowledged: the writer may leave out an
+                // expired write-behind record only because those only rise
+                // (crate::store::rocks, `expired_put`).
+                let ack = if req.quantity < 0 {
+                    Ack::Durable
+                } else {
+                    Ack::WriteBehind
+                };
+                let _ = self.persist(changes, Defs::Chain(&[]), now, ack);
             }
             step.answer.map(|answer| ThrottleOutcome {
                 answer,

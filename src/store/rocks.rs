@@ -135,6 +135,8 @@ enum Job {
     Write {
         seq: u64,
         batch: Batch,
+        /// Submitted write-behind (no one waits for it): see [`expired_put`].
+        behind: bool,
     },
     /// Answered once everything queued before it is written.
     Flush(Sender<Result<(), StoreError>>),
@@ -365,8 +367,13 @@ fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durabil
         let mut next = Some(first);
         while let Some(job) = next.take() {
             match job {
-                Job::Write { seq, batch } => {
-                    ops.extend(batch);
+                Job::Write { seq, batch, behind } => {
+                    if behind {
+                        let now = shared.now.load(Ordering::Relaxed);
+                        ops.extend(batch.into_iter().filter(|op| !expired_put(op, now)));
+                    } else {
+                        ops.extend(batch);
+                    }
                     first_seq.get_or_insert(seq);
                     last_seq = Some(seq);
                     n += 1;
@@ -393,6 +400,28 @@ fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durabil
             let flushed = result.clone().and_then(|()| flush_db(db, durability));
             let _ = ack.send(flushed);
         }
+    }
+}
+
+/// Whether `op` puts a record or event id that has already expired at `now`
+/// (the engine's clock), which the writer then leaves out of a write-behind
+/// batch: compaction would drop it at once (the `freqcap-expired` filter),
+/// and it reads as absent. Write-behind batches are immediate debits, which
+/// only raise a record, so a copy already on disk expires no later than this
+/// one. A change that lowers a record (a `CL.THROTTLE` refund) is submitted
+/// acknowledged, and always written.
+///
+/// It matters when the writer falls behind on short-lived state (a burst
+/// of `CL.THROTTLE` on new keys at 100 per second leaves each idle 10 ms
+/// after its decision): what expired in the queue costs nothing. In a
+/// steady benchmark the bounded queue keeps the writer within a few ms, so
+/// it saved nothing measurable there (BENCHMARKS.md).
+fn expired_put(op: &Op, now: u64) -> bool {
+    match op {
+        Op::Put(Space::State | Space::Dedupe, _, v) => {
+            matches!(expiry_of(v), Some(e) if now > 0 && e <= now)
+        }
+        _ => false,
     }
 }
 
@@ -466,9 +495,14 @@ impl Store for RocksStore {
             .unwrap_or_else(PoisonError::into_inner);
         let seq = s.next_seq;
         s.next_seq += 1;
-        let sent =
-            s.tx.as_ref()
-                .is_some_and(|tx| tx.send(Job::Write { seq, batch }).is_ok());
+        let sent = s.tx.as_ref().is_some_and(|tx| {
+            tx.send(Job::Write {
+                seq,
+                batch,
+                behind: !acknowledge,
+            })
+            .is_ok()
+        });
         drop(s);
         self.shared.submitted.fetch_max(seq, Ordering::Relaxed);
         match (sent, acknowledge) {
@@ -605,6 +639,33 @@ mod tests {
         assert!(deepest > 0, "the queue was never seen with anything in it");
         store.flush().unwrap();
         assert_eq!(store.written_seq(), N);
+    }
+
+    /// A write-behind put of a record already expired by the engine's clock
+    /// is left out (it reads as absent either way); an acknowledged one, and
+    /// a live one, are written.
+    #[test]
+    fn expired_write_behind_puts_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path(), Durability::Wal).unwrap();
+        store.set_now(1_000);
+        let put = |k: &[u8], expires| {
+            vec![Op::Put(
+                Space::State,
+                k.to_vec(),
+                super::super::codec::frame(expires, b"x"),
+            )]
+        };
+        store.submit(put(b"behind-expired", 1_000), false);
+        store.submit(put(b"behind-live", 1_001), false);
+        store
+            .submit(put(b"acked-expired", 500), true)
+            .wait()
+            .unwrap();
+        store.flush().unwrap();
+        assert_eq!(store.get(Space::State, b"behind-expired").unwrap(), None);
+        assert!(store.get(Space::State, b"behind-live").unwrap().is_some());
+        assert!(store.get(Space::State, b"acked-expired").unwrap().is_some());
     }
 
     /// Only RocksDB's own lock errors mean "in use".
