@@ -175,6 +175,10 @@ struct ServeArgs {
     /// Total size of RocksDB's write-ahead log files, in bytes.
     #[arg(long, env = "FREQCAP_MAX_WAL_BYTES")]
     max_wal_bytes: Option<u64>,
+    /// How long RocksDB's writer holds write-behind debits before writing
+    /// them, in ms (0: at once; at most 1000). A crash loses that window.
+    #[arg(long, env = "FREQCAP_WRITE_BEHIND_MS")]
+    write_behind_ms: Option<u64>,
     /// Bearer token for decision endpoints (16 characters or more; shorter
     /// ones are warned about). A flag shows in `ps`: set FREQCAP_DECISION_TOKEN
     /// or `decision_token` in the --config file instead.
@@ -323,6 +327,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_wal_bytes {
             c.max_wal_bytes = v;
+        }
+        if let Some(v) = self.write_behind_ms {
+            c.write_behind_ms = v;
         }
         if self.decision_token.is_some() {
             c.decision_token = self.decision_token;

@@ -120,6 +120,8 @@ pub struct ServeConfig {
     pub write_buffer_bytes: usize,
     /// Total size of RocksDB's write-ahead log files, bytes.
     pub max_wal_bytes: u64,
+    /// How long the writer holds write-behind debits, ms (0: at once).
+    pub write_behind_ms: u64,
     /// Bearer token for decision endpoints (unset: open).
     pub decision_token: Option<String>,
     /// Bearer token for definitions and admin endpoints (unset: open).
@@ -190,6 +192,7 @@ impl Default for ServeConfig {
             block_cache_bytes: r.block_cache_bytes,
             write_buffer_bytes: r.write_buffer_bytes,
             max_wal_bytes: r.max_wal_bytes,
+            write_behind_ms: r.write_behind_ms,
             decision_token: None,
             admin_token: None,
             header_timeout_secs: c.header_timeout.as_secs(),
@@ -260,6 +263,13 @@ impl ServeConfig {
             url => {
                 crate::cluster::RedisOptions::parse(url, self.durability)?;
             }
+        }
+        if self.write_behind_ms > crate::store::rocks::MAX_WRITE_BEHIND_MS {
+            return Err(format!(
+                "write_behind_ms: at most {} (a crash loses that much of immediate debits), got {}",
+                crate::store::rocks::MAX_WRITE_BEHIND_MS,
+                self.write_behind_ms
+            ));
         }
         if self.redis_timeout_ms == 0 {
             return Err("redis_timeout_ms: must be at least 1".into());
@@ -427,6 +437,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             block_cache_bytes: config.block_cache_bytes,
             write_buffer_bytes: config.write_buffer_bytes,
             max_wal_bytes: config.max_wal_bytes,
+            write_behind_ms: config.write_behind_ms,
         };
         Arc::new(
             RocksStore::open_with(&config.data_dir, config.durability, sizes)
@@ -825,6 +836,12 @@ mod tests {
         assert!(e.starts_with("listen"), "{e}");
         let e = parse("idle_grace_secs = -1\n").unwrap_err();
         assert!(e.starts_with("idle_grace_secs"), "{e}");
+        let e = parse("write_behind_ms = 1001\n")
+            .unwrap()
+            .check()
+            .unwrap_err();
+        assert!(e.starts_with("write_behind_ms: at most 1000"), "{e}");
+        assert!(parse("write_behind_ms = 20\n").unwrap().check().is_ok());
     }
 
     /// Tokens shorter than 16 characters are warned about, naming the

@@ -1661,6 +1661,7 @@ fn the_write_ahead_log_stays_within_its_bound() {
         block_cache_bytes: 8 << 20,
         write_buffer_bytes: 1 << 20,
         max_wal_bytes: 2 << 20,
+        ..RocksOptions::default()
     };
     let store = RocksStore::open_with(dir.path(), Durability::Wal, sizes).unwrap();
     store

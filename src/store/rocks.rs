@@ -70,7 +70,17 @@ pub struct RocksOptions {
     /// column families whose data keeps the oldest log alive, and deletes
     /// it. Also bounds what a restart replays.
     pub max_wal_bytes: u64,
+    /// How long the writer holds a write-behind batch before writing it
+    /// (0: at once). Within the window each key is written once, and a
+    /// record that expires within it is not written at all; a crash loses
+    /// the window's write-behind debits. Acknowledged writes and flushes are
+    /// never held. At most [`MAX_WRITE_BEHIND_MS`].
+    pub write_behind_ms: u64,
 }
+
+/// The longest write-behind window: a crash must not lose more than a
+/// second of immediate debits.
+pub const MAX_WRITE_BEHIND_MS: u64 = 1_000;
 
 impl Default for RocksOptions {
     fn default() -> Self {
@@ -87,6 +97,8 @@ impl Default for RocksOptions {
             // start, so never flushed) kept every log alive: 116 MB of logs in
             // a 150 MB data dir after 2 000 000 keys.
             max_wal_bytes: 64 << 20,
+            // At once: a crash loses at most the queue (docs/engine.md).
+            write_behind_ms: 0,
         }
     }
 }
@@ -284,11 +296,12 @@ impl RocksStore {
         let db = Arc::new(db);
         Self::check_format(&db, dir)?;
         let (tx, rx) = crossbeam_channel::bounded(MAX_QUEUED);
+        let hold = std::time::Duration::from_millis(sizes.write_behind_ms.min(MAX_WRITE_BEHIND_MS));
         let writer = {
             let (db, shared) = (db.clone(), shared.clone());
             std::thread::Builder::new()
                 .name("freqcap-writer".into())
-                .spawn(move || writer_loop(&db, &rx, &shared, durability))
+                .spawn(move || writer_loop(&db, &rx, &shared, durability, hold))
                 .map_err(|e| StoreError::Os {
                     context: "cannot start the writer thread".into(),
                     source: e.into(),
@@ -353,14 +366,27 @@ fn cf(db: &DB, space: Space) -> Result<&rocksdb::ColumnFamily, StoreError> {
 
 /// The writer thread: takes what is queued, writes it as one group, then
 /// acknowledges every batch in it. Ends when every sender is gone.
-fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durability) {
+///
+/// With a write-behind window (`hold`), a group that starts with a
+/// write-behind batch gathers batches until the window has passed since it
+/// was taken, and ends at once when an acknowledged batch or a flush comes.
+fn writer_loop(
+    db: &DB,
+    rx: &Receiver<Job>,
+    shared: &Shared,
+    durability: Durability,
+    hold: std::time::Duration,
+) {
     let mut opts = WriteOptions::default();
     opts.set_sync(durability == Durability::Fsync);
     opts.disable_wal(durability == Durability::Async);
     let mut flushes = Vec::new();
-    // Reused from group to group, to keep its allocation.
-    let mut ops = Vec::new();
+    // Reused from group to group, to keep its allocation: each op with
+    // whether it came write-behind.
+    let mut ops: Vec<(Op, bool)> = Vec::new();
     while let Ok(first) = rx.recv() {
+        let deadline = std::time::Instant::now() + hold;
+        let mut holding = !hold.is_zero();
         let mut first_seq = None;
         let mut last_seq = None;
         let mut n = 0u64;
@@ -368,23 +394,29 @@ fn writer_loop(db: &DB, rx: &Receiver<Job>, shared: &Shared, durability: Durabil
         while let Some(job) = next.take() {
             match job {
                 Job::Write { seq, batch, behind } => {
-                    if behind {
-                        let now = shared.now.load(Ordering::Relaxed);
-                        ops.extend(batch.into_iter().filter(|op| !expired_put(op, now)));
-                    } else {
-                        ops.extend(batch);
-                    }
+                    holding &= behind;
+                    ops.extend(batch.into_iter().map(|op| (op, behind)));
                     first_seq.get_or_insert(seq);
                     last_seq = Some(seq);
                     n += 1;
                 }
-                Job::Flush(ack) => flushes.push(ack),
+                Job::Flush(ack) => {
+                    holding = false;
+                    flushes.push(ack);
+                }
             }
-            if (n as usize) < MAX_GROUP {
-                next = rx.try_recv().ok();
+            // A held group has no one waiting on it: it may gather what the
+            // queue can hold.
+            let cap = if holding { MAX_QUEUED } else { MAX_GROUP };
+            if (n as usize) < cap {
+                next = if holding {
+                    rx.recv_deadline(deadline).ok()
+                } else {
+                    rx.try_recv().ok()
+                };
             }
         }
-        let wb = group_batch(db, &mut ops);
+        let wb = group_batch(db, &mut ops, shared.now.load(Ordering::Relaxed));
         let result = if wb.is_empty() {
             Ok(())
         } else {
@@ -425,18 +457,23 @@ fn expired_put(op: &Op, now: u64) -> bool {
     }
 }
 
-/// The group's `WriteBatch`, emptying `ops`: only the last op on each key. A
-/// record changed by many requests in one group (a hot key, a busy user) is
-/// written once, not once per request: the group is written atomically, so
-/// no one could read the versions in between from disk (until written,
-/// records are read from memory; see the engine). Column families all exist
-/// from `open`, so a missing one cannot happen; it would drop the op.
-fn group_batch(db: &DB, ops: &mut Vec<Op>) -> WriteBatch {
+/// The group's `WriteBatch`, emptying `ops`: only the last op on each key,
+/// and not even that when it is a write-behind put already expired at `now`
+/// ([`expired_put`]). A record changed by many requests in one group (a hot
+/// key, a busy user) is written once, not once per request: the group is
+/// written atomically, so no one could read the versions in between from
+/// disk (until written, records are read from memory; see the engine).
+/// Column families all exist from `open`, so a missing one cannot happen;
+/// it would drop the op.
+fn group_batch(db: &DB, ops: &mut Vec<(Op, bool)>, now: u64) -> WriteBatch {
     let mut wb = WriteBatch::default();
     let mut seen = HashSet::with_capacity(ops.len());
-    for op in ops.iter().rev() {
+    for (op, behind) in ops.iter().rev() {
         let (Op::Put(space, key, _) | Op::Delete(space, key)) = op;
         if !seen.insert((*space, key.as_slice())) {
+            continue;
+        }
+        if *behind && expired_put(op, now) {
             continue;
         }
         let Ok(c) = cf(db, *space) else {
@@ -668,6 +705,49 @@ mod tests {
         assert!(store.get(Space::State, b"acked-expired").unwrap().is_some());
     }
 
+    /// With a write-behind window, a record that expires within it is never
+    /// written, a live one is written once the window has passed, and an
+    /// acknowledged batch or a flush is not held.
+    #[test]
+    fn a_write_behind_window_holds_only_write_behind_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let sizes = RocksOptions {
+            write_behind_ms: 300,
+            ..RocksOptions::default()
+        };
+        let store = RocksStore::open_with(dir.path(), Durability::Wal, sizes).unwrap();
+        let put = |k: &[u8], expires| {
+            vec![Op::Put(
+                Space::State,
+                k.to_vec(),
+                super::super::codec::frame(expires, b"x"),
+            )]
+        };
+        store.set_now(1_000);
+        let t0 = std::time::Instant::now();
+        store.submit(put(b"short", 1_500), false);
+        store.submit(put(b"long", 10_000), false);
+        // The engine's clock passes the first record's expiry in the window.
+        store.set_now(2_000);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(store.written_seq(), 0, "a write-behind batch was not held");
+        // An acknowledged batch ends the window at once.
+        store.submit(put(b"acked", 10_000), true).wait().unwrap();
+        assert!(t0.elapsed() < std::time::Duration::from_millis(300));
+        assert_eq!(store.get(Space::State, b"short").unwrap(), None);
+        assert!(store.get(Space::State, b"long").unwrap().is_some());
+        assert!(store.get(Space::State, b"acked").unwrap().is_some());
+        // A write-behind batch alone waits out the window.
+        store.submit(put(b"later", 10_000), false);
+        let t1 = std::time::Instant::now();
+        let deadline = t1 + std::time::Duration::from_secs(10);
+        while store.written_seq() < 4 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(t1.elapsed() >= std::time::Duration::from_millis(290));
+        assert!(store.get(Space::State, b"later").unwrap().is_some());
+    }
+
     /// Only RocksDB's own lock errors mean "in use".
     #[test]
     fn only_the_lock_files_error_means_held() {
@@ -719,7 +799,7 @@ mod tests {
         let store = RocksStore::open(dir.path(), Durability::Wal).unwrap();
         let put = |k: &str, v: &str| Op::Put(Space::State, k.into(), v.into());
         let del = |k: &str| Op::Delete(Space::State, k.into());
-        let mut ops = vec![
+        let mut ops: Vec<(Op, bool)> = vec![
             put("a", "1"),
             put("b", "1"),
             put("a", "2"),
@@ -729,8 +809,11 @@ mod tests {
             put("a", "3"),
             // Same key bytes in another space: a different key.
             Op::Put(Space::Dedupe, b"a".to_vec(), b"x".to_vec()),
-        ];
-        let wb = group_batch(&store.db, &mut ops);
+        ]
+        .into_iter()
+        .map(|op| (op, false))
+        .collect();
+        let wb = group_batch(&store.db, &mut ops, 0);
         assert!(ops.is_empty(), "the ops are taken");
         assert_eq!(wb.len(), 4, "one op per key");
         store.db.write(wb).unwrap();
