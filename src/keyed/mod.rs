@@ -733,22 +733,34 @@ mod tests {
         }
     }
 
+    /// A limiter of `policy` (JSON) on `u64` keys and a manual clock.
+    fn manual(
+        policy: &str,
+        opts: LimiterOptions,
+    ) -> (
+        KeyedLimiter<u64, std::sync::Arc<crate::clock::ManualClock>>,
+        std::sync::Arc<crate::clock::ManualClock>,
+    ) {
+        let policy: PolicyDef = crate::model::from_json(policy).unwrap();
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_700_000_000 * SECOND));
+        let lim = KeyedLimiter::with_clock(&policy, opts, clock.clone()).unwrap();
+        (lim, clock)
+    }
+
     /// Denials read from a hot key's published TAT (no lock) give the
     /// locked path's verdicts on a random stream over many keys (slots shared
     /// and taken over), with reservations released (the TAT moving back),
     /// sweeps, and time moving.
     #[test]
     fn published_denials_are_the_locked_verdicts() {
-        let policy: PolicyDef = crate::model::from_json(
-            r#"{"limits": [{"kind": "rate", "rate": 10, "per": "1s", "burst": 5}]}"#,
-        )
-        .unwrap();
-        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_700_000_000 * SECOND));
         let opts = LimiterOptions {
             memory_budget: 1 << 20,
             shards: 4,
         };
-        let lim = KeyedLimiter::<u64, _>::with_clock(&policy, opts, clock.clone()).unwrap();
+        let (lim, clock) = manual(
+            r#"{"limits": [{"kind": "rate", "rate": 10, "per": "1s", "burst": 5}]}"#,
+            opts,
+        );
         assert_eq!(lim.record_layout(), RecordLayout::Tat);
         let stack = lim.stack().clone();
         let mut want: std::collections::HashMap<u64, Vec<ItemState>> = Default::default();
@@ -793,14 +805,10 @@ mod tests {
     /// than the limit.
     #[test]
     fn a_hot_key_admits_exactly_its_burst_across_threads() {
-        let policy: PolicyDef = crate::model::from_json(
+        let (lim, clock) = manual(
             r#"{"limits": [{"kind": "rate", "rate": 1000, "per": "1s", "burst": 1000}]}"#,
-        )
-        .unwrap();
-        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(1_700_000_000 * SECOND));
-        let lim =
-            KeyedLimiter::<u64, _>::with_clock(&policy, LimiterOptions::default(), clock.clone())
-                .unwrap();
+            LimiterOptions::default(),
+        );
         for round in 0..3u64 {
             let allowed = std::sync::atomic::AtomicU64::new(0);
             std::thread::scope(|s| {
