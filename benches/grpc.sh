@@ -16,6 +16,17 @@
 #   benches/grpc.sh [OUT_DIR]        # REPS=3 SECS=5 CONNS=32 (env overrides)
 #   FREQCAP_BIN=/path/to/freqcap LOADGEN=/path/to/loadgen benches/grpc.sh
 #   BUILD_NOTE="..." goes into env.txt beside the commit (e.g. the builds' source).
+#   LIMITADOR_BIN=$(benches/peers/limitador.sh) benches/grpc.sh
+#
+# With LIMITADOR_BIN, ShouldRateLimit is also run against limitador-server
+# (Kuadrant/limitador, the Rust Envoy rate limit service; built by
+# benches/peers/limitador.sh) under the same three limits (limitador/bench.yaml,
+# below), same load generator, same core: in memory (`memory`, against a
+# second freqcap with --memory) and persisted (`disk` in a temporary
+# directory, against the RocksDB freqcap), the two servers of a store
+# alternating per repetition. LIMITADOR_HEADERS (default NONE, limitador's
+# default; DRAFT_VERSION_03 adds X-RateLimit-* fields to its answers as
+# freqcap adds RateLimit ones) is passed as its --rate-limit-headers.
 #
 # One `freqcap serve` (RocksDB in a temporary directory, durability wal, the
 # defaults, --rls-config) on core SERVER_CPU (0); the load generator on
@@ -53,8 +64,10 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 HTTP_PORT=$(free_port)
 GRPC_PORT=$(free_port)
 FC_PID=
+PEER_PIDS=()
 cleanup() {
     [ -n "$FC_PID" ] && kill -TERM "$FC_PID" 2>/dev/null && wait "$FC_PID" 2>/dev/null
+    for p in "${PEER_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
     rm -rf "$DATA"
 }
 trap cleanup EXIT
@@ -110,7 +123,7 @@ QUIET_WAIT=${QUIET_WAIT:-60}
 # Seconds until the other processes' user CPU over 1 s is under OTHERS_MAX
 # cores (the server's own excluded), or QUIET_WAIT.
 wait_quiet() {
-    python3 - "$QUIET_WAIT" "$OTHERS_MAX" "$FC_PID" <<'PY' >&2
+    python3 - "$QUIET_WAIT" "$OTHERS_MAX" "${1:-$FC_PID}" <<'PY' >&2
 import os, sys, time
 limit, most, pid = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 hz = os.sysconf("SC_CLK_TCK")
@@ -132,12 +145,21 @@ PY
 
 # One loadgen run: its JSON line, with the repetition, the front and the
 # attempt, appended to $OUT/pair.jsonl; a short line on stderr.
+# A front is a loadgen target (freqcap, freqcap-grpc, freqcap-rls) on the
+# main server, or a ShouldRateLimit server of the peer runs (fronts named in
+# RLS_FRONTS: "front=grpc_port:pid").
+declare -A RLS_FRONTS=()
 lg() {
     local rep=$1 t=$2 w=$3 attempt=$4
     shift 4
-    local line
-    line=$(taskset -c "$CLIENT_CPU" "$LOADGEN" run --json --target "$t" --addr "127.0.0.1:$HTTP_PORT" \
-        --grpc-addr "127.0.0.1:$GRPC_PORT" --server-pid "$FC_PID" --workload "$w" \
+    local line target=$t grpc=$GRPC_PORT pid=$FC_PID
+    if [ -n "${RLS_FRONTS[$t]:-}" ]; then
+        target=freqcap-rls
+        grpc=${RLS_FRONTS[$t]%%:*}
+        pid=${RLS_FRONTS[$t]##*:}
+    fi
+    line=$(taskset -c "$CLIENT_CPU" "$LOADGEN" run --json --target "$target" --addr "127.0.0.1:$HTTP_PORT" \
+        --grpc-addr "127.0.0.1:$grpc" --server-pid "$pid" --workload "$w" \
         --conns "$CONNS" --secs "$SECS" --warmup 1 "$@")
     python3 -c 'import json, sys
 r = json.loads(sys.argv[4]); r["rep"] = int(sys.argv[1]); r["front"] = sys.argv[2]; r["attempt"] = int(sys.argv[3])
@@ -154,7 +176,10 @@ pair() {
     local rep=$1 w=$2 order=$3 verify=()
     [ "$w" = screen ] && verify=(--verify)
     for attempt in $(seq 0 "$RETRIES"); do
-        wait_quiet
+        # The other processes exclude the servers of this pair.
+        local t pid=$FC_PID
+        for t in $order; do [ -n "${RLS_FRONTS[$t]:-}" ] && pid=${RLS_FRONTS[$t]##*:}; done
+        wait_quiet "$pid"
         : >"$OUT/pair.jsonl"
         for t in $order; do lg "$rep" "$t" "$w" "$attempt" "${verify[@]}"; done
         if python3 - "$OUT/pair.jsonl" "$OTHERS_MAX" "$attempt" "$RETRIES" "$OUT/runs.jsonl" <<'PY'; then break; fi
@@ -184,6 +209,80 @@ for rep in $(seq 1 "$REPS"); do
     done
     for w in check-hot check-1m; do pair "$rep" "$w" freqcap-rls; done
 done
+
+# ShouldRateLimit against limitador-server, per store.
+ready_grpc() { # port pid log: wait until the port accepts connections
+    for _ in $(seq 1 150); do
+        python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2)' "$1" \
+            2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || { echo "server exited (see $3)" >&2; exit 1; }
+        sleep 0.1
+    done
+    echo "server on port $1 not ready (see $3)" >&2
+    exit 1
+}
+if [ -n "${LIMITADOR_BIN:-}" ]; then
+    mkdir -p "$OUT/limitador"
+    # The three limits of rls/bench.yaml in limitador's format: the request's
+    # descriptors are [client], [path], [tenant], in that order.
+    cat >"$OUT/limitador/bench.yaml" <<'YAML'
+- namespace: bench
+  name: client
+  max_value: 1000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0].client"]
+- namespace: bench
+  name: path
+  max_value: 1000000000
+  seconds: 60
+  conditions: ["descriptors[1].path.startsWith('/api/')"]
+  variables: ["descriptors[1].path"]
+- namespace: bench
+  name: tenant
+  max_value: 1000000000
+  seconds: 86400
+  conditions: []
+  variables: ["descriptors[2].tenant"]
+YAML
+    "$LIMITADOR_BIN" --version >>"$OUT/env.txt" 2>&1 || true
+    echo "LIMITADOR_BIN=$LIMITADOR_BIN LIMITADOR_HEADERS=${LIMITADOR_HEADERS:-NONE}" >>"$OUT/env.txt"
+    for store in memory disk; do
+        L_RLS=$(free_port)
+        L_HTTP=$(free_port)
+        if [ $store = memory ]; then
+            L_ARGS=(memory)
+            M_HTTP=$(free_port)
+            M_GRPC=$(free_port)
+            taskset -c "$SERVER_CPU" "$FREQCAP" serve --memory --listen "127.0.0.1:$M_HTTP" \
+                --grpc-listen "127.0.0.1:$M_GRPC" --rls-config "$OUT/rls" 2>"$OUT/freqcap-memory.log" &
+            M_PID=$!
+            PEER_PIDS+=("$M_PID")
+            ready_grpc "$M_GRPC" "$M_PID" "$OUT/freqcap-memory.log"
+            RLS_FRONTS[freqcap-rls-memory]="$M_GRPC:$M_PID"
+            fc_front=freqcap-rls-memory
+        else
+            L_ARGS=(disk "$DATA/limitador-disk")
+            fc_front=freqcap-rls
+        fi
+        taskset -c "$SERVER_CPU" "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$L_RLS" \
+            --http-ip 127.0.0.1 --http-port "$L_HTTP" --rate-limit-headers "${LIMITADOR_HEADERS:-NONE}" \
+            "$OUT/limitador/bench.yaml" "${L_ARGS[@]}" 2>"$OUT/limitador-$store.log" >&2 &
+        L_PID=$!
+        PEER_PIDS+=("$L_PID")
+        ready_grpc "$L_RLS" "$L_PID" "$OUT/limitador-$store.log"
+        RLS_FRONTS[limitador-$store]="$L_RLS:$L_PID"
+        for rep in $(seq 1 "$REPS"); do
+            for w in check-hot check-1m; do
+                order="$fc_front limitador-$store"
+                [ $((rep % 2)) = 0 ] && order="limitador-$store $fc_front"
+                pair "$rep" "$w" "$order"
+            done
+        done
+        kill -TERM "$L_PID" 2>/dev/null && wait "$L_PID" 2>/dev/null || true
+        if [ $store = memory ]; then kill -TERM "$M_PID" 2>/dev/null && wait "$M_PID" 2>/dev/null || true; fi
+    done
+fi
 echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/env.txt"
 
 python3 - "$OUT" "$OTHERS_MAX" <<'PY' | tee "$OUT/summary.md"
@@ -231,6 +330,19 @@ for wl in ("check-hot", "check-1m"):
     rs = by[(wl, "freqcap-rls")]
     keys = "one value each" if wl == "check-hot" else "each of 1 M values"
     print(f"| {wl} ({keys}) | {cell(rs)} | {sum(r['denied'] for r in rs)} | {sum(r['errors'] for r in rs)} |")
+peers = [(s, f) for s, f in (("memory", "freqcap-rls-memory"), ("disk", "freqcap-rls"))
+         if ("check-hot", f"limitador-{s}") in by]
+if peers:
+    print()
+    print("| store | workload | freqcap ShouldRateLimit ops/s (range), p50 / p99 | limitador ops/s (range), p50 / p99 | freqcap / limitador (per-rep range) |")
+    print("|---|---|---|---|---|")
+    for store, front in peers:
+        for wl in ("check-hot", "check-1m"):
+            f, l = by[(wl, front)], by[(wl, f"limitador-{store}")]
+            lr = {r["rep"]: r["ops_per_s"] for r in l}
+            per = [r["ops_per_s"] / lr[r["rep"]] for r in f if r["rep"] in lr]
+            ratio = med(f, "ops_per_s") / med(l, "ops_per_s")
+            print(f"| {store} | {wl} | {cell(f)} | {cell(l)} | {ratio:.2f}× ({min(per):.2f}–{max(per):.2f}) |")
 print()
 redone = len(every) - len(runs)
 print(f"Runs redone because other processes used more than {most} cores: {redone}.")

@@ -6,6 +6,7 @@
 //! `response_headers_to_add` (docs/rls.md).
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use tonic::{Request, Response, Status};
@@ -190,8 +191,9 @@ impl<C: Clock + 'static> Service<C> {
             // each value apart); each part length-prefixed, so no value can
             // spell another descriptor's key.
             let mut key = format!("{}:{}", req.domain.len(), req.domain);
-            // The name of an override's limit: envoyproxy/ratelimit's
-            // descriptor key (`key_value.key_value`).
+            // The name of an override's limit (only an override needs
+            // it): envoyproxy/ratelimit's descriptor key
+            // (`key_value.key_value`).
             let mut name = String::new();
             for (j, e) in d.entries.iter().enumerate() {
                 if e.key.is_empty() || e.key.len() > max_id {
@@ -207,20 +209,24 @@ impl<C: Clock + 'static> Service<C> {
                     ));
                 }
                 entries.push((e.key.as_str(), e.value.as_str()));
-                key.push_str(&format!(
+                // Writing to a String cannot fail.
+                let _ = write!(
+                    key,
                     "|{}:{}{}:{}",
                     e.key.len(),
                     e.key,
                     e.value.len(),
                     e.value
-                ));
-                if !name.is_empty() {
-                    name.push('.');
-                }
-                name.push_str(&e.key);
-                if !e.value.is_empty() {
-                    name.push('_');
-                    name.push_str(&e.value);
+                );
+                if d.limit.is_some() {
+                    if !name.is_empty() {
+                        name.push('.');
+                    }
+                    name.push_str(&e.key);
+                    if !e.value.is_empty() {
+                        name.push('_');
+                        name.push_str(&e.value);
+                    }
                 }
             }
             if let Some(h) = d.hits_addend
@@ -326,7 +332,7 @@ impl<C: Clock + 'static> Service<C> {
         let mut statuses = Vec::with_capacity(outcomes.len());
         // Header figures: per limited descriptor (name, limit, window s,
         // remaining, reset s, retry after s if it denied).
-        let mut fields: Vec<Field> = Vec::new();
+        let mut fields: Vec<Field<'_>> = Vec::with_capacity(outcomes.len());
         for o in outcomes {
             let s = match o {
                 Outcome::NoRule => DescriptorStatus {
@@ -345,7 +351,7 @@ impl<C: Clock + 'static> Service<C> {
                         self.rules.counters.shadow_over.inc();
                     }
                     fields.push(Field {
-                        name: rule.name.clone(),
+                        name: &rule.name,
                         limit: 0,
                         window: secs,
                         remaining: 0,
@@ -371,7 +377,7 @@ impl<C: Clock + 'static> Service<C> {
                     }
                     let (limit, unit, window) = figures(rule, d, *plain);
                     fields.push(Field {
-                        name: rule.name.clone(),
+                        name: &rule.name,
                         limit,
                         window,
                         remaining: d.remaining,
@@ -407,8 +413,8 @@ impl<C: Clock + 'static> Service<C> {
 }
 
 /// A limited descriptor's figures for the header fields.
-struct Field {
-    name: String,
+struct Field<'a> {
+    name: &'a str,
     limit: u64,
     window: u64,
     remaining: u64,
@@ -482,7 +488,7 @@ fn duration(ns: Span) -> prost_types::Duration {
 /// the least remaining; when over, a denying one) and, when over,
 /// `Retry-After` (the longest wait of the denying ones), as HTTP answers
 /// carry them (docs/semantics.md §3.5).
-fn headers(fields: &[Field], over: bool) -> Vec<HeaderValue> {
+fn headers(fields: &[Field<'_>], over: bool) -> Vec<HeaderValue> {
     if fields.is_empty() {
         return Vec::new();
     }
@@ -491,7 +497,7 @@ fn headers(fields: &[Field], over: bool) -> Vec<HeaderValue> {
     for f in fields {
         let e = format!(
             "{};q={};w={}",
-            sf_string(&f.name),
+            sf_string(f.name),
             sf_int(f.limit),
             sf_int(f.window)
         );
@@ -514,7 +520,7 @@ fn headers(fields: &[Field], over: bool) -> Vec<HeaderValue> {
             key: "ratelimit".into(),
             value: format!(
                 "{};r={};t={}",
-                sf_string(&f.name),
+                sf_string(f.name),
                 sf_int(f.remaining),
                 sf_int(f.reset)
             ),
