@@ -23,9 +23,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::api::metrics::DefinitionReloads;
 use crate::clock::Clock;
 use crate::engine::{Engine, FileDef, FileDefinitions, Replaced};
+use crate::front::metrics::DefinitionReloads;
 use crate::model;
 
 /// Largest definition file read.

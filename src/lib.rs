@@ -27,6 +27,7 @@ pub mod clock;
 pub mod cluster;
 pub mod definitions_dir;
 pub mod engine;
+pub mod front;
 pub mod grpc;
 pub mod keyed;
 pub mod limits;

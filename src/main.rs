@@ -441,7 +441,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let mut replayer = freqcap::replay::Replayer::new(
                 store,
                 freqcap::engine::EngineOptions::default(),
-                freqcap::api::ApiOptions::default(),
+                freqcap::front::FrontOptions::default(),
             )?;
             let summary = replayer
                 .run(

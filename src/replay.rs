@@ -18,9 +18,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::api::{self, ApiOptions};
+use crate::api;
 use crate::clock::{ManualClock, Nanos};
 use crate::engine::{Engine, EngineOptions};
+use crate::front::FrontOptions;
 use crate::store::Store;
 
 /// One input line as written.
@@ -63,7 +64,7 @@ impl Replayer {
     pub fn new(
         store: Arc<dyn Store>,
         options: EngineOptions,
-        api_options: ApiOptions,
+        api_options: FrontOptions,
     ) -> Result<Self, String> {
         let clock = Arc::new(ManualClock::new(0));
         let options = EngineOptions {
@@ -73,7 +74,7 @@ impl Replayer {
         let engine = Engine::open(store, clock.clone(), options).map_err(|e| e.to_string())?;
         let router = api::router(
             Arc::new(engine),
-            ApiOptions {
+            FrontOptions {
                 sleep_on_wait: false,
                 ..api_options
             },

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
-use crate::api::ConnCounters;
+use crate::front::ConnCounters;
 
 /// Limits on connections (`docs/service.md`, "Connections").
 #[derive(Debug, Clone)]
@@ -315,7 +315,11 @@ struct Coalesced {
 
 impl Coalesced {
     /// Writes what is gathered; Ready(Ok) once all of it is out.
-    fn poll_drain(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_drain(
+        &mut self,
+        io: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
         while self.sent < self.buf.len() {
             match Pin::new(&mut *io).poll_write(cx, &self.buf[self.sent..]) {
                 Poll::Ready(Ok(0)) => {
@@ -721,7 +725,17 @@ mod tests {
         assert!(!w.is_write_vectored(), "h2 must copy small payloads");
         // Writes of 1 byte to 3 × COALESCE_MAX: some gathered, some forcing
         // a drain, some written straight.
-        let sizes = [1, 300, 1024, COALESCE_MAX - 1, 5, COALESCE_MAX * 3, 7, 4000, 4000];
+        let sizes = [
+            1,
+            300,
+            1024,
+            COALESCE_MAX - 1,
+            5,
+            COALESCE_MAX * 3,
+            7,
+            4000,
+            4000,
+        ];
         let mut sent = Vec::new();
         let mut n = 0u8;
         for size in sizes {

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::api::{self, ApiOptions, ConnCounters};
+use crate::api;
 use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineOptions};
+use crate::front::{ConnCounters, FrontOptions};
 use crate::server::{self, ConnLimits};
 use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 
@@ -156,7 +157,7 @@ pub struct ServeConfig {
 impl Default for ServeConfig {
     fn default() -> Self {
         let e = EngineOptions::default();
-        let a = ApiOptions::default();
+        let a = FrontOptions::default();
         let c = ConnLimits::default();
         let r = RocksOptions::default();
         ServeConfig {
@@ -294,7 +295,7 @@ impl ServeConfig {
             ("admin_token", &self.admin_token),
         ] {
             if let Some(t) = token {
-                api::guard::check_token(t).map_err(|e| format!("{name}: {e}"))?;
+                crate::front::access::check_token(t).map_err(|e| format!("{name}: {e}"))?;
             }
         }
         if self.body_memory < self.max_body {
@@ -528,7 +529,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let secs = Duration::from_secs;
     let state = api::app_state(
         engine.clone(),
-        ApiOptions {
+        FrontOptions {
             max_body: config.max_body,
             body_memory: config.body_memory,
             max_in_flight: config.max_in_flight,

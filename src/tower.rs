@@ -28,8 +28,8 @@ use axum::http::header::RETRY_AFTER;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 
-use crate::api::headers::{self, RATELIMIT, RATELIMIT_POLICY};
 use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode};
+use crate::front::ratelimit_fields::{self as headers, RATELIMIT, RATELIMIT_POLICY};
 use crate::limits::stack::Decision;
 use crate::{DefinitionError, KeyedLimiter, LimiterOptions, PolicyDef};
 

@@ -770,3 +770,32 @@ async fn a_failed_event_stream_says_how_many_events_it_applied() {
     assert_eq!(applied(&e), Some(512), "{e:?}");
     assert_eq!(used(), 1024);
 }
+
+/// `freqcap_decisions_total` says `delayed` for a gRPC Check that a delay
+/// policy accepted with a wait, as HTTP's `/v1/check` does
+/// (src/front/outcome.rs); gRPC counted it `allowed` before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_check_is_counted_delayed() {
+    let n = node(&[]);
+    let (st, body) = http(
+        &n,
+        "PUT",
+        "/v1/policies/paced",
+        Some(
+            json!({"limits": [{"kind": "rate", "rate": 1, "per": "1h", "burst": 1}],
+                    "on_limit": "delay", "max_delay_ms": 3_600_000}),
+        ),
+    );
+    assert_eq!(st, 200, "{body}");
+    let mut c = client(&n).await;
+    let first = c.check(check("paced", "k", 1)).await.unwrap().into_inner();
+    assert!(first.allowed);
+    // The second waits for the next token: allowed, with a delay.
+    let second = c.check(check("paced", "k", 1)).await.unwrap().into_inner();
+    assert!(second.allowed);
+    assert!(second.delay_ms > 0, "{second:?}");
+    let series =
+        |o: &str| format!(r#"freqcap_decisions_total{{endpoint="grpc Check",outcome="{o}"}}"#);
+    assert_eq!(support::metric(&n.s.addr, &series("allowed")), Some(1.0));
+    assert_eq!(support::metric(&n.s.addr, &series("delayed")), Some(1.0));
+}

@@ -173,13 +173,12 @@ struct Front {
 }
 
 fn front_with(api: ApiOptions, resp: RespOptions) -> Front {
+    front_over(api, resp, EngineOptions::default())
+}
+
+fn front_over(api: ApiOptions, resp: RespOptions, options: EngineOptions) -> Front {
     let clock = Arc::new(ManualClock::new(START));
-    let engine = Engine::open(
-        Arc::new(MemoryStore::new()),
-        clock.clone(),
-        EngineOptions::default(),
-    )
-    .unwrap();
+    let engine = Engine::open(Arc::new(MemoryStore::new()), clock.clone(), options).unwrap();
     let state = app_state(Arc::new(engine), api);
     let served = state.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1045,4 +1044,39 @@ fn fc_check_answers_what_http_check_answers() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"freqcap_decisions_total{endpoint="FC.CHECK",outcome="denied"} 2"#));
+}
+
+/// `freqcap_decisions_total` has one vocabulary on every front
+/// (src/front/outcome.rs): in shadow mode a `CL.THROTTLE` or `FC.CHECK`
+/// that an enforced limit would have denied is answered allowed and counted
+/// `would_deny`, as HTTP counts it (docs/semantics.md §6.6). RESP counted it
+/// `allowed` before.
+#[test]
+fn a_shadow_denial_is_counted_would_deny() {
+    let f = front_over(
+        ApiOptions::default(),
+        resp_options(),
+        EngineOptions {
+            shadow: true,
+            ..EngineOptions::default()
+        },
+    );
+    f.at(0);
+    let mut c = f.client();
+    // A burst of one: the first call is allowed, the second would be
+    // limited, and is answered allowed in shadow mode.
+    assert_eq!(
+        c.cmd(&["CL.THROTTLE", "k", "0", "1", "60"]),
+        ints(&[0, 1, 0, -1, 60])
+    );
+    let second = c.cmd(&["CL.THROTTLE", "k", "0", "1", "60"]);
+    let V::Array(v) = &second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(v[0], V::Int(0), "answered allowed in shadow mode");
+    let series =
+        |o: &str| format!(r#"freqcap_decisions_total{{endpoint="CL.THROTTLE",outcome="{o}"}}"#);
+    assert_eq!(f.metric(&series("allowed")), Some(1.0));
+    assert_eq!(f.metric(&series("would_deny")), Some(1.0));
+    assert_eq!(f.metric(&series("denied")), Some(0.0));
 }

@@ -10,10 +10,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::St;
+use super::openapi;
 use super::request::*;
-use super::{ApiError, metrics, openapi};
 use crate::clock::Clock;
 use crate::engine::EngineError;
+use crate::front::call::*;
+use crate::front::{FrontError, metrics};
 
 /// `POST /v1/admin/checkpoint`: where to write the copy.
 #[derive(Deserialize, Serialize, JsonSchema)]
@@ -36,16 +38,16 @@ const MAX_DIR_NAME: usize = 255 - ".tmp".len();
 pub(crate) fn checkpoint_dir(
     backup_dir: Option<&std::path::Path>,
     dir: &str,
-) -> Result<std::path::PathBuf, ApiError> {
+) -> Result<std::path::PathBuf, FrontError> {
     use std::path::{Component, Path};
     let Some(base) = backup_dir else {
-        return Err(ApiError::invalid(
+        return Err(FrontError::invalid(
             "dir",
             "checkpoints are off: the service has no backup_dir configured",
         ));
     };
     if dir.is_empty() || dir.contains('\0') {
-        return Err(ApiError::invalid(
+        return Err(FrontError::invalid(
             "dir",
             "must name a directory (no NUL bytes)",
         ));
@@ -65,7 +67,7 @@ pub(crate) fn checkpoint_dir(
         // A longer name fails in the store's mkdir (ENAMETOOLONG): a 500
         // and a store failure for the client's mistake.
         Some(c) if matches!(c.as_slice(), [Component::Normal(n)] if n.len() > MAX_DIR_NAME) => {
-            Err(ApiError::invalid(
+            Err(FrontError::invalid(
                 "dir",
                 format!(
                     "a directory name has at most {MAX_DIR_NAME} bytes, got {}",
@@ -76,7 +78,7 @@ pub(crate) fn checkpoint_dir(
         Some(c) if matches!(c.as_slice(), [Component::Normal(_)]) => {
             Ok(base.join(c[0].as_os_str()))
         }
-        _ => Err(ApiError::invalid(
+        _ => Err(FrontError::invalid(
             "dir",
             format!(
                 "must be a new directory's name, or a path directly inside backup_dir ({})",
@@ -89,11 +91,11 @@ pub(crate) fn checkpoint_dir(
 pub(crate) async fn checkpoint<C: Clock + 'static>(
     State(s): St<C>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<CheckpointBody>, ApiError> {
+) -> Result<Json<CheckpointBody>, FrontError> {
     let b: CheckpointBody = body(b)?;
     let dir = checkpoint_dir(s.options.backup_dir.as_deref(), &b.dir)?;
     if dir.exists() {
-        return Err(ApiError::conflict(format!(
+        return Err(FrontError::conflict(format!(
             "dir: {:?} already exists; name a new directory",
             dir.display().to_string()
         )));
@@ -108,14 +110,14 @@ pub(crate) async fn checkpoint<C: Clock + 'static>(
 
 pub(crate) async fn metrics_text<C: Clock + 'static>(
     State(s): St<C>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     // Off the async threads: with a shared store a campaign's budget
     // figures read the fleet's spend from Redis, a blocking call (which
     // panics on an async thread).
     let text = tokio::task::spawn_blocking(move || s.metrics.render())
         .await
-        .map_err(|_| ApiError::internal("cannot render the metrics"))?
-        .map_err(|_| ApiError::internal("cannot render the metrics"))?;
+        .map_err(|_| FrontError::internal("cannot render the metrics"))?
+        .map_err(|_| FrontError::internal("cannot render the metrics"))?;
     let mut r = text.into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,

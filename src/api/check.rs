@@ -11,9 +11,12 @@ use serde::{Deserialize, Serialize};
 
 use super::St;
 use super::request::*;
-use super::{ApiError, headers};
 use crate::clock::{Clock, MAX_REPORTED};
 use crate::engine::{CheckRequest, CheckTarget, Engine};
+use crate::front::FrontError;
+use crate::front::call::*;
+use crate::front::outcome::Checked;
+use crate::front::ratelimit_fields as headers;
 use crate::model::LimitDef;
 
 #[derive(Deserialize, JsonSchema)]
@@ -93,7 +96,7 @@ pub(crate) struct DecisionBody<'a> {
 pub(crate) async fn check<C: Clock + 'static>(
     State(s): St<C>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: CheckBody = body(Ok(bytes.clone()))?;
     // Only a caller's id can be repeated; only then is the body hashed.
@@ -102,7 +105,7 @@ pub(crate) async fn check<C: Clock + 'static>(
         (Some(p), None) => CheckTarget::Policy(p),
         (None, Some(l)) => CheckTarget::Inline(l),
         _ => {
-            return Err(ApiError::invalid(
+            return Err(FrontError::invalid(
                 "policy",
                 "give exactly one of \"policy\" (a name) and \"limits\" (inline items)",
             ));
@@ -147,13 +150,8 @@ pub(crate) async fn check<C: Clock + 'static>(
         would_deny: out.would_deny,
         limits: items,
     };
-    let outcome = match (d.allowed, d.delay > 0) {
-        _ if out.would_deny => "would_deny",
-        (false, _) => "denied",
-        (true, true) => "delayed",
-        (true, false) => "allowed",
-    };
-    s.metrics.decisions("/v1/check", outcome, 1);
+    s.metrics
+        .decisions("/v1/check", Checked::of_check(&out).as_str(), 1);
     if b.wait && d.delay > 0 && s.options.sleep_on_wait {
         tokio::time::sleep(std::time::Duration::from_nanos(d.delay)).await;
     }

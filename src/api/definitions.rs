@@ -8,11 +8,12 @@ use axum::http::StatusCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::ApiError;
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
 use crate::engine::{Engine, EngineError};
+use crate::front::FrontError;
+use crate::front::call::*;
 use crate::model::{CampaignDef, PolicyDef, Warning};
 
 /// Policies and campaigns are stored, read and deleted alike; one set of
@@ -60,11 +61,11 @@ pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<D>, ApiError> {
+) -> Result<Json<D>, FrontError> {
     id_param(&s, D::PARAM, &name)?;
     if let Ok(raw) = &b {
         crate::model::check_unique_members(&String::from_utf8_lossy(raw))
-            .map_err(|e| ApiError::invalid(&e.field, e.message))?;
+            .map_err(|e| FrontError::invalid(&e.field, e.message))?;
     }
     let def: D = body(b)?;
     let e = s.engine.clone();
@@ -77,17 +78,17 @@ pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
 pub(crate) async fn get_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
-) -> Result<Json<D>, ApiError> {
+) -> Result<Json<D>, FrontError> {
     id_param(&s, D::PARAM, &name)?;
     D::get(&s.engine, &name)
         .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("no {} named {name:?}", D::WHAT)))
+        .ok_or_else(|| FrontError::not_found(format!("no {} named {name:?}", D::WHAT)))
 }
 
 pub(crate) async fn delete_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, FrontError> {
     id_param(&s, D::PARAM, &name)?;
     let e = s.engine.clone();
     blocking(move || D::delete(&e, &name)).await?;

@@ -9,13 +9,14 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ApiError;
 use super::St;
-use super::forward;
 use super::request::*;
 use crate::clock::Clock;
 use crate::cluster::owners::Owner;
 use crate::engine::Event;
+use crate::front::FrontError;
+use crate::front::call::*;
+use crate::front::forward;
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -71,7 +72,7 @@ pub(crate) async fn events<C: Clock + 'static>(
     State(s): St<C>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     // One event object, or an array of them; each element must be an object
     // (not read positionally), and a member given twice is an error.
     let list = match parse::<EventsBody>(b)? {
@@ -110,7 +111,7 @@ pub(crate) async fn events<C: Clock + 'static>(
         count_events(&s, here).await?
     };
     for (owner, list) in away {
-        let body = Bytes::from(serde_json::to_vec(&list).map_err(ApiError::internal)?);
+        let body = Bytes::from(serde_json::to_vec(&list).map_err(FrontError::internal)?);
         let Some(r) = s
             .forwarder
             .to_owner(Some(owner), Method::POST, "/v1/events", &headers, body)
@@ -137,13 +138,15 @@ pub(crate) async fn events<C: Clock + 'static>(
 }
 
 /// The count an owner's answer (a success) to forwarded events gives.
-async fn forwarded_count(r: Response) -> Result<usize, ApiError> {
+async fn forwarded_count(r: Response) -> Result<usize, FrontError> {
     let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
         .await
-        .map_err(|e| ApiError::unavailable(format!("an owner's answer could not be read: {e}")))?;
+        .map_err(|e| {
+            FrontError::unavailable(format!("an owner's answer could not be read: {e}"))
+        })?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
     v["counted"]
         .as_u64()
         .map(|c| c as usize)
-        .ok_or_else(|| ApiError::unavailable("an owner's answer to events had no count"))
+        .ok_or_else(|| FrontError::unavailable("an owner's answer to events had no count"))
 }

@@ -14,24 +14,13 @@ use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 
-use super::body_budget::Charge;
-use super::{ApiError, ApiOptions, AppState, Metrics, ROUTES, St};
+use super::{ROUTES, St};
 use crate::clock::Clock;
+use crate::front::access::{Access, authorized};
+use crate::front::body_budget::{Charge, head_bytes};
+use crate::front::shed::{self, InFlight};
+use crate::front::{AppState, FrontError, FrontOptions, request_id};
 use crate::server::Conn;
-
-/// Who may call a route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Probes, scrapes and the API's description: no client data, and a probe
-    /// must reach an overloaded or misconfigured service.
-    Public,
-    /// Decisions and reads: the decision token or the admin token.
-    Decision,
-    /// Changing definitions or the service: the admin token (or, with no
-    /// admin token set, the decision token: setting one token never leaves
-    /// definitions open).
-    Admin,
-}
 
 /// The access a request needs, from its matched route and method. A path no
 /// route matched needs the decision token (its 404 tells nothing to others).
@@ -59,16 +48,6 @@ fn endpoint_label(route: Option<&str>) -> &'static str {
         .unwrap_or("other")
 }
 
-tokio::task_local! {
-    /// The id of the request being handled (docs/service.md, "Logs").
-    static REQUEST_ID: Arc<str>;
-}
-
-/// The id of the request this task handles, if it is one.
-pub fn current_request_id() -> Option<String> {
-    REQUEST_ID.try_with(|id| id.to_string()).ok()
-}
-
 /// The header a request id comes in and goes out in.
 pub const X_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
 
@@ -80,7 +59,7 @@ fn request_id_of(headers: &axum::http::HeaderMap) -> Arc<str> {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(Arc::from)
-        .unwrap_or_else(|| Arc::from(super::error::request_id()))
+        .unwrap_or_else(|| Arc::from(request_id::fresh()))
 }
 
 /// The middleware: runs [`guarded`] under the request's id (every log line
@@ -101,9 +80,7 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
     };
     let id = request_id_of(req.headers());
     let method = req.method().clone();
-    let mut response = REQUEST_ID
-        .scope(id.clone(), guarded(&s, access, req, next))
-        .await;
+    let mut response = request_id::scope(id.clone(), guarded(&s, access, req, next)).await;
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     s.metrics.request(endpoint, status, elapsed.as_secs_f64());
@@ -148,25 +125,16 @@ async fn guarded<C: Clock + 'static>(
     if access == Access::Public {
         return next.run(req).await;
     }
-    // A connection over the cap is kept for probes only.
-    if conn.as_ref().is_some_and(Conn::probe_only) {
-        s.metrics.overloaded("connections");
-        return ApiError::overloaded("too many connections; retry shortly").into_response();
+    // Shed before anything is read ([`shed`]): a probe-only connection,
+    // then (after the token) a request that waited too long to be run.
+    if let Err(e) = shed::probe_only(&s.metrics, conn.as_ref()) {
+        return e.into_response();
     }
     if !authorized(&s.options, access, req.headers()) {
-        return ApiError::unauthenticated().into_response();
+        return FrontError::unauthenticated().into_response();
     }
-    // Shed on the time this request waited to be run, not only on how many
-    // are in flight: when the CPU is the bottleneck, requests queue in the
-    // runtime before any handler counts them (2048 connections on
-    // /v1/check: 0 % shed by the in-flight count while p99 reached 173 ms).
-    // A request that already waited past the bound gets a 503 at once; what
-    // is accepted waited less than it.
-    if let Some(c) = &conn
-        && c.queue_delay() > s.options.shed_queue_delay
-    {
-        s.metrics.overloaded("queue_delay");
-        return ApiError::overloaded("the server is saturated; retry shortly").into_response();
+    if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref()) {
+        return e.into_response();
     }
     // The body first, under the body memory budget, then the in-flight slot:
     // a request counts in flight once it can be decided. Counted from its
@@ -205,7 +173,7 @@ async fn read_body<C: Clock>(
     s: &AppState<C>,
     req: Request,
     mut charge: Charge,
-) -> Result<(Request, Charge), ApiError> {
+) -> Result<(Request, Charge), FrontError> {
     let o = &s.options;
     if req.method() != Method::POST && req.method() != Method::PUT {
         return Ok((req, charge));
@@ -227,7 +195,7 @@ async fn read_body<C: Clock>(
     let read = async {
         while let Some(frame) = body.frame().await {
             let frame =
-                frame.map_err(|e| ApiError::invalid("", format!("cannot read the body: {e}")))?;
+                frame.map_err(|e| FrontError::invalid("", format!("cannot read the body: {e}")))?;
             let Ok(data) = frame.into_data() else {
                 continue; // trailers
             };
@@ -240,7 +208,7 @@ async fn read_body<C: Clock>(
         Ok(())
     };
     match tokio::time::timeout(o.body_timeout, read).await {
-        Err(_) => return Err(ApiError::request_timeout(o.body_timeout)),
+        Err(_) => return Err(FrontError::request_timeout(o.body_timeout)),
         Ok(Err(e)) => return Err(e),
         Ok(Ok(())) => {}
     }
@@ -253,27 +221,8 @@ async fn read_body<C: Clock>(
     ))
 }
 
-/// What a request holds in memory before its body is in, charged to the
-/// body memory budget with its body: the stream's own state and its head.
-/// The head counts as HTTP/2 counts a header list (each field's name and
-/// value plus 32): it may be 64 KiB, and HPACK lets a client send it in a
-/// few bytes. The state is [`REQUEST_STATE`].
-pub(crate) fn head_bytes(headers: &HeaderMap) -> usize {
-    REQUEST_STATE
-        + headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 32)
-            .sum::<usize>()
-}
-
-/// A request's state while it waits for its body (hyper's stream, the
-/// router's future), rounded up: 20 HTTP/2 connections × 256 streams that
-/// sent a head and no body grew the server's RSS by 39.6 MB, 7.7 KB a
-/// stream (`tests/hostile/h2probe.py hold-headers`).
-const REQUEST_STATE: usize = 8 * 1024;
-
-fn too_large(max_body: usize) -> ApiError {
-    ApiError::too_large(format!(
+fn too_large(max_body: usize) -> FrontError {
+    FrontError::too_large(format!(
         "the request body is over the size limit of {max_body} bytes"
     ))
 }
@@ -288,11 +237,11 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
 }
 
-fn unsupported_media_type(headers: &HeaderMap) -> ApiError {
+fn unsupported_media_type(headers: &HeaderMap) -> FrontError {
     let got = headers
         .get(header::CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    ApiError::unsupported_media_type(match got {
+    FrontError::unsupported_media_type(match got {
         Some(t) => format!("Content-Type: bodies must be application/json, got {t:?}"),
         None => "Content-Type: bodies must be application/json; the header is missing".into(),
     })
@@ -307,14 +256,14 @@ fn unsupported_media_type(headers: &HeaderMap) -> ApiError {
 /// upstream forwards the browser's name as `:authority`; before, only `Host`
 /// was read and `:authority: evil.example` was answered). Requests without
 /// either (HTTP/1.0 tools) pass: browsers always send one.
-fn host_allowed(o: &ApiOptions, req: &Request) -> Result<(), ApiError> {
+fn host_allowed(o: &FrontOptions, req: &Request) -> Result<(), FrontError> {
     let Some(allowed) = &o.allowed_hosts else {
         return Ok(());
     };
     // Two `Host` fields are a bad request (RFC 9112 §3.2): which one a
     // proxy in front read is anyone's guess.
     if req.headers().get_all(header::HOST).iter().nth(1).is_some() {
-        return Err(ApiError::forbidden(
+        return Err(FrontError::forbidden(
             "a request has one Host field, not several",
         ));
     }
@@ -324,9 +273,9 @@ fn host_allowed(o: &ApiOptions, req: &Request) -> Result<(), ApiError> {
         .authority()
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     let refuse = |v: &HeaderValue, what: &str| {
-        ApiError::forbidden(format!(
+        FrontError::forbidden(format!(
             "{what}: {:?} is not a name this service answers to (loopback names, or allowed_hosts)",
-            super::error::bounded(&String::from_utf8_lossy(v.as_bytes()))
+            crate::front::error::bounded(&String::from_utf8_lossy(v.as_bytes()))
         ))
     };
     let ok = |v: &HeaderValue| {
@@ -344,7 +293,7 @@ fn host_allowed(o: &ApiOptions, req: &Request) -> Result<(), ApiError> {
             return Err(refuse(a, ":authority"));
         }
         if host.is_some_and(|h| host_name(h) != host_name(a)) {
-            return Err(ApiError::forbidden(
+            return Err(FrontError::forbidden(
                 "Host and :authority name different hosts; a request has one",
             ));
         }
@@ -377,95 +326,6 @@ fn is_loopback_name(n: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Whether the request carries the token `access` needs: the one access
-/// rule of every front (HTTP here, gRPC's metadata is the same headers).
-pub(crate) fn authorized(o: &ApiOptions, access: Access, headers: &HeaderMap) -> bool {
-    let admin_ok = o
-        .admin_token
-        .as_deref()
-        .is_some_and(|t| bearer_matches(headers, t));
-    match access {
-        Access::Public => true,
-        Access::Admin => match (&o.admin_token, &o.decision_token) {
-            (Some(_), _) => admin_ok,
-            (None, Some(t)) => bearer_matches(headers, t),
-            (None, None) => true,
-        },
-        // With any token set, decisions and reads need one: with only an
-        // admin token, HTTP left them open while gRPC and RESP required it
-        // (security probe, case 1.6). One rule for every front.
-        Access::Decision => match (&o.admin_token, &o.decision_token) {
-            (None, None) => true,
-            (_, Some(t)) => admin_ok || bearer_matches(headers, t),
-            (Some(_), None) => admin_ok,
-        },
-    }
-}
-
-/// An in-flight slot (every front counts into the same gauge), given back
-/// when the request ends, also when the client goes away and the handler's
-/// future is dropped mid-way.
-pub(crate) struct InFlight<'a> {
-    metrics: &'a Metrics,
-}
-
-impl<'a> InFlight<'a> {
-    /// A slot, or 503 `overloaded` (counted) when `max` requests are in
-    /// flight already: the one load-shedding rule of HTTP, RESP and gRPC.
-    pub(crate) fn try_enter(metrics: &'a Metrics, max: usize) -> Result<Self, ApiError> {
-        let before = metrics.in_flight.inc();
-        let slot = InFlight { metrics };
-        if usize::try_from(before).unwrap_or(usize::MAX) >= max {
-            metrics.overloaded("in_flight");
-            return Err(ApiError::overloaded(
-                "too many requests in flight; retry shortly",
-            ));
-        }
-        Ok(slot)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.metrics.in_flight.dec();
-    }
-}
-
-/// Whether the request's bearer token is `want`.
-fn bearer_matches(headers: &HeaderMap, want: &str) -> bool {
-    // The scheme name is case-insensitive (RFC 9110 §11.1).
-    let Some(got) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim())
-    else {
-        return false;
-    };
-    token_matches(got.as_bytes(), want)
-}
-
-/// Compares a token in constant time (for tokens of the same length; a
-/// length mismatch returns early, which reveals only the length).
-pub(crate) fn token_matches(got: &[u8], want: &str) -> bool {
-    let want = want.as_bytes();
-    got.len() == want.len() && got.iter().zip(want).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// A token the service can be started with: non-empty, visible ASCII only
-/// (a token with a space or a control character could never be sent in a
-/// header and matched). `Err` says why, for the field named by the caller.
-pub fn check_token(token: &str) -> Result<(), String> {
-    if token.is_empty() {
-        return Err("must not be empty (leave it unset to keep the endpoints open)".into());
-    }
-    if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("must be visible ASCII characters only, without spaces".into());
-    }
-    Ok(())
-}
-
 /// The time a request may take to send its body.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -484,14 +344,6 @@ mod tests {
         assert!(is_loopback_name("app.localhost"));
         assert!(!is_loopback_name("localhost.evil.example"));
         assert!(!is_loopback_name("10.0.0.1"));
-    }
-
-    #[test]
-    fn tokens_must_be_sendable() {
-        assert!(check_token("").is_err());
-        assert!(check_token("a b").is_err());
-        assert!(check_token("tok\u{0}").is_err());
-        assert!(check_token("s3cr3t-_.~+/=").is_ok());
     }
 
     /// Every route and method, by the table of who may call it.

@@ -511,7 +511,7 @@ pub fn document() -> Value {
                 let mut r = json!({"description": what});
                 if let Some(b) = body {
                     let media = if op.path == "/metrics" {
-                        super::metrics::CONTENT_TYPE
+                        crate::front::metrics::CONTENT_TYPE
                     } else if matches!(op.path, "/healthz" | "/readyz") {
                         "text/plain"
                     } else if op.path == "/ui" {

@@ -1,7 +1,6 @@
-//! Request and response plumbing shared by the handlers: JSON bodies read
-//! strictly (one object, errors naming the field), JSON answers, path
-//! parameters, running engine calls in memory or on a blocking thread, and
-//! reported units.
+//! Request and response plumbing shared by the HTTP handlers: JSON bodies
+//! read strictly (one object, errors naming the field), JSON answers and
+//! path parameters. The engine calls are every front's (`src/front/call.rs`).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,10 +11,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, AppState};
-use crate::clock::{Clock, MAX_REPORTED, ceil_ms};
-use crate::engine::{Engine, EngineError};
-use crate::model::Warning;
+use crate::front::FrontError;
 
 /// A JSON response. axum's own `Json` serializes into a `BytesMut` that
 /// starts at 128 bytes and grows as it writes; a decision is 200–400 bytes
@@ -36,7 +32,7 @@ impl<T: Serialize> IntoResponse for Json<T> {
                 buf,
             )
                 .into_response(),
-            Err(e) => ApiError::internal(format!("cannot write the answer: {e}")).into_response(),
+            Err(e) => FrontError::internal(format!("cannot write the answer: {e}")).into_response(),
         }
     }
 }
@@ -45,27 +41,27 @@ impl<T: Serialize> IntoResponse for Json<T> {
 /// over the limit is 413.
 pub(crate) fn body<T: DeserializeOwned>(
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
+) -> Result<T, FrontError> {
     parse::<Object<T>>(bytes).map(|o| o.0)
 }
 
 /// A body that could not be read, in the error shape.
-pub(crate) fn rejected(e: BytesRejection) -> ApiError {
+pub(crate) fn rejected(e: BytesRejection) -> FrontError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::too_large("the request body is over the size limit")
+        FrontError::too_large("the request body is over the size limit")
     } else {
-        ApiError::invalid("", e.body_text())
+        FrontError::invalid("", e.body_text())
     }
 }
 
 /// Reads a JSON body of any shape (see [`body`] for an object).
 pub(crate) fn parse<T: DeserializeOwned>(
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
+) -> Result<T, FrontError> {
     let bytes = bytes.map_err(rejected)?;
     let text =
-        std::str::from_utf8(&bytes).map_err(|_| ApiError::invalid("", "body is not UTF-8"))?;
-    crate::model::from_json::<T>(text).map_err(|e| ApiError::invalid(&e.field, e.message))
+        std::str::from_utf8(&bytes).map_err(|_| FrontError::invalid("", "body is not UTF-8"))?;
+    crate::model::from_json::<T>(text).map_err(|e| FrontError::invalid(&e.field, e.message))
 }
 
 /// A JSON object read as `T`. serde's derived structs also accept an array,
@@ -141,127 +137,28 @@ pub(crate) fn fingerprint(bytes: &[u8]) -> Option<u64> {
     Some(h.finish())
 }
 
-/// Runs an engine call that may wait on disk off the async executor.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
-) -> Result<T, ApiError> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::internal(format!("request task failed: {e}"))),
-    }
-}
-
 /// The path parameters, with a rejection (say, `%FF` where a string is
 /// expected) answered in the error shape rather than axum's plain text.
 pub(crate) struct ApiPath<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
-    type Rejection = ApiError;
+    type Rejection = FrontError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
         state: &S,
-    ) -> Result<Self, ApiError> {
+    ) -> Result<Self, FrontError> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(v)) => Ok(ApiPath(v)),
-            Err(e) => Err(ApiError::invalid("path", e.body_text())),
+            Err(e) => Err(FrontError::invalid("path", e.body_text())),
         }
-    }
-}
-
-/// A path parameter over the id length limit is a 400 naming it, not a 404.
-pub(crate) fn id_param<C: Clock>(
-    s: &AppState<C>,
-    field: &str,
-    value: &str,
-) -> Result<(), ApiError> {
-    let max = s.engine.options().max_id_len;
-    if value.is_empty() || value.len() > max {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be 1 to {max} bytes, got {}", value.len()),
-        ));
-    }
-    Ok(())
-}
-
-/// An engine call's result.
-pub(crate) type Decided<T> = Result<T, EngineError>;
-
-/// Decides `req` here, on the executor, when `here` can (every record it
-/// needs is in memory, the usual case: a hand-off to a blocking thread and
-/// back would cost more than the decision); else runs `there` on a blocking
-/// thread, where reading a cold record from disk is fine.
-pub(crate) async fn in_memory_or_blocking<
-    C: Clock + 'static,
-    Q: Send + 'static,
-    T: Send + 'static,
->(
-    s: &AppState<C>,
-    req: Q,
-    here: fn(&Engine<C>, &Q) -> Option<Decided<T>>,
-    there: fn(&Engine<C>, &Q) -> Decided<T>,
-) -> Result<T, ApiError> {
-    if let Some(r) = here(&s.engine, &req) {
-        return r.map_err(ApiError::from);
-    }
-    let e = s.engine.clone();
-    blocking(move || there(&e, &req)).await
-}
-
-/// Commits reservation `id` for every front: a live reservation is settled
-/// here and its writes awaited without parking a thread; a late commit
-/// (which may read a cold record) runs on a blocking thread.
-pub(crate) async fn commit_reservation<C: Clock + 'static>(
-    s: &AppState<C>,
-    id: String,
-    req: crate::engine::CommitRequest,
-) -> Result<crate::engine::CommitOutcome, ApiError> {
-    match s.engine.commit_in_memory(&id, &req) {
-        Some(pending) => Ok(pending?.wait_async().await?),
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.commit(&id, &req)).await
-        }
-    }
-}
-
-/// Counts events for every front: here when every user's record is in
-/// memory, awaited without parking a thread; else on a blocking thread.
-/// The number counted (the rest were duplicates).
-pub(crate) async fn count_events<C: Clock + 'static>(
-    s: &AppState<C>,
-    evs: Vec<crate::engine::Event>,
-) -> Result<usize, ApiError> {
-    if evs.is_empty() {
-        return Err(ApiError::invalid("", "at least one event is needed"));
-    }
-    match s.engine.events_in_memory(&evs) {
-        Some(pending) => Ok(pending?.wait_async().await?),
-        None => {
-            let e = s.engine.clone();
-            blocking(move || e.events(&evs)).await
-        }
-    }
-}
-
-/// A reported duration: ms rounded up, saturating (docs/semantics.md §1.5).
-pub(crate) fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
-    ceil_ms(ns).min(MAX_REPORTED)
-}
-
-/// Definition warnings (e.g. a redundant cap) are accepted but logged, so the
-/// operator sees them.
-pub(crate) fn log_warnings(warnings: &[Warning]) {
-    for w in warnings {
-        tracing::warn!(field = %w.field, "definition warning: {}", w.message);
     }
 }
 
 /// An empty body reads as `{}` (commit and release may carry none).
 pub(crate) fn optional_body<T: DeserializeOwned + Default>(
     b: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
+) -> Result<T, FrontError> {
     match &b {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(T::default()),
         _ => body(b),

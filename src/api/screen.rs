@@ -11,11 +11,12 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ApiError;
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
 use crate::engine::{Engine, ScreenCandidate, ScreenRequest};
+use crate::front::FrontError;
+use crate::front::call::*;
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -86,7 +87,7 @@ pub(crate) async fn screen<C: Clock + 'static>(
     State(s): St<C>,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: ScreenBody = body(Ok(bytes.clone()))?;
     let owner = b.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
@@ -114,22 +115,9 @@ pub(crate) async fn screen<C: Clock + 'static>(
         fingerprint: fp,
     };
     let out = in_memory_or_blocking(&s, req, Engine::screen_in_memory, Engine::screen).await?;
-    let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
-    let shadowed = out
-        .results
-        .iter()
-        .filter(|r| r.would_deny.is_some())
-        .count() as u64;
-    if shadowed > 0 {
-        s.metrics.decisions("/v1/screen", "would_deny", shadowed);
+    for (outcome, n) in crate::front::outcome::screened(&out.results) {
+        s.metrics.decisions("/v1/screen", outcome, n);
     }
-    s.metrics
-        .decisions("/v1/screen", "eligible", eligible - shadowed);
-    s.metrics.decisions(
-        "/v1/screen",
-        "ineligible",
-        out.results.len() as u64 - eligible,
-    );
     Ok(Json(ScreenAnswer {
         reservation: out.reservation,
         results: out

@@ -10,11 +10,12 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ApiError;
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
 use crate::engine::CommitRequest;
+use crate::front::FrontError;
+use crate::front::call::*;
 
 /// `campaign`: one name or a list.
 #[derive(Deserialize, JsonSchema)]
@@ -72,7 +73,7 @@ pub(crate) async fn commit<C: Clock + 'static>(
     headers: HeaderMap,
     uri: Uri,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: CommitBody = optional_body(Ok(bytes.clone()))?;
     if let Some(r) = at_owner(&s, &id, b.user.as_deref(), &headers, &uri, bytes).await {
@@ -108,7 +109,7 @@ pub(crate) async fn release<C: Clock + 'static>(
     headers: HeaderMap,
     uri: Uri,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let body: ReleaseBody = optional_body(Ok(bytes.clone()))?;
     if let Some(r) = at_owner(&s, &id, body.user.as_deref(), &headers, &uri, bytes).await {
@@ -129,7 +130,7 @@ async fn at_owner<C: Clock + 'static>(
     headers: &HeaderMap,
     uri: &Uri,
     bytes: Bytes,
-) -> Option<Result<Response, ApiError>> {
+) -> Option<Result<Response, FrontError>> {
     let owner = s.engine.owner_of_reservation(id, user);
     s.forwarder
         .to_owner(owner, Method::POST, uri.path(), headers, bytes)

@@ -6,11 +6,12 @@ use axum::extract::State;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::ApiError;
 use super::St;
 use super::request::*;
-use super::usage::rfc3339;
 use crate::clock::Clock;
+use crate::front::FrontError;
+use crate::front::call::rfc3339;
+use crate::front::call::*;
 
 #[derive(Serialize, JsonSchema)]
 /// One minute with activity.
@@ -110,7 +111,7 @@ pub(crate) async fn campaigns<C: Clock + 'static>(State(s): St<C>) -> Json<Campa
 pub(crate) async fn timeline<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<TimelineBody>, ApiError> {
+) -> Result<Json<TimelineBody>, FrontError> {
     id_param(&s, "id", &id)?;
     let e = s.engine.clone();
     let t = blocking(move || e.timeline(&id)).await?;

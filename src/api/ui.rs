@@ -6,8 +6,8 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
 use super::request::ApiPath;
+use crate::front::FrontError;
 
 /// The files, by name, with their content type.
 const FILES: &[(&str, &str, &str)] = &[
@@ -54,10 +54,10 @@ pub(crate) async fn index() -> Response {
     file("text/html; charset=utf-8", INDEX)
 }
 
-pub(crate) async fn asset(ApiPath(name): ApiPath<String>) -> Result<Response, ApiError> {
+pub(crate) async fn asset(ApiPath(name): ApiPath<String>) -> Result<Response, FrontError> {
     FILES
         .iter()
         .find(|(n, _, _)| *n == name)
         .map(|(_, t, b)| file(t, b))
-        .ok_or_else(|| ApiError::not_found(format!("no file {name:?} in /ui")))
+        .ok_or_else(|| FrontError::not_found(format!("no file {name:?} in /ui")))
 }

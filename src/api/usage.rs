@@ -9,11 +9,11 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::ApiError;
 use super::St;
 use super::request::*;
-use crate::clock::{Clock, Nanos};
-use crate::model::LimitDef;
+use crate::clock::Clock;
+use crate::front::FrontError;
+use crate::front::call::*;
 
 #[derive(Serialize, JsonSchema)]
 /// A campaign's budget now.
@@ -35,33 +35,10 @@ pub(crate) struct DeliveryBody {
     period_end: String,
 }
 
-pub(crate) fn rfc3339(ns: Nanos) -> String {
-    jiff::Timestamp::from_nanosecond(i128::from(ns))
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
-/// A campaign's budget pacing as its JSON (`"even"` when none is given).
-pub(crate) fn pacing_of<C: Clock>(
-    engine: &crate::engine::Engine<C>,
-    id: &str,
-) -> serde_json::Value {
-    engine
-        .get_campaign(id)
-        .and_then(|c| c.budget)
-        .and_then(|b| match b.0 {
-            LimitDef::Budget(b) => b
-                .pacing
-                .map(|p| serde_json::to_value(p).unwrap_or_default()),
-            _ => None,
-        })
-        .unwrap_or_else(|| "even".into())
-}
-
 pub(crate) async fn delivery<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<DeliveryBody>, ApiError> {
+) -> Result<Json<DeliveryBody>, FrontError> {
     id_param(&s, "id", &id)?;
     let e = s.engine.clone();
     let name = id.clone();
@@ -107,7 +84,7 @@ pub(crate) async fn usage<C: Clock + 'static>(
     ApiPath((user, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
     uri: Uri,
-) -> Result<Response, ApiError> {
+) -> Result<Response, FrontError> {
     id_param(&s, "user", &user)?;
     id_param(&s, "id", &id)?;
     // Owner mode: the owner's figures include the holds only it knows.

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{convert, pb, status};
-use crate::api::request::blocking;
-use crate::api::{ApiError, AppState};
+use super::{convert, pb};
 use crate::clock::Clock;
+use crate::front::call::blocking;
+use crate::front::error::status;
+use crate::front::{AppState, FrontError};
 
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
@@ -25,12 +26,12 @@ impl<C: Clock + 'static> Service<C> {
     /// An id over the length limit is INVALID_ARGUMENT naming it, as HTTP's
     /// path parameters are.
     fn id(&self, field: &str, v: &str) -> Result<(), Status> {
-        crate::api::request::id_param(&self.state, field, v).map_err(status)
+        crate::front::call::id_param(&self.state, field, v).map_err(status)
     }
 }
 
 fn not_found(what: &str, name: &str) -> Status {
-    status(ApiError::not_found(format!("no {what} named {name:?}")))
+    status(FrontError::not_found(format!("no {what} named {name:?}")))
 }
 
 #[tonic::async_trait]
@@ -47,7 +48,7 @@ impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
         let warnings = blocking(move || e.put_policy(&r.name, def))
             .await
             .map_err(status)?;
-        crate::api::request::log_warnings(&warnings);
+        crate::front::call::log_warnings(&warnings);
         Ok(Response::new(convert::policy(&stored)))
     }
 
@@ -88,7 +89,7 @@ impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
         let warnings = blocking(move || e.put_campaign(&r.id, def))
             .await
             .map_err(status)?;
-        crate::api::request::log_warnings(&warnings);
+        crate::front::call::log_warnings(&warnings);
         Ok(Response::new(convert::campaign(&stored)))
     }
 

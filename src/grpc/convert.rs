@@ -5,18 +5,18 @@
 use serde::Deserialize;
 
 use super::pb;
-use crate::api::ApiError;
-use crate::api::request::ms;
 use crate::clock::MAX_REPORTED;
 use crate::engine::{
     CapUsage, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest, Delivery,
     Event, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
+use crate::front::FrontError;
+use crate::front::call::ms;
 use crate::model::LimitDef;
 
 /// Inline limit items, read through the JSON model so that every check
 /// and every error (`limits[0].rate: ...`) is the JSON API's.
-pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, ApiError> {
+pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, FrontError> {
     #[derive(Deserialize)]
     struct Limits {
         limits: Vec<LimitDef>,
@@ -25,12 +25,12 @@ pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, ApiError> {
     definition::<Limits>(serde_json::json!({ "limits": list })).map(|l| l.limits)
 }
 
-pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, ApiError> {
+pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
     let target = match (r.policy, r.limits.is_empty()) {
         (Some(p), true) => CheckTarget::Policy(p),
         (None, false) => CheckTarget::Inline(limits(r.limits)?),
         _ => {
-            return Err(ApiError::invalid(
+            return Err(FrontError::invalid(
                 "policy",
                 "give exactly one of \"policy\" (a name) and \"limits\" (inline items)",
             ));
@@ -182,15 +182,15 @@ pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
         pending: d.pending,
         cap_now: d.cap_now,
         pacing: pacing.to_string(),
-        period_start: crate::api::usage_rfc3339(d.period_start),
-        period_end: crate::api::usage_rfc3339(d.period_end),
+        period_start: crate::front::call::rfc3339(d.period_start),
+        period_end: crate::front::call::rfc3339(d.period_end),
     }
 }
 
 // ---- definitions (the Admin service) ----
 
 /// Flat `Limit`s as a JSON list; `field` names the list in errors.
-fn limit_list(field: &str, items: Vec<pb::Limit>) -> Result<serde_json::Value, ApiError> {
+fn limit_list(field: &str, items: Vec<pb::Limit>) -> Result<serde_json::Value, FrontError> {
     items
         .into_iter()
         .enumerate()
@@ -200,13 +200,13 @@ fn limit_list(field: &str, items: Vec<pb::Limit>) -> Result<serde_json::Value, A
 
 /// A flat `Limit` as its JSON object (an empty `kind` is left out: a
 /// campaign's budget may omit it); `field` names it in errors.
-fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, ApiError> {
+fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError> {
     use serde_json::{Map, Value};
     // JSON has no NaN or infinity: serde_json would turn them into null,
     // which reads as "not given" and would be dropped silently.
     let tolerance = match l.tolerance {
         Some(t) if !t.is_finite() => {
-            return Err(ApiError::invalid(
+            return Err(FrontError::invalid(
                 &format!("{field}.tolerance"),
                 format!("must be a fraction from 0 to 1, got {t}"),
             ));
@@ -277,11 +277,12 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
     }
 }
 
-fn definition<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
-    crate::model::from_json::<T>(&v.to_string()).map_err(|e| ApiError::invalid(&e.field, e.message))
+fn definition<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, FrontError> {
+    crate::model::from_json::<T>(&v.to_string())
+        .map_err(|e| FrontError::invalid(&e.field, e.message))
 }
 
-pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, ApiError> {
+pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, FrontError> {
     let mut m = serde_json::Map::new();
     m.insert("limits".into(), limit_list("limits", p.limits)?);
     if let Some(o) = p.on_limit {
@@ -293,7 +294,7 @@ pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, ApiError> {
     definition(serde_json::Value::Object(m))
 }
 
-pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, ApiError> {
+pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontError> {
     let mut m = serde_json::Map::new();
     if let Some(p) = c.parent {
         m.insert("parent".into(), p.into());

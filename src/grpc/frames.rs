@@ -1,6 +1,6 @@
 //! A gRPC request body handed to tonic one whole message at a time, its
 //! bytes charged to the body memory budget while they gather
-//! (`src/api/body_budget.rs`).
+//! (`src/front/body_budget.rs`).
 //!
 //! Why: tonic reserves a buffer for a message's *declared* length as soon as
 //! it reads the 5-byte prefix (tonic 0.14, codec/decode.rs). 256 streams
@@ -18,7 +18,7 @@ use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
 
-use crate::api::body_budget::{BodyBudget, Charge};
+use crate::front::body_budget::{BodyBudget, Charge};
 
 /// gRPC's message prefix: a compression flag and a 4-byte length.
 const PREFIX: usize = 5;
@@ -111,7 +111,9 @@ impl http_body::Body for Whole {
                     Ok(mut data) => {
                         if let Err(e) = this.charge.add(data.remaining()) {
                             // tonic finds the status in the error's chain.
-                            return Poll::Ready(Some(Err(Box::new(super::status(e)))));
+                            return Poll::Ready(Some(Err(Box::new(crate::front::error::status(
+                                e,
+                            )))));
                         }
                         this.buf
                             .extend_from_slice(&data.copy_to_bytes(data.remaining()));

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{convert, pb, status};
-use crate::api::ApiError;
-use crate::api::AppState;
-use crate::api::guard::InFlight;
-use crate::api::request::{blocking, commit_reservation, count_events, in_memory_or_blocking};
+use super::{convert, pb};
 use crate::clock::Clock;
 use crate::engine::Engine;
+use crate::front::AppState;
+use crate::front::FrontError;
+use crate::front::call::{blocking, commit_reservation, count_events, in_memory_or_blocking};
+use crate::front::error::status;
+use crate::front::outcome::{self, Checked};
+use crate::front::shed::InFlight;
 
 /// RecordEvents counts its events in batches of this many.
 const BATCH: usize = 512;
@@ -47,7 +49,7 @@ impl<C: Clock + 'static> Service<C> {
     /// An id over the length limit is INVALID_ARGUMENT naming it, as HTTP's
     /// path parameters are.
     fn id(&self, field: &str, v: &str) -> Result<(), Status> {
-        crate::api::request::id_param(&self.state, field, v).map_err(status)
+        crate::front::call::id_param(&self.state, field, v).map_err(status)
     }
 
     /// RecordEvents' stream, counted in batches of [`BATCH`] as they
@@ -89,7 +91,7 @@ impl<C: Clock + 'static> Service<C> {
 
     async fn count(&self, events: Vec<crate::engine::Event>) -> Result<pb::EventsCounted, Status> {
         if events.is_empty() {
-            return Err(status(ApiError::invalid(
+            return Err(status(FrontError::invalid(
                 "events",
                 "at least one event is needed",
             )));
@@ -114,12 +116,9 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let out = in_memory_or_blocking(&self.state, r, Engine::check_in_memory, Engine::check)
             .await
             .map_err(status)?;
-        let outcome = match (out.would_deny, out.decision.allowed) {
-            (true, _) => "would_deny",
-            (false, true) => "allowed",
-            (false, false) => "denied",
-        };
-        self.state.metrics.decisions("grpc Check", outcome, 1);
+        self.state
+            .metrics
+            .decisions("grpc Check", Checked::of_check(&out).as_str(), 1);
         Ok(Response::new(convert::decision(&out)))
     }
 
@@ -132,22 +131,9 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let out = in_memory_or_blocking(&self.state, r, Engine::screen_in_memory, Engine::screen)
             .await
             .map_err(status)?;
-        let eligible = out.results.iter().filter(|r| r.eligible).count() as u64;
-        let shadowed = out
-            .results
-            .iter()
-            .filter(|r| r.would_deny.is_some())
-            .count() as u64;
-        let m = &self.state.metrics;
-        if shadowed > 0 {
-            m.decisions("grpc Screen", "would_deny", shadowed);
+        for (outcome, n) in outcome::screened(&out.results) {
+            self.state.metrics.decisions("grpc Screen", outcome, n);
         }
-        m.decisions("grpc Screen", "eligible", eligible - shadowed);
-        m.decisions(
-            "grpc Screen",
-            "ineligible",
-            out.results.len() as u64 - eligible,
-        );
         Ok(Response::new(convert::screened(out)))
     }
 
@@ -218,7 +204,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
             return Err(e);
         }
         if counted + duplicates == 0 {
-            return Err(status(ApiError::invalid(
+            return Err(status(FrontError::invalid(
                 "events",
                 "at least one event is needed",
             )));
@@ -252,7 +238,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let e = self.state.engine.clone();
         let name = r.campaign.clone();
         let d = blocking(move || e.delivery(&name)).await.map_err(status)?;
-        let pacing = crate::api::pacing_of(&self.state.engine, &r.campaign);
+        let pacing = crate::front::call::pacing_of(&self.state.engine, &r.campaign);
         Ok(Response::new(convert::delivery(d, pacing)))
     }
 }

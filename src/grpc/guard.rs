@@ -1,6 +1,6 @@
 //! What every gRPC call passes before tonic decodes its message, as HTTP's
 //! `src/api/guard.rs`: the connection's probe-only mark, the token (the one
-//! access rule of every front, `api::guard::authorized`), shedding on
+//! access rule of every front, `front::access::authorized`), shedding on
 //! queueing delay, the call's deadline, and the body handed to tonic whole
 //! messages at a time under the body memory budget ([`super::frames`]).
 //!
@@ -16,9 +16,10 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::api::guard::{Access, authorized};
-use crate::api::{ApiError, AppState};
 use crate::clock::Clock;
+use crate::front::access::{Access, authorized};
+use crate::front::shed;
+use crate::front::{AppState, FrontError};
 use crate::server::Conn;
 
 /// The access a call needs, from its path (`/package.Service/Method`).
@@ -47,29 +48,26 @@ pub async fn guard<C: Clock + 'static>(
     let access = access(req.uri().path());
     let conn = req.extensions().get::<Conn>().cloned();
     if access != Access::Public {
-        if conn.as_ref().is_some_and(Conn::probe_only) {
-            s.metrics.overloaded("connections");
-            return refuse(ApiError::overloaded("too many connections; retry shortly"));
-        }
-        if !authorized(&s.options, access, req.headers()) {
-            return refuse(ApiError::unauthenticated());
-        }
-        // As HTTP's: a call that waited past the bound to be run is shed
-        // before its message is read.
+        // As HTTP's ([`shed`]): a probe-only connection, the token, then a
+        // call that waited past the bound to be run, before its message is
+        // read.
         if let Some(c) = &conn {
             s.metrics.queue_delay(c.queue_delay().as_secs_f64());
-            if c.queue_delay() > s.options.shed_queue_delay {
-                s.metrics.overloaded("queue_delay");
-                return refuse(ApiError::overloaded(
-                    "the server is saturated; retry shortly",
-                ));
-            }
+        }
+        if let Err(e) = shed::probe_only(&s.metrics, conn.as_ref()) {
+            return refuse(e);
+        }
+        if !authorized(&s.options, access, req.headers()) {
+            return refuse(FrontError::unauthenticated());
+        }
+        if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref()) {
+            return refuse(e);
         }
     }
     // The head is held while the call runs: charged with its messages.
     let mut head = s.body_budget.charge();
     if access != Access::Public
-        && let Err(e) = head.add(crate::api::guard::head_bytes(req.headers()))
+        && let Err(e) = head.add(crate::front::body_budget::head_bytes(req.headers()))
     {
         return refuse(e);
     }
@@ -88,12 +86,14 @@ pub async fn guard<C: Clock + 'static>(
     // a client trickling a message holds a stream no longer than that.
     match tokio::time::timeout(s.options.body_timeout, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => refuse(ApiError::request_timeout(s.options.body_timeout)),
+        Err(_) => refuse(FrontError::request_timeout(s.options.body_timeout)),
     }
 }
 
-fn refuse(e: ApiError) -> Response {
-    super::status(e).into_http::<Body>().into_response()
+fn refuse(e: FrontError) -> Response {
+    crate::front::error::status(e)
+        .into_http::<Body>()
+        .into_response()
 }
 
 #[cfg(test)]

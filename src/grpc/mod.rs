@@ -23,10 +23,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::Status;
 
-use crate::api::{ApiError, AppState};
 use crate::clock::Clock;
+use crate::front::AppState;
 use crate::server::ConnLimits;
 
 /// The messages and services generated from `schemas/freqcap/v1/freqcap.proto`.
@@ -37,36 +36,6 @@ pub mod pb {
     /// The compiled schemas, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/freqcap_descriptor.bin"));
-}
-
-/// An API error as a gRPC status (docs/grpc.md, "Status codes"): the API's
-/// code leads the message, so clients see the same words as over HTTP.
-pub fn status(e: ApiError) -> Status {
-    use tonic::Code;
-    let code = match e.code {
-        "invalid_argument" => Code::InvalidArgument,
-        "not_found" => Code::NotFound,
-        "conflict" => Code::Aborted,
-        "unauthenticated" => Code::Unauthenticated,
-        "forbidden" => Code::PermissionDenied,
-        "too_large" => Code::ResourceExhausted,
-        "overloaded" | "unavailable" => Code::Unavailable,
-        "request_timeout" => Code::DeadlineExceeded,
-        _ => Code::Internal,
-    };
-    let mut s = Status::new(
-        code,
-        format!("{}: {}", e.code, crate::api::error::bounded(&e.message)),
-    );
-    if code == Code::Unavailable {
-        // gRPC's retry pushback: try again in a second, as HTTP's
-        // `Retry-After: 1`.
-        s.metadata_mut().insert(
-            "grpc-retry-pushback-ms",
-            tonic::metadata::MetadataValue::from_static("1000"),
-        );
-    }
-    s
 }
 
 /// Serves gRPC on `listener` until `shutdown` resolves, then drains, with

@@ -36,8 +36,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::api::AppState;
 use crate::clock::Clock;
+use crate::front::AppState;
 use crate::server::Conn;
 use cmd::connection::Tokens;
 use cmd::introspect::InfoFigures;

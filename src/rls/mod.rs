@@ -18,7 +18,7 @@ pub mod service;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use crate::api::metrics::RlsCounters;
+use crate::front::metrics::RlsCounters;
 use config::{ConfigError, Rules};
 
 /// The messages and service generated from the vendored subset of Envoy's

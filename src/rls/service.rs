@@ -17,14 +17,14 @@ use super::pb::{
     rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit},
 };
 use super::{RulesHandle, matching};
-use crate::api::guard::InFlight;
-use crate::api::headers::{sf_int, sf_string, window_ns};
-use crate::api::request::in_memory_or_blocking;
-use crate::api::{ApiError, AppState};
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
 use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
-use crate::grpc::status;
+use crate::front::call::in_memory_or_blocking;
+use crate::front::error::status;
+use crate::front::ratelimit_fields::{sf_int, sf_string, window_ns};
+use crate::front::shed::InFlight;
+use crate::front::{AppState, FrontError};
 use crate::limits::stack::Decision;
 
 /// The largest cost (docs/semantics.md §1.3).
@@ -75,7 +75,7 @@ enum Outcome {
 
 impl<C: Clock + 'static> Service<C> {
     fn invalid(field: impl AsRef<str>, message: impl std::fmt::Display) -> Status {
-        status(ApiError::invalid(field.as_ref(), message))
+        status(FrontError::invalid(field.as_ref(), message))
     }
 
     /// A `limit` override of the request, as a rule.
@@ -114,7 +114,7 @@ impl<C: Clock + 'static> Service<C> {
                 Some(l) => l,
                 None => {
                     let l = plain_window(o.requests_per_unit, unit)
-                        .map_err(|e| status(ApiError::from(e)))?;
+                        .map_err(|e| status(FrontError::from(e)))?;
                     let mut m = self
                         .overrides
                         .lock()

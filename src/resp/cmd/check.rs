@@ -1,9 +1,9 @@
 //! `FC.CHECK policy key [cost]`: a decision against a named policy, answered
 //! with the same figures as `POST /v1/check`'s body (docs/resp.md).
 
-use crate::api::request::ms;
 use crate::clock::MAX_REPORTED;
 use crate::engine::{CheckOutcome, CheckRequest, CheckTarget};
+use crate::front::call::ms;
 
 use super::super::frame::Reply;
 

@@ -107,7 +107,7 @@ impl Tokens {
         [&self.decision, &self.admin]
             .into_iter()
             .flatten()
-            .any(|t| crate::api::guard::token_matches(password, t))
+            .any(|t| crate::front::access::token_matches(password, t))
     }
 }
 

@@ -10,9 +10,11 @@ pub mod connection;
 pub mod introspect;
 pub mod throttle;
 
-use crate::api::ApiError;
 use crate::clock::Clock;
 use crate::engine::{CheckRequest, Engine, ThrottleRequest, Throttled};
+use crate::front::FrontError;
+use crate::front::outcome::Checked;
+use crate::front::shed::{self, InFlight};
 use crate::server::Conn;
 use prometheus_client::metrics::counter::Counter;
 
@@ -144,8 +146,8 @@ fn unknown(name: &[u8], args: &[&[u8]]) -> Reply {
 
 /// An engine error in Redis's form: the API's error code, upper-cased, as
 /// the error's first word (`INVALID_ARGUMENT key: ...`, `OVERLOADED ...`).
-fn api_error(e: &ApiError) -> Reply {
-    Reply::error(format!("{} {}", e.code.to_ascii_uppercase(), e.message))
+fn api_error(e: &FrontError) -> Reply {
+    Reply::error(format!("{} {}", e.code.resp_word(), e.message))
 }
 
 /// Answers one command. `args` holds the name first.
@@ -177,23 +179,18 @@ enum Endpoint {
 }
 
 /// Handles on the front's metric series, made once (see
-/// [`crate::api::Metrics::resp_command_counter`]).
+/// [`crate::front::Metrics::resp_command_counter`]).
 pub struct Counters {
     /// Per command of [`COMMANDS`] then `other`: [error, ok].
     commands: Vec<[Counter; 2]>,
-    /// Per [`Endpoint`]: [denied, allowed].
-    decisions: [[Counter; 2]; 2],
+    /// Per [`Endpoint`], per outcome of [`Checked::ALL`].
+    decisions: [[Counter; 4]; 2],
 }
 
 impl Counters {
-    pub fn new(m: &crate::api::Metrics) -> Counters {
+    pub fn new(m: &crate::front::Metrics) -> Counters {
         let names = COMMANDS.iter().map(|c| c.name).chain(["other"]);
-        let decided = |endpoint| {
-            [
-                m.decisions_counter(endpoint, "denied"),
-                m.decisions_counter(endpoint, "allowed"),
-            ]
-        };
+        let decided = |endpoint| Checked::ALL.map(|c| m.decisions_counter(endpoint, c.as_str()));
         Counters {
             commands: names
                 .map(|n| {
@@ -276,18 +273,13 @@ async fn dispatch<C: Clock + 'static>(
 fn admit<'f, C: Clock + 'static>(
     front: &'f Front<C>,
     conn: Option<&Conn>,
-) -> Result<crate::api::guard::InFlight<'f>, ApiError> {
+) -> Result<InFlight<'f>, FrontError> {
     let st = &front.state;
     if let Some(c) = conn {
         st.metrics.queue_delay(c.queue_delay().as_secs_f64());
-        if c.queue_delay() > st.options.shed_queue_delay {
-            st.metrics.overloaded("queue_delay");
-            return Err(ApiError::overloaded(
-                "the server is saturated; retry shortly",
-            ));
-        }
     }
-    crate::api::guard::InFlight::try_enter(&st.metrics, st.options.max_in_flight)
+    shed::waited_too_long(&st.options, &st.metrics, conn)?;
+    InFlight::try_enter(&st.metrics, st.options.max_in_flight)
 }
 
 /// Decides a check: shed ([`admit`]), then on the executor if every record
@@ -297,13 +289,13 @@ async fn decide<C: Clock + 'static>(
     conn: Option<&Conn>,
     req: CheckRequest,
     endpoint: Endpoint,
-) -> Result<crate::engine::CheckOutcome, ApiError> {
+) -> Result<crate::engine::CheckOutcome, FrontError> {
     let _slot = admit(front, conn)?;
     let st = &front.state;
     let out =
-        crate::api::request::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
+        crate::front::call::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
             .await?;
-    front.counters.decisions[endpoint as usize][usize::from(out.decision.allowed)].inc();
+    front.counters.decisions[endpoint as usize][Checked::of_check(&out).index()].inc();
     Ok(out)
 }
 
@@ -313,7 +305,7 @@ async fn decide_throttle<C: Clock + 'static>(
     front: &Front<C>,
     conn: Option<&Conn>,
     req: ThrottleRequest<'_>,
-) -> Result<Throttled, ApiError> {
+) -> Result<Throttled, FrontError> {
     let _slot = admit(front, conn)?;
     let engine = &front.state.engine;
     let out = match engine.throttle_in_memory(&req) {
@@ -321,7 +313,7 @@ async fn decide_throttle<C: Clock + 'static>(
         None => {
             let (e, key, rate, quantity) =
                 (engine.clone(), req.key.to_vec(), req.rate, req.quantity);
-            crate::api::request::blocking(move || {
+            crate::front::call::blocking(move || {
                 e.throttle(&ThrottleRequest {
                     key: &key,
                     rate,
@@ -332,7 +324,8 @@ async fn decide_throttle<C: Clock + 'static>(
         }
     };
     if let Ok(o) = &out {
-        front.counters.decisions[Endpoint::Throttle as usize][usize::from(!o.answer.limited)].inc();
+        let c = Checked::of_throttle(o.answer.limited, o.would_deny);
+        front.counters.decisions[Endpoint::Throttle as usize][c.index()].inc();
     }
     Ok(out)
 }

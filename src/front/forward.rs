@@ -17,7 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::ApiError;
+use super::FrontError;
 use crate::cluster::owners::Owner;
 
 /// Marks a request one node forwarded to another (its value: the sender).
@@ -73,7 +73,7 @@ impl Forwarder {
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Option<Result<Response, ApiError>> {
+    ) -> Option<Result<Response, FrontError>> {
         let Some(Owner::Other { node, addr }) = owner else {
             return None;
         };
@@ -91,9 +91,9 @@ impl Forwarder {
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<Response, ApiError> {
+    ) -> Result<Response, FrontError> {
         let gone = |why: String| {
-            ApiError::unavailable(format!(
+            FrontError::unavailable(format!(
                 "this user's owner, node {node} ({addr}), cannot be reached: {why}; retry"
             ))
         };
@@ -116,7 +116,7 @@ impl Forwarder {
         }
         let req = req
             .body(Full::new(body))
-            .map_err(|e| ApiError::internal(format_args!("forwarded request: {e}")))?;
+            .map_err(|e| FrontError::internal(format_args!("forwarded request: {e}")))?;
         let answer = tokio::time::timeout(TIMEOUT, async {
             let res = self
                 .client
@@ -129,7 +129,7 @@ impl Forwarder {
                 .await
                 .map_err(|e| gone(format!("its answer could not be read: {e}")))?
                 .to_bytes();
-            Ok::<_, ApiError>((parts, bytes))
+            Ok::<_, FrontError>((parts, bytes))
         })
         .await
         .map_err(|_| gone(format!("no answer in {} s", TIMEOUT.as_secs())))??;
