@@ -300,8 +300,11 @@ const COALESCE_MAX: usize = 8 * 1024;
 /// fields (~280 bytes) went out in two calls, and cost its client two
 /// wake-ups (strace over a run: 29 383 `writev` for 14 995 `recvfrom`).
 /// Reported unvectored ([`Tracked::is_write_vectored`]), h2 copies payloads
-/// of up to 1 KiB into its buffer: one `sendto` per answer, and +21 % (hot
-/// key) to +27 % (1 M keys) ShouldRateLimit throughput. Past 1 KiB (a
+/// of up to 1 KiB into its buffer: one `sendto` per answer. Throughput moved
+/// within the noise on a quiet machine (ShouldRateLimit 0.99× on a hot key,
+/// 1.10× on 1 M keys, Screen + Commit 1.11×, two alternating runs each) and
+/// +21 % to +27 % ShouldRateLimit while a build shared the machine, where a
+/// system call and a wake-up cost more. Past 1 KiB (a
 /// 50-candidate Screen answer is ~1.6 KiB) h2 writes its buffer, then the
 /// payload, then the trailers at its next flush; gathered here, the first
 /// two are one call. HTTP/1 is left alone: hyper writes a response in one
