@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
-
-use crate::front::ConnCounters;
 
 /// Limits on connections (`docs/service.md`, "Connections").
 #[derive(Debug, Clone)]
@@ -272,6 +272,19 @@ impl<F: Future> Future for Measured<F> {
             .as_mut()
             .poll(&mut Context::from_waker(&this.waker))
     }
+}
+
+/// Figures of a listener, registered in the metrics (`src/front/metrics.rs`):
+/// clones count into the same series. The listener owns them, so it needs
+/// nothing of the layers above it.
+#[derive(Debug, Clone, Default)]
+pub struct ConnCounters {
+    /// Connections open now.
+    pub open: Gauge,
+    /// Connections closed at accept: over `max_connections` and the probe reserve.
+    pub refused: Counter,
+    /// Connections closed for being idle, or slow to send a request head.
+    pub timed_out: Counter,
 }
 
 /// The socket, noting when a request head starts arriving on an idle

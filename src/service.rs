@@ -11,7 +11,8 @@ use serde::Deserialize;
 use crate::api;
 use crate::clock::SystemClock;
 use crate::engine::{Engine, EngineOptions};
-use crate::front::{ConnCounters, FrontOptions};
+use crate::front::FrontOptions;
+use crate::server::ConnCounters;
 use crate::server::{self, ConnLimits};
 use crate::store::{Durability, MemoryStore, RocksOptions, RocksStore, Store};
 

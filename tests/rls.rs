@@ -241,11 +241,18 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
     }
     assert_eq!(refused, 1.0);
     assert_eq!(limit_of(&ask(&mut c).await), Some(7));
-    let log = support::log_text(&n.s.log);
-    assert!(
-        log.contains("bad.yaml: descriptors[0].rate_limit.unit: unknown unit \"fortnight\""),
-        "{log}"
-    );
+    // The reload counts its outcome before it logs it, and the log is read
+    // from the child's stderr by another thread: wait for the line.
+    let want = "bad.yaml: descriptors[0].rate_limit.unit: unknown unit \"fortnight\"";
+    let mut log = support::log_text(&n.s.log);
+    for _ in 0..100 {
+        if log.contains(want) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        log = support::log_text(&n.s.log);
+    }
+    assert!(log.contains(want), "{log}");
     assert_eq!(
         support::metric(&n.s.addr, "freqcap_rls_rules").unwrap_or(0.0),
         1.0

@@ -29,13 +29,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Cmd, RedisError, RedisResult, Value};
 
 use crate::clock::Nanos;
+use crate::store::shared::{CallStats, LATENCY_BOUNDS_US};
 use crate::store::{
     Batch, Cas, DefsWrite, Durability, KeyValues, LeaseGrant, LeaseRequest, LineGrant, LineRequest,
     Membership, MinuteCounts, Op, Owned, PlanRequest, Receipt, Shared, SlotsRequest, Space, Store,
@@ -159,27 +160,6 @@ impl Conn {
     }
 }
 
-/// Figures for metrics.
-#[derive(Debug, Default)]
-pub struct RedisStats {
-    pub calls: AtomicU64,
-    /// Calls that failed (connection, cluster down, a script error).
-    pub errors: AtomicU64,
-    /// Calls past their deadline.
-    pub timeouts: AtomicU64,
-    /// Sum of call latencies, µs (with `calls`, the mean).
-    pub latency_us: AtomicU64,
-    /// Calls by latency: ≤ 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100 ms, more.
-    pub latency_buckets: [AtomicU64; 10],
-    /// Writes a replica did not confirm in time (`replicated`, `fsync`).
-    pub unreplicated: AtomicU64,
-}
-
-/// Upper bounds of [`RedisStats::latency_buckets`], µs.
-pub const LATENCY_BOUNDS_US: [u64; 9] = [
-    250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000,
-];
-
 /// See the module documentation.
 pub struct RedisStore {
     /// The client's own runtime: the engine calls from blocking threads
@@ -190,7 +170,7 @@ pub struct RedisStore {
     handle: tokio::runtime::Handle,
     conn: Conn,
     options: RedisOptions,
-    pub stats: RedisStats,
+    pub stats: CallStats,
     /// Whether the seeds are a cluster (else one Redis).
     pub clustered: bool,
     /// Redis's time as this node measures it: the time it decides at.
@@ -245,7 +225,7 @@ impl RedisStore {
                         rt: None,
                         conn,
                         options: options.clone(),
-                        stats: RedisStats::default(),
+                        stats: CallStats::default(),
                         clustered,
                         clock: Arc::default(),
                     };
@@ -1301,7 +1281,7 @@ impl Store for RedisStore {
         Some(self)
     }
 
-    fn redis_stats(&self) -> Option<&RedisStats> {
+    fn redis_stats(&self) -> Option<&CallStats> {
         Some(&self.stats)
     }
 }

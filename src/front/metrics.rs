@@ -13,6 +13,7 @@
 
 use std::fmt;
 
+use crate::server::ConnCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -63,18 +64,6 @@ struct CommandLabels {
 struct DecisionLabels {
     endpoint: &'static str,
     outcome: &'static str,
-}
-
-/// Figures of the listener (`src/server.rs`), shared between it and the
-/// registry: clones count into the same series.
-#[derive(Debug, Clone, Default)]
-pub struct ConnCounters {
-    /// Connections open now.
-    pub open: Gauge,
-    /// Connections closed at accept: over `max_connections` and the probe reserve.
-    pub refused: Counter,
-    /// Connections closed for being idle, or slow to send a request head.
-    pub timed_out: Counter,
 }
 
 /// RESP connections the server closed for what they sent (`src/resp/`),
@@ -209,7 +198,7 @@ pub struct RedisFigures {
     /// (src/cluster/time.rs): the shift its decisions use.
     pub clock_offset_ns: i64,
     pub latency_sum_us: u64,
-    /// Calls per latency bucket ([`crate::cluster::LATENCY_BOUNDS_US`], then
+    /// Calls per latency bucket ([`crate::store::shared::LATENCY_BOUNDS_US`], then
     /// the rest), not cumulative.
     pub buckets: [u64; 10],
 }
@@ -572,7 +561,7 @@ impl Collector for EngineFigures {
             .enumerate()
             .map(|(i, n)| {
                 cumulative += n;
-                let le = crate::cluster::LATENCY_BOUNDS_US
+                let le = crate::store::shared::LATENCY_BOUNDS_US
                     .get(i)
                     .map_or(f64::INFINITY, |us| *us as f64 / 1e6);
                 (le, cumulative)

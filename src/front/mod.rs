@@ -31,10 +31,11 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::engine::Engine;
+use crate::server::ConnCounters;
 
 pub use access::Access;
 pub use error::{Code, FrontError};
-pub use metrics::{ConnCounters, Metrics};
+pub use metrics::Metrics;
 
 /// The time a request may take to send its body.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);

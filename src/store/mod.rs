@@ -446,7 +446,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A Redis store's call figures, for metrics.
-    fn redis_stats(&self) -> Option<&crate::cluster::RedisStats> {
+    fn redis_stats(&self) -> Option<&shared::CallStats> {
         None
     }
 }

@@ -16,6 +16,29 @@ use std::sync::{Mutex, PoisonError};
 use super::{Batch, KeyValues, MemoryStore, Receipt, Space, Store, StoreError, StoreStats};
 use crate::clock::Nanos;
 
+/// A shared store's calls, for metrics (`freqcap_redis_*`): kept here, by
+/// the store seam, so that neither the generic store nor the metrics need
+/// the Redis module.
+#[derive(Debug, Default)]
+pub struct CallStats {
+    pub calls: AtomicU64,
+    /// Calls that failed (connection, cluster down, a script error).
+    pub errors: AtomicU64,
+    /// Calls past their deadline.
+    pub timeouts: AtomicU64,
+    /// Sum of call latencies, µs (with `calls`, the mean).
+    pub latency_us: AtomicU64,
+    /// Calls by latency: ≤ 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100 ms, more.
+    pub latency_buckets: [AtomicU64; 10],
+    /// Writes a replica did not confirm in time (`replicated`, `fsync`).
+    pub unreplicated: AtomicU64,
+}
+
+/// Upper bounds of [`CallStats::latency_buckets`], µs.
+pub const LATENCY_BOUNDS_US: [u64; 9] = [
+    250, 500, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000,
+];
+
 /// The answer to a compare-and-set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cas {
