@@ -5,7 +5,10 @@
 //! - [`clock`]: time as the engine sees it (injected, never backwards).
 //! - [`limits`]: the algorithms, pure state machines: where a limit is decided.
 //! - [`model`]: definitions as users write them, validated and compiled.
+//! - [`front`]: what every front shares: state, the one error, tokens,
+//!   shedding, engine calls, decision labels.
 //! - [`api`]: where HTTP enters: the axum router and its bodies.
+//! - [`rls`]: where Envoy's rate limit service enters (on the gRPC listener).
 //! - [`resp`]: where the Redis protocol enters: `CL.THROTTLE`, `FC.CHECK`.
 //! - [`grpc`]: where gRPC enters: `freqcap.v1.Freqcap`, health, reflection.
 //! - `client` (feature `client`): a Rust client of the HTTP API that retries
@@ -19,6 +22,12 @@
 //! - [`simulate`]: `freqcap simulate`: pacing on a virtual day, with a report.
 //! - [`keyed`]: a concurrent, memory-bounded map from key to limit state, and the
 //!   [`KeyedLimiter`] built on it.
+
+/// The largest integer freqcap takes or reports: 2^53 − 1, the largest a
+/// JSON reader holding numbers as doubles represents exactly. Costs, limits
+/// and counts in definitions, and every figure an answer reports, are at
+/// most this (docs/semantics.md §1.3), and the JSON Schemas say so.
+pub const MAX_EXACT: u64 = (1 << 53) - 1;
 
 pub mod api;
 #[cfg(feature = "client")]

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::St;
 use super::request::*;
-use crate::clock::{Clock, MAX_REPORTED};
+use crate::MAX_EXACT;
+use crate::clock::Clock;
 use crate::engine::{CheckRequest, CheckTarget, Engine};
 use crate::front::FrontError;
 use crate::front::call::*;
@@ -34,7 +35,7 @@ pub(crate) struct CheckBody {
     key: String,
     /// Units to debit, 0 ≤ cost < 2^53; 0 peeks (always allowed, debits nothing).
     #[serde(default = "one")]
-    #[schemars(range(max = 9007199254740991u64))]
+    #[schemars(range(max = crate::MAX_EXACT))]
     cost: u64,
     /// Hold the debit as pending until commit, release or the deadline.
     #[serde(default)]
@@ -130,7 +131,7 @@ pub(crate) async fn check<C: Clock + 'static>(
             name: out.stack.name(i),
             kind: out.stack.items()[i].kind().as_str(),
             limit: f.limit,
-            remaining: f.remaining.min(MAX_REPORTED),
+            remaining: f.remaining.min(MAX_EXACT),
             reset_after_ms: ms(f.reset_after),
             retry_after_ms: f.retry_after.map(ms),
             allowed: f.allowed,
@@ -144,7 +145,7 @@ pub(crate) async fn check<C: Clock + 'static>(
         } else {
             d.retry_after.map(ms)
         },
-        remaining: d.remaining.min(MAX_REPORTED),
+        remaining: d.remaining.min(MAX_EXACT),
         reset_after_ms: ms(d.reset_after),
         reservation: out.reservation.clone(),
         would_deny: out.would_deny,

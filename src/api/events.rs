@@ -27,7 +27,7 @@ pub(crate) struct EventBody {
     campaign: String,
     /// Budget units (default 1).
     #[serde(default = "one")]
-    #[schemars(range(max = 9007199254740991u64))]
+    #[schemars(range(max = crate::MAX_EXACT))]
     cost: u64,
     /// Counted once within the dedupe horizon (default 24 h).
     #[serde(default)]

@@ -25,7 +25,7 @@ pub(crate) struct CandidateBody {
     campaign: String,
     /// Budget units this impression would cost (default 1); caps count 1.
     #[serde(default)]
-    #[schemars(range(max = 9007199254740991u64))]
+    #[schemars(range(max = crate::MAX_EXACT))]
     cost: Option<u64>,
 }
 

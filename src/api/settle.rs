@@ -36,7 +36,7 @@ pub(crate) struct CommitBody {
     /// The final cost (e.g. the clearing price): lower returns the difference,
     /// higher is charged anyway.
     #[serde(default)]
-    #[schemars(range(max = 9007199254740991u64))]
+    #[schemars(range(max = crate::MAX_EXACT))]
     cost: Option<u64>,
     /// Makes a late commit idempotent within the dedupe horizon.
     #[serde(default)]

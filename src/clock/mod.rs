@@ -7,6 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::MAX_EXACT;
+
 /// Nanoseconds since the Unix epoch. `u64` reaches the year 2554, and every limit
 /// computes with it exactly.
 pub type Nanos = u64;
@@ -209,19 +211,15 @@ pub type Span = u128;
 /// `*_ms` figure is (docs/semantics.md §1.5), saturating at 2^53 − 1 so it stays exact in JSON.
 pub fn ceil_ms(ns: impl Into<Span>) -> u64 {
     let ms = ns.into().div_ceil(Span::from(MS));
-    u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_REPORTED)
+    u64::try_from(ms).unwrap_or(u64::MAX).min(MAX_EXACT)
 }
 
 /// Converts nanoseconds to whole seconds, rounding up (for `Retry-After` and the
 /// `RateLimit` header fields), saturating as [`ceil_ms`] does.
 pub fn ceil_secs(ns: impl Into<Span>) -> u64 {
     let s = ns.into().div_ceil(Span::from(SECOND));
-    u64::try_from(s).unwrap_or(u64::MAX).min(MAX_REPORTED)
+    u64::try_from(s).unwrap_or(u64::MAX).min(MAX_EXACT)
 }
-
-/// The largest figure freqcap reports: 2^53 − 1, the largest integer a JSON reader
-/// holding numbers as doubles represents exactly.
-pub const MAX_REPORTED: u64 = (1 << 53) - 1;
 
 #[cfg(test)]
 mod tests {
@@ -277,12 +275,12 @@ mod tests {
         assert_eq!(ceil_secs(1u64), 1);
         assert_eq!(ceil_ms(u64::MAX), 18_446_744_073_710);
         // Past 64 bits of ns, exact up to 2^53 − 1 ms, then saturated.
-        let max = Span::from(MAX_REPORTED);
-        assert_eq!(ceil_ms(max * Span::from(MS)), MAX_REPORTED);
-        assert_eq!(ceil_ms((max - 1) * Span::from(MS) + 1), MAX_REPORTED);
-        assert_eq!(ceil_ms((max - 1) * Span::from(MS)), MAX_REPORTED - 1);
-        assert_eq!(ceil_ms(max * Span::from(MS) + 1), MAX_REPORTED);
-        assert_eq!(ceil_ms(Span::MAX), MAX_REPORTED);
-        assert_eq!(ceil_secs(Span::MAX), MAX_REPORTED);
+        let max = Span::from(MAX_EXACT);
+        assert_eq!(ceil_ms(max * Span::from(MS)), MAX_EXACT);
+        assert_eq!(ceil_ms((max - 1) * Span::from(MS) + 1), MAX_EXACT);
+        assert_eq!(ceil_ms((max - 1) * Span::from(MS)), MAX_EXACT - 1);
+        assert_eq!(ceil_ms(max * Span::from(MS) + 1), MAX_EXACT);
+        assert_eq!(ceil_ms(Span::MAX), MAX_EXACT);
+        assert_eq!(ceil_secs(Span::MAX), MAX_EXACT);
     }
 }

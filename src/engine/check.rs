@@ -8,21 +8,19 @@ use smallvec::SmallVec;
 use crate::clock::Clock;
 use crate::limits::stack::{Pending, Stack};
 use crate::limits::{Hold, ItemState};
-use crate::model::LimitDef;
-use crate::model::limit::compile_stack;
 
 use super::chain::Defs;
+use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::PendingEntry;
-use super::registry::stack_tags;
 use super::request::{
-    CheckOutcome, CheckRequest, CheckTarget, CompiledInline, body_hash, check_cost,
-    check_reservation_id, check_ttl,
+    CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id,
+    check_ttl, compile_inline,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
-use super::shared::{Held, HeldKind, SeenHere, seen_in_record};
-use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
+use super::shared::{SeenHere, seen_in_record};
+use super::{Conflict, Engine, EngineError, ReservationKind};
 
 /// What a check is decided by: the stack, whose counters they are, and
 /// their tags.
@@ -310,26 +308,4 @@ impl<C: Clock> Engine<C> {
             }),
         }
     }
-}
-
-/// Compiles inline limit items once, for [`CheckTarget::Compiled`]; the
-/// errors name `limits[i]` as a check's would.
-pub fn compile_inline(limits: &[LimitDef]) -> Result<Arc<CompiledInline>, EngineError> {
-    compile_limits_at("limits", limits)
-}
-
-/// [`compile_inline`] for limits written at `path` (an Envoy rule's
-/// `descriptors[0].limits`): errors name `path[i]`.
-pub fn compile_limits_at(
-    path: &str,
-    limits: &[LimitDef],
-) -> Result<Arc<CompiledInline>, EngineError> {
-    if limits.is_empty() {
-        return Err(invalid(path, "at least one limit is needed"));
-    }
-    let c = compile_stack(path, limits, None, None)?;
-    Ok(Arc::new(CompiledInline {
-        stack: Arc::new(c.stack),
-        tags: stack_tags(limits),
-    }))
 }

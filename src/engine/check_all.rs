@@ -21,11 +21,11 @@ use crate::limits::stack::Decision;
 use crate::limits::{Hold, ItemState};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
+use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::PendingEntry;
 use super::request::{CompiledInline, check_cost};
-use super::shared::{Held, HeldKind};
 use super::{Engine, EngineError, invalid};
 
 /// Hash namespace of the keys this operation decides.

@@ -14,10 +14,11 @@ use crate::store::{Op, Space, Store, StoreError, codec};
 
 use super::hot::RecordKey;
 use super::leases::leasable;
+use super::minutes::Timeline;
 use super::record::{SubjectRecord, tag};
 use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry, stack_tags};
 use super::request::check_def_name;
-use super::timeline::{Timeline, timeline_key};
+use super::timeline::timeline_key;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 
 /// A definition as stored: its id and what the user wrote.

@@ -11,12 +11,12 @@ use crate::model::Scope;
 use crate::store::{Op, Receipt, Space, codec};
 
 use super::chain::{Defs, Locking, guard_of, lock_chain, units};
+use super::holds::SettledId;
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
 use super::registry::{CampaignEntry, Registry};
 use super::request::{Event, check_cost};
-use super::shared::SettledId;
 use super::{Engine, EngineError};
 
 /// Event ids claimed whose write may not be on disk yet. The ids seen

@@ -46,8 +46,10 @@ mod events;
 mod figures;
 mod file_definitions;
 mod gate;
+mod holds;
 mod hot;
 mod leases;
+mod minutes;
 mod persist;
 pub(crate) mod record;
 pub(crate) mod registry;
@@ -74,18 +76,19 @@ use record::SubjectRecord;
 use registry::Registry;
 use reservations::Reservations;
 
-pub use check::{compile_inline, compile_limits_at};
 pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
 pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};
 pub use file_definitions::{FileDef, FileDefinitions, Replaced, WRITER_TTL_MS};
+pub use minutes::{Bucket, PerUser};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
+pub use request::{compile_inline, compile_limits_at};
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};
 pub use throttle::{ThrottleOutcome, ThrottleRequest, Throttled};
-pub use timeline::{Bucket, CampaignTimeline, Minute, PerUser};
+pub use timeline::{CampaignTimeline, Minute};
 pub use usage::{CapUsage, Delivery};
 
 /// Sizing and limits of an [`Engine`].

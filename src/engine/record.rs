@@ -144,7 +144,7 @@ pub struct PendingSet {
     /// With a shared store only: the reservations these debits belong to
     /// and the ids settled here, which other nodes must see
     /// (`super::shared`).
-    pub(crate) shared: Option<Box<super::shared::SharedMeta>>,
+    pub(crate) shared: Option<Box<super::holds::SharedMeta>>,
 }
 
 impl PendingSet {
@@ -430,12 +430,12 @@ impl SubjectRecord {
     }
 
     /// The shared-store metadata of this record (`super::shared`), if any.
-    pub(crate) fn shared_meta(&self) -> Option<&super::shared::SharedMeta> {
+    pub(crate) fn shared_meta(&self) -> Option<&super::holds::SharedMeta> {
         self.pending.as_ref().and_then(|p| p.shared.as_deref())
     }
 
     /// The shared-store metadata, made empty if absent.
-    pub(crate) fn shared_meta_mut(&mut self) -> &mut super::shared::SharedMeta {
+    pub(crate) fn shared_meta_mut(&mut self) -> &mut super::holds::SharedMeta {
         self.pending
             .get_or_insert_with(Default::default)
             .shared

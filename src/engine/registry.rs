@@ -44,7 +44,7 @@ pub struct CampaignCounts {
     /// The last impressions-per-user figures of the timeline and when they
     /// were counted: counting walks the hot tier, so it is redone at most
     /// every 30 s however many pages are open.
-    pub per_user: Mutex<Option<(crate::clock::Nanos, super::timeline::PerUser)>>,
+    pub per_user: Mutex<Option<(crate::clock::Nanos, super::minutes::PerUser)>>,
 }
 
 impl CampaignCounts {
@@ -97,7 +97,7 @@ pub struct CampaignEntry {
     pub counts: Arc<CampaignCounts>,
     /// Its minutes (`super::timeline`), kept across redefinitions as
     /// `record` is.
-    pub timeline: Arc<Mutex<super::timeline::Timeline>>,
+    pub timeline: Arc<Mutex<super::minutes::Timeline>>,
 }
 
 /// A campaign and its ancestors, itself first: what one candidate is decided

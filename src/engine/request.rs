@@ -5,18 +5,17 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use crate::MAX_EXACT;
 use crate::clock::{MS, Nanos};
 use crate::limits::stack::{Decision, Stack};
-use crate::model::limit::LimitDef;
+use crate::model::limit::{LimitDef, compile_stack};
 
+use super::registry::stack_tags;
 use super::{EngineError, invalid};
 
 /// Default and largest reservation lifetimes (docs/semantics.md §4.1).
 pub const DEFAULT_TTL_MS: u64 = 60_000;
 pub const MAX_TTL_MS: u64 = 3_600_000;
-
-/// Largest cost: below 2^53 (docs/semantics.md §1.3).
-pub(crate) const MAX_COST: u64 = (1 << 53) - 1;
 
 /// What a check is decided against.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,7 +186,7 @@ pub(crate) fn body_hash<T: std::fmt::Debug>(
 
 /// A cost (`field` names it): 0 to 2^53 - 1.
 pub(crate) fn check_cost(field: &str, cost: u64) -> Result<(), EngineError> {
-    if cost > MAX_COST {
+    if cost > MAX_EXACT {
         return Err(invalid(
             field,
             format!("must be from 0 to 2^53 - 1, got {cost}"),
@@ -252,4 +251,43 @@ pub(crate) fn check_id(field: &str, id: &str, max_len: usize) -> Result<(), Engi
         ));
     }
     Ok(())
+}
+
+/// The error of a commit naming `campaigns[i]`, which is not an eligible
+/// candidate of reservation `id` (or is named more often than it was).
+pub(crate) fn not_a_winner(campaigns: &[String], i: usize, id: &str) -> EngineError {
+    let field = if campaigns.len() == 1 {
+        "campaign".to_owned()
+    } else {
+        format!("campaign[{i}]")
+    };
+    let name = &campaigns[i];
+    invalid(
+        field,
+        format!(
+            "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
+        ),
+    )
+}
+
+/// Compiles inline limit items once, for [`CheckTarget::Compiled`]; the
+/// errors name `limits[i]` as a check's would.
+pub fn compile_inline(limits: &[LimitDef]) -> Result<Arc<CompiledInline>, EngineError> {
+    compile_limits_at("limits", limits)
+}
+
+/// [`compile_inline`] for limits written at `path` (an Envoy rule's
+/// `descriptors[0].limits`): errors name `path[i]`.
+pub fn compile_limits_at(
+    path: &str,
+    limits: &[LimitDef],
+) -> Result<Arc<CompiledInline>, EngineError> {
+    if limits.is_empty() {
+        return Err(invalid(path, "at least one limit is needed"));
+    }
+    let c = compile_stack(path, limits, None, None)?;
+    Ok(Arc::new(CompiledInline {
+        stack: Arc::new(c.stack),
+        tags: stack_tags(limits),
+    }))
 }

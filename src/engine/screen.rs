@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use crate::MAX_EXACT;
 use crate::clock::{Clock, Nanos};
 use crate::limits::Hold;
 use crate::model::Scope;
@@ -12,16 +13,17 @@ use crate::store::StoreError;
 use super::chain::{
     Defs, FRESH, Locking, Settling, guard_of, lock_chain, lock_entries, settle_entries, units,
 };
+use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::leases::{Leases, view};
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Registry};
 use super::request::{
-    CandidateResult, DeniedBy, MAX_COST, ScreenOutcome, ScreenRequest, body_hash, check_cost,
+    CandidateResult, DeniedBy, ScreenOutcome, ScreenRequest, body_hash, check_cost,
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
-use super::shared::{Held, HeldKind, SeenHere, seen_in_record};
+use super::shared::{SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// The retry_after of a denial by a node's exhausted grant: its next
@@ -328,7 +330,7 @@ impl<C: Clock> Engine<C> {
             if c.campaign.is_empty() || c.campaign.len() > max {
                 self.check_id(&format!("candidates[{i}].campaign"), &c.campaign)?;
             }
-            if c.cost.is_some_and(|n| n > MAX_COST) {
+            if c.cost.is_some_and(|n| n > MAX_EXACT) {
                 check_cost(&format!("candidates[{i}].cost"), c.cost.unwrap_or(0))?;
             }
         }

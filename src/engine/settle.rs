@@ -16,11 +16,11 @@ use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
 use super::request::{
-    CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
+    CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id, not_a_winner,
 };
 use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
 use super::shared::{SettledAs, SettledHere, SharedSettle};
-use super::{Engine, EngineError, invalid};
+use super::{Engine, EngineError};
 use crate::store::Shared;
 
 /// Most reservations a request expires before it is handled (the sweeper
@@ -882,23 +882,6 @@ fn winners(
         }
     }
     Ok((chosen, names))
-}
-
-/// The error of a commit naming `campaigns[i]`, which is not an eligible
-/// candidate of reservation `id` (or is named more often than it was).
-pub(crate) fn not_a_winner(campaigns: &[String], i: usize, id: &str) -> EngineError {
-    let field = if campaigns.len() == 1 {
-        "campaign".to_owned()
-    } else {
-        format!("campaign[{i}]")
-    };
-    let name = &campaigns[i];
-    invalid(
-        field,
-        format!(
-            "{name:?} is not an eligible candidate of reservation {id:?} (or is named more often than it was eligible)"
-        ),
-    )
 }
 
 /// How a reservation with no record of its settlement was settled.

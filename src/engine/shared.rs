@@ -25,13 +25,14 @@ use crate::store::codec::{self, StoredCounter, StoredState};
 use crate::store::{Cas, Owned, Shared, StoreError};
 
 use super::chain::{Defs, Repriced, Settling, settle_entries};
-use super::check::compile_inline;
 use super::compact_form::{self, CounterDelta, PendingGroup};
+use super::holds::{Held, HeldKind, SettledId};
 use super::hot::{Halt, RecordKey};
 use super::record::{Counter, PendingEntry, SubjectRecord};
 use super::registry::Registry;
 use super::request::CompiledInline;
 use super::request::Outcome;
+use super::request::compile_inline;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 use crate::model::LimitDef;
 
@@ -86,52 +87,6 @@ pub(crate) struct SettledAs {
 /// little late.
 pub(crate) const SETTLED_GRACE: Nanos = 60 * 1_000_000_000;
 
-/// What other nodes must see of a record's reservations.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SharedMeta {
-    /// Open reservations with debits in this record.
-    pub held: Vec<Held>,
-    /// Reservations settled here, remembered until their deadline so a
-    /// repeat on any node gets the same answer.
-    pub settled: Vec<SettledId>,
-}
-
-impl SharedMeta {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.held.is_empty() && self.settled.is_empty()
-    }
-
-    pub(crate) fn heap_bytes(&self) -> usize {
-        std::mem::size_of::<SharedMeta>()
-            + self.held.capacity() * std::mem::size_of::<Held>()
-            + self.settled.capacity() * std::mem::size_of::<SettledId>()
-    }
-}
-
-/// An open reservation, as the record remembers it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Held {
-    /// The reservation id's hash ([`Engine::res_of`]): its pending debits'
-    /// `res`.
-    pub res: u64,
-    pub deadline: Nanos,
-    pub kind: HeldKind,
-    /// The hash of the request that made it ([`super::request::body_hash`];
-    /// 0 for a node-made id): a repeat under a caller's id on any node is
-    /// the same reservation only with the same body. Stored after the
-    /// rest of the record ([`SharedForm`]'s `bodies`), so records written
-    /// before it existed still decode, and nodes that do not know it still
-    /// read newer records.
-    #[serde(skip)]
-    pub body: u64,
-    /// An inline check's limits (their JSON, ~60 bytes an item): owner 0
-    /// names no definition another node could look up, so the record keeps
-    /// what its debits were made under, and any node settles or expires
-    /// them. Stored after the bodies ([`SharedForm`]), as they are.
-    #[serde(skip)]
-    pub inline: Option<Arc<[u8]>>,
-}
-
 impl Held {
     /// The definitions this reservation's debits were made under: `reg`'s,
     /// or the inline limits kept with it (compiled again: settling is rare
@@ -179,26 +134,6 @@ pub(crate) fn seen_in_record(rec: &SubjectRecord, res: u64) -> Option<SeenHere> 
         .iter()
         .any(|s| s.res == res)
         .then_some(SeenHere::Settled)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum HeldKind {
-    /// A check's, on the key of policy `policy`.
-    Check { policy: u32 },
-    /// A screen's eligible candidates: (index in the screen, campaign id).
-    Screen { candidates: Vec<(u32, u32)> },
-}
-
-/// A settled reservation, remembered until its deadline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct SettledId {
-    pub res: u64,
-    pub deadline: Nanos,
-    pub committed: bool,
-    /// The campaigns committed (ids), or released.
-    pub campaigns: Vec<u32>,
-    /// A commit's final cost, if it named one.
-    pub final_cost: Option<u64>,
 }
 
 /// A record as the shared store holds it: the state as it is in memory,
@@ -776,7 +711,7 @@ fn winners(
         let cid = reg.campaigns.get(name).map(|e| e.id);
         match out.iter_mut().find(|(_, c, won)| Some(*c) == cid && !*won) {
             Some(c) => c.2 = true,
-            None => return Err(super::settle::not_a_winner(campaigns, n, id)),
+            None => return Err(super::request::not_a_winner(campaigns, n, id)),
         }
     }
     Ok(out)

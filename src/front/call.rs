@@ -5,8 +5,9 @@
 //! Also the checks of a request's ids and the units every front reports.
 
 use super::{AppState, FrontError};
+use crate::MAX_EXACT;
 use crate::clock::Nanos;
-use crate::clock::{Clock, MAX_REPORTED, ceil_ms};
+use crate::clock::{Clock, ceil_ms};
 use crate::engine::{Engine, EngineError};
 use crate::model::{LimitDef, Warning};
 
@@ -98,7 +99,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 
 /// A reported duration: ms rounded up, saturating (docs/semantics.md §1.5).
 pub(crate) fn ms(ns: impl Into<crate::clock::Span>) -> u64 {
-    ceil_ms(ns).min(MAX_REPORTED)
+    ceil_ms(ns).min(MAX_EXACT)
 }
 
 /// Definition warnings (e.g. a redundant cap) are accepted but logged, so the

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use super::pb;
-use crate::clock::MAX_REPORTED;
+use crate::MAX_EXACT;
 use crate::engine::{
     CapUsage, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest, Delivery,
     Event, ScreenCandidate, ScreenOutcome, ScreenRequest,
@@ -48,7 +48,7 @@ pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
 }
 
 fn u(v: u64) -> u64 {
-    v.min(MAX_REPORTED)
+    v.min(MAX_EXACT)
 }
 
 pub fn decision(out: &CheckOutcome) -> pb::Decision {

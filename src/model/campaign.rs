@@ -4,10 +4,11 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::MAX_EXACT;
 use crate::limits::Item;
 use crate::limits::concurrency::Concurrency;
 use crate::model::error::{DefinitionError, Warning};
-use crate::model::limit::{LimitDef, MAX_INTEGER, MAX_ITEMS, check_windows_among};
+use crate::model::limit::{LimitDef, MAX_ITEMS, check_windows_among};
 
 /// The most caps one campaign may have: as many as a policy's items
 /// ([`MAX_ITEMS`]). A campaign's items are its caps, then its budget and
@@ -261,7 +262,7 @@ impl CampaignDef {
             });
         }
         if let Some(max) = self.max_in_flight {
-            if max == 0 || max > MAX_INTEGER {
+            if max == 0 || max > MAX_EXACT {
                 return Err(DefinitionError::new(
                     "max_in_flight",
                     format!("must be an integer from 1 to 2^53 - 1, got {max}"),

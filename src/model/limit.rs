@@ -9,6 +9,7 @@ use jiff::tz::TimeZone;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::MAX_EXACT;
 use crate::clock::MS;
 use crate::limits::budget::{Budget, Pacing as CompiledPacing};
 use crate::limits::calendar::{Calendar, CalendarUnit};
@@ -19,10 +20,6 @@ use crate::limits::window::{Layout, MAX_EXACT_ROLLING_LIMIT, Window};
 use crate::limits::{Item, Kind};
 use crate::model::duration::Duration;
 use crate::model::error::{DefinitionError, Warning};
-
-/// Integers in definitions are below 2^53, so they survive a round trip through
-/// any JSON reader that stores numbers as doubles.
-pub const MAX_INTEGER: u64 = (1 << 53) - 1;
 
 /// The most items one stack (a policy, or the inline limits of a check) may
 /// have. An item's index is kept in the low byte of its counter's tag
@@ -361,7 +358,7 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> DefinitionError 
 
 /// Checks an integer field: 1 ≤ x < 2^53.
 fn positive(path: &str, field: &str, x: u64) -> Result<u64> {
-    if x == 0 || x > MAX_INTEGER {
+    if x == 0 || x > MAX_EXACT {
         return Err(err(
             format!("{path}.{field}"),
             format!("must be an integer from 1 to 2^53 - 1, got {x}"),

@@ -17,6 +17,7 @@ use super::pb::{
     rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit},
 };
 use super::{RulesHandle, matching};
+use crate::MAX_EXACT;
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
 use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
@@ -26,9 +27,6 @@ use crate::front::ratelimit_fields::{sf_int, sf_string, window_ns};
 use crate::front::shed::InFlight;
 use crate::front::{AppState, FrontError};
 use crate::limits::stack::Decision;
-
-/// The largest cost (docs/semantics.md §1.3).
-const MAX_COST: u64 = (1 << 53) - 1;
 
 /// Most entries one descriptor may have.
 const MAX_ENTRIES: usize = 32;
@@ -230,11 +228,11 @@ impl<C: Clock + 'static> Service<C> {
                 }
             }
             if let Some(h) = d.hits_addend
-                && h > MAX_COST
+                && h > MAX_EXACT
             {
                 return Err(Self::invalid(
                     format!("descriptors[{i}].hits_addend"),
-                    format!("at most {MAX_COST}, got {h}"),
+                    format!("at most {MAX_EXACT}, got {h}"),
                 ));
             }
             let rule = match &d.limit {

@@ -197,7 +197,7 @@ pub fn parse_campaigns(text: &str, toml: bool) -> Result<Vec<SimCampaign>, SimEr
             )));
         }
         let cost = c.cost.unwrap_or(1);
-        if cost == 0 || cost > crate::model::limit::MAX_INTEGER {
+        if cost == 0 || cost > crate::MAX_EXACT {
             return Err(SimError(format!(
                 "campaigns[{i}].cost: must be from 1 to 2^53 - 1, got {cost}"
             )));

@@ -1,7 +1,7 @@
 //! `FC.CHECK policy key [cost]`: a decision against a named policy, answered
 //! with the same figures as `POST /v1/check`'s body (docs/resp.md).
 
-use crate::clock::MAX_REPORTED;
+use crate::MAX_EXACT;
 use crate::engine::{CheckOutcome, CheckRequest, CheckTarget};
 use crate::front::call::ms;
 
@@ -55,7 +55,7 @@ pub fn answer(out: &CheckOutcome) -> Reply {
                 ("name", Reply::bulk(out.stack.name(i))),
                 ("kind", Reply::bulk(out.stack.items()[i].kind().as_str())),
                 ("limit", int(f.limit)),
-                ("remaining", int(f.remaining.min(MAX_REPORTED))),
+                ("remaining", int(f.remaining.min(MAX_EXACT))),
                 ("reset_after_ms", int(ms(f.reset_after))),
                 ("retry_after_ms", retry(f.retry_after)),
                 ("allowed", Reply::Int(i64::from(f.allowed))),
@@ -73,7 +73,7 @@ pub fn answer(out: &CheckOutcome) -> Reply {
                 retry(d.retry_after)
             },
         ),
-        ("remaining", int(d.remaining.min(MAX_REPORTED))),
+        ("remaining", int(d.remaining.min(MAX_EXACT))),
         ("reset_after_ms", int(ms(d.reset_after))),
         ("limits", Reply::Array(items)),
     ])

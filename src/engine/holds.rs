@@ -1,0 +1,77 @@
+//! What a record remembers of the reservations that touched it, with a
+//! shared store (docs/cluster.md): the open ones whose debits it holds and
+//! the settled ones, until their deadlines. Plain data, a leaf of the engine:
+//! `record.rs` keeps it, `shared.rs` reads and writes it (and says how a
+//! held reservation's definitions are found, `impl Held` there).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Nanos;
+
+/// What other nodes must see of a record's reservations.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SharedMeta {
+    /// Open reservations with debits in this record.
+    pub held: Vec<Held>,
+    /// Reservations settled here, remembered until their deadline so a
+    /// repeat on any node gets the same answer.
+    pub settled: Vec<SettledId>,
+}
+
+impl SharedMeta {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.settled.is_empty()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<SharedMeta>()
+            + self.held.capacity() * std::mem::size_of::<Held>()
+            + self.settled.capacity() * std::mem::size_of::<SettledId>()
+    }
+}
+
+/// An open reservation, as the record remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Held {
+    /// The reservation id's hash (`Engine::res_of`): its pending debits'
+    /// `res`.
+    pub res: u64,
+    pub deadline: Nanos,
+    pub kind: HeldKind,
+    /// The hash of the request that made it ([`super::request::body_hash`];
+    /// 0 for a node-made id): a repeat under a caller's id on any node is
+    /// the same reservation only with the same body. Stored after the
+    /// rest of the record (`shared.rs`, `SharedForm`'s `bodies`), so records written
+    /// before it existed still decode, and nodes that do not know it still
+    /// read newer records.
+    #[serde(skip)]
+    pub body: u64,
+    /// An inline check's limits (their JSON, ~60 bytes an item): owner 0
+    /// names no definition another node could look up, so the record keeps
+    /// what its debits were made under, and any node settles or expires
+    /// them. Stored after the bodies (`SharedForm`), as they are.
+    #[serde(skip)]
+    pub inline: Option<Arc<[u8]>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum HeldKind {
+    /// A check's, on the key of policy `policy`.
+    Check { policy: u32 },
+    /// A screen's eligible candidates: (index in the screen, campaign id).
+    Screen { candidates: Vec<(u32, u32)> },
+}
+
+/// A settled reservation, remembered until its deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SettledId {
+    pub res: u64,
+    pub deadline: Nanos,
+    pub committed: bool,
+    /// The campaigns committed (ids), or released.
+    pub campaigns: Vec<u32>,
+    /// A commit's final cost, if it named one.
+    pub final_cost: Option<u64>,
+}
