@@ -33,6 +33,8 @@ TARGET=$CACHE/target
 BIN=$TARGET/release/limitador-server
 STAMP=$CACHE/built-commit
 
+# shellcheck source=benches/peers/checkout.sh
+source "$(dirname "$0")/checkout.sh"
 die() { echo "limitador.sh: $*" >&2; exit 1; }
 log() { echo "limitador.sh: $*" >&2; }
 
@@ -54,24 +56,9 @@ else
 fi
 
 mkdir -p "$CACHE"
-if [[ ! -d $SRC/.git ]]; then
-    rm -rf "$SRC"
-    log "cloning $ORIGIN into $SRC"
-    git clone --quiet --no-checkout "$ORIGIN" "$SRC" >&2 || die "cannot clone $ORIGIN"
-fi
-if ! git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
-    log "fetching $COMMIT from $ORIGIN"
-    git -C "$SRC" fetch --quiet "$ORIGIN" >&2 || true
-    git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null \
-        || die "commit $COMMIT not found in $ORIGIN"
-fi
 # default.profraw (a stray coverage file, ~1 GB) is not needed and is absent
 # from partial mirrors: left out of the checkout.
-git -C "$SRC" sparse-checkout set --no-cone '/*' '!/default.profraw' >&2
-git -C "$SRC" -c advice.detachedHead=false checkout --quiet --force --detach "$COMMIT" >&2
-git -C "$SRC" clean -fdxq >&2
-HEAD=$(git -C "$SRC" rev-parse HEAD)
-[[ $HEAD == "$COMMIT" ]] || die "checked out $HEAD, wanted $COMMIT"
+peer_checkout "$ORIGIN" "$SRC" "$COMMIT" '/*' '!/default.profraw'
 
 log "building limitador-server $COMMIT (CARGO_TARGET_DIR=$TARGET)"
 rm -f "$STAMP"

@@ -32,6 +32,8 @@ TARGET=$CACHE/target
 SO=$TARGET/release/libredis_cell.so
 STAMP=$CACHE/built-commit
 
+# shellcheck source=benches/peers/checkout.sh
+source "$(dirname "$0")/checkout.sh"
 die() { echo "redis-cell.sh: $*" >&2; exit 1; }
 log() { echo "redis-cell.sh: $*" >&2; }
 
@@ -52,21 +54,7 @@ else
 fi
 
 mkdir -p "$CACHE"
-if [[ ! -d $SRC/.git ]]; then
-    rm -rf "$SRC"
-    log "cloning $ORIGIN into $SRC"
-    git clone --quiet --no-checkout "$ORIGIN" "$SRC" >&2 || die "cannot clone $ORIGIN"
-fi
-if ! git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
-    log "fetching $COMMIT from $ORIGIN"
-    git -C "$SRC" fetch --quiet "$ORIGIN" >&2 || true
-    git -C "$SRC" cat-file -e "$COMMIT^{commit}" 2>/dev/null \
-        || die "commit $COMMIT not found in $ORIGIN"
-fi
-git -C "$SRC" -c advice.detachedHead=false checkout --quiet --force --detach "$COMMIT" >&2
-git -C "$SRC" clean -fdxq >&2
-HEAD=$(git -C "$SRC" rev-parse HEAD)
-[[ $HEAD == "$COMMIT" ]] || die "checked out $HEAD, wanted $COMMIT"
+peer_checkout "$ORIGIN" "$SRC" "$COMMIT"
 
 log "building redis-cell $COMMIT (CARGO_TARGET_DIR=$TARGET)"
 rm -f "$STAMP"
