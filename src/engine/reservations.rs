@@ -140,6 +140,13 @@ pub enum State {
 /// The longest a repeat waits for the first settle of the same id.
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How a settling call ends a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Commit,
+    Release,
+}
+
 /// Set once the settling call has applied (and, for a commit, durably
 /// written) what it settled. A std mutex and condvar: waiters are repeats of
 /// one id, rare and short, and they wait on a writer thread, not a task.
@@ -484,13 +491,13 @@ impl Reservations {
         self.lock().by_id.remove(id);
     }
 
-    /// Settles `id` as committed (`commit`) or released, if open. `outcome`
-    /// computes, from what the reservation reserved, the outcome to remember and
-    /// the candidates to commit; an error from it leaves the reservation open.
+    /// Settles `id` as `ending` says, if open. `outcome` computes, from what
+    /// the reservation reserved, the outcome to remember and the candidates
+    /// to commit; an error from it leaves the reservation open.
     pub fn settle(
         &self,
         id: &str,
-        commit: bool,
+        ending: Ending,
         now: Nanos,
         outcome: impl FnOnce(&Reserved) -> Result<(CommitOutcome, Vec<u32>), EngineError>,
     ) -> Settle {
@@ -540,10 +547,9 @@ impl Reservations {
                 self.count(now_counted);
                 r.footprint = now_counted;
                 let settled = Arc::new(Settled::default());
-                r.state = if commit {
-                    State::Committed(o.clone(), settled.clone())
-                } else {
-                    State::Released(o.clone(), settled.clone())
+                r.state = match ending {
+                    Ending::Commit => State::Committed(o.clone(), settled.clone()),
+                    Ending::Release => State::Released(o.clone(), settled.clone()),
                 };
                 self.open.fetch_sub(1, Ordering::Relaxed);
                 Settle::Apply {
@@ -554,8 +560,12 @@ impl Reservations {
                     settled,
                 }
             }
-            State::Committed(o, s) if commit => Settle::Repeat(o.clone(), s.clone()),
-            State::Released(o, s) if !commit => Settle::Repeat(o.clone(), s.clone()),
+            State::Committed(o, s) if ending == Ending::Commit => {
+                Settle::Repeat(o.clone(), s.clone())
+            }
+            State::Released(o, s) if ending == Ending::Release => {
+                Settle::Repeat(o.clone(), s.clone())
+            }
             State::Committed(..) => Settle::Conflict(Conflict::SettledOtherwise {
                 id: id.into(),
                 outcome: super::Outcome::Committed,

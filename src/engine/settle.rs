@@ -18,7 +18,7 @@ use super::record::SubjectRecord;
 use super::request::{
     CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id, not_a_winner,
 };
-use super::reservations::{Due, HeldCandidate, Reserved, Settle, Settled};
+use super::reservations::{Due, Ending, HeldCandidate, Reserved, Settle, Settled};
 use super::shared::{SettledAs, SettledHere, SharedSettle};
 use super::{Engine, EngineError};
 use crate::store::Shared;
@@ -411,15 +411,17 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire_step(now, reads);
-        let settled = self.reservations.settle(id, true, now, |reserved| {
-            let (chosen, campaigns) = winners(reserved, &req.campaigns, id)?;
-            let outcome = CommitOutcome {
-                reservation: id.to_owned(),
-                outcome: Outcome::Committed,
-                campaigns,
-            };
-            Ok((outcome, chosen))
-        });
+        let settled = self
+            .reservations
+            .settle(id, Ending::Commit, now, |reserved| {
+                let (chosen, campaigns) = winners(reserved, &req.campaigns, id)?;
+                let outcome = CommitOutcome {
+                    reservation: id.to_owned(),
+                    outcome: Outcome::Committed,
+                    campaigns,
+                };
+                Ok((outcome, chosen))
+            });
         match self.expired_is_unknown(settled, reads) {
             Settle::Apply {
                 reserved,
@@ -538,20 +540,22 @@ impl<C: Clock> Engine<C> {
         }
         let now = self.now();
         self.expire_step(now, Reads::MayWait);
-        let settled = self.reservations.settle(id, false, now, |reserved| {
-            let campaigns = match reserved {
-                Reserved::Check { .. } => Vec::new(),
-                Reserved::Screen { candidates, .. } => {
-                    candidates.iter().map(|c| c.campaign.clone()).collect()
-                }
-            };
-            let outcome = CommitOutcome {
-                reservation: id.to_owned(),
-                outcome: Outcome::Released,
-                campaigns,
-            };
-            Ok((outcome, Vec::new()))
-        });
+        let settled = self
+            .reservations
+            .settle(id, Ending::Release, now, |reserved| {
+                let campaigns = match reserved {
+                    Reserved::Check { .. } => Vec::new(),
+                    Reserved::Screen { candidates, .. } => {
+                        candidates.iter().map(|c| c.campaign.clone()).collect()
+                    }
+                };
+                let outcome = CommitOutcome {
+                    reservation: id.to_owned(),
+                    outcome: Outcome::Released,
+                    campaigns,
+                };
+                Ok((outcome, Vec::new()))
+            });
         match self.expired_is_unknown(settled, Reads::MayWait) {
             Settle::Apply {
                 reserved,

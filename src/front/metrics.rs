@@ -583,6 +583,16 @@ impl Collector for EngineFigures {
     }
 }
 
+/// A listener's figures as `freqcap_<front>_connections_open`, `_refused`
+/// and `_timed_out`, with their help texts in that order.
+fn register_conns(registry: &mut Registry, front: &str, c: &ConnCounters, help: [&str; 3]) {
+    let [open, refused, timed_out] = help;
+    let name = |what: &str| format!("freqcap_{front}_connections_{what}");
+    registry.register(name("open"), open, c.open.clone());
+    registry.register(name("refused"), refused, c.refused.clone());
+    registry.register(name("timed_out"), timed_out, c.timed_out.clone());
+}
+
 impl Metrics {
     /// A registry with the HTTP layer's metrics and `figures` read per scrape.
     pub fn new(figures: EngineFigures, conns: &ConnCounters) -> Self {
@@ -634,20 +644,15 @@ impl Metrics {
             "How long a request's connection waited to run once its bytes arrived (what load shedding compares)",
             queue_delay.clone(),
         );
-        registry.register(
-            "freqcap_http_connections_open",
-            "HTTP connections open now",
-            conns.open.clone(),
-        );
-        registry.register(
-            "freqcap_http_connections_refused",
-            "HTTP connections closed at accept, over max_connections and the probe reserve",
-            conns.refused.clone(),
-        );
-        registry.register(
-            "freqcap_http_connections_timed_out",
-            "HTTP connections closed for idling, or sending a request head too slowly",
-            conns.timed_out.clone(),
+        register_conns(
+            &mut registry,
+            "http",
+            conns,
+            [
+                "HTTP connections open now",
+                "HTTP connections closed at accept, over max_connections and the probe reserve",
+                "HTTP connections closed for idling, or sending a request head too slowly",
+            ],
         );
         registry.register(
             "freqcap_in_flight_requests",
@@ -662,20 +667,15 @@ impl Metrics {
             "RESP commands by command and outcome (ok, error)",
             resp_commands.clone(),
         );
-        registry.register(
-            "freqcap_resp_connections_open",
-            "RESP connections open now",
-            resp_connections.open.clone(),
-        );
-        registry.register(
-            "freqcap_resp_connections_refused",
-            "RESP connections closed at accept, over resp_max_connections",
-            resp_connections.refused.clone(),
-        );
-        registry.register(
-            "freqcap_resp_connections_timed_out",
-            "RESP connections closed for idling, or sending a command too slowly",
-            resp_connections.timed_out.clone(),
+        register_conns(
+            &mut registry,
+            "resp",
+            &resp_connections,
+            [
+                "RESP connections open now",
+                "RESP connections closed at accept, over resp_max_connections",
+                "RESP connections closed for idling, or sending a command too slowly",
+            ],
         );
         registry.register(
             "freqcap_resp_protocol_errors",
@@ -705,20 +705,15 @@ impl Metrics {
             definition_reloads.errors.clone(),
         );
         let grpc_connections = ConnCounters::default();
-        registry.register(
-            "freqcap_grpc_connections_open",
-            "gRPC connections open now",
-            grpc_connections.open.clone(),
-        );
-        registry.register(
-            "freqcap_grpc_connections_refused",
-            "gRPC connections closed at accept, over grpc_max_connections",
-            grpc_connections.refused.clone(),
-        );
-        registry.register(
-            "freqcap_grpc_connections_timed_out",
-            "gRPC connections closed for sending nothing within header_timeout_secs",
-            grpc_connections.timed_out.clone(),
+        register_conns(
+            &mut registry,
+            "grpc",
+            &grpc_connections,
+            [
+                "gRPC connections open now",
+                "gRPC connections closed at accept, over grpc_max_connections",
+                "gRPC connections closed for sending nothing within header_timeout_secs",
+            ],
         );
         let rls_calls = Family::<OutcomeLabel, Counter>::default();
         let reloads = Family::<OutcomeLabel, Counter>::default();

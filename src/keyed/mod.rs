@@ -578,26 +578,6 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         )
     }
 
-    /// The decision at an explicit time (tests, replay). `now` must not go back
-    /// for a key; the system clock guarantees that.
-    pub fn decide_at<Q>(
-        &self,
-        key: &Q,
-        now: Nanos,
-        cost: u64,
-        hold: Hold,
-    ) -> (Decision, Option<Pending>)
-    where
-        K: std::borrow::Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.on_states(
-            key,
-            || now,
-            |stack, st, now| stack.decide(st, now, cost, hold),
-        )
-    }
-
     /// Undoes a reservation's pending debits.
     pub fn release<Q>(&self, key: &Q, pending: &Pending)
     where

@@ -8,7 +8,7 @@
 //! order they were submitted, which the engine relies on (see [`super`]).
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -178,7 +178,6 @@ struct Submitter {
 /// See the module documentation.
 pub struct RocksStore {
     db: Arc<DB>,
-    dir: PathBuf,
     submitter: Mutex<Submitter>,
     shared: Arc<Shared>,
     /// Joined on drop, after the channel closes, so every queued batch is
@@ -309,7 +308,6 @@ impl RocksStore {
         };
         Ok(RocksStore {
             db,
-            dir: dir.to_path_buf(),
             submitter: Mutex::new(Submitter {
                 next_seq: 1,
                 tx: Some(tx),
@@ -346,10 +344,6 @@ impl RocksStore {
                 .put_cf_opt(meta, FORMAT_KEY, [FORMAT_VERSION], &sync_opts())
                 .map_err(io),
         }
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 
