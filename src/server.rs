@@ -547,6 +547,58 @@ pub async fn serve(
     counters: ConnCounters,
     shutdown: impl Future<Output = ()>,
 ) {
+    let capacity = limits.max_connections + limits.probe_connections;
+    let drain_timeout = limits.drain_timeout;
+    let conn_counters = counters.clone();
+    listen(
+        listener,
+        &counters,
+        capacity,
+        drain_timeout,
+        shutdown,
+        move |stream, open, stop| {
+            // Past max_connections, a connection is kept for probes only.
+            let state = Arc::new(ConnState::new(
+                open >= limits.max_connections,
+                limits.http2_only,
+            ));
+            let waker = Waker::from(Arc::new(Probe(state.clone())));
+            let conn = connection(
+                stream,
+                router.clone(),
+                &limits,
+                state.clone(),
+                stop,
+                conn_counters.clone(),
+            );
+            Measured {
+                inner: Box::pin(conn),
+                state,
+                waker,
+            }
+        },
+    )
+    .await;
+}
+
+/// The one accept and drain loop of every listener (HTTP, gRPC, RESP):
+/// accepts until `shutdown` resolves, closing at accept what would pass
+/// `capacity` connections open (counted `refused`); `start` makes a
+/// connection's future from its socket, the number open before it, and
+/// the signal that the listener stops. At shutdown the listener closes, the
+/// connections are told to stop and are waited for `drain_timeout` at most
+/// ([`drain`]).
+pub(crate) async fn listen<F, S>(
+    listener: TcpListener,
+    counters: &ConnCounters,
+    capacity: usize,
+    drain_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+    mut start: S,
+) where
+    S: FnMut(TcpStream, usize, watch::Receiver<bool>) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
@@ -559,40 +611,27 @@ pub async fn serve(
             accepted = accept(&listener) => {
                 let Some(stream) = accepted else { continue };
                 let open = conns.len();
-                if open >= limits.max_connections + limits.probe_connections {
+                if open >= capacity {
                     counters.refused.inc();
                     drop(stream);
                     continue;
                 }
                 let _ = stream.set_nodelay(true);
-                let state = Arc::new(ConnState::new(
-                    open >= limits.max_connections,
-                    limits.http2_only,
-                ));
-                let waker = Waker::from(Arc::new(Probe(state.clone())));
-                let conn = connection(
-                    stream,
-                    router.clone(),
-                    &limits,
-                    state.clone(),
-                    stop_rx.clone(),
-                    counters.clone(),
-                );
+                let conn = start(stream, open, stop_rx.clone());
                 counters.open.inc();
-                conns.spawn(Measured { inner: Box::pin(conn), state, waker });
+                conns.spawn(conn);
             }
         }
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    drain(conns, &counters, limits.drain_timeout).await;
+    drain(conns, counters, drain_timeout).await;
 }
 
 /// The next connection; `None` after a failed accept (out of file
 /// descriptors or memory), having waited 50 ms so the connections in
-/// progress can finish before the listener tries again. Every listener
-/// (HTTP, gRPC, RESP) accepts through it.
-pub(crate) async fn accept(listener: &TcpListener) -> Option<TcpStream> {
+/// progress can finish before the listener tries again ([`listen`]).
+async fn accept(listener: &TcpListener) -> Option<TcpStream> {
     match listener.accept().await {
         Ok((stream, _peer)) => Some(stream),
         Err(e) => {
@@ -604,13 +643,8 @@ pub(crate) async fn accept(listener: &TcpListener) -> Option<TcpStream> {
 }
 
 /// Waits for the connections told to stop, `timeout` at most, then closes
-/// what is left; `counters.open` follows each one closed. Every listener
-/// (HTTP, gRPC, RESP) ends with it.
-pub(crate) async fn drain<T: 'static>(
-    mut conns: JoinSet<T>,
-    counters: &ConnCounters,
-    timeout: Duration,
-) {
+/// what is left; `counters.open` follows each one closed ([`listen`]).
+async fn drain<T: 'static>(mut conns: JoinSet<T>, counters: &ConnCounters, timeout: Duration) {
     let drained = tokio::time::timeout(timeout, async {
         while conns.join_next().await.is_some() {
             counters.open.dec();
@@ -637,7 +671,7 @@ fn connection(
     state: Arc<ConnState>,
     mut stop: watch::Receiver<bool>,
     counters: ConnCounters,
-) -> impl Future<Output = ()> + Send + 'static {
+) -> impl Future<Output = ()> + Send + 'static + use<> {
     let first = limits.first_request_timeout.unwrap_or(limits.idle_timeout);
     let (header, idle, first) = if state.probe_only {
         (

@@ -34,7 +34,6 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::front::AppState;
@@ -176,33 +175,19 @@ pub async fn serve<C: Clock + 'static>(
         cross_protocol_logged: AtomicU64::new(0),
     });
     let counters = front.state.metrics.resp_connections.clone();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            Some(_) = conns.join_next(), if !conns.is_empty() => {
-                counters.open.dec();
-            }
-            accepted = crate::server::accept(&listener) => {
-                let Some(stream) = accepted else { continue };
-                if conns.len() >= front.options.max_connections {
-                    counters.refused.inc();
-                    continue;
-                }
-                let _ = stream.set_nodelay(true);
-                counters.open.inc();
-                let (front, stop) = (front.clone(), stop_rx.clone());
-                conns.spawn(crate::server::measured(move |conn| {
-                    connection(front, stream, conn, stop)
-                }));
-            }
-        }
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    crate::server::drain(conns, &counters, front.options.drain_timeout).await;
+    let (capacity, drain_timeout) = (front.options.max_connections, front.options.drain_timeout);
+    crate::server::listen(
+        listener,
+        &counters,
+        capacity,
+        drain_timeout,
+        shutdown,
+        move |stream, _open, stop| {
+            let front = front.clone();
+            crate::server::measured(move |conn| connection(front, stream, conn, stop))
+        },
+    )
+    .await;
 }
 
 /// Writes `out` within the idle timeout; `false` if the client is gone or
