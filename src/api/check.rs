@@ -11,13 +11,13 @@ use serde::{Deserialize, Serialize};
 
 use super::St;
 use super::request::*;
-use crate::MAX_EXACT;
 use crate::clock::Clock;
 use crate::engine::{CheckRequest, CheckTarget, Engine};
 use crate::front::FrontError;
 use crate::front::call::*;
 use crate::front::outcome::Checked;
 use crate::front::ratelimit_fields as headers;
+use crate::front::report::reported;
 use crate::model::LimitDef;
 
 #[derive(Deserialize, JsonSchema)]
@@ -123,33 +123,28 @@ pub(crate) async fn check<C: Clock + 'static>(
     };
     let out = in_memory_or_blocking(&s, req, Engine::check_in_memory, Engine::check).await?;
     let d = &out.decision;
-    let items = d
-        .items
-        .iter()
-        .enumerate()
-        .map(|(i, f)| ItemBody {
-            name: out.stack.name(i),
-            kind: out.stack.items()[i].kind().as_str(),
-            limit: f.limit,
-            remaining: f.remaining.min(MAX_EXACT),
-            reset_after_ms: ms(f.reset_after),
-            retry_after_ms: f.retry_after.map(ms),
-            allowed: f.allowed,
-        })
-        .collect();
+    let r = reported(&out);
     let body = DecisionBody {
-        allowed: d.allowed,
-        delay_ms: ms(d.delay),
-        retry_after_ms: if d.allowed {
-            None
-        } else {
-            d.retry_after.map(ms)
-        },
-        remaining: d.remaining.min(MAX_EXACT),
-        reset_after_ms: ms(d.reset_after),
+        allowed: r.allowed,
+        delay_ms: r.delay_ms,
+        retry_after_ms: r.retry_after_ms,
+        remaining: r.remaining,
+        reset_after_ms: r.reset_after_ms,
         reservation: out.reservation.clone(),
         would_deny: out.would_deny,
-        limits: items,
+        limits: r
+            .items
+            .into_iter()
+            .map(|i| ItemBody {
+                name: i.name,
+                kind: i.kind,
+                limit: i.limit,
+                remaining: i.remaining,
+                reset_after_ms: i.reset_after_ms,
+                retry_after_ms: i.retry_after_ms,
+                allowed: i.allowed,
+            })
+            .collect(),
     };
     s.metrics
         .decisions("/v1/check", Checked::of_check(&out).as_str(), 1);

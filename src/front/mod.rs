@@ -11,6 +11,7 @@
 //! - [`shed`]: the in-flight cap and queue-delay shedding;
 //! - [`call`]: the engine calls, in memory or on a blocking thread;
 //! - [`outcome`]: the one label of a decision in `freqcap_decisions_total`;
+//! - [`report`]: a check's figures as every front reports them;
 //! - [`metrics`], [`body_budget`], [`request_id`], [`ratelimit_fields`] (the
 //!   `RateLimit` header fields HTTP, tower and RLS answer) and [`forward`]
 //!   (owner mode: requests about other nodes' users go there).
@@ -23,6 +24,7 @@ pub mod forward;
 pub mod metrics;
 pub mod outcome;
 pub mod ratelimit_fields;
+pub mod report;
 pub mod request_id;
 pub mod shed;
 

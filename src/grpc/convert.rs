@@ -5,13 +5,13 @@
 use serde::Deserialize;
 
 use super::pb;
-use crate::MAX_EXACT;
 use crate::engine::{
     CapUsage, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest, Delivery,
     Event, ScreenCandidate, ScreenOutcome, ScreenRequest,
 };
 use crate::front::FrontError;
 use crate::front::call::ms;
+use crate::front::report::reported;
 use crate::model::LimitDef;
 
 /// Inline limit items, read through the JSON model so that every check
@@ -47,36 +47,27 @@ pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
     })
 }
 
-fn u(v: u64) -> u64 {
-    v.min(MAX_EXACT)
-}
-
 pub fn decision(out: &CheckOutcome) -> pb::Decision {
-    let d = &out.decision;
+    let r = reported(out);
     pb::Decision {
-        allowed: d.allowed,
-        delay_ms: ms(d.delay),
-        retry_after_ms: if d.allowed {
-            None
-        } else {
-            d.retry_after.map(ms)
-        },
-        remaining: u(d.remaining),
-        reset_after_ms: ms(d.reset_after),
+        allowed: r.allowed,
+        delay_ms: r.delay_ms,
+        retry_after_ms: r.retry_after_ms,
+        remaining: r.remaining,
+        reset_after_ms: r.reset_after_ms,
         reservation: out.reservation.clone(),
         would_deny: out.would_deny,
-        limits: d
+        limits: r
             .items
-            .iter()
-            .enumerate()
-            .map(|(i, f)| pb::Item {
-                name: out.stack.name(i).to_owned(),
-                kind: out.stack.items()[i].kind().as_str().to_owned(),
-                limit: f.limit,
-                remaining: u(f.remaining),
-                reset_after_ms: ms(f.reset_after),
-                retry_after_ms: f.retry_after.map(ms),
-                allowed: f.allowed,
+            .into_iter()
+            .map(|i| pb::Item {
+                name: i.name.to_owned(),
+                kind: i.kind.to_owned(),
+                limit: i.limit,
+                remaining: i.remaining,
+                reset_after_ms: i.reset_after_ms,
+                retry_after_ms: i.retry_after_ms,
+                allowed: i.allowed,
             })
             .collect(),
     }

@@ -1,9 +1,8 @@
 //! `FC.CHECK policy key [cost]`: a decision against a named policy, answered
 //! with the same figures as `POST /v1/check`'s body (docs/resp.md).
 
-use crate::MAX_EXACT;
 use crate::engine::{CheckOutcome, CheckRequest, CheckTarget};
-use crate::front::call::ms;
+use crate::front::report::reported;
 
 use super::super::frame::Reply;
 
@@ -43,38 +42,30 @@ pub fn parse(args: &[&[u8]]) -> Result<CheckRequest, Reply> {
 /// field as the HTTP body: `allowed` is 1 or 0, a null `retry_after_ms` is
 /// a null.
 pub fn answer(out: &CheckOutcome) -> Reply {
-    let d = &out.decision;
+    let r = reported(out);
     let int = |v: u64| Reply::Int(i64::try_from(v).unwrap_or(i64::MAX));
-    let retry = |r: Option<u128>| r.map_or(Reply::Null, |r| int(ms(r)));
-    let items = d
+    let retry = |r: Option<u64>| r.map_or(Reply::Null, int);
+    let items = r
         .items
         .iter()
-        .enumerate()
-        .map(|(i, f)| {
+        .map(|i| {
             Reply::Map(vec![
-                ("name", Reply::bulk(out.stack.name(i))),
-                ("kind", Reply::bulk(out.stack.items()[i].kind().as_str())),
-                ("limit", int(f.limit)),
-                ("remaining", int(f.remaining.min(MAX_EXACT))),
-                ("reset_after_ms", int(ms(f.reset_after))),
-                ("retry_after_ms", retry(f.retry_after)),
-                ("allowed", Reply::Int(i64::from(f.allowed))),
+                ("name", Reply::bulk(i.name)),
+                ("kind", Reply::bulk(i.kind)),
+                ("limit", int(i.limit)),
+                ("remaining", int(i.remaining)),
+                ("reset_after_ms", int(i.reset_after_ms)),
+                ("retry_after_ms", retry(i.retry_after_ms)),
+                ("allowed", Reply::Int(i64::from(i.allowed))),
             ])
         })
         .collect();
     Reply::Map(vec![
-        ("allowed", Reply::Int(i64::from(d.allowed))),
-        ("delay_ms", int(ms(d.delay))),
-        (
-            "retry_after_ms",
-            if d.allowed {
-                Reply::Null
-            } else {
-                retry(d.retry_after)
-            },
-        ),
-        ("remaining", int(d.remaining.min(MAX_EXACT))),
-        ("reset_after_ms", int(ms(d.reset_after))),
+        ("allowed", Reply::Int(i64::from(r.allowed))),
+        ("delay_ms", int(r.delay_ms)),
+        ("retry_after_ms", retry(r.retry_after_ms)),
+        ("remaining", int(r.remaining)),
+        ("reset_after_ms", int(r.reset_after_ms)),
         ("limits", Reply::Array(items)),
     ])
 }
