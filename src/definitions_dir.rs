@@ -262,17 +262,39 @@ pub fn is_definitions_dir(dir: &Path) -> bool {
 /// writer; `writer_at_start`: whether it was at start). A bad directory
 /// keeps the definitions in force; the log names the file and field, and
 /// `errors` counts it.
-pub async fn watch<C: Clock + 'static>(
+///
+/// SIGHUP is listened for from this call on, not from the future's first
+/// poll, so a signal sent as soon as the service answers is not missed
+/// (as `rls::RulesHandle::reload_on_sighup`).
+pub fn watch<C: Clock + 'static>(
+    engine: Arc<Engine<C>>,
+    dir: PathBuf,
+    counters: DefinitionReloads,
+    last: Option<u64>,
+    writer_at_start: bool,
+) -> impl std::future::Future<Output = ()> + Send {
+    #[cfg(unix)]
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    let hup: Option<()> = None;
+    watch_with(engine, dir, counters, last, writer_at_start, hup)
+}
+
+#[cfg(unix)]
+type Hup = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hup = ();
+
+async fn watch_with<C: Clock + 'static>(
     engine: Arc<Engine<C>>,
     dir: PathBuf,
     counters: DefinitionReloads,
     mut last: Option<u64>,
     writer_at_start: bool,
+    #[allow(unused_mut, unused_variables)] mut hup: Option<Hup>,
 ) {
     // A fingerprint seen once, waiting for the next read to agree.
     let mut pending: Option<Option<u64>> = None;
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     // With a shared store: whether this node is the definitions writer,
     // and its name in the lock.
     let mut writer = engine.shared().is_some().then_some(writer_at_start);

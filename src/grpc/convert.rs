@@ -25,6 +25,10 @@ pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, FrontError> {
     definition::<Limits>(serde_json::json!({ "limits": list })).map(|l| l.limits)
 }
 
+/// A `CheckRequest` as the engine's. Exactly one of `policy` and `limits`,
+/// refused naming `policy` in the JSON API's words; proto3 cannot tell an
+/// absent `cost` from 0 without `optional`, so the field is optional and
+/// absent means 1, JSON's default.
 pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
     let target = match (r.policy, r.limits.is_empty()) {
         (Some(p), true) => CheckTarget::Policy(p),
@@ -47,6 +51,9 @@ pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
     })
 }
 
+/// A check's answer: the figures HTTP's body carries ([`reported`]), so a
+/// client moving between the fronts reads the same numbers
+/// (`check_answers_equal_http` compares them step by step).
 pub fn decision(out: &CheckOutcome) -> pb::Decision {
     let r = reported(out);
     pb::Decision {
@@ -73,6 +80,8 @@ pub fn decision(out: &CheckOutcome) -> pb::Decision {
     }
 }
 
+/// A `ScreenRequest` as the engine's; candidates keep their order, which
+/// the answer's results follow.
 pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
     ScreenRequest {
         user: r.user,
@@ -91,6 +100,8 @@ pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
     }
 }
 
+/// A screen's answer: one result per candidate, in order; campaign ids are
+/// strings, as in JSON, so ids never go through a number type.
 pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
     pb::ScreenResponse {
         reservation: out.reservation,
@@ -107,6 +118,8 @@ pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
     }
 }
 
+/// The cap that made a candidate ineligible (or would have, in shadow
+/// mode), its wait in ms rounded up as every front reports durations.
 fn denied_by(d: crate::engine::DeniedBy) -> pb::DeniedBy {
     pb::DeniedBy {
         campaign: d.campaign.to_string(),
@@ -115,6 +128,9 @@ fn denied_by(d: crate::engine::DeniedBy) -> pb::DeniedBy {
     }
 }
 
+/// A commit: the winners named in `campaign` (empty when the screen had
+/// one eligible candidate), the clearing price as `cost`, and, for a late
+/// commit, the user (docs/semantics.md §4.6).
 pub fn commit(r: &pb::CommitRequest) -> CommitRequest {
     CommitRequest {
         campaigns: r.campaign.clone(),
@@ -124,6 +140,8 @@ pub fn commit(r: &pb::CommitRequest) -> CommitRequest {
     }
 }
 
+/// How a reservation was settled, its outcome as the JSON API's word
+/// (`committed`, `released`, `late_commit`).
 pub fn settled(o: CommitOutcome) -> pb::Settled {
     pb::Settled {
         reservation: o.reservation,
@@ -132,6 +150,8 @@ pub fn settled(o: CommitOutcome) -> pb::Settled {
     }
 }
 
+/// An event (an impression counted outside a reservation); an absent
+/// `cost` is 1, as over JSON.
 pub fn event(e: pb::Event) -> Event {
     Event {
         user: e.user,
@@ -141,6 +161,8 @@ pub fn event(e: pb::Event) -> Event {
     }
 }
 
+/// A user's caps on a campaign. The scope is written through serde, so its
+/// word is the JSON API's (`user`, `campaign`) and cannot drift from it.
 pub fn usage(user: String, campaign: String, caps: Vec<CapUsage>) -> pb::Usage {
     pb::Usage {
         user,
@@ -165,6 +187,10 @@ pub fn usage(user: String, campaign: String, caps: Vec<CapUsage>) -> pb::Usage {
     }
 }
 
+/// A campaign's delivery. `pacing` is the JSON of the budget's pacing (a
+/// word or an object, whose shape varies by mode), so a string holding
+/// JSON rather than a message per mode; the period bounds are RFC 3339, as
+/// HTTP's.
 pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
     pb::Delivery {
         campaign: d.campaign,

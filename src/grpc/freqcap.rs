@@ -107,6 +107,9 @@ impl<C: Clock + 'static> Service<C> {
 
 #[tonic::async_trait]
 impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
+    /// `Check`, as `POST /v1/check`: decided on the executor when the key's
+    /// record is in memory, else on a blocking thread; counted under
+    /// `grpc Check` with the outcome words of every front.
     async fn check(
         &self,
         req: Request<pb::CheckRequest>,
@@ -122,6 +125,9 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(convert::decision(&out)))
     }
 
+    /// `Screen`, as `POST /v1/screen`: each candidate decided and, with
+    /// `reserve`, held until the commit, the release or its ttl; counted per
+    /// candidate.
     async fn screen(
         &self,
         req: Request<pb::ScreenRequest>,
@@ -137,6 +143,9 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(convert::screened(out)))
     }
 
+    /// `Commit`, as `POST /v1/reservations/{id}/commit`: answered once the
+    /// batch with the commit's writes is durable (docs/engine.md,
+    /// "Durability"), awaited without parking a thread.
     async fn commit(
         &self,
         req: Request<pb::CommitRequest>,
@@ -151,6 +160,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(convert::settled(out)))
     }
 
+    /// `Release`: the reservation's holds given back; a repeat answers the
+    /// same, a release of a committed id is a conflict (ABORTED).
     async fn release(
         &self,
         req: Request<pb::ReleaseRequest>,
@@ -165,6 +176,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(convert::settled(out)))
     }
 
+    /// `Events`: a batch counted at once, each event id once
+    /// (`duplicates` says how many were repeats).
     async fn events(
         &self,
         req: Request<pb::EventsRequest>,
@@ -179,6 +192,10 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(self.count(evs).await?))
     }
 
+    /// `RecordEvents`: a client stream counted in batches as it arrives, so
+    /// a long stream holds one batch; it ends before the body timeout so
+    /// the client learns how many were applied (`freqcap-events-applied`
+    /// metadata when it fails midway).
     async fn record_events(
         &self,
         req: Request<Streaming<pb::Event>>,
@@ -215,6 +232,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         }))
     }
 
+    /// `Usage`: a user's caps on a campaign, read without debiting.
     async fn usage(&self, req: Request<pb::UsageRequest>) -> Result<Response<pb::Usage>, Status> {
         let _slot = self.enter(&req)?;
         let r = req.into_inner();
@@ -228,6 +246,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         Ok(Response::new(convert::usage(r.user, r.campaign, caps)))
     }
 
+    /// `Delivery`: a campaign's budget spend and its cap now.
     async fn delivery(
         &self,
         req: Request<pb::DeliveryRequest>,

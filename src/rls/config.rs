@@ -145,8 +145,13 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// A parse step's result: on error, the path in the file where it is
+/// (`descriptors[0].rate_limit.unit`) and what is wrong, joined with the
+/// file's name into a [`ConfigError`] by the caller, so every message names
+/// file, path and problem as the JSON API names its fields.
 type Result<T> = std::result::Result<T, (String, String)>;
 
+/// An error at `path`.
 fn at(path: &str, message: impl Into<String>) -> (String, String) {
     (path.to_owned(), message.into())
 }
@@ -365,11 +370,14 @@ fn check_nesting(text: &str) -> std::result::Result<(), (usize, String)> {
     Ok(())
 }
 
+/// `v` as a mapping, or an error saying what it is instead.
 fn object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>> {
     v.as_object()
         .ok_or_else(|| at(path, format!("expected a mapping, got {}", kind(v))))
 }
 
+/// What a YAML value is, in the words an error message uses ("expected a
+/// mapping, got a list").
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
@@ -381,6 +389,10 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// Refuses a key outside `allowed`, naming it and listing the allowed
+/// ones: a misspelled `requests_per_unit` must not leave a descriptor
+/// unlimited. At a reload the whole file set is then refused and the rules
+/// in force stay.
 fn only_keys(m: &Map<String, Value>, path: &str, allowed: &[&str]) -> Result<()> {
     for k in m.keys() {
         if !allowed.contains(&k.as_str()) {
@@ -393,6 +405,7 @@ fn only_keys(m: &Map<String, Value>, path: &str, allowed: &[&str]) -> Result<()>
     Ok(())
 }
 
+/// `path.key`, or `key` at the top.
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_owned()
@@ -401,6 +414,7 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
+/// A string field, absent or null as `None`.
 fn string(m: &Map<String, Value>, path: &str, key: &str) -> Result<Option<String>> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -416,6 +430,8 @@ fn string(m: &Map<String, Value>, path: &str, key: &str) -> Result<Option<String
     }
 }
 
+/// A boolean field (`shadow_mode`, `detailed_metric`), absent as false,
+/// as envoyproxy/ratelimit's zero value.
 fn boolean(m: &Map<String, Value>, path: &str, key: &str) -> Result<bool> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(false),
@@ -427,6 +443,8 @@ fn boolean(m: &Map<String, Value>, path: &str, key: &str) -> Result<bool> {
     }
 }
 
+/// A list field, absent or null as empty (a descriptor without nested
+/// `descriptors` is a leaf).
 fn list<'a>(m: &'a Map<String, Value>, path: &str, key: &str) -> Result<&'a [Value]> {
     match m.get(key) {
         None | Some(Value::Null) => Ok(&[]),
@@ -459,6 +477,11 @@ fn parse_file(doc: &Value) -> Result<(String, Node, usize)> {
     Ok((domain, root, count))
 }
 
+/// One level of a descriptor tree into `node`: each entry's key and value
+/// (a value, a wildcard prefix `/api/*`, or any value), its rule if it has
+/// one, and its nested level, at most [`MAX_DEPTH`] deep; `count` counts
+/// the rules. Two entries with the same key and value are refused: which
+/// one applies would otherwise depend on the order they were read in.
 fn parse_level(
     node: &mut Node,
     descriptors: &[Value],
@@ -696,6 +719,7 @@ fn parse_rule(
     }
 }
 
+/// An engine error about a rule's limits, at the field it names.
 fn engine_error(e: crate::engine::EngineError) -> (String, String) {
     match e {
         crate::engine::EngineError::InvalidArgument { field, message } => (field, message),

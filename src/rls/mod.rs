@@ -114,28 +114,35 @@ impl RulesHandle {
     }
 
     /// Reloads on every SIGHUP, logging what happened, until the process
-    /// ends.
-    pub async fn reload_on_sighup(self: Arc<Self>) {
+    /// ends. SIGHUP is listened for from this call on, not from the
+    /// future's first poll: called before the listeners start, a signal
+    /// sent as soon as the service answers is not missed (a test sending
+    /// one right after its first answer saw it missed once in a full test
+    /// run when the task registered it on its first poll).
+    pub fn reload_on_sighup(self: Arc<Self>) -> impl std::future::Future<Output = ()> + Send {
         #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
-                tracing::warn!("cannot listen for SIGHUP: rls_config is not reloaded");
-                return;
-            };
-            while hup.recv().await.is_some() {
-                let me = self.clone();
-                match tokio::task::spawn_blocking(move || me.reload()).await {
-                    Ok(Ok(n)) => tracing::info!(
-                        rules = n,
-                        dir = %self.dir.display(),
-                        "rls_config reloaded: {n} rules"
-                    ),
-                    Ok(Err(e)) => tracing::error!(
-                        dir = %self.dir.display(),
-                        "rls_config not reloaded, the previous rules stay: {e}"
-                    ),
-                    Err(e) => tracing::error!("rls_config reload failed: {e}"),
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        async move {
+            #[cfg(unix)]
+            {
+                let Ok(mut hup) = hup else {
+                    tracing::warn!("cannot listen for SIGHUP: rls_config is not reloaded");
+                    return;
+                };
+                while hup.recv().await.is_some() {
+                    let me = self.clone();
+                    match tokio::task::spawn_blocking(move || me.reload()).await {
+                        Ok(Ok(n)) => tracing::info!(
+                            rules = n,
+                            dir = %self.dir.display(),
+                            "rls_config reloaded: {n} rules"
+                        ),
+                        Ok(Err(e)) => tracing::error!(
+                            dir = %self.dir.display(),
+                            "rls_config not reloaded, the previous rules stay: {e}"
+                        ),
+                        Err(e) => tracing::error!("rls_config reload failed: {e}"),
+                    }
                 }
             }
         }

@@ -137,6 +137,13 @@ impl<C: Clock + 'static> Service<C> {
         }))
     }
 
+    /// One `ShouldRateLimit`: the request validated (domain, descriptors,
+    /// entries and costs, each error naming its field), each descriptor
+    /// matched to its rule, `replaces` applied, and every limited
+    /// descriptor decided in one all-or-nothing engine step: a request is
+    /// debited on every descriptor or on none (envoyproxy/ratelimit debits
+    /// each descriptor on its own). An enforced block looks at the others
+    /// without debiting them.
     async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let max_id = self.state.engine.options().max_id_len;
         if req.domain.is_empty() {
@@ -461,6 +468,9 @@ fn limited(
     }
 }
 
+/// Envoy's unit of a rule's window; `Unknown` for a `limits` stack whose
+/// tightest item is not one whole unit long (Envoy's field has no other
+/// way to say it).
 fn pb_unit(u: Option<Unit>) -> PbUnit {
     match u {
         None => PbUnit::Unknown,
@@ -474,6 +484,8 @@ fn pb_unit(u: Option<Unit>) -> PbUnit {
     }
 }
 
+/// `duration_until_reset` from ns, saturating: a window may end past what
+/// `i64` seconds hold only in theory, and an answer must not fail for it.
 fn duration(ns: Span) -> prost_types::Duration {
     let secs = ns / 1_000_000_000;
     prost_types::Duration {
