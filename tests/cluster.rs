@@ -143,7 +143,19 @@ fn check_ledger(n: &Node, ledger: &Ledger) -> u64 {
                 acked <= CAP,
                 "u{user} c{camp}: {acked} acknowledged commits, cap {CAP}"
             );
-            let (st, u) = n.call("GET", &format!("/v1/users/u{user}/campaigns/c{camp}"), None);
+            // A read may meet a shard still settling after a failover:
+            // 503 `unavailable` says nothing was read and to retry, as a
+            // client would (bounded: 3 s).
+            let path = format!("/v1/users/u{user}/campaigns/c{camp}");
+            let mut read = n.call("GET", &path, None);
+            for _ in 0..30 {
+                if read.0 != 503 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+                read = n.call("GET", &path, None);
+            }
+            let (st, u) = read;
             assert_eq!(st, 200, "usage of u{user} c{camp}: {u}");
             let used = u["caps"][0]["used"].as_u64().unwrap_or(u64::MAX);
             assert!(used <= CAP, "u{user} c{camp}: stored {used}, cap {CAP}");
