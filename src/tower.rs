@@ -97,7 +97,7 @@ enum Backend {
     },
 }
 
-struct Shared {
+struct LayerState {
     backend: Backend,
     key: Box<dyn KeyExtractor>,
     cost: Option<Box<CostFn>>,
@@ -109,7 +109,7 @@ struct Shared {
 /// See the module documentation.
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    shared: Arc<Shared>,
+    shared: Arc<LayerState>,
 }
 
 impl RateLimitLayer {
@@ -139,7 +139,7 @@ impl RateLimitLayer {
 
     fn with(backend: Backend, key: Box<dyn KeyExtractor>) -> Self {
         RateLimitLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LayerState {
                 backend,
                 key,
                 cost: None,
@@ -149,7 +149,7 @@ impl RateLimitLayer {
         }
     }
 
-    fn edit(mut self, f: impl FnOnce(&mut Shared)) -> Self {
+    fn edit(mut self, f: impl FnOnce(&mut LayerState)) -> Self {
         // Not yet shared: the layer is being built.
         if let Some(s) = Arc::get_mut(&mut self.shared) {
             f(s);
@@ -190,7 +190,7 @@ impl<S> ::tower::Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimit<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<LayerState>,
 }
 
 /// A decision, as headers and whether the request may go on.
@@ -235,7 +235,7 @@ fn remote_headers(d: &RemoteDecision) -> HeaderMap {
     h
 }
 
-impl Shared {
+impl LayerState {
     fn local_once(
         &self,
         limiter: &KeyedLimiter<String>,

@@ -24,7 +24,7 @@ pub(crate) enum Locking {
     Deciding,
     /// Every one: settling a reservation takes them all, as an item it
     /// debited may have been redefined away since.
-    Settling,
+    PendingEnd,
 }
 
 /// The locked campaign records of a chain, by campaign id, ascending; inline
@@ -62,7 +62,7 @@ pub(crate) fn lock_entries<'a>(
 }
 
 fn wanted(e: &CampaignEntry, locking: Locking) -> bool {
-    locking == Locking::Settling || e.compiled.items.iter().any(|c| c.scope == Scope::Campaign)
+    locking == Locking::PendingEnd || e.compiled.items.iter().any(|c| c.scope == Scope::Campaign)
 }
 
 fn lock(e: &Arc<CampaignEntry>) -> (u32, MutexGuard<'_, SubjectRecord>) {
@@ -143,7 +143,7 @@ pub(crate) fn units(item: &Item, cost: u64) -> u64 {
 
 /// How settled pending debits leave a record.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Settling {
+pub(crate) enum PendingEnd {
     /// Made permanent; the final cost, if any, replaces the reserved units
     /// of the items `repriced` says.
     Commit {
@@ -168,7 +168,7 @@ pub(crate) fn settle_entries(
     rec: &mut SubjectRecord,
     entries: impl IntoIterator<Item = PendingEntry>,
     defs: Defs<'_>,
-    how: Settling,
+    how: PendingEnd,
     at: Nanos,
 ) {
     for p in entries {
@@ -185,7 +185,7 @@ pub(crate) fn settle_entries(
             continue;
         };
         match how {
-            Settling::Commit {
+            PendingEnd::Commit {
                 final_cost,
                 repriced,
             } => {
@@ -202,7 +202,7 @@ pub(crate) fn settle_entries(
             // screen) re-sizes the exact-size counter slice twice per
             // candidate, which measured 5.6x slower for a 50-candidate
             // screen + commit.
-            Settling::Release => item.release(&mut counter.state, &p.item, p.n, at),
+            PendingEnd::Release => item.release(&mut counter.state, &p.item, p.n, at),
         }
         rec.idle_at = rec.idle_at.max(item.idle_at(&counter.state));
     }

@@ -20,7 +20,7 @@ use crate::clock::{Clock, Nanos};
 use crate::limits::stack::Decision;
 use crate::limits::{Hold, ItemState};
 
-use super::chain::{Defs, Repriced, Settling, settle_entries};
+use super::chain::{Defs, PendingEnd, Repriced, settle_entries};
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
@@ -374,12 +374,12 @@ impl<C: Clock> Engine<C> {
         commit: bool,
     ) -> Result<(), Halt> {
         let how = if commit {
-            Settling::Commit {
+            PendingEnd::Commit {
                 final_cost: None,
                 repriced: Repriced::EveryItem,
             }
         } else {
-            Settling::Release
+            PendingEnd::Release
         };
         for g in groups.iter().filter(|g| g.held) {
             let limits = &checks[g.checks[0]].limits;
@@ -396,7 +396,7 @@ impl<C: Clock> Engine<C> {
                     rec.drop_empty_shared_meta();
                 })
             };
-            // Settling cannot be refused, only outpaced: a key hot on several
+            // PendingEnd cannot be refused, only outpaced: a key hot on several
             // nodes at once changes under it (3 nodes on one key: 4 calls of
             // 60 failed after 3 tries), so it tries again before giving up.
             let mut tried = settle();

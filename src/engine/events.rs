@@ -11,7 +11,7 @@ use crate::model::Scope;
 use crate::store::{Op, Receipt, Space, codec};
 
 use super::chain::{Defs, Locking, guard_of, lock_chain, units};
-use super::holds::SettledId;
+use super::holds::RememberedId;
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
@@ -241,7 +241,7 @@ impl<C: Clock> Engine<C> {
                 continue;
             };
             // A shared store claimed the id already, cluster-wide.
-            let dedupe = n.id.filter(|_| self.shared().is_none()).map(|h| {
+            let dedupe = n.id.filter(|_| !shared).map(|h| {
                 Op::Put(
                     Space::Dedupe,
                     h.to_be_bytes().to_vec(),
@@ -255,16 +255,16 @@ impl<C: Clock> Engine<C> {
                         // With a shared store, the record also remembers the id
                         // for a while: a retry after a write whose answer was
                         // lost (applied or not, nobody knows) counts it once.
-                        if let Some(h) = n.id.filter(|_| self.shared().is_some()) {
+                        if let Some(h) = n.id.filter(|_| shared) {
                             let res = h as u64;
                             if rec
                                 .shared_meta()
-                                .is_some_and(|m| m.settled.iter().any(|s| s.res == res))
+                                .is_some_and(|m| m.remembered.iter().any(|s| s.res == res))
                             {
                                 return (Receipt::done(0), false);
                             }
                             let until = now.saturating_add(EVENT_RETRY_MEMORY);
-                            rec.shared_meta_mut().settled.push(SettledId {
+                            rec.shared_meta_mut().remembered.push(RememberedId {
                                 res,
                                 deadline: until,
                                 committed: true,
@@ -314,7 +314,7 @@ impl<C: Clock> Engine<C> {
                 }
             }
         }
-        if self.shared().is_some() {
+        if shared {
             // Leased campaign state: report the spend now if more is
             // unreported than may be; should it fail, the next renewal
             // reports it (counters are absolute).

@@ -15,20 +15,21 @@ use crate::clock::Nanos;
 pub(crate) struct SharedMeta {
     /// Open reservations with debits in this record.
     pub held: Vec<Held>,
-    /// Reservations settled here, remembered until their deadline so a
-    /// repeat on any node gets the same answer.
-    pub settled: Vec<SettledId>,
+    /// Ids settled or counted here, remembered until their deadline so a
+    /// repeat on any node gets the same answer: settled reservations, and
+    /// the ids of counted events (`events.rs`).
+    pub remembered: Vec<RememberedId>,
 }
 
 impl SharedMeta {
     pub(crate) fn is_empty(&self) -> bool {
-        self.held.is_empty() && self.settled.is_empty()
+        self.held.is_empty() && self.remembered.is_empty()
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
         std::mem::size_of::<SharedMeta>()
             + self.held.capacity() * std::mem::size_of::<Held>()
-            + self.settled.capacity() * std::mem::size_of::<SettledId>()
+            + self.remembered.capacity() * std::mem::size_of::<RememberedId>()
     }
 }
 
@@ -64,9 +65,14 @@ pub(crate) enum HeldKind {
     Screen { candidates: Vec<(u32, u32)> },
 }
 
-/// A settled reservation, remembered until its deadline.
+/// An id a record remembers until `deadline`, so that a repeat on any node
+/// is answered as the first call was: a settled reservation's (how it
+/// settled), or a counted event's (`committed`, no campaigns, no final
+/// cost: `events.rs`), both keyed by the hash of their id. One type for
+/// both because a record encodes them in one list (`shared.rs`,
+/// `SharedForm`): a second list would change the stored layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct SettledId {
+pub(crate) struct RememberedId {
     pub res: u64,
     pub deadline: Nanos,
     pub committed: bool,

@@ -131,10 +131,10 @@ pub enum State {
     /// Holding pending debits; the stored first answer.
     Open(Answer),
     /// Settled: remembered until the original deadline so a repeat gets the
-    /// first outcome (docs/semantics.md §4.5). A repeat waits on the [`Settled`] latch,
+    /// first outcome (docs/semantics.md §4.5). A repeat waits on the [`FirstResult`] latch,
     /// so it is not acknowledged before the first one's write is durable.
-    Committed(CommitOutcome, Arc<Settled>),
-    Released(CommitOutcome, Arc<Settled>),
+    Committed(CommitOutcome, Arc<FirstResult>),
+    Released(CommitOutcome, Arc<FirstResult>),
 }
 
 /// The longest a repeat waits for the first settle of the same id.
@@ -147,18 +147,40 @@ pub enum Ending {
     Release,
 }
 
+/// How a reservation is settled, with what a commit chose: a screen's
+/// winning candidate indexes on this node (`[u32]`), or the campaign names
+/// a commit gave, settled in a shared record (`[String]`, `shared.rs`).
+#[derive(Debug)]
+pub(crate) enum Settlement<'a, C: ?Sized> {
+    /// Committed: `chosen` (for a check, empty: its debits), at the final
+    /// cost if given; the candidates not chosen are released.
+    Commit {
+        chosen: &'a C,
+        final_cost: Option<u64>,
+    },
+    Release,
+}
+
+// By hand: a derive would ask `C: Copy`, which `[u32]` is not.
+impl<C: ?Sized> Clone for Settlement<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C: ?Sized> Copy for Settlement<'_, C> {}
+
 /// Set once the settling call has applied (and, for a commit, durably
 /// written) what it settled. A std mutex and condvar: waiters are repeats of
 /// one id, rare and short, and they wait on a writer thread, not a task.
 #[derive(Debug, Default)]
-pub struct Settled {
+pub struct FirstResult {
     result: Mutex<Option<Result<(), EngineError>>>,
     done: Condvar,
     /// The same for async repeats.
     done_async: tokio::sync::Notify,
 }
 
-impl Settled {
+impl FirstResult {
     /// Publishes the first call's result to every repeat.
     pub fn set(&self, result: Result<(), EngineError>) {
         *self.result.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
@@ -174,7 +196,7 @@ impl Settled {
             .is_some()
     }
 
-    /// [`Settled::wait`] for async callers. Unbounded: the first call always
+    /// [`FirstResult::wait`] for async callers. Unbounded: the first call always
     /// sets the latch, also when its caller goes away (see `PendingCommit`).
     pub async fn wait_async(&self) -> Result<(), EngineError> {
         loop {
@@ -242,7 +264,7 @@ pub fn entry_bytes(id_len: usize) -> usize {
     (std::mem::size_of::<(String, Reservation)>() + 1) * 8 / 7
         + std::mem::size_of::<(Nanos, String)>() * 3 / 2
         + 3 * id_len
-        + std::mem::size_of::<Settled>()
+        + std::mem::size_of::<FirstResult>()
 }
 
 #[derive(Default)]
@@ -340,12 +362,12 @@ pub enum Settle {
         outcome: CommitOutcome,
         /// Candidates to commit (a screen's winners).
         chosen: Vec<u32>,
-        settled: Arc<Settled>,
+        settled: Arc<FirstResult>,
     },
-    /// Settled before by the same operation: its outcome, to give once the
+    /// FirstResult before by the same operation: its outcome, to give once the
     /// latch says the first call succeeded.
-    Repeat(CommitOutcome, Arc<Settled>),
-    /// Settled before by the other operation, or still being decided.
+    Repeat(CommitOutcome, Arc<FirstResult>),
+    /// FirstResult before by the other operation, or still being decided.
     Conflict(Conflict),
     /// The request does not fit the reservation (left open).
     Rejected(EngineError),
@@ -546,7 +568,7 @@ impl Reservations {
                 self.uncount(r.footprint);
                 self.count(now_counted);
                 r.footprint = now_counted;
-                let settled = Arc::new(Settled::default());
+                let settled = Arc::new(FirstResult::default());
                 r.state = match ending {
                     Ending::Commit => State::Committed(o.clone(), settled.clone()),
                     Ending::Release => State::Released(o.clone(), settled.clone()),

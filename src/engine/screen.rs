@@ -11,7 +11,7 @@ use crate::model::Scope;
 use crate::store::StoreError;
 
 use super::chain::{
-    Defs, FRESH, Locking, Settling, guard_of, lock_chain, lock_entries, settle_entries, units,
+    Defs, FRESH, Locking, PendingEnd, guard_of, lock_chain, lock_entries, settle_entries, units,
 };
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
@@ -379,11 +379,11 @@ fn undo_campaign_holds(reg: &Registry, req: &ScreenRequest, seq: u64, now: Nanos
         .iter()
         .filter_map(|c| reg.chain(&c.campaign))
         .flat_map(|chain| chain.iter());
-    let mut guards = lock_entries(chains, Locking::Settling);
+    let mut guards = lock_entries(chains, Locking::PendingEnd);
     for (_, g) in guards.iter_mut() {
         let entries = g.take_pending(seq, None);
         if !entries.is_empty() {
-            settle_entries(g, entries, Defs::Registry(reg), Settling::Release, now);
+            settle_entries(g, entries, Defs::Registry(reg), PendingEnd::Release, now);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Settling reservations: commit (with late commits), release, and expiry
+//! PendingEnd reservations: commit (with late commits), release, and expiry
 //! at the deadline.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use crate::clock::{Clock, Nanos};
 use crate::store::Receipt;
 
 use super::chain::{
-    Defs, Locking, Repriced, Settling, guard_of, lock_chain, lock_entries, settle_entries,
+    Defs, Locking, PendingEnd, Repriced, guard_of, lock_chain, lock_entries, settle_entries,
 };
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
@@ -18,8 +18,8 @@ use super::record::SubjectRecord;
 use super::request::{
     CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id, not_a_winner,
 };
-use super::reservations::{Due, Ending, HeldCandidate, Reserved, Settle, Settled};
-use super::shared::{SettledAs, SettledHere, SharedSettle};
+use super::reservations::{Due, Ending, FirstResult, HeldCandidate, Reserved, Settle, Settlement};
+use super::shared::{InRecord, RecordedEnd};
 use super::{Engine, EngineError};
 use crate::store::Shared;
 
@@ -97,9 +97,9 @@ enum CommitWait {
     Done,
     /// This call applied the commit: its batch (none if it wrote nothing),
     /// then the latch that answers repeats of it.
-    Write(Option<Receipt>, Arc<Settled>),
+    Write(Option<Receipt>, Arc<FirstResult>),
     /// A repeat: the first call's result.
-    Repeat(Arc<Settled>),
+    Repeat(Arc<FirstResult>),
 }
 
 impl PendingCommit<'_> {
@@ -170,18 +170,6 @@ impl Drop for PendingCommit<'_> {
             settled.set(written);
         }
     }
-}
-
-/// How a reservation is settled.
-#[derive(Debug, Clone, Copy)]
-enum Settlement<'a> {
-    /// Committed: a check's debits, or a screen's `winners` (candidate
-    /// indexes; the rest are released), at the final cost if given.
-    Commit {
-        winners: &'a [u32],
-        final_cost: Option<u64>,
-    },
-    Release,
 }
 
 impl<C: Clock> Engine<C> {
@@ -387,14 +375,14 @@ impl<C: Clock> Engine<C> {
             if reads == Reads::MemoryOnly {
                 return Err(Halt::NotInMemory);
             }
-            let how = SharedSettle::Commit {
-                campaigns: &req.campaigns,
+            let how = Settlement::Commit {
+                chosen: req.campaigns.as_slice(),
                 final_cost: req.cost,
             };
             let (how, names, counter) = match self.settle_shared(shared, key, id, how)? {
-                SettledHere::Done(how, names) => (how, names, Some(&self.stats.commits)),
-                SettledHere::Repeat(how, names) => (how, names, None),
-                SettledHere::Unknown => return Ok(self.late_commit(id, req)?),
+                InRecord::Done(how, names) => (how, names, Some(&self.stats.commits)),
+                InRecord::Repeat(how, names) => (how, names, None),
+                InRecord::Unknown => return Ok(self.late_commit(id, req)?),
             };
             // Acknowledged once the spend is reported too (a repeat reports
             // what a failed report left behind).
@@ -433,7 +421,7 @@ impl<C: Clock> Engine<C> {
                 // The reservation's user record holds its pending debits, so
                 // it is pinned in memory: this never reads the store.
                 let how = Settlement::Commit {
-                    winners: &chosen,
+                    chosen: chosen.as_slice(),
                     final_cost: req.cost,
                 };
                 match self.settle_reserved(&reserved, seq, how, now, reads) {
@@ -515,8 +503,8 @@ impl<C: Clock> Engine<C> {
             self.check_id("user", u)?;
         }
         if let Some((shared, key)) = self.shared_record_of(id, user) {
-            return match self.settle_shared(shared, key, id, SharedSettle::Release)? {
-                SettledHere::Done(how, campaigns) => {
+            return match self.settle_shared(shared, key, id, Settlement::Release)? {
+                InRecord::Done(how, campaigns) => {
                     self.stats.releases.fetch_add(1, Ordering::Relaxed);
                     self.settle_campaign_side(id, &how)?;
                     Ok(CommitOutcome {
@@ -525,7 +513,7 @@ impl<C: Clock> Engine<C> {
                         campaigns,
                     })
                 }
-                SettledHere::Repeat(how, campaigns) => {
+                InRecord::Repeat(how, campaigns) => {
                     self.settle_campaign_side(id, &how)?;
                     Ok(CommitOutcome {
                         reservation: id.to_owned(),
@@ -533,7 +521,7 @@ impl<C: Clock> Engine<C> {
                         campaigns,
                     })
                 }
-                SettledHere::Unknown => Err(EngineError::NotFound(format!(
+                InRecord::Unknown => Err(EngineError::NotFound(format!(
                     "no open reservation {id:?} (unknown or expired)"
                 ))),
             };
@@ -590,7 +578,7 @@ impl<C: Clock> Engine<C> {
     /// its campaign-side holds as its record says it was settled, forgets
     /// it, and reports the spend (an error: the commit is not acknowledged,
     /// and its repeat reports again).
-    fn settle_campaign_side(&self, id: &str, how: &SettledAs) -> Result<(), EngineError> {
+    fn settle_campaign_side(&self, id: &str, how: &RecordedEnd) -> Result<(), EngineError> {
         if let Some(reserved) = self.reservations.reserved(id) {
             if let Reserved::Screen { candidates, .. } = &*reserved {
                 let now = self.now();
@@ -615,7 +603,7 @@ impl<C: Clock> Engine<C> {
     /// Settles the campaign-side holds of `candidates` (reservation `seq`)
     /// as `how` says, as of `at`: the committed campaigns' first unchosen
     /// candidates win, the rest are released.
-    fn settle_held(&self, candidates: &[HeldCandidate], seq: u64, how: &SettledAs, at: Nanos) {
+    fn settle_held(&self, candidates: &[HeldCandidate], seq: u64, how: &RecordedEnd, at: Nanos) {
         let mut winners: Vec<u32> = Vec::new();
         if how.outcome == Outcome::Committed {
             let reg = self.registry();
@@ -631,7 +619,7 @@ impl<C: Clock> Engine<C> {
         }
         let settlement = if how.outcome == Outcome::Committed {
             Settlement::Commit {
-                winners: &winners,
+                chosen: winners.as_slice(),
                 final_cost: how.final_cost,
             }
         } else {
@@ -675,7 +663,7 @@ impl<C: Clock> Engine<C> {
         &self,
         reserved: &Reserved,
         seq: u64,
-        how: Settlement<'_>,
+        how: Settlement<'_, [u32]>,
         at: Nanos,
         reads: Reads,
     ) -> Result<Option<Receipt>, Halt> {
@@ -696,10 +684,10 @@ impl<C: Clock> Engine<C> {
                 self.with_record(record, now, reads, |rec, now| {
                     let entries = rec.take_pending(seq, None);
                     let Settlement::Commit { final_cost, .. } = how else {
-                        settle_entries(rec, entries, defs, Settling::Release, at);
+                        settle_entries(rec, entries, defs, PendingEnd::Release, at);
                         return None;
                     };
-                    let settling = Settling::Commit {
+                    let settling = PendingEnd::Commit {
                         final_cost,
                         repriced: Repriced::EveryItem,
                     };
@@ -740,23 +728,20 @@ impl<C: Clock> Engine<C> {
         mut user_rec: Option<&mut SubjectRecord>,
         candidates: &[HeldCandidate],
         seq: u64,
-        how: Settlement<'_>,
+        how: Settlement<'_, [u32]>,
         at: Nanos,
         now: Nanos,
     ) -> Option<Receipt> {
         let (winners, final_cost) = match how {
-            Settlement::Commit {
-                winners,
-                final_cost,
-            } => (winners, final_cost),
+            Settlement::Commit { chosen, final_cost } => (chosen, final_cost),
             Settlement::Release => (&[][..], None),
         };
         let settling = |win: bool| match win {
-            true => Settling::Commit {
+            true => PendingEnd::Commit {
                 final_cost,
                 repriced: Repriced::Budgets,
             },
-            false => Settling::Release,
+            false => PendingEnd::Release,
         };
         // The user's entries of this reservation, taken in one pass; a
         // screen pushed them in candidate order.
@@ -768,10 +753,10 @@ impl<C: Clock> Engine<C> {
         // Every chain's records at once, each once, in the lock order: the
         // winners' are then written together, each encoded once.
         let mut guards = match candidates {
-            [one] => lock_chain(&one.chain, Locking::Settling),
+            [one] => lock_chain(&one.chain, Locking::PendingEnd),
             _ => lock_entries(
                 candidates.iter().flat_map(|c| c.chain.iter()),
-                Locking::Settling,
+                Locking::PendingEnd,
             ),
         };
         let mut written: SmallVec<[u32; 8]> = SmallVec::new();
@@ -889,8 +874,8 @@ fn winners(
 }
 
 /// How a reservation with no record of its settlement was settled.
-fn released() -> SettledAs {
-    SettledAs {
+fn released() -> RecordedEnd {
+    RecordedEnd {
         outcome: Outcome::Released,
         campaigns: Vec::new(),
         final_cost: None,

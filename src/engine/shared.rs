@@ -24,15 +24,16 @@ use crate::limits::{ItemState, PendingItem};
 use crate::store::codec::{self, StoredCounter, StoredState};
 use crate::store::{Cas, Owned, Shared, StoreError};
 
-use super::chain::{Defs, Repriced, Settling, settle_entries};
+use super::chain::{Defs, PendingEnd, Repriced, settle_entries};
 use super::compact_form::{self, CounterDelta, PendingGroup};
-use super::holds::{Held, HeldKind, SettledId};
+use super::holds::{Held, HeldKind, RememberedId};
 use super::hot::{Halt, RecordKey};
 use super::record::{Counter, PendingEntry, SubjectRecord};
 use super::registry::Registry;
 use super::request::CompiledInline;
 use super::request::Outcome;
 use super::request::compile_inline;
+use super::reservations::Settlement;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
 use crate::model::LimitDef;
 
@@ -74,7 +75,7 @@ fn unavailable(message: String) -> Halt {
 
 /// How a reservation was settled, as its record says.
 #[derive(Debug, Clone)]
-pub(crate) struct SettledAs {
+pub(crate) struct RecordedEnd {
     pub outcome: Outcome,
     /// The committed campaigns (ids); a release lists its candidates.
     pub campaigns: Vec<u32>,
@@ -130,7 +131,7 @@ pub(crate) fn seen_in_record(rec: &SubjectRecord, res: u64) -> Option<SeenHere> 
             kind: h.kind.clone(),
         });
     }
-    meta.settled
+    meta.remembered
         .iter()
         .any(|s| s.res == res)
         .then_some(SeenHere::Settled)
@@ -154,7 +155,7 @@ struct SharedForm<'a, C, P> {
     counters: Vec<C>,
     pending: Vec<P>,
     held: Cow<'a, [Held]>,
-    settled: Cow<'a, [SettledId]>,
+    remembered: Cow<'a, [RememberedId]>,
     /// What a stored counter leaves out and a shared record must keep.
     extra: Vec<ExtraState>,
 }
@@ -171,7 +172,7 @@ impl<'a, C, P> SharedForm<'a, C, P> {
             counters: counters(self.counters)?,
             pending: pending(self.pending)?,
             held: self.held,
-            settled: self.settled,
+            remembered: self.remembered,
             extra: self.extra,
         })
     }
@@ -276,7 +277,7 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
                     HeldKind::Check { .. } => 24,
                 })
                 .sum::<usize>()
-                + 32 * m.settled.len()
+                + 32 * m.remembered.len()
         });
         let estimate = 64 + 8 * (counters.len() + rec.pending().count()) + held;
         let form = form(rec, last, counters, compact_form::encode(rec.pending()));
@@ -328,7 +329,7 @@ fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) ->
     });
     let counters = compact_form::encode_counters(kept);
     let meta = rec.shared_meta();
-    let settled = meta.map_or(&[][..], |m| &m.settled[..]);
+    let settled = meta.map_or(&[][..], |m| &m.remembered[..]);
     let form = SharedForm::<CounterDelta, PendingGroup> {
         last,
         counters,
@@ -339,7 +340,7 @@ fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) ->
         // id), and only until their deadline, as on one node (no other node
         // learns of them there: the grace shared mode keeps them for made
         // a hot user's writes grow with its last two minutes' commits).
-        settled: if settled.iter().all(|x| x.committed && x.deadline > at) {
+        remembered: if settled.iter().all(|x| x.committed && x.deadline > at) {
             Cow::Borrowed(settled)
         } else {
             Cow::Owned(
@@ -404,7 +405,7 @@ fn form<C, P>(
         counters,
         pending,
         held: Cow::Borrowed(meta.map_or(&[][..], |m| &m.held[..])),
-        settled: Cow::Borrowed(meta.map_or(&[][..], |m| &m.settled[..])),
+        remembered: Cow::Borrowed(meta.map_or(&[][..], |m| &m.remembered[..])),
         extra: rec
             .counters
             .iter()
@@ -510,10 +511,10 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
     for p in form.pending {
         rec.add_pending(p);
     }
-    if !form.held.is_empty() || !form.settled.is_empty() {
+    if !form.held.is_empty() || !form.remembered.is_empty() {
         let meta = rec.shared_meta_mut();
         meta.held = form.held.into_owned();
-        meta.settled = form.settled.into_owned();
+        meta.remembered = form.remembered.into_owned();
         for (res, body) in bodies {
             if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
                 h.body = body;
@@ -537,14 +538,14 @@ fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
     };
     if !meta.held.iter().any(|h| h.deadline <= at)
         && !meta
-            .settled
+            .remembered
             .iter()
             .any(|s| s.deadline + SETTLED_GRACE <= at)
     {
         return;
     }
     let meta = rec.shared_meta_mut();
-    meta.settled.retain(|s| s.deadline + SETTLED_GRACE > at);
+    meta.remembered.retain(|s| s.deadline + SETTLED_GRACE > at);
     let (due, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut meta.held)
         .into_iter()
         .partition(|h| h.deadline <= at);
@@ -556,30 +557,20 @@ fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
             rec,
             entries,
             h.defs(reg, &compiled),
-            Settling::Release,
+            PendingEnd::Release,
             h.deadline,
         );
     }
     rec.drop_empty_shared_meta();
 }
 
-/// How a reservation is settled through its record.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum SharedSettle<'a> {
-    Commit {
-        campaigns: &'a [String],
-        final_cost: Option<u64>,
-    },
-    Release,
-}
-
 /// What settling a reservation in its record found.
 #[derive(Debug)]
-pub(crate) enum SettledHere {
+pub(crate) enum InRecord {
     /// Settled now: the outcome and its campaigns.
-    Done(SettledAs, Vec<Arc<str>>),
+    Done(RecordedEnd, Vec<Arc<str>>),
     /// Settled before, the same way: the same answer.
-    Repeat(SettledAs, Vec<Arc<str>>),
+    Repeat(RecordedEnd, Vec<Arc<str>>),
     /// The record holds nothing of it (unknown, or expired and forgotten).
     Unknown,
 }
@@ -596,26 +587,26 @@ fn settle_in_record(
     rec: &mut SubjectRecord,
     res: u64,
     id: &str,
-    how: SharedSettle<'_>,
+    how: Settlement<'_, [String]>,
     at: Nanos,
     reg: &Registry,
-) -> Result<SettledHere, EngineError> {
+) -> Result<InRecord, EngineError> {
     let meta = rec.shared_meta();
-    if let Some(s) = meta.and_then(|m| m.settled.iter().find(|s| s.res == res)) {
+    if let Some(s) = meta.and_then(|m| m.remembered.iter().find(|s| s.res == res)) {
         let outcome = if s.committed {
             Outcome::Committed
         } else {
             Outcome::Released
         };
         return match (how, s.committed) {
-            (SharedSettle::Commit { .. }, true) | (SharedSettle::Release, false) => {
+            (Settlement::Commit { .. }, true) | (Settlement::Release, false) => {
                 let names = names(reg, &s.campaigns);
-                let how = SettledAs {
+                let how = RecordedEnd {
                     outcome,
                     campaigns: s.campaigns.clone(),
                     final_cost: s.final_cost,
                 };
-                Ok(SettledHere::Repeat(how, names))
+                Ok(InRecord::Repeat(how, names))
             }
             _ => Err(EngineError::Conflict(Conflict::SettledOtherwise {
                 id: id.to_owned(),
@@ -627,17 +618,20 @@ fn settle_in_record(
         .and_then(|m| m.held.iter().find(|h| h.res == res))
         .cloned()
     else {
-        return Ok(SettledHere::Unknown);
+        return Ok(InRecord::Unknown);
     };
     let (committed, final_cost) = match how {
-        SharedSettle::Commit { final_cost, .. } => (true, final_cost),
-        SharedSettle::Release => (false, None),
+        Settlement::Commit { final_cost, .. } => (true, final_cost),
+        Settlement::Release => (false, None),
     };
     let (chosen, repriced) = match (&held.kind, how) {
-        (HeldKind::Screen { candidates }, SharedSettle::Commit { campaigns, .. }) => {
-            (winners(candidates, campaigns, reg, id)?, Repriced::Budgets)
-        }
-        (HeldKind::Screen { candidates }, SharedSettle::Release) => (
+        (
+            HeldKind::Screen { candidates },
+            Settlement::Commit {
+                chosen: campaigns, ..
+            },
+        ) => (winners(candidates, campaigns, reg, id)?, Repriced::Budgets),
+        (HeldKind::Screen { candidates }, Settlement::Release) => (
             candidates.iter().map(|&(i, c)| (i, c, false)).collect(),
             Repriced::Budgets,
         ),
@@ -651,12 +645,12 @@ fn settle_in_record(
             HeldKind::Screen { .. } => chosen.iter().any(|&(i, _, w)| w && i == e.cand),
         };
         let settling = if win {
-            Settling::Commit {
+            PendingEnd::Commit {
                 final_cost,
                 repriced,
             }
         } else {
-            Settling::Release
+            PendingEnd::Release
         };
         settle_entries(rec, [e], held.defs(reg, &compiled), settling, at);
     }
@@ -672,7 +666,7 @@ fn settle_in_record(
     };
     let meta = rec.shared_meta_mut();
     meta.held.retain(|h| h.res != res);
-    meta.settled.push(SettledId {
+    meta.remembered.push(RememberedId {
         res,
         deadline: held.deadline,
         committed,
@@ -686,12 +680,12 @@ fn settle_in_record(
         Outcome::Released
     };
     let names = names(reg, &shown);
-    let how = SettledAs {
+    let how = RecordedEnd {
         outcome,
         campaigns: shown,
         final_cost,
     };
-    Ok(SettledHere::Done(how, names))
+    Ok(InRecord::Done(how, names))
 }
 
 /// The candidates a commit naming `campaigns` wins, as (index, campaign id,
@@ -1007,7 +1001,7 @@ impl<C: Clock> Engine<C> {
                     .held
                     .iter()
                     .map(|h| h.deadline)
-                    .chain(m.settled.iter().map(|s| s.deadline))
+                    .chain(m.remembered.iter().map(|s| s.deadline))
                     .max()
                     .unwrap_or(0);
                 rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
@@ -1148,7 +1142,7 @@ impl<C: Clock> Engine<C> {
             return Ok(r);
         }
         if let Some(m) = rec.shared_meta() {
-            let until = m.settled.iter().map(|s| s.deadline).max().unwrap_or(0);
+            let until = m.remembered.iter().map(|s| s.deadline).max().unwrap_or(0);
             rec.idle_at = rec.idle_at.max(until.saturating_add(SETTLED_GRACE));
         }
         let value = codec::frame_as(3, rec.idle_at, &after);
@@ -1298,8 +1292,8 @@ impl<C: Clock> Engine<C> {
         shared: &dyn Shared,
         key: RecordKey,
         id: &str,
-        how: SharedSettle<'_>,
-    ) -> Result<SettledHere, EngineError> {
+        how: Settlement<'_, [String]>,
+    ) -> Result<InRecord, EngineError> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
@@ -1317,12 +1311,12 @@ impl<C: Clock> Engine<C> {
         shared: &dyn Shared,
         key: RecordKey,
         res: u64,
-    ) -> Result<Option<SettledAs>, StoreError> {
+    ) -> Result<Option<RecordedEnd>, StoreError> {
         let (rec, _) = self.read_shared(shared, &key.disk_key())?;
         Ok(rec
             .shared_meta()
-            .and_then(|m| m.settled.iter().find(|s| s.res == res))
-            .map(|s| SettledAs {
+            .and_then(|m| m.remembered.iter().find(|s| s.res == res))
+            .map(|s| RecordedEnd {
                 outcome: if s.committed {
                     Outcome::Committed
                 } else {

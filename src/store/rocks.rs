@@ -156,7 +156,7 @@ enum Job {
 
 /// Counters shared by the writer and readers of [`Store::stats`].
 #[derive(Default)]
-struct Shared {
+struct WriterState {
     /// What acknowledged submitters wait on.
     mark: Arc<Watermark>,
     /// Highest sequence written.
@@ -179,7 +179,7 @@ struct Submitter {
 pub struct RocksStore {
     db: Arc<DB>,
     submitter: Mutex<Submitter>,
-    shared: Arc<Shared>,
+    shared: Arc<WriterState>,
     /// Joined on drop, after the channel closes, so every queued batch is
     /// written before the store is gone (the drop guard of the writer).
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -208,7 +208,7 @@ impl RocksStore {
             context: format!("cannot create {}", dir.display()),
             source: e.into(),
         })?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(WriterState::default());
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -367,7 +367,7 @@ fn cf(db: &DB, space: Space) -> Result<&rocksdb::ColumnFamily, StoreError> {
 fn writer_loop(
     db: &DB,
     rx: &Receiver<Job>,
-    shared: &Shared,
+    shared: &WriterState,
     durability: Durability,
     hold: std::time::Duration,
 ) {
