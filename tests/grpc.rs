@@ -205,6 +205,22 @@ async fn the_ad_flow() {
         .unwrap()
         .into_inner();
     assert_eq!((n1.counted, n1.duplicates), (1, 0));
+    // An empty batch is the client's error on both fronts, naming the field.
+    let empty = c
+        .events(pb::EventsRequest { events: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), tonic::Code::InvalidArgument);
+    assert!(empty.message().contains("events:"), "{}", empty.message());
+    let (code, h) = http(&n, "POST", "/v1/events", Some(json!([])));
+    assert_eq!(code, 400, "{h}");
+    assert!(
+        h["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("events:"),
+        "{h}"
+    );
     let stream = tokio_stream::iter(vec![ev("e1"), ev("e2")]);
     let n2 = c.record_events(stream).await.unwrap().into_inner();
     // Events are counted, not checked (docs/semantics.md §5): e2 counts.

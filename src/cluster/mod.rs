@@ -592,10 +592,16 @@ fn unexpected(what: &str, v: &Value) -> StoreError {
 }
 
 impl Shared for RedisStore {
+    /// Redis's clock minus this node's, as `time.rs` measures it: every
+    /// node decides at Redis's time, so one node's wrong clock moves no cap
+    /// (docs/cluster.md, "Cluster time").
     fn clock_offset(&self) -> Option<i64> {
         Some(self.clock.offset())
     }
 
+    /// One `HMGET v b`: a plain read, no function, since a read promises
+    /// nothing beyond "this was the record at some instant"; the write
+    /// that follows is what checks the version.
     fn read(&self, key: &[u8]) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         let mut c = redis::cmd("HMGET");
         c.arg(redis_key(key)).arg("v").arg("b");
@@ -614,6 +620,10 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_peek_v1`: whether our copy is still current, with the record only
+    /// if it moved. A denial writes nothing, so without this it would rest
+    /// on a copy another node may have changed; a full read for it cost a
+    /// record's bytes (~900 for a warm user, BENCHMARKS.md) per denial.
     fn peek(&self, key: &[u8], version: u64) -> Result<Option<Option<(u64, Vec<u8>)>>, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_peek_v1").arg(1).arg(redis_key(key)).arg(version);
@@ -632,6 +642,11 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_cas_v1`: written only if the record is still at `expected`, else
+    /// the current record comes back in the same reply, so the engine
+    /// decides again without another read (at most 3 times, then 503:
+    /// docs/cluster.md). With affinity that is 1.79 compare-and-sets per ad
+    /// and 0 % conflicts; spread over three nodes 9.6 % (BENCHMARKS.md).
     fn cas(
         &self,
         key: &[u8],
@@ -649,6 +664,9 @@ impl Shared for RedisStore {
         self.cas_call("fc_cas_v1", &c)
     }
 
+    /// `fc_cas_v2`: `fc_cas_v1` fenced by the owner's epoch, so a deposed
+    /// owner that paused past its lease writes nothing (docs/cluster.md,
+    /// "Fencing").
     fn cas_owned(
         &self,
         key: &[u8],
@@ -668,6 +686,10 @@ impl Shared for RedisStore {
         self.cas_call("fc_cas_v2", &c)
     }
 
+    /// `fc_own_v1`: a new owner's claim of a record, which moves its version
+    /// so no write made on an older copy lands. One claim per user a node
+    /// first meets: 0.25 of owner mode's 1.09 round trips per ad warm, and
+    /// why 1 M cold users cost 1.50 (BENCHMARKS.md).
     fn own(&self, key: &[u8], epoch: u64, absent_ttl: Nanos) -> Result<Owned, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_own_v1")
@@ -702,6 +724,11 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_member_v1`: join (epoch 0) or renew this node's membership lease
+    /// and read every member, in one call on one hash. Not waited on a
+    /// replica: a membership lost in a failover is renewed within a quarter
+    /// of its lease, and a joiner owns nothing before every member has read
+    /// it (functions.lua).
     fn member(
         &self,
         node: &str,
@@ -746,6 +773,9 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `SET NX PXAT` of an event id: the first node to set it counts the
+    /// event, any later one answers it as a duplicate. A plain command, not
+    /// a function: one key, one atomic step.
     fn claim(&self, key: &[u8], expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {
         let mut c = redis::cmd("SET");
         c.arg(redis_key(key))
@@ -785,12 +815,16 @@ impl Shared for RedisStore {
         Ok(!matches!(v, Value::Nil))
     }
 
+    /// Gives an event id back when its count was not acknowledged (see
+    /// `claim`), so the client's retry counts it.
     fn unclaim(&self, key: &[u8]) -> Result<(), StoreError> {
         let mut c = redis::cmd("DEL");
         c.arg(redis_key(key));
         self.query("DEL event id", c).map(drop)
     }
 
+    /// The definitions' version (`__v`, raised by every `fc_defs_v1`
+    /// batch): polled so each node reloads what another node changed.
     fn definitions_version(&self) -> Result<u64, StoreError> {
         let mut c = redis::cmd("HGET");
         c.arg(DEFS).arg(DEFS_VERSION);
@@ -827,6 +861,13 @@ impl Shared for RedisStore {
         Ok(spent)
     }
 
+    /// `fc_lease_v2`: this node's max-min fair share of a budget or window,
+    /// computed at Redis's time with Σ spent + Σ headroom ≤ the total, so
+    /// the fleet never grants more than one node would allow; counts are
+    /// absolute, so a retried call or a lost reply grants nothing twice.
+    /// 0.66–0.96 calls per ad with 50 leased campaigns and spend reported
+    /// at every commit, 0.016 (one node) to 0.135 (three) with `"batched"`
+    /// reports (BENCHMARKS.md).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
         // v2: the period and the total at Redis's time (fc_lease_v1 stays
         // registered for nodes of older releases).
@@ -882,6 +923,10 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_line_v1`: units of a campaign-scope rate or gap, from a token line
+    /// kept at Redis's time; the fleet admits in any interval of length d at
+    /// most burst + rate·(d + lookahead + a grant's life)/period
+    /// (functions.lua states the bound).
     fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_line_v1")
@@ -920,6 +965,9 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_plan_v1`: adaptive pacing's plan for the current slice, made
+    /// once by the first caller from the fleet's reported spend, so every
+    /// node paces by one plan.
     fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_plan_v1")
@@ -947,6 +995,10 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_slots_v1`: this node's share of a `max_in_flight`, set (not
+    /// raised) from what it holds and wants, Σ granted ≤ max; a call older
+    /// than one applied changes nothing (`seq`), so a late retry cannot
+    /// give slots back twice.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_slots_v1")
@@ -975,6 +1027,10 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_defs_v1`: a batch of definition changes, all or nothing, refused
+    /// if computed from an older version or by a node that lost the writer
+    /// lock. Acknowledged by the primary alone (see below), as definitions
+    /// always were.
     fn write_definitions(
         &self,
         expected: Option<u64>,
@@ -1026,6 +1082,8 @@ impl Shared for RedisStore {
         }
     }
 
+    /// `fc_writer_v1`: take, renew or give up the lock that lets one node at
+    /// a time write its definitions directory into the cluster.
     fn definitions_writer(&self, node: &str, ttl_ms: u64) -> Result<Option<String>, StoreError> {
         let mut c = redis::cmd("FCALL");
         c.arg("fc_writer_v1")
@@ -1118,6 +1176,9 @@ impl Shared for RedisStore {
         Ok(minutes.into_iter().collect())
     }
 
+    /// `ZINCRBY` per campaign on the day's `{tops}` set, pipelined: the
+    /// activity `/metrics` ranks campaigns by, so every node exports the
+    /// same top campaigns.
     fn activity_add(&self, day: u64, adds: &[(u32, u64)]) -> Result<(), StoreError> {
         if adds.is_empty() {
             return Ok(());
@@ -1184,6 +1245,8 @@ impl Shared for RedisStore {
         Ok(crate::store::shared::by_activity(sums))
     }
 
+    /// A campaign id from the cluster's counter (`__ids`), above `above`:
+    /// ids are shared by every node, since records name campaigns by id.
     fn new_id(&self, above: u32) -> Result<u32, StoreError> {
         let mut c = redis::cmd("HINCRBY");
         c.arg(DEFS).arg(DEFS_IDS).arg(1);

@@ -70,13 +70,17 @@ pub(crate) async fn commit_reservation<C: Clock + 'static>(
 
 /// Counts events for every front: here when every user's record is in
 /// memory, awaited without parking a thread; else on a blocking thread.
-/// The number counted (the rest were duplicates).
+/// The number counted (the rest were duplicates). At least one event is
+/// needed, on every front (INVALID_ARGUMENT naming `events`).
 pub(crate) async fn count_events<C: Clock + 'static>(
     s: &AppState<C>,
     evs: Vec<crate::engine::Event>,
 ) -> Result<usize, FrontError> {
     if evs.is_empty() {
-        return Err(FrontError::invalid("", "at least one event is needed"));
+        return Err(FrontError::invalid(
+            "events",
+            "at least one event is needed",
+        ));
     }
     match s.engine.events_in_memory(&evs) {
         Some(pending) => Ok(pending?.wait_async().await?),

@@ -14,11 +14,14 @@ use crate::front::call::blocking;
 use crate::front::error::status;
 use crate::front::{AppState, FrontError};
 
+/// The Admin service over the one engine every front shares: definitions
+/// written here are the ones HTTP, RESP and RLS decide by at once.
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
 }
 
 impl<C: Clock + 'static> Service<C> {
+    /// The service over the server's shared state (one per listener).
     pub fn new(state: Arc<AppState<C>>) -> Self {
         Service { state }
     }
@@ -30,6 +33,8 @@ impl<C: Clock + 'static> Service<C> {
     }
 }
 
+/// NOT_FOUND with HTTP's 404 message, so an operator's script that moved
+/// from HTTP matches the same words.
 fn not_found(what: &str, name: &str) -> Status {
     status(FrontError::not_found(format!("no {what} named {name:?}")))
 }

@@ -294,11 +294,16 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
     }
 }
 
+/// A definition through the JSON model's own parser: the proto message is
+/// turned into the JSON HTTP accepts, so one validator names the bad field
+/// (docs/grpc.md) and no rule is written twice.
 fn definition<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, FrontError> {
     crate::model::from_json::<T>(&v.to_string())
         .map_err(|e| FrontError::invalid(&e.field, e.message))
 }
 
+/// A policy message as the model's `PolicyDef`; a bad field is
+/// INVALID_ARGUMENT naming it as HTTP's 400 does.
 pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, FrontError> {
     let mut m = serde_json::Map::new();
     m.insert("limits".into(), limit_list("limits", p.limits)?);
@@ -311,6 +316,8 @@ pub fn policy_def(p: pb::Policy) -> Result<crate::model::PolicyDef, FrontError> 
     definition(serde_json::Value::Object(m))
 }
 
+/// A campaign message as the model's `CampaignDef`, unset fields left out
+/// so the JSON defaults apply (`unknown_user`, `tz`) as over HTTP.
 pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontError> {
     let mut m = serde_json::Map::new();
     if let Some(p) = c.parent {
@@ -334,6 +341,8 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
     definition(serde_json::Value::Object(m))
 }
 
+/// A stored policy as its message: through its JSON form, the one shape
+/// `GET /v1/policies/{name}` answers, so both fronts show the same fields.
 pub fn policy(p: &crate::model::PolicyDef) -> pb::Policy {
     let v = serde_json::to_value(p).unwrap_or_default();
     pb::Policy {
@@ -345,6 +354,7 @@ pub fn policy(p: &crate::model::PolicyDef) -> pb::Policy {
     }
 }
 
+/// A stored campaign as its message, through its JSON form as [`policy`].
 pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
     let v = serde_json::to_value(c).unwrap_or_default();
     pb::Campaign {

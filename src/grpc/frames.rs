@@ -80,6 +80,8 @@ impl Whole {
         self.ended.then(|| self.take(self.buf.len()))
     }
 
+    /// The first `n` buffered bytes, their share of the body budget given
+    /// back: the budget counts what waits here, not what tonic holds.
     fn take(&mut self, n: usize) -> Bytes {
         let out = self.buf.split_to(n).freeze();
         self.charge.release(out.len());
@@ -91,6 +93,10 @@ impl http_body::Body for Whole {
     type Data = Bytes;
     type Error = axum::BoxError;
 
+    /// Whole messages only: bytes are buffered (and charged to the budget,
+    /// refused RESOURCE_EXHAUSTED past it) until a message's declared length
+    /// has arrived, so a client cannot make the server hold a message
+    /// larger than `max_message` or more than the budget in sum.
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

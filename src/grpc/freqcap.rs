@@ -31,6 +31,7 @@ pub struct Service<C: Clock> {
 }
 
 impl<C: Clock + 'static> Service<C> {
+    /// The service over the server's shared state (one per listener).
     pub fn new(state: Arc<AppState<C>>) -> Self {
         Service { state }
     }
@@ -89,13 +90,10 @@ impl<C: Clock + 'static> Service<C> {
         }
     }
 
+    /// Counts events for `Events` and each message of `EventStream`; an
+    /// empty batch is INVALID_ARGUMENT naming `events`, as over HTTP
+    /// (`front::call::count_events` holds the rule).
     async fn count(&self, events: Vec<crate::engine::Event>) -> Result<pb::EventsCounted, Status> {
-        if events.is_empty() {
-            return Err(status(FrontError::invalid(
-                "events",
-                "at least one event is needed",
-            )));
-        }
         let n = events.len();
         let counted = count_events(&self.state, events).await.map_err(status)?;
         Ok(pb::EventsCounted {

@@ -90,6 +90,8 @@ pub async fn guard<C: Clock + 'static>(
     }
 }
 
+/// A refusal as a gRPC answer (HTTP 200 with `grpc-status` in trailers-only
+/// form), which every gRPC client reads as the call's status.
 fn refuse(e: FrontError) -> Response {
     crate::front::error::status(e)
         .into_http::<Body>()
