@@ -16,9 +16,33 @@
 -- at or below 2^53 - 1. A Lua number in a reply becomes an integer reply by
 -- truncation, so every number returned here is made integral first.
 --
--- Time. Both functions read the Redis server clock with TIME. Redis 7.0
+-- Time. The functions read the Redis server clock with TIME. Redis 7.0
 -- replicates the effects of a script (the HSET/PEXPIREAT it ran), never the
 -- script itself, so a replica or an AOF replay never re-reads the clock.
+--
+-- What each function promises (its own header gives arguments and replies):
+--   fc_cas_v1         a record is written only over the version the writer
+--                     read; a conflict returns the current record (no ABA:
+--                     versions never repeat, even after expiry)
+--   fc_cas_v2         the same, refused to an owner a later epoch deposed
+--   fc_own_v1         a new owner's claim moves the version: no write made
+--                     on an older copy lands after it
+--   fc_member_v1      a joiner owns nothing before every live member has
+--                     read it; an ended lease is refused, never renewed
+--   fc_peek_v1        whether a copy is current, the record only if it moved
+--   fc_lease_v1/v2    Σ spent + Σ headroom <= total, at Redis's time; counts
+--                     absolute, so a retry or a lost reply grants nothing
+--                     twice; a dead holder's headroom comes back, its spend
+--                     stays counted
+--   fc_line_v1        a campaign-scope rate leased in units: the fleet never
+--                     admits more than the line's stated bound
+--   fc_plan_v1        one adaptive pacing plan per slice for the whole fleet
+--   fc_slots_v1       Σ granted slots <= max; a stale call changes nothing
+--   fc_lease_read_v1  read-only, deterministic field order (replicas too)
+--   fc_defs_v1        a batch of definitions all or nothing, checked before
+--                     the first write, refused on a stale version or to a
+--                     node that lost the writer lock
+--   fc_writer_v1      at most one definitions writer at a time
 
 local MAX_INT = 9007199254740991 -- 2^53 - 1: the largest integer a double holds exactly
 
