@@ -11,6 +11,11 @@
 //! error before any byte of it is buffered, so a client cannot make the
 //! server reserve memory it has not sent, and a command waiting for more
 //! bytes is never longer than `max_command`.
+//!
+//! The flow: the connection loop (`mod.rs`) calls [`parse`] on what it has
+//! read: `Ok(None)` reads more, a command's arguments (slices of the read
+//! buffer) go to `cmd::run`, an error is answered `-ERR ...` and closes.
+//! [`Reply::write`] appends each reply in the client's protocol.
 
 use std::ops::Range;
 
@@ -35,22 +40,33 @@ pub struct Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     // Messages are Redis's own, so clients and operators recognise them.
+    /// `*<n>` that is not a number, or a command (inline too) of more than
+    /// [`Limits::max_args`] arguments.
     #[error("Protocol error: invalid multibulk length")]
     ArrayLen,
+    /// `$<n>` that is not a number of 0 or more, or over
+    /// [`Limits::max_bulk`].
     #[error("Protocol error: invalid bulk length")]
     BulkLen,
+    /// A command array holding other than bulk strings (clients send none).
     #[error("Protocol error: expected '$', got '{0}'")]
     ExpectedBulk(char),
+    /// A `*`/`$` line with no CRLF within [`MAX_COUNT_LINE`]: not buffered.
     #[error("Protocol error: too big mbulk count string")]
     CountLine,
+    /// An inline line over [`Limits::max_inline`].
     #[error("Protocol error: too big inline request")]
     InlineTooBig,
+    /// An inline quote never closed, or closed with no space after it.
     #[error("Protocol error: unbalanced quotes in request")]
     Unbalanced,
+    /// A bulk's bytes not followed by CRLF: its announced length was wrong.
     #[error("Protocol error: bulk string not followed by CRLF")]
     BulkEnd,
+    /// Too many arguments before `AUTH`, in Redis 7's words for it.
     #[error("Protocol error: unauthenticated multibulk length")]
     UnauthArrayLen,
+    /// A bulk length over the pre-`AUTH` bound (a malformed one: `BulkLen`).
     #[error("Protocol error: unauthenticated bulk length")]
     UnauthBulkLen,
     // Redis has no total limit below its 1 GB query buffer; this one is
@@ -74,7 +90,9 @@ impl Limits {
 /// from (inline commands, whose quotes are undone, carry their own bytes).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Args {
+    /// An array's bulk strings, as ranges of the read buffer: never copied.
     Ranges(Vec<Range<usize>>),
+    /// An inline command's arguments, copied: quotes and escapes are undone.
     Owned(Vec<Vec<u8>>),
 }
 
@@ -119,10 +137,13 @@ fn line(buf: &[u8], at: usize, max: usize) -> Result<Option<(&[u8], usize)>, Fra
     }
 }
 
+/// A count line's digits as an integer (a sign allowed: `*-1`).
 fn number(digits: &[u8]) -> Option<i64> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
+/// `*<n>` then n bulk strings. Each length is checked against `limits` as
+/// soon as its line is read, before its bytes are waited for.
 fn parse_array(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, FrameError> {
     let Some((count, mut at)) = line(buf, 1, MAX_COUNT_LINE)? else {
         return Ok(None);
@@ -150,6 +171,7 @@ fn parse_array(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, Fra
         let len = number(len)
             .and_then(|l| usize::try_from(l).ok())
             .ok_or(FrameError::BulkLen)?;
+        // Only a length over the bound has the pre-`AUTH` word.
         if len > limits.max_bulk {
             return Err(if limits.pre_auth {
                 FrameError::UnauthBulkLen
@@ -193,6 +215,8 @@ fn parse_inline(buf: &[u8], limits: &Limits) -> Result<Option<(Args, usize)>, Fr
     Ok(Some((Args::Owned(args), nl + 1)))
 }
 
+/// An inline line split on whitespace, a quoted run one argument. In quotes
+/// `\<c>` is c, but `\n`, `\r`, `\t` in double quotes; outside, `\` is a byte.
 fn split_args(text: &[u8]) -> Result<Vec<Vec<u8>>, FrameError> {
     let mut out = Vec::new();
     let mut i = 0;
@@ -247,21 +271,30 @@ fn split_args(text: &[u8]) -> Result<Vec<Vec<u8>>, FrameError> {
 /// `HELLO 3`, and as their RESP2 forms (a flat array, a null bulk) otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
+    /// `+OK`, `+PONG`: always a constant, never allocated.
     Simple(&'static str),
     /// The message after `-`; its first word is the error code (`ERR`, ...).
     Error(String),
+    /// `:<n>`: `CL.THROTTLE`'s five figures, `FC.CHECK`'s numbers.
     Int(i64),
+    /// `$<len>`: any bytes (an `ECHO`, a name, `INFO`'s text).
     Bulk(Vec<u8>),
+    /// No value (`CLIENT GETNAME` unset, a `retry_after_ms` of null).
     Null,
+    /// `*<n>`, items in any of these forms.
     Array(Vec<Reply>),
+    /// Named fields (`HELLO`, `FC.CHECK`), names being the front's constants.
     Map(Vec<(&'static str, Reply)>),
 }
 
 impl Reply {
+    /// An error; `message` starts with its word (`ERR`, `NOAUTH`, ...:
+    /// `cmd/mod.rs` says which comes from where).
     pub fn error(message: impl Into<String>) -> Reply {
         Reply::Error(message.into())
     }
 
+    /// A bulk string of any bytes or text.
     pub fn bulk(s: impl Into<Vec<u8>>) -> Reply {
         Reply::Bulk(s.into())
     }
@@ -307,6 +340,7 @@ impl Reply {
     }
 }
 
+/// A length as RESP's integer, saturating rather than panicking.
 fn len(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -334,6 +368,7 @@ fn int_line(out: &mut Vec<u8>, tag: u8, n: i64) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// `<tag><body>\r\n`; the caller makes `body` free of CR and LF.
 fn line_of(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
     out.push(tag);
     out.extend_from_slice(body);

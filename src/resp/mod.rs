@@ -8,7 +8,15 @@
 //! Why a second front: HTTP `check` reached only 0.8–0.9× a Redis+Lua GCRA on
 //! this machine, its time going to the kernel and HTTP/JSON, not the
 //! decision (~50 ns; BENCHMARKS.md). RESP costs a fraction of that per
-//! request and pipelines.
+//! request and pipelines: `CL.THROTTLE` on one key, 16 commands a pipeline,
+//! answered 3.21× the requests/s of the Lua GCRA on Redis, memory store on
+//! both sides (BENCHMARKS.md, "The Redis protocol front").
+//!
+//! How a command flows: [`serve`] accepts through the listen loop every
+//! listener shares (`src/server.rs`), capped at `max_connections`; each
+//! `connection` reads into one buffer, [`frame::parse`]s every whole
+//! command in it, answers each with [`cmd::run`] in order, appends the
+//! replies to one output buffer and writes it before reading again.
 //!
 //! Bounds, so that no client can make the server hold more than it allows
 //! (docs/resp.md, "Limits", has the per-connection figure):
@@ -72,6 +80,7 @@ const MAX_ARGS: usize = 1024;
 /// of a 1 MiB bulk held 219 MB for `header_timeout` (security probe, turn 3,
 /// case 1.26).
 const PRE_AUTH_MAX_ARGS: usize = 10;
+/// ... each of at most 16 KiB ...
 const PRE_AUTH_MAX_BULK: usize = 16 * 1024;
 /// ... and 64 KiB in all, the inline limit (Redis has no total limit).
 const PRE_AUTH_MAX_COMMAND: usize = 64 * 1024;
@@ -84,15 +93,22 @@ const CROSS_PROTOCOL_LOG_EVERY_S: u64 = 60;
 
 /// What the connections of one listener share.
 pub struct Front<C: Clock> {
+    /// HTTP's engine, options and metrics: one in-flight cap for both.
     state: Arc<AppState<C>>,
+    /// HTTP's tokens, so one secret works on both ports.
     tokens: Tokens,
     /// What a command may be once authenticated, and before.
     limits: frame::Limits,
+    /// Redis 7's small pre-`AUTH` limits, in force only with tokens set.
     pre_auth: frame::Limits,
     options: RespOptions,
+    /// For `INFO`'s `uptime_in_seconds` and the cross-protocol log's pace.
     started: Instant,
+    /// The bound port, for `INFO`'s `tcp_port` (the configured one may be 0).
     port: u16,
+    /// `CLIENT ID`'s and `HELLO`'s `id`: unique per listener, from 1.
     next_id: AtomicU64,
+    /// Metric handles made once at start, not looked up per command.
     counters: cmd::Counters,
     /// Seconds from `started` to the last cross-protocol warning, plus one
     /// (0: never).
@@ -100,6 +116,7 @@ pub struct Front<C: Clock> {
 }
 
 impl<C: Clock> Front<C> {
+    /// The figures `INFO` reports that change while the server runs.
     fn info_figures(&self) -> InfoFigures {
         InfoFigures {
             port: self.port,
@@ -108,6 +125,7 @@ impl<C: Clock> Front<C> {
         }
     }
 
+    /// The limits a connection's next command is read with.
     fn limits(&self, authed: bool) -> &frame::Limits {
         if authed { &self.limits } else { &self.pre_auth }
     }
@@ -155,6 +173,7 @@ pub async fn serve<C: Clock + 'static>(
         limits: frame::Limits {
             max_bulk: max_command,
             max_args: MAX_ARGS,
+            // Redis's inline limit: a person types these, not a client.
             max_inline: max_command.min(64 * 1024),
             max_command,
             pre_auth: false,
@@ -184,6 +203,7 @@ pub async fn serve<C: Clock + 'static>(
         shutdown,
         move |stream, _open, stop| {
             let front = front.clone();
+            // Its queueing delay measured, for `cmd::admit` to shed on.
             crate::server::measured(move |conn| connection(front, stream, conn, stop))
         },
     )
@@ -263,6 +283,8 @@ async fn connection<C: Clock + 'static>(
                     let at = used;
                     used += n;
                     let args = args.slices(&buf[at..]);
+                    // An empty command (`*0`, a blank line): skipped
+                    // unanswered, as Redis does.
                     let Some(name) = args.first() else {
                         continue;
                     };
@@ -300,7 +322,11 @@ async fn connection<C: Clock + 'static>(
                         }
                     }
                 }
+                // The rest of `buf` is a command still arriving.
                 Ok(None) => break,
+                // Unreadable or over a limit: `-ERR Protocol error: ...`
+                // after the replies queued, then closed as Redis does, since
+                // nothing after it can be framed (docs/resp.md, "Limits").
                 Err(e) => {
                     front.state.metrics.resp_protocol_errors.inc();
                     Reply::error(format!("ERR {e}")).write(s.proto, &mut out);
@@ -309,6 +335,8 @@ async fn connection<C: Clock + 'static>(
                 }
             }
         }
+        // Replies written before reading again: a client that does not
+        // read its replies stops being read.
         buf.drain(..used);
         shrink(&mut buf);
         if !out.is_empty() && !flush(&mut stream, &mut out, o.idle_timeout).await {
@@ -317,6 +345,8 @@ async fn connection<C: Clock + 'static>(
         if close {
             return;
         }
+        // Between commands the idle timeout; within one, the command
+        // timeout from its first byte, so trickling cannot hold a buffer.
         let deadline = if buf.is_empty() {
             partial_since = None;
             active_at + o.idle_timeout

@@ -5,6 +5,12 @@
 //!
 //! Pure: [`Rules::parse`] takes file names and texts; [`Rules::load_dir`]
 //! only reads them.
+//!
+//! The flow: [`Rules::load_dir`] reads the files (each at most
+//! [`MAX_FILE_BYTES`]); [`Rules::parse`] bounds each text's nesting, parses
+//! it, and builds a [`Node`] tree per domain with each rule's limit items
+//! compiled once, for [`super::matching`] to walk per call. One mistake
+//! refuses the directory whole, so a reload never applies half a change.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,18 +32,29 @@ const MAX_DEPTH: usize = 16;
 /// A unit of a plain `rate_limit` and its window: a fixed window of this
 /// length, counted from the Unix epoch, as envoyproxy/ratelimit counts it
 /// (`UnitToDivider`: a month is 30 days, a year 365).
+/// A `day` starts at midnight UTC; for windows in a time zone a rule takes
+/// `limits` with `align: calendar` (docs/semantics.md §2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
+    /// The shortest; a finer limit takes `limits` items.
     Second,
+    /// From the top of each UTC minute.
     Minute,
+    /// From the top of each UTC hour.
     Hour,
+    /// From midnight UTC.
     Day,
+    /// From the epoch, so weeks start on Thursday, not Monday. Envoy's
+    /// `limit` override cannot name it (its `RateLimitUnit` has no week).
     Week,
+    /// 30 days, not a calendar month: its windows drift from the 1st.
     Month,
+    /// 365 days: its windows drift from 1 January by a day per leap year.
     Year,
 }
 
 impl Unit {
+    /// Every unit, shortest first, for [`Unit::parse`] and [`Unit::of_nanos`].
     pub const ALL: [Unit; 7] = [
         Unit::Second,
         Unit::Minute,
@@ -48,6 +65,7 @@ impl Unit {
         Unit::Year,
     ];
 
+    /// The word a rules file writes (`unit: day`), lower case.
     pub fn name(self) -> &'static str {
         match self {
             Unit::Second => "second",
@@ -60,6 +78,8 @@ impl Unit {
         }
     }
 
+    /// The window in seconds, as `UnitToDivider` has it: a rule moved from
+    /// envoyproxy/ratelimit counts the same windows here.
     pub fn secs(self) -> u64 {
         match self {
             Unit::Second => 1,
@@ -72,13 +92,16 @@ impl Unit {
         }
     }
 
-    /// The unit whose window is exactly `ns` long.
+    /// The unit whose window is exactly `ns` long; `None` (say 90 s) is
+    /// reported as Envoy's `UNKNOWN` unit, the only way its field has.
     pub fn of_nanos(ns: u64) -> Option<Unit> {
         Unit::ALL
             .into_iter()
             .find(|u| u.secs() * 1_000_000_000 == ns)
     }
 
+    /// A unit named in any case (`Day`, `DAY`), as envoyproxy/ratelimit,
+    /// which upper-cases the word, accepts it.
     fn parse(s: &str) -> Option<Unit> {
         Unit::ALL
             .into_iter()
@@ -92,12 +115,15 @@ pub enum Action {
     /// Counted against these limit items (a plain `rate_limit` is one fixed
     /// window of its unit).
     Limit {
+        /// Compiled once at load, so a call compiles nothing; an unchanged
+        /// rule compiles alike at a reload and keeps its counters.
         limits: Arc<CompiledInline>,
         /// `rate_limit`'s figures, for `current_limit`; `None` for `limits`.
         plain: Option<(u32, Unit)>,
     },
     /// `requests_per_unit: 0`: every request is over (envoyproxy/ratelimit
-    /// allows it, and it is how a key is blocked).
+    /// allows it, and it is how a key is blocked). Never sent to the engine;
+    /// the unit gives `duration_until_reset` and `RateLimit-Policy`'s `w`.
     Block(Unit),
     /// `unlimited: true`: never counted.
     Unlimited,
@@ -111,8 +137,13 @@ pub struct Rule {
     pub name: String,
     /// `rate_limit.name` as written (what `replaces` refers to).
     pub given_name: Option<String>,
+    /// `rate_limit.replaces`: `given_name`s of rules this one switches off
+    /// when both match one request (so applied per call, not at load).
     pub replaces: Vec<String>,
+    /// `shadow_mode`: decided and debited as enforced, never over
+    /// (docs/rls.md, "Shadow mode"): [`crate::engine::KeyCheck::enforced`].
     pub shadow: bool,
+    /// What the rule does to a descriptor it matches.
     pub action: Action,
 }
 
@@ -125,12 +156,16 @@ pub struct Node {
     /// Children whose `key_value` has a `*`: the pattern split at each `*`,
     /// and the child's key in `children`; tried in file order.
     pub wildcards: Vec<(Vec<String>, String)>,
+    /// This level's rule; `None` for a descriptor that only nests. An `Arc`:
+    /// a call takes a pointer, not a copy, and keeps it past a reload.
     pub rule: Option<Arc<Rule>>,
 }
 
 /// Every domain's rules, as loaded.
 #[derive(Debug, Default)]
 pub struct Rules {
+    /// Each domain's tree, by the request's `domain`. One file per domain,
+    /// so no rule depends on the order the files were read in.
     pub domains: HashMap<String, Node>,
     /// Rules in all domains (for the log line and metrics).
     pub count: usize,
@@ -140,8 +175,12 @@ pub struct Rules {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}: {}", if .path.is_empty() { .message.clone() } else { format!("{}: {}", .path, .message) })]
 pub struct ConfigError {
+    /// The file's name, or the directory's path if it cannot be read.
     pub file: String,
+    /// Where in the file (`descriptors[0].rate_limit.unit`), as the JSON
+    /// API names fields; empty for the file as a whole (not YAML, too big).
     pub path: String,
+    /// What is wrong, and what is expected (the units, the allowed keys).
     pub message: String,
 }
 
@@ -174,10 +213,12 @@ impl Rules {
                 .extension()
                 .and_then(|x| x.to_str())
                 .is_some_and(|x| x == "yaml" || x == "yml");
+            // A directory or a socket named `x.yaml` is not a rules file.
             if yaml && path.is_file() {
                 files.push(path);
             }
         }
+        // Name order: the same first error on every host.
         files.sort();
         let mut texts = Vec::with_capacity(files.len());
         for path in files {
@@ -190,6 +231,7 @@ impl Rules {
                 path: String::new(),
                 message: m,
             };
+            // Asked before reading: a file over the bound is never read.
             let len = std::fs::metadata(&path)
                 .map_err(|e| file_err(format!("cannot read: {e}")))?
                 .len();
@@ -214,8 +256,10 @@ impl Rules {
                 path,
                 message,
             };
+            // Before the parser, quadratic in depth ([`check_nesting`]).
             check_nesting(text)
                 .map_err(|(line, message)| err(at("", format!("line {line}: {message}"))))?;
+            // As JSON, so `limits` go through the API's model and field names.
             let doc: Value = serde_yaml_ng::from_str(text)
                 .map_err(|e| err(at("", format!("not valid YAML: {e}"))))?;
             let (domain, node, count) = parse_file(&doc).map_err(err)?;
@@ -499,6 +543,7 @@ fn parse_level(
     for (i, d) in descriptors.iter().enumerate() {
         let p = format!("{path}[{i}]");
         let m = object(d, &p)?;
+        // envoyproxy/ratelimit's descriptor keys, plus freqcap's `limits`.
         only_keys(
             m,
             &p,
@@ -516,6 +561,8 @@ fn parse_level(
                 "share_threshold",
             ],
         )?;
+        // Refused by name, so they read as unsupported, not misspelled;
+        // `false` asks for nothing and passes.
         for unsupported in ["quota_mode", "share_threshold"] {
             if boolean(m, &p, unsupported)? {
                 return Err(at(
@@ -532,11 +579,15 @@ fn parse_level(
             return Err(at(&join(&p, "key"), "a non-empty key is required"));
         }
         let value = string(m, &p, "value")?.unwrap_or_default();
+        // envoyproxy/ratelimit's child key: `key` for any value, else
+        // `key_value`, the string `matching::find` builds from an entry.
         let child_key = if value.is_empty() {
             key.clone()
         } else {
             format!("{key}_{value}")
         };
+        // The path of keys from the top (`tenant.plan_gold`): the rule's
+        // name when `rate_limit.name` is absent, and the duplicate's name.
         let full = if parent_key.is_empty() {
             child_key.clone()
         } else {
@@ -566,6 +617,7 @@ fn parse_level(
             depth + 1,
             count,
         )?;
+        // Split once here, so matching never parses a pattern per call.
         if child_key.contains('*') {
             node.wildcards.push((
                 child_key.split('*').map(str::to_owned).collect(),
@@ -588,6 +640,8 @@ fn parse_rule(
     let rate_limit = m.get("rate_limit").filter(|v| !v.is_null());
     match (rate_limit, limits) {
         (None, None) => {
+            // A level that only nests. `shadow_mode` there is refused: it
+            // would read as shadowing the nested rules, which it does not.
             if shadow {
                 return Err(at(
                     &join(path, "shadow_mode"),
@@ -602,6 +656,8 @@ fn parse_rule(
         )),
         (None, Some(v)) => {
             let p = join(path, "limits");
+            // The JSON API's model and bounds (docs/semantics.md §5.1), with
+            // its field paths put under this descriptor's `limits`.
             let defs: Vec<LimitDef> = crate::model::from_json(&v.to_string()).map_err(|e| {
                 let field = if e.field.is_empty() {
                     p.clone()
@@ -642,6 +698,7 @@ fn parse_rule(
             )?;
             let unlimited = boolean(r, &p, "unlimited")?;
             let unit_text = string(r, &p, "unit")?;
+            // An empty name is no name: the path of keys names the rule.
             let given_name = string(r, &p, "name")?.filter(|n| !n.is_empty());
             let mut replaces = Vec::new();
             for (j, e) in list(r, &p, "replaces")?.iter().enumerate() {
@@ -686,6 +743,9 @@ fn parse_rule(
                     )
                 })?;
                 let rp = join(&p, "requests_per_unit");
+                // Absent is 0, the Go struct's zero value: a block, as in
+                // envoyproxy/ratelimit. At most u32::MAX, the width of
+                // `current_limit.requests_per_unit` it is reported in.
                 let n = match r.get("requests_per_unit") {
                     None | Some(Value::Null) => 0,
                     Some(v) => v
@@ -728,7 +788,13 @@ fn engine_error(e: crate::engine::EngineError) -> (String, String) {
 }
 
 /// The limit item of a plain `rate_limit`: a fixed window of the unit,
-/// counted from the Unix epoch (docs/semantics.md §2.2, "Fixed").
+/// counted from the Unix epoch (docs/semantics.md §2.2, "Fixed"). Also
+/// the item of a request's `limit` override (`service.rs`).
+///
+/// Built through the JSON model, so a plain rule is exactly a `limits`
+/// item `{kind: window, align: fixed}`. It cannot fail for the figures it
+/// gets (1 to 2^32 − 1, at most 365 days: within docs/semantics.md §5.1);
+/// an error is still mapped, not unwrapped.
 pub fn plain_window(
     requests_per_unit: u32,
     unit: Unit,

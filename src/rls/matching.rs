@@ -7,20 +7,30 @@
 //! `key` (any value). The rule is the one of the child the **last** entry
 //! reaches; a rule met half way applies to nothing, and an entry that finds
 //! no child ends the walk with no rule.
+//!
+//! Run per descriptor of every call (`service.rs`) on the tree
+//! [`super::config`] built, it parses nothing (patterns were split at
+//! load) and allocates one buffer per descriptor.
 
 use std::sync::Arc;
 
 use super::config::{Node, Rule};
 
 /// The rule `entries` (key, value pairs) reach under `root`, if any.
+/// `None` sends the descriptor back `OK` with nothing counted (docs/rls.md,
+/// "Matching"), so a descriptor no rule names never limits a request.
 pub fn find<'a>(root: &'a Node, entries: &[(&str, &str)]) -> Option<&'a Arc<Rule>> {
     let mut level = root;
+    // `key_value` of the current entry, the form children are keyed by;
+    // one buffer reused for every entry of the descriptor.
     let mut buf = String::new();
     for (i, (key, value)) in entries.iter().enumerate() {
         buf.clear();
         buf.push_str(key);
         buf.push('_');
         buf.push_str(value);
+        // Most specific first, as `GetLimit` tries them: the exact value,
+        // then the wildcards in file order, then the key with any value.
         let next = level
             .children
             .get(&buf)
@@ -33,8 +43,12 @@ pub fn find<'a>(root: &'a Node, entries: &[(&str, &str)]) -> Option<&'a Arc<Rule
             })
             .or_else(|| level.children.get(*key))?;
         if i + 1 == entries.len() {
+            // The last entry decides; its child may have no rule of its own
+            // (a level that only nests), and then nothing applies.
             return next.rule.as_ref();
         }
+        // More entries than the tree is deep here: no rule, not the rule
+        // of this shallower level.
         if next.children.is_empty() {
             return None;
         }
@@ -44,14 +58,21 @@ pub fn find<'a>(root: &'a Node, entries: &[(&str, &str)]) -> Option<&'a Arc<Rule
 }
 
 /// Whether `value` matches a pattern split at its `*`s: each `*` stands for
-/// any run of characters, possibly empty.
+/// any run of characters, possibly empty. Both ends are anchored and the
+/// pattern is the whole `key_value` (`path_/api/*`), so it never matches
+/// inside a longer value (`path_/v2/api/x`).
 pub fn wildcard_match(parts: &[String], value: &str) -> bool {
+    // One part: a pattern without `*`, compared whole.
     let [first, middle @ .., last] = parts else {
         return parts.first().is_some_and(|p| p == value);
     };
+    // A quick refusal: the fixed parts alone are longer than the value.
     if value.len() < parts.iter().map(String::len).sum::<usize>() {
         return false;
     }
+    // The first part is a prefix and the last a suffix (an empty one, from
+    // a leading or trailing `*`, matches anything); stripping one and then
+    // the other keeps them from overlapping (`ab*ba` against `aba`).
     let Some(mut rest) = value.strip_prefix(first.as_str()) else {
         return false;
     };
@@ -59,6 +80,9 @@ pub fn wildcard_match(parts: &[String], value: &str) -> bool {
         return false;
     };
     rest = r;
+    // Each middle part at its leftmost place after the one before: taking
+    // the earliest match leaves the most room for the parts after it, so
+    // this never refuses a value some other placement would match.
     for part in middle {
         match rest.find(part.as_str()) {
             Some(i) => rest = &rest[i + part.len()..],

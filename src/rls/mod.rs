@@ -8,8 +8,19 @@
 //! - [`service`]: the call, a thin translation onto the engine's
 //!   all-or-nothing [`crate::engine::Engine::check_all`].
 //!
+//! How a call flows: the gRPC listener (`src/grpc/mod.rs`) refuses a
+//! message over `max_body`, and its guard (`src/grpc/guard.rs`) checks the
+//! token and sheds on queueing delay, all before the message is decoded.
+//! [`service::Service`] then takes an in-flight slot, reads the rules in
+//! force ([`RulesHandle::current`]), walks each descriptor to its rule
+//! ([`matching::find`]) and decides every limited descriptor in one engine
+//! step. Its answer, or its error status, is Envoy's to act on (docs/rls.md,
+//! "Answers" and "Errors").
+//!
 //! [`RulesHandle`] holds the rules in force; a reload (SIGHUP) swaps them
-//! whole, or keeps them whole when a file is bad.
+//! whole, or keeps them whole when a file is bad. The rules are read at
+//! start too: a bad directory then stops `freqcap serve` (`src/service.rs`),
+//! since there are no rules in force to keep.
 
 pub mod config;
 pub mod matching;
@@ -27,6 +38,7 @@ use config::{ConfigError, Rules};
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     pub mod envoy {
+        // The call: its request, its response and the server trait.
         pub mod service {
             pub mod ratelimit {
                 pub mod v3 {
@@ -34,6 +46,7 @@ pub mod pb {
                 }
             }
         }
+        // `RateLimitDescriptor`: entries, `limit` override, `hits_addend`.
         pub mod extensions {
             pub mod common {
                 pub mod ratelimit {
@@ -43,6 +56,7 @@ pub mod pb {
                 }
             }
         }
+        // `HeaderValue`, of `response_headers_to_add` (the header fields).
         pub mod config {
             pub mod core {
                 pub mod v3 {
@@ -50,12 +64,14 @@ pub mod pb {
                 }
             }
         }
+        // `RateLimitUnit`, of a `limit` override (no week: `service.rs`).
         pub mod r#type {
             pub mod v3 {
                 tonic::include_proto!("envoy.r#type.v3");
             }
         }
     }
+    // Short paths for what `service.rs` names.
     pub use envoy::config::core::v3::HeaderValue;
     pub use envoy::extensions::common::ratelimit::v3::{
         RateLimitDescriptor, rate_limit_descriptor,
@@ -63,15 +79,23 @@ pub mod pb {
     pub use envoy::service::ratelimit::v3::*;
 }
 
-/// The rules in force and where they come from.
+/// The rules in force and where they come from: read by the gRPC service
+/// per call, swapped by the SIGHUP task.
 pub struct RulesHandle {
+    /// The `rls_config` directory. It is listed again at every reload, so a
+    /// file added or removed since the start is picked up.
     dir: PathBuf,
+    /// An `Arc` behind a lock: a call holds the lock only to clone it, a
+    /// reload only to swap it, so neither waits on parsing or deciding.
     current: RwLock<Arc<Rules>>,
+    /// `freqcap_rls_*` (docs/rls.md, "Metrics"): the rules gauge and the
+    /// reload counts here, the call outcomes in [`service::Service`].
     counters: RlsCounters,
 }
 
 impl RulesHandle {
-    /// Loads `dir`; an error names the file and the path inside it.
+    /// Loads `dir`; an error names the file and the path inside it. Used
+    /// at start, where an error stops the server (there is nothing to keep).
     pub fn open(dir: &Path, counters: RlsCounters) -> Result<RulesHandle, ConfigError> {
         let rules = Rules::load_dir(dir)?;
         counters.rules.set(rules.count as i64);
@@ -85,6 +109,8 @@ impl RulesHandle {
     /// The rules in force (a clone of an `Arc`: a reload never changes the
     /// rules a call is being decided by).
     pub fn current(&self) -> Arc<Rules> {
+        // A poisoned lock still holds whole rules: the only write is one
+        // assignment of an `Arc`, which cannot stop half way.
         self.current
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -95,6 +121,8 @@ impl RulesHandle {
     /// bad, keeps the rules in force and returns the error (docs/rls.md,
     /// "Reloading").
     pub fn reload(&self) -> Result<usize, ConfigError> {
+        // Parsed before the lock is taken: calls keep reading the old rules
+        // while the files are read and validated.
         match Rules::load_dir(&self.dir) {
             Ok(rules) => {
                 let n = rules.count;
@@ -130,6 +158,8 @@ impl RulesHandle {
                     return;
                 };
                 while hup.recv().await.is_some() {
+                    // Reading files (up to 4 MiB each) and parsing blocks:
+                    // off the executor that decides calls.
                     let me = self.clone();
                     match tokio::task::spawn_blocking(move || me.reload()).await {
                         Ok(Ok(n)) => tracing::info!(
@@ -141,6 +171,8 @@ impl RulesHandle {
                             dir = %self.dir.display(),
                             "rls_config not reloaded, the previous rules stay: {e}"
                         ),
+                        // The reload's thread panicked or was cancelled: the
+                        // rules in force stay.
                         Err(e) => tracing::error!("rls_config reload failed: {e}"),
                     }
                 }

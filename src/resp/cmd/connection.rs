@@ -22,7 +22,8 @@ pub const MAX_FAILED_AUTHS: u32 = 10;
 /// the protocol and handshake it answers like (clients gate features on it).
 pub const REDIS_VERSION: &str = "7.0.0";
 
-/// `HELLO [protover [AUTH user pass] [SETNAME name]]`.
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`. Nothing changes
+/// unless the whole command is good.
 pub fn hello(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
     let mut proto = s.proto;
     if let Some(v) = args.first() {
@@ -32,6 +33,7 @@ pub fn hello(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
         {
             Some(2) => proto = 2,
             Some(3) => proto = 3,
+            // Redis's word for a protocol version it does not speak.
             Some(_) => return Reply::error("NOPROTO unsupported protocol version"),
             None => {
                 return Reply::error("ERR Protocol version is not an integer or out of range");
@@ -74,6 +76,7 @@ pub fn hello(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
     if let Some(n) = name {
         s.set_name(n);
     }
+    // Redis's fields: no cluster, no replica to follow.
     Reply::Map(vec![
         ("server", Reply::bulk("freqcap")),
         ("version", Reply::bulk(REDIS_VERSION)),
@@ -88,7 +91,9 @@ pub fn hello(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
 /// The tokens a connection may authenticate with: the decision token, or
 /// the admin token (which may do anything the decision token may).
 pub struct Tokens {
+    /// `decision_token`: every RESP command is a decision or a read.
     pub decision: Option<String>,
+    /// `admin_token`, accepted too, as over HTTP (docs/semantics.md §8.6).
     pub admin: Option<String>,
 }
 
@@ -101,9 +106,11 @@ impl Tokens {
     /// Whether `user` (absent, or `default` as Redis names its only user)
     /// and `password` match a token.
     fn accepts(&self, user: Option<&[u8]>, password: &[u8]) -> bool {
+        // Redis's only user without ACLs: any other name is wrong.
         if user.is_some_and(|u| u != b"default") {
             return false;
         }
+        // In constant time, by HTTP's comparison.
         [&self.decision, &self.admin]
             .into_iter()
             .flatten()
@@ -117,13 +124,15 @@ fn wrongpass(s: &mut Session) -> Reply {
     Reply::error("WRONGPASS invalid username-password pair or user is disabled.")
 }
 
-/// `AUTH [user] password`.
+/// `AUTH [user] password`. A success leaves the failure count as it is:
+/// it counts guesses for the connection's life (see [`MAX_FAILED_AUTHS`]).
 pub fn auth(s: &mut Session, args: &[&[u8]], tokens: &Tokens) -> Reply {
     let (user, password) = match args {
         [p] => (None, *p),
         [u, p] => (Some(*u), *p),
         _ => return arity("auth"),
     };
+    // Redis's answer: a client sending a password here is misconfigured.
     if !tokens.required() {
         return Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. \

@@ -45,6 +45,7 @@ fn entry(c: &super::CommandInfo) -> Reply {
         Reply::bulk(c.name),
         Reply::Int(c.arity),
         Reply::Array(c.flags.iter().map(|f| Reply::Simple(f)).collect()),
+        // One key at most: last = first, step 1 (0 without a key).
         Reply::Int(c.first_key),
         Reply::Int(c.first_key),
         Reply::Int(i64::from(c.first_key > 0)),
@@ -68,8 +69,11 @@ pub fn config(args: &[&[u8]]) -> Reply {
 
 /// What `INFO` reports besides constants.
 pub struct InfoFigures {
+    /// `tcp_port`: the port bound, not the one configured (which may be 0).
     pub port: u16,
+    /// `uptime_in_seconds`, from the listener's start.
     pub uptime_s: u64,
+    /// `connected_clients`: `freqcap_resp_connections_open` now.
     pub clients: u64,
 }
 
@@ -94,12 +98,14 @@ pub fn info(args: &[&[u8]], f: &InfoFigures) -> Reply {
             "clients",
             format!("# Clients\r\nconnected_clients:{}\r\n", f.clients),
         ),
+        // `loading:0` is what ioredis's ready check waits for.
         ("persistence", "# Persistence\r\nloading:0\r\n".to_owned()),
         (
             "replication",
             "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n".to_owned(),
         ),
     ];
+    // Redis's aliases for every section; an unknown name selects nothing.
     let all = args.is_empty()
         || args
             .iter()

@@ -4,6 +4,16 @@
 //! and questions clients ask about the server. This file routes a command
 //! to its handler and applies what every decision passes first: auth and
 //! load shedding, shared with HTTP (docs/resp.md).
+//!
+//! An error's first word is its kind to a Redis client, so each comes from
+//! what the caller expects to be talking to:
+//! - Redis's (`ERR`, `NOAUTH`, `WRONGPASS`, `NOPROTO`) for the protocol,
+//!   the handshake and unknown commands, so clients classify them as ever;
+//! - redis-cell's `Cell error: Store error: ...` for `CL.THROTTLE`'s
+//!   arguments and refusals ([`throttle`]), so its callers see no change;
+//! - [`Code::resp_word`](crate::front::error::Code::resp_word) for what the
+//!   engine or shedding answer (`NOT_FOUND`, `OVERLOADED`, ...), which
+//!   neither has a word for: the code HTTP's and gRPC's statuses come from.
 
 pub mod check;
 pub mod connection;
@@ -26,10 +36,16 @@ use super::frame::Reply;
 pub struct Session {
     /// RESP version spoken: 2 until `HELLO 3`.
     pub proto: u8,
+    /// Whether commands past the handshake may run; true at once without
+    /// tokens.
     pub authed: bool,
+    /// `CLIENT ID`: kept across `RESET` (the same connection).
     pub id: u64,
+    /// The name `CLIENT SETNAME` gave, for `CLIENT GETNAME` and `CLIENT INFO`.
     pub name: Option<String>,
+    /// `CLIENT SETINFO LIB-NAME`, kept only for `CLIENT INFO`.
     pub lib_name: Option<String>,
+    /// `CLIENT SETINFO LIB-VER`, likewise.
     pub lib_ver: Option<String>,
     /// `AUTH`s (and `HELLO ... AUTH`s) refused on this connection, `RESET`
     /// included: at [`connection::MAX_FAILED_AUTHS`] it is closed.
@@ -37,6 +53,7 @@ pub struct Session {
 }
 
 impl Session {
+    /// A fresh connection's state (and `RESET`'s): RESP2, no names.
     pub fn new(id: u64, authed: bool) -> Session {
         Session {
             proto: 2,
@@ -58,6 +75,7 @@ impl Session {
 /// What the connection does after answering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
+    /// Read and answer the next command.
     Go,
     /// Close once the reply is written (`QUIT`).
     Close,
@@ -65,15 +83,19 @@ pub enum Next {
 
 /// A command as `COMMAND` describes it.
 pub struct CommandInfo {
+    /// Lower case, as `COMMAND` lists names and the metrics label them.
     pub name: &'static str,
     /// Redis's arity: exact if positive, at least −arity if negative (the
     /// command's name counted).
     pub arity: i64,
+    /// Redis's flags, as `COMMAND` reports them; `no_auth` marks the four a
+    /// client may send before `AUTH` (`dispatch`'s gate).
     pub flags: &'static [&'static str],
     /// Position of the key argument, 0 if none.
     pub first_key: i64,
 }
 
+/// A [`CommandInfo`] in one line of [`COMMANDS`].
 const fn cmd(
     name: &'static str,
     arity: i64,
@@ -174,7 +196,9 @@ pub async fn run<C: Clock + 'static>(
 /// Where a decision came from, for the decisions metric.
 #[derive(Clone, Copy)]
 enum Endpoint {
+    /// `CL.THROTTLE`: index 0 of [`Counters`]'s decisions.
     Throttle = 0,
+    /// `FC.CHECK`: index 1.
     Check = 1,
 }
 
@@ -188,6 +212,7 @@ pub struct Counters {
 }
 
 impl Counters {
+    /// Every series a command can touch, so counting needs no label lookup.
     pub fn new(m: &crate::front::Metrics) -> Counters {
         let names = COMMANDS.iter().map(|c| c.name).chain(["other"]);
         let decided = |endpoint| Checked::ALL.map(|c| m.decisions_counter(endpoint, c.as_str()));
@@ -205,6 +230,7 @@ impl Counters {
     }
 }
 
+/// The auth gate, then the handler of `label` (`other`: unknown).
 async fn dispatch<C: Clock + 'static>(
     front: &Front<C>,
     s: &mut Session,
@@ -215,6 +241,8 @@ async fn dispatch<C: Clock + 'static>(
 ) -> (Reply, Next) {
     let go = |r: Reply| (r, Next::Go);
     // Before authenticating, only what a client needs to authenticate.
+    // Redis's `NOAUTH`, not `UNAUTHENTICATED`: the word Redis clients
+    // recognise as an authentication error.
     if !s.authed && !matches!(label, "hello" | "auth" | "quit" | "reset") {
         return go(Reply::error("NOAUTH Authentication required."));
     }
@@ -223,6 +251,7 @@ async fn dispatch<C: Clock + 'static>(
             Err(e) => e,
             Ok(req) => match decide_throttle(front, conn, req).await {
                 Ok(Ok(out)) => throttle::answer(&out),
+                // redis-cell's refusal (a refund into the past), its words.
                 Ok(Err(refused)) => refused.into(),
                 // Overload or an unavailable store, in freqcap's words.
                 Err(e) => api_error(&e),
@@ -241,6 +270,7 @@ async fn dispatch<C: Clock + 'static>(
             } else {
                 connection::hello(s, args, &front.tokens)
             };
+            // Answered, then closed (docs/resp.md, "Security").
             if s.failed_auths >= connection::MAX_FAILED_AUTHS {
                 front.state.metrics.resp_closed.auth_failures.inc();
                 return (reply, Next::Close);
@@ -290,6 +320,7 @@ async fn decide<C: Clock + 'static>(
     req: CheckRequest,
     endpoint: Endpoint,
 ) -> Result<crate::engine::CheckOutcome, FrontError> {
+    // Held for the decision, given back even if the future is dropped.
     let _slot = admit(front, conn)?;
     let st = &front.state;
     let out =
@@ -308,6 +339,8 @@ async fn decide_throttle<C: Clock + 'static>(
 ) -> Result<Throttled, FrontError> {
     let _slot = admit(front, conn)?;
     let engine = &front.state.engine;
+    // `in_memory_or_blocking` unrolled: the request borrows its key from
+    // the read buffer, which a blocking thread cannot borrow.
     let out = match engine.throttle_in_memory(&req) {
         Some(r) => r?,
         None => {
@@ -323,6 +356,7 @@ async fn decide_throttle<C: Clock + 'static>(
             .await?
         }
     };
+    // Counted only for a decision, not for redis-cell's error.
     if let Ok(o) = &out {
         let c = Checked::of_throttle(o.answer.limited, o.would_deny);
         front.counters.decisions[Endpoint::Throttle as usize][c.index()].inc();

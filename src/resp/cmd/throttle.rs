@@ -10,7 +10,8 @@ use crate::limits::cell::{CellError, CellRate, cell_seconds};
 
 use super::super::frame::Reply;
 
-/// redis-cell's usage line, word for word.
+/// redis-cell's usage line, word for word: callers that match on its
+/// errors keep working (docs/resp.md, "CL.THROTTLE", "Errors").
 const USAGE: &str = "Cell error: Store error: Usage: cl.throttle <key> <max_burst> \
                      <count per period> <period> [<quantity>]";
 
@@ -20,6 +21,8 @@ pub fn cell(message: impl std::fmt::Display) -> Reply {
     Reply::error(format!("Cell error: Store error: {message}"))
 }
 
+/// A rate refused by [`CellRate::new`], or a decision refused by the
+/// engine (a refund into the past), in redis-cell's words.
 impl From<CellError> for Reply {
     fn from(e: CellError) -> Reply {
         cell(e)
@@ -30,9 +33,11 @@ impl From<CellError> for Reply {
 /// arity, then each integer, then the rate (a zero rate, or one out of
 /// range). The key is any bytes.
 pub fn parse<'a>(args: &[&'a [u8]]) -> Result<ThrottleRequest<'a>, Reply> {
+    // Not Redis's arity error: redis-cell answers its usage line.
     if args.len() != 4 && args.len() != 5 {
         return Err(Reply::error(USAGE));
     }
+    // Signed, as redis-cell reads them (docs/resp.md, "Signed arguments").
     let int = |a: &[u8]| -> Result<i64, Reply> {
         std::str::from_utf8(a)
             .ok()
@@ -47,6 +52,7 @@ pub fn parse<'a>(args: &[&'a [u8]]) -> Result<ThrottleRequest<'a>, Reply> {
     let max_burst = int(args[1])?;
     let count = int(args[2])?;
     let period = int(args[3])?;
+    // Default 1; 0 peeks, as in redis-cell.
     let quantity = match args.get(4) {
         Some(q) => int(q)?,
         None => 1,
@@ -63,6 +69,7 @@ pub fn parse<'a>(args: &[&'a [u8]]) -> Result<ThrottleRequest<'a>, Reply> {
 /// reset_after.
 pub fn answer(out: &ThrottleOutcome) -> Reply {
     let a = &out.answer;
+    // Whole seconds rounded as redis-cell does; the same under RESP2 and 3.
     Reply::Array(vec![
         Reply::Int(i64::from(a.limited)),
         Reply::Int(a.limit),
