@@ -47,6 +47,7 @@ fn engine(store: Arc<dyn Store>) -> Engine<SystemClock> {
 
 fn screen_req(user: &str, camps: &[String], reserve: bool) -> ScreenRequest {
     ScreenRequest {
+        priority: Default::default(),
         user: Some(user.to_owned()),
         candidates: camps
             .iter()

@@ -54,6 +54,7 @@ fn crash_child() {
                     if i % 2 == 0 {
                         let s = e
                             .screen(&ScreenRequest {
+                                priority: Default::default(),
                                 user: Some(u),
                                 candidates: vec![ScreenCandidate {
                                     campaign: "c".into(),

@@ -38,6 +38,7 @@ fn rocks_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> Engine<Arc<Ma
 
 fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
     ScreenRequest {
+        priority: Default::default(),
         user: user.map(str::to_owned),
         candidates: camps
             .iter()
@@ -296,6 +297,7 @@ fn check_with_policies_reserve_and_idempotent_ids() {
         from_json(r#"{"limits": [{"kind": "rate", "rate": 2, "per": "1s"}]}"#).unwrap();
     e.put_policy("api", p).unwrap();
     let req = |reserve: bool, id: Option<&str>| CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Policy("api".into()),
         key: "client".into(),
         cost: 1,
@@ -352,6 +354,7 @@ fn a_stack_of_more_than_64_items_is_refused() {
             .collect()
     };
     let req = |n: usize| CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Inline(items(n)),
         key: "k".into(),
         cost: 1,
@@ -1021,6 +1024,7 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     )
     .unwrap();
     let check = CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Policy("p".into()),
         key: "k".into(),
         cost: 1,
@@ -1222,6 +1226,7 @@ fn idle_records_stay_in_memory_for_the_grace_then_leave() {
     let p = r#"{"limits": [{"kind": "rate", "rate": 1, "per": "1s"}]}"#;
     e.put_policy("p", from_json(p).unwrap()).unwrap();
     let check = CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Policy("p".into()),
         key: "k".into(),
         cost: 1,
@@ -1272,6 +1277,7 @@ fn open_reservations_past_the_cap_are_refused_as_overloaded() {
         other => panic!("expected Overloaded, got {other:?}"),
     }
     let check = CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Inline(vec![
             from_json(r#"{"kind": "rate", "rate": 10, "per": "1s"}"#).unwrap(),
         ]),
@@ -1507,6 +1513,7 @@ fn conflicts_say_which_case_they_are() {
     .unwrap();
     e.put_policy("p", p).unwrap();
     let check = |id: &str, cost: u64| CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Policy("p".into()),
         key: "k".into(),
         cost,
@@ -1530,6 +1537,7 @@ fn conflicts_say_which_case_they_are() {
     // layer's fingerprint of it matches).
     e.put_campaign("c", from_json("{}").unwrap()).unwrap();
     e.check(&CheckRequest {
+        priority: Default::default(),
         fingerprint: Some(7),
         ..check("r2", 1)
     })
@@ -1861,6 +1869,7 @@ fn measure_distinct_keys() {
     let start = std::time::Instant::now();
     for k in 0..n {
         let req = CheckRequest {
+            priority: Default::default(),
             target: CheckTarget::Inline(limits.clone()),
             key: format!("key-{k}"),
             cost: 1,
@@ -1979,6 +1988,7 @@ fn check_all_is_all_or_nothing() {
     };
     let (two, ten) = (limits(2), limits(10));
     let key = |l: &Arc<freqcap::engine::CompiledInline>, k: &str, cost, enforced| KeyCheck {
+        priority: Default::default(),
         limits: l.clone(),
         key: k.into(),
         cost,
@@ -2109,6 +2119,7 @@ fn shadow_debits_what_enforcement_debits() {
             match next(3) {
                 0 => {
                     let req = CheckRequest {
+                        priority: Default::default(),
                         target: CheckTarget::Policy("p".into()),
                         key: format!("k{}", next(3)),
                         cost: 1 + next(2),

@@ -43,6 +43,7 @@ fn campaign(json: &str) -> CampaignDef {
 
 fn screen(user: &str, camps: &[&str]) -> ScreenRequest {
     ScreenRequest {
+        priority: Default::default(),
         user: Some(user.to_owned()),
         candidates: camps
             .iter()
@@ -228,6 +229,7 @@ fn a_record_never_goes_back_in_time() {
     b.refresh_definitions().unwrap();
     let check = |node: &Node| {
         node.check(&CheckRequest {
+            priority: Default::default(),
             target: CheckTarget::Policy("p".into()),
             key: "k".into(),
             cost: 1,
@@ -436,6 +438,7 @@ fn policy_concurrency_and_budgets_are_exact_across_nodes() {
     b.refresh_definitions().unwrap();
     let check = |node: &Node, p: &str, cost: u64, reserve: bool| {
         node.check(&CheckRequest {
+            priority: Default::default(),
             target: CheckTarget::Policy(p.into()),
             key: "k".into(),
             cost,
@@ -733,6 +736,7 @@ fn check_all_is_all_or_nothing_across_nodes() {
             {"kind": "rate", "rate": 10, "per": "1h", "burst": 10}]"#,
     );
     let key = |l: &Arc<CompiledInline>, k: &str, cost, enforced| KeyCheck {
+        priority: Default::default(),
         limits: l.clone(),
         key: k.into(),
         cost,
@@ -800,6 +804,7 @@ fn an_inline_check_reserves_and_settles_on_any_node() {
     .unwrap();
     let check = |node: &Node, cost: u64, reserve: bool| {
         node.check(&CheckRequest {
+            priority: Default::default(),
             target: CheckTarget::Inline(limits.clone()),
             key: "k".into(),
             cost,
@@ -864,6 +869,7 @@ fn a_user_less_screen_is_settled_on_any_node() {
     .unwrap();
     b.refresh_definitions().unwrap();
     let anonymous = ScreenRequest {
+        priority: Default::default(),
         user: None,
         ..screen("-", &["b"])
     };

@@ -4,7 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -12,10 +12,12 @@ use serde::{Deserialize, Serialize};
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
+use crate::engine::Priority;
 use crate::engine::{CheckRequest, CheckTarget, Engine};
 use crate::front::FrontError;
 use crate::front::call::*;
 use crate::front::outcome::Checked;
+use crate::front::priority::{self, header};
 use crate::front::ratelimit_fields as headers;
 use crate::front::report::reported;
 use crate::model::LimitDef;
@@ -51,6 +53,10 @@ pub(crate) struct CheckBody {
     /// With a policy whose `on_limit` is `delay`: sleep `delay_ms` before answering.
     #[serde(default)]
     wait: bool,
+    /// The request's class (docs/semantics.md §2.6); also the header
+    /// `x-freqcap-priority`. Default `default`.
+    #[serde(default)]
+    priority: Option<Priority>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -96,10 +102,12 @@ pub(crate) struct DecisionBody<'a> {
 
 pub(crate) async fn check<C: Clock + 'static>(
     State(s): St<C>,
+    hs: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: CheckBody = body(Ok(bytes.clone()))?;
+    let priority = priority::of_request(b.priority, header(&hs))?;
     // Only a caller's id can be repeated; only then is the body hashed.
     let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let target = match (b.policy, b.limits) {
@@ -113,6 +121,7 @@ pub(crate) async fn check<C: Clock + 'static>(
         }
     };
     let req = CheckRequest {
+        priority,
         target,
         key: b.key,
         cost: b.cost,

@@ -14,9 +14,11 @@ use serde::{Deserialize, Serialize};
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
+use crate::engine::Priority;
 use crate::engine::{Engine, ScreenCandidate, ScreenRequest};
 use crate::front::FrontError;
 use crate::front::call::*;
+use crate::front::priority;
 
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +52,10 @@ pub(crate) struct ScreenBody {
     /// The caller's id for the reservation, e.g. its auction id.
     #[serde(default)]
     reservation_id: Option<String>,
+    /// The request's class, for every candidate's caps (docs/semantics.md
+    /// §2.6); also the header `x-freqcap-priority`. Default `default`.
+    #[serde(default)]
+    priority: Option<Priority>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -90,6 +96,7 @@ pub(crate) async fn screen<C: Clock + 'static>(
 ) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: ScreenBody = body(Ok(bytes.clone()))?;
+    let priority = priority::of_request(b.priority, priority::header(&headers))?;
     let owner = b.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
     if let Some(r) = s
         .forwarder
@@ -100,6 +107,7 @@ pub(crate) async fn screen<C: Clock + 'static>(
     }
     let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let req = ScreenRequest {
+        priority,
         user: b.user,
         candidates: b
             .candidates

@@ -136,7 +136,8 @@ impl<C: Clock> Engine<C> {
                                 .iter()
                                 .map(|&t| rec.state(owner, t).cloned().unwrap_or_default())
                                 .collect();
-                            let (mut d, _) = stack.decide(&mut states, now, 0, Hold::Immediate);
+                            let (mut d, _) =
+                                stack.decide(&mut states, now, 0, Hold::Immediate, req.priority);
                             d.allowed = true;
                             d.retry_after = None;
                             Ok(Box::new(d))
@@ -163,7 +164,7 @@ impl<C: Clock> Engine<C> {
                 .iter()
                 .map(|&t| std::mem::take(rec.state_mut(owner, t)))
                 .collect();
-            let (decision, pending) = stack.decide(&mut states, now, req.cost, hold);
+            let (decision, pending) = stack.decide(&mut states, now, req.cost, hold, req.priority);
             for (&t, s) in tags.iter().zip(states) {
                 *rec.state_mut(owner, t) = s;
             }

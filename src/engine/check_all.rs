@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use smallvec::SmallVec;
 
 use crate::clock::{Clock, Nanos};
+use crate::limits::priority::Priority;
 use crate::limits::stack::Decision;
 use crate::limits::{Hold, ItemState};
 
@@ -53,6 +54,8 @@ pub struct KeyCheck {
     /// `false`: shadow mode (docs/rls.md, "Shadow mode"): decided and
     /// debited when it allows, but its denial never denies the request.
     pub enforced: bool,
+    /// The request's class (docs/semantics.md §2.6).
+    pub priority: Priority,
 }
 
 /// The answer of [`Engine::check_all`].
@@ -173,10 +176,10 @@ impl<C: Clock> Engine<C> {
                 Some(i) => scratch[i].2.clone(),
                 None => self.states_of(record, c, now, reads)?,
             };
-            let (d, _) = c
-                .limits
-                .stack
-                .decide(&mut states, now, c.cost, Hold::Immediate);
+            let (d, _) =
+                c.limits
+                    .stack
+                    .decide(&mut states, now, c.cost, Hold::Immediate, c.priority);
             // A zero cost only looks: nothing to write back.
             if d.allowed && c.cost > 0 {
                 match earlier {
@@ -203,7 +206,7 @@ impl<C: Clock> Engine<C> {
                     *d = c
                         .limits
                         .stack
-                        .decide(&mut states, now, 0, Hold::Immediate)
+                        .decide(&mut states, now, 0, Hold::Immediate, c.priority)
                         .0;
                 }
             }
@@ -342,10 +345,15 @@ impl<C: Clock> Engine<C> {
             // The keys that would have allowed report their figures as they
             // stand (their holds are given back): one more read of each.
             for g in &groups {
-                let limits = &checks[g.checks[0]].limits;
+                let first = &checks[g.checks[0]];
+                let limits = &first.limits;
                 let figures = self.with_record(g.record, now, reads, |rec, now| {
                     let mut states = states_in(rec, &limits.tags);
-                    limits.stack.decide(&mut states, now, 0, Hold::Immediate).0
+                    let peek =
+                        limits
+                            .stack
+                            .decide(&mut states, now, 0, Hold::Immediate, first.priority);
+                    peek.0
                 })?;
                 for &i in &g.checks {
                     if let Some(d) = decisions[i].as_mut().filter(|d| d.allowed) {
@@ -433,7 +441,9 @@ fn decide_group(
     let mut allows = true;
     for &i in idx {
         let c = &checks[i];
-        let (d, p) = limits.stack.decide(&mut states, now, c.cost, hold);
+        let (d, p) = limits
+            .stack
+            .decide(&mut states, now, c.cost, hold, c.priority);
         allows &= d.allowed || !c.enforced;
         if let Some(p) = p {
             pending.push((i, p));

@@ -76,6 +76,7 @@ use record::SubjectRecord;
 use registry::Registry;
 use reservations::Reservations;
 
+pub use crate::limits::priority::Priority;
 pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
 pub use events::PendingEvents;
 pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};

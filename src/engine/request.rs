@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::MAX_EXACT;
 use crate::clock::{MS, Nanos};
+use crate::limits::priority::Priority;
 use crate::limits::stack::{Decision, Stack};
 use crate::model::limit::{LimitDef, compile_stack};
 
@@ -51,6 +52,9 @@ pub struct CheckRequest {
     /// same request only if this matches. `None`: the fields above are
     /// compared instead.
     pub fingerprint: Option<u64>,
+    /// The request's class (docs/semantics.md §2.6): items with priorities
+    /// are decided as this class sees them.
+    pub priority: Priority,
 }
 
 /// A check's answer: the decision, its stack (for names and kinds), and the
@@ -84,6 +88,8 @@ pub struct ScreenRequest {
     pub reservation_id: Option<String>,
     /// As [`CheckRequest::fingerprint`].
     pub fingerprint: Option<u64>,
+    /// As [`CheckRequest::priority`], for every candidate's caps.
+    pub priority: Priority,
 }
 
 /// Why a candidate is not eligible.

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use crate::MAX_EXACT;
 use crate::clock::{Clock, Nanos};
 use crate::limits::Hold;
+use crate::limits::priority::{Priority, item_for};
 use crate::model::Scope;
 use crate::store::StoreError;
 
@@ -458,6 +459,7 @@ fn screen_candidates(
             reserving,
             leases,
             shadow_all,
+            req.priority,
         );
         let (denied, would_deny) = match verdict {
             Verdict::Allowed => (None, None),
@@ -549,6 +551,7 @@ fn decide_chain(
     reserving: Option<Reserving>,
     leases: Option<&Leases>,
     shadow_all: bool,
+    class: Priority,
 ) -> Verdict {
     let mut shadowed: Option<DeniedBy> = None;
     if user.is_none() {
@@ -583,7 +586,10 @@ fn decide_chain(
             };
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
             let n = units(&cap.item, cost);
-            let p = cap.item.probe(st, now, n);
+            // As the request's class sees the cap (docs/semantics.md §2.6);
+            // the debit below is the cap's own, whose state all share.
+            let seen = item_for(&cap.item, cap.classes.as_ref(), class);
+            let p = seen.probe(st, now, n);
             let leased_out = match leases {
                 Some(l) if cap.scope == Scope::Campaign => {
                     view(&cap.item, st, rec.pending_on(e.id, t), now).and_then(|v| {
@@ -612,7 +618,7 @@ fn decide_chain(
                 let d = DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
-                    retry_after: cap.item.retry(st, &p, now, n),
+                    retry_after: seen.retry(st, &p, now, n),
                 };
                 if !in_shadow(e, shadow_all) {
                     return Verdict::Denied(d);

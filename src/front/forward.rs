@@ -109,6 +109,9 @@ impl Forwarder {
             header::HOST,
             header::AUTHORIZATION,
             HeaderName::from_static("x-request-id"),
+            // The request's class may come as a header only: the owner
+            // decides at the class the node asked was sent.
+            HeaderName::from_static(super::priority::HEADER),
         ] {
             if let Some(v) = headers.get(&h) {
                 req = req.header(h, v.clone());

@@ -23,6 +23,7 @@ pub mod error;
 pub mod forward;
 pub mod metrics;
 pub mod outcome;
+pub mod priority;
 pub mod ratelimit_fields;
 pub mod report;
 pub mod request_id;

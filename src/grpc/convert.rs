@@ -41,6 +41,7 @@ pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
         }
     };
     Ok(CheckRequest {
+        priority: Default::default(),
         target,
         key: r.key,
         cost: r.cost.unwrap_or(1),
@@ -84,6 +85,7 @@ pub fn decision(out: &CheckOutcome) -> pb::Decision {
 /// the answer's results follow.
 pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
     ScreenRequest {
+        priority: Default::default(),
         user: r.user,
         candidates: r
             .candidates

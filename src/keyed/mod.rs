@@ -23,6 +23,7 @@ pub mod map;
 use std::hash::Hash;
 
 use crate::clock::{Clock, Nanos, Span, SystemClock};
+use crate::limits::priority::Priority;
 use crate::limits::rate::{Rate, RateState};
 use crate::limits::stack::{Decision, OnLimit, Pending, Stack, Verdict};
 use crate::limits::window::Layout;
@@ -311,6 +312,11 @@ pub enum RecordLayout {
 impl RecordLayout {
     /// The smallest layout that holds `stack`'s states exactly.
     pub fn for_stack(stack: &Stack) -> Self {
+        // The one-rate layouts decide on the rate itself: a stack whose
+        // classes see other ceilings goes through the stack.
+        if stack.has_classes() {
+            return RecordLayout::Stack;
+        }
         match stack.items() {
             [Item::Rate { rate, .. }]
                 if rate.whole_ns()
@@ -535,12 +541,22 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.check_as(key, cost, Priority::Default)
+    }
+
+    /// [`KeyedLimiter::check`] for a request of class `class`: items with
+    /// priorities decide it as that class sees them (docs/semantics.md §2.6).
+    pub fn check_as<Q>(&self, key: &Q, cost: u64, class: Priority) -> Decision
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         // Only the decision leaves the closure: carrying the (empty) pending part
         // out too would copy a few hundred bytes more per call.
         self.on_states(
             key,
             || self.clock.now(),
-            |stack, st, now| stack.decide(st, now, cost, Hold::Immediate).0,
+            |stack, st, now| stack.decide(st, now, cost, Hold::Immediate, class).0,
         )
     }
 
@@ -573,7 +589,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             || self.clock.now(),
             |stack, st, now| {
                 let deadline = now.saturating_add(ttl);
-                stack.decide(st, now, cost, Hold::Reserve { deadline })
+                stack.decide(st, now, cost, Hold::Reserve { deadline }, Priority::Default)
             },
         )
     }

@@ -28,6 +28,7 @@ use std::sync::{Arc, RwLock};
 
 use crate::clock::Nanos;
 use crate::limits::calendar::{Calendar, CalendarUnit, local_hour};
+use crate::limits::priority::{Share, WHOLE, scaled};
 
 /// How spend is allowed to progress through the period.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,23 +64,36 @@ pub struct Budget {
     /// keys of an item share the period. Poisoning is ignored: the cache only
     /// ever holds a complete table or nothing.
     profile_cache: RwLock<Option<Arc<Profile>>>,
+    /// The share of the cap a priority class sees, in millionths
+    /// ([`super::priority`]); [`WHOLE`] for the budget as defined. The cap is
+    /// scaled, not the amount, so an adaptive plan (made from the amount and
+    /// the spend) is the same for every class.
+    share: Share,
 }
 
 impl Clone for Budget {
     fn clone(&self) -> Self {
-        Budget::new(
-            self.amount,
-            self.calendar.clone(),
-            self.pacing.clone(),
-            self.allowance,
-        )
+        Budget {
+            share: self.share,
+            ..Budget::new(
+                self.amount,
+                self.calendar.clone(),
+                self.pacing.clone(),
+                self.allowance,
+            )
+        }
     }
 }
 
 impl PartialEq for Budget {
     fn eq(&self, o: &Self) -> bool {
-        (self.amount, &self.calendar, &self.pacing, self.allowance)
-            == (o.amount, &o.calendar, &o.pacing, o.allowance)
+        (
+            self.amount,
+            &self.calendar,
+            &self.pacing,
+            self.allowance,
+            self.share,
+        ) == (o.amount, &o.calendar, &o.pacing, o.allowance, o.share)
     }
 }
 
@@ -170,7 +184,33 @@ impl Budget {
             pacing,
             allowance,
             profile_cache: RwLock::new(None),
+            share: WHOLE,
         }
+    }
+
+    /// This budget as a priority class with `share` sees it: the same
+    /// period, pacing and spend, every cap scaled to ⌈share × cap⌉.
+    pub fn with_share(&self, share: Share) -> Budget {
+        Budget {
+            share,
+            ..self.clone()
+        }
+    }
+
+    /// The `limit` figure: the amount, or a class's share of it.
+    pub fn limit(&self) -> u64 {
+        scaled(self.amount, self.share)
+    }
+
+    /// The whole budget's cap at which this class's cap reaches `need`:
+    /// ⌈cap·s⌉ ≥ need ⇔ cap ≥ ⌊(need − 1)/s⌋ + 1 (s in millionths). `need`
+    /// itself for the budget as defined.
+    fn unscaled(&self, need: u64) -> u64 {
+        if self.share == WHOLE || need == 0 {
+            return need;
+        }
+        let whole = u128::from(need - 1) * u128::from(WHOLE) / u128::from(self.share) + 1;
+        u64::try_from(whole).unwrap_or(u64::MAX)
     }
 
     /// The state as of `now`: the stored period, or a fresh one if it has ended.
@@ -272,7 +312,7 @@ impl Budget {
         };
         BudgetView {
             period: (cur.start, cur.end),
-            cap,
+            cap: scaled(cap, self.share),
             spent: cur.spent,
             pending: cur.pending,
         }
@@ -456,6 +496,8 @@ impl Budget {
     pub fn retry(&self, st: &BudgetState, now: Nanos, n: u64) -> Option<Nanos> {
         let cur = self.current(st, now);
         let need = cur.spent.saturating_add(cur.pending).saturating_add(n);
+        // A class sees a scaled cap: wait for the whole cap its need takes.
+        let (need, n) = (self.unscaled(need), self.unscaled(n));
         if let Pacing::Adaptive(_) = self.pacing {
             return self.adaptive_retry(&cur, now, n, need);
         }

@@ -41,9 +41,16 @@ impl Concurrency {
         (self.max.saturating_sub(open), reset)
     }
 
-    /// retry_after of a denial: the earliest open deadline − now.
+    /// retry_after of a denial: when enough open slots have ended for one
+    /// more to fit — the earliest open deadline when exactly `max` are open,
+    /// a later one when more are (a priority class's lower ceiling, or a
+    /// `max` lowered by a redefinition).
     pub fn retry(&self, st: &ConcurrencyState, now: Nanos) -> Option<Nanos> {
-        st.deadlines.iter().find(|&&d| d > now).map(|d| d - now)
+        let expired = st.deadlines.partition_point(|&d| d <= now);
+        let open = &st.deadlines[expired..];
+        let must_end = (open.len() as u64 + 1).saturating_sub(self.max);
+        let k = usize::try_from(must_end).ok()?.checked_sub(1)?;
+        open.get(k).map(|d| d - now)
     }
 
     /// Takes a slot until `deadline`, dropping expired deadlines on the way.

@@ -17,6 +17,7 @@ pub mod budget;
 pub mod calendar;
 pub mod cell;
 pub mod concurrency;
+pub mod priority;
 pub mod rate;
 pub mod stack;
 pub mod window;
@@ -211,8 +212,30 @@ impl Item {
         match self {
             Item::Rate { rate, .. } => rate.burst(),
             Item::Window(w) => w.limit,
-            Item::Budget(b) => b.amount,
+            Item::Budget(b) => b.limit(),
             Item::Concurrency(c) => c.max,
+        }
+    }
+
+    /// This item as a class with `share` (millionths, below the whole)
+    /// sees it: its limit at ⌈share × limit⌉, over the same state
+    /// ([`priority`]). A rate keeps its rate and lowers its burst (the TAT
+    /// means the same to both); a budget keeps its pacing and scales the cap
+    /// it computes, since scaling its amount would move an adaptive plan.
+    pub fn for_share(&self, share: priority::Share) -> Item {
+        match self {
+            Item::Rate { rate, kind } => Item::Rate {
+                rate: rate.with_burst(priority::scaled(rate.burst(), share)),
+                kind: *kind,
+            },
+            Item::Window(w) => Item::Window(Window {
+                limit: priority::scaled(w.limit, share),
+                layout: w.layout.clone(),
+            }),
+            Item::Budget(b) => Item::Budget(b.with_share(share)),
+            Item::Concurrency(c) => Item::Concurrency(Concurrency {
+                max: priority::scaled(c.max, share),
+            }),
         }
     }
 

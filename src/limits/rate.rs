@@ -164,6 +164,16 @@ impl Rate {
         }
     }
 
+    /// The same line with another burst (a priority class's ceiling,
+    /// [`super::priority`]): T is unchanged, so a TAT means the same to both.
+    pub fn with_burst(&self, burst: u64) -> Rate {
+        Rate {
+            burst,
+            tau: u128::from(burst) * u128::from(self.p),
+            ..*self
+        }
+    }
+
     /// Whether T is a whole number of ns (q = 1, as for `1000/s` or `100/h`):
     /// every TAT is then whole ns, so a record may keep it in one `u64`
     /// ([`RateState::from_ns`], [`RateState::unit_ns`]; 8 bytes instead of 16)

@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::clock::{Nanos, Span};
+use crate::limits::priority::{Classes, Priority};
 use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem};
 
 /// What to do when a request is denied.
@@ -32,6 +33,10 @@ pub struct Stack {
     /// alone and is sent with every decision, so it is built once (see
     /// [`Stack::policy_field`]).
     policy_field: std::sync::OnceLock<Box<str>>,
+    /// Per item, how each priority class sees it (docs/semantics.md §2.6);
+    /// `None` when no item names a class, so a stack without priorities
+    /// decides exactly as before.
+    classes: Option<Box<[Option<Classes>]>>,
 }
 
 /// A decision and every item's figures.
@@ -119,7 +124,38 @@ impl Stack {
             on_limit,
             records_own_heap,
             policy_field: std::sync::OnceLock::new(),
+            classes: None,
         }
+    }
+
+    /// The same stack with each item's priority classes (one per item, as
+    /// compiled from its `priorities`).
+    pub fn with_classes(mut self, classes: Vec<Option<Classes>>) -> Self {
+        debug_assert_eq!(classes.len(), self.items.len());
+        if classes.iter().any(Option::is_some) {
+            self.classes = Some(classes.into_boxed_slice());
+        }
+        self
+    }
+
+    /// Item `i` as class `p` sees it: what it is probed, reported and
+    /// retried against. Debits always go through the item itself, whose
+    /// state every class shares.
+    pub fn item_for(&self, i: usize, p: Priority) -> &Item {
+        match &self.classes {
+            Some(c) => crate::limits::priority::item_for(&self.items[i], c[i].as_ref(), p),
+            None => &self.items[i],
+        }
+    }
+
+    /// Whether any item names a priority class.
+    pub fn has_classes(&self) -> bool {
+        self.classes.is_some()
+    }
+
+    /// Item `i`'s classes, if it has any.
+    pub fn classes_of(&self, i: usize) -> Option<&Classes> {
+        self.classes.as_ref().and_then(|c| c[i].as_ref())
     }
 
     /// Whether a record of this stack's states can own heap memory.
@@ -158,31 +194,42 @@ impl Stack {
     ///
     /// Atomicity is the caller's: `states` is borrowed mutably for the whole
     /// step, so whoever holds it (a lock on the record) makes the step atomic.
+    ///
+    /// The request is of class `class`: an item with priorities is decided
+    /// and reported as that class sees it.
     pub fn decide(
         &self,
         states: &mut [ItemState],
         now: Nanos,
         cost: u64,
         hold: Hold,
+        class: Priority,
     ) -> (Decision, Option<Pending>) {
         debug_assert_eq!(states.len(), self.items.len());
         let reserve = matches!(hold, Hold::Reserve { .. });
         let mut pending = SmallVec::new();
         let delay = if cost == 0 {
             // A peek: always allowed, reserves and debits nothing.
-            return (self.report(states, now, true, |_| None), None);
+            return (self.report(states, now, true, class, |_| None), None);
         } else {
-            self.try_apply(states, now, cost, hold, reserve.then_some(&mut pending))
+            self.try_apply(
+                states,
+                now,
+                cost,
+                hold,
+                class,
+                reserve.then_some(&mut pending),
+            )
         };
         let Some(delay) = delay else {
-            let d = self.report(states, now, false, |i| {
-                let (item, st) = (&self.items[i], &states[i]);
+            let d = self.report(states, now, false, class, |i| {
+                let (item, st) = (self.item_for(i, class), &states[i]);
                 let p = item.probe(st, now, cost);
                 (!p.allowed).then(|| item.retry(st, &p, now, cost))
             });
             return (d, None);
         };
-        let mut decision = self.report(states, now, true, |_| None);
+        let mut decision = self.report(states, now, true, class, |_| None);
         decision.delay = delay;
         let pending = reserve.then_some(Pending {
             cost,
@@ -198,7 +245,9 @@ impl Stack {
         if cost == 0 {
             return Verdict::ALLOWED;
         }
-        if let Some(delay) = self.try_apply(states, now, cost, Hold::Immediate, None) {
+        if let Some(delay) =
+            self.try_apply(states, now, cost, Hold::Immediate, Priority::Default, None)
+        {
             return Verdict {
                 allowed: true,
                 delay,
@@ -206,7 +255,8 @@ impl Stack {
             };
         }
         let mut retry_after = Some(0);
-        for (item, st) in self.items.iter().zip(states.iter()) {
+        for (i, st) in states.iter().enumerate() {
+            let item = self.item_for(i, Priority::Default);
             let p = item.probe(st, now, cost);
             if !p.allowed {
                 retry_after = match (retry_after, item.retry(st, &p, now, cost)) {
@@ -235,10 +285,12 @@ impl Stack {
         now: Nanos,
         cost: u64,
         hold: Hold,
+        class: Priority,
         mut pending: Option<&mut SmallVec<[PendingItem; 4]>>,
     ) -> Option<Nanos> {
         let mut delay = 0;
-        for (item, st) in self.items.iter().zip(states.iter()) {
+        for (i, st) in states.iter().enumerate() {
+            let item = self.item_for(i, class);
             let p = item.probe(st, now, cost);
             if p.allowed {
                 continue;
@@ -273,11 +325,13 @@ impl Stack {
         states: &[ItemState],
         now: Nanos,
         allowed: bool,
+        class: Priority,
         retry: impl Fn(usize) -> Option<Option<Span>>,
     ) -> Decision {
         let mut items = SmallVec::new();
         let mut retry_after = Some(0);
-        for (i, (item, st)) in self.items.iter().zip(states).enumerate() {
+        for (i, st) in states.iter().enumerate() {
+            let item = self.item_for(i, class);
             let (remaining, reset_after) = item.figures(st, now);
             let r = retry(i);
             if let Some(r) = r {

@@ -7,6 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::MAX_EXACT;
 use crate::limits::Item;
 use crate::limits::concurrency::Concurrency;
+use crate::limits::priority::Classes;
 use crate::model::error::{DefinitionError, Warning};
 use crate::model::limit::{LimitDef, MAX_ITEMS, check_windows_among};
 
@@ -150,6 +151,8 @@ pub struct CompiledCap {
     /// The reported name (`denied_by.cap`).
     pub name: String,
     pub item: Item,
+    /// The item as each priority class sees it (`None`: all see `item`).
+    pub classes: Option<Classes>,
     /// A hash of the item's definition: a counter whose stored fingerprint
     /// differs belongs to an older definition and starts empty (docs/semantics.md §5.3).
     pub fingerprint: u32,
@@ -167,8 +170,14 @@ pub struct CompiledCampaign {
 
 /// A 32-bit FNV-1a hash of an item's canonical JSON. Not for security: it only
 /// tells a changed definition from an unchanged one.
+/// Priorities are left out: a class's share decides who may use the counts,
+/// not what they count, so changing it keeps them.
 pub fn fingerprint(def: &LimitDef) -> u32 {
-    let text = serde_json::to_string(def).unwrap_or_default();
+    let def = match def.priorities() {
+        Some(_) => std::borrow::Cow::Owned(def.without_priorities()),
+        None => std::borrow::Cow::Borrowed(def),
+    };
+    let text = serde_json::to_string(&*def).unwrap_or_default();
     text.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
@@ -232,10 +241,12 @@ impl CampaignDef {
                 ));
             }
             names.push(name.clone());
+            let item = def.compile(&path)?;
             items.push(CompiledCap {
                 scope: cap.scope(),
                 name,
-                item: def.compile(&path)?,
+                classes: def.classes(&path, &item)?,
+                item,
                 fingerprint: fingerprint(&def),
             });
         }
@@ -254,10 +265,12 @@ impl CampaignDef {
         }
         if let Some(CampaignBudget(b)) = &self.budget {
             let def = with_tz(b, &self.tz);
+            let item = def.compile("budget")?;
             items.push(CompiledCap {
                 scope: Scope::Campaign,
                 name: "budget".into(),
-                item: def.compile("budget")?,
+                classes: def.classes("budget", &item)?,
+                item,
                 fingerprint: fingerprint(&def),
             });
         }
@@ -272,6 +285,7 @@ impl CampaignDef {
                 scope: Scope::Campaign,
                 name: "max_in_flight".into(),
                 item: Item::Concurrency(Concurrency { max }),
+                classes: None,
                 // The definition is the number itself.
                 fingerprint: (max as u32) ^ ((max >> 32) as u32) ^ 0x6d69_6621,
             });

@@ -14,6 +14,7 @@ use crate::clock::MS;
 use crate::limits::budget::{Budget, Pacing as CompiledPacing};
 use crate::limits::calendar::{Calendar, CalendarUnit};
 use crate::limits::concurrency::Concurrency;
+use crate::limits::priority::{Classes, Priority, Share, Shares, WHOLE};
 use crate::limits::rate::Rate;
 use crate::limits::stack::{OnLimit as CompiledOnLimit, Stack};
 use crate::limits::window::{Layout, MAX_EXACT_ROLLING_LIMIT, Window};
@@ -91,6 +92,10 @@ pub struct RateDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
     /// Units per period, 1 ≤ rate < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub rate: u64,
@@ -110,6 +115,10 @@ pub struct GapDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
     /// Minimum interval between two events (no months).
     #[schemars(extend("not" = {"pattern": "mo$"}))]
     pub min: Duration,
@@ -162,6 +171,10 @@ pub struct WindowDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
     /// Units per window, 1 ≤ limit < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub limit: u64,
@@ -261,6 +274,10 @@ pub struct BudgetDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
     /// Cost units per period, 1 ≤ amount < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub amount: u64,
@@ -289,9 +306,87 @@ pub struct ConcurrencyDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
     /// Open reservations at once, 1 ≤ max < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub max: u64,
+}
+
+/// `{"sheddable": 0.5, "low": 0.8}`: the share of an item's limit each
+/// priority class may use, 0 < share ≤ 1 (six decimals); a class not named
+/// uses the whole item. Shares may not grow from a class to a lower one, so a
+/// class is never refused where a lower one passes (docs/semantics.md §2.6).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrioritiesDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub critical: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub high: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub default: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub low: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub sheddable: Option<serde_json::Number>,
+}
+
+impl PrioritiesDef {
+    /// The given share of each class, highest first.
+    fn given(&self) -> [Option<&serde_json::Number>; 5] {
+        [
+            self.critical.as_ref(),
+            self.high.as_ref(),
+            self.default.as_ref(),
+            self.low.as_ref(),
+            self.sheddable.as_ref(),
+        ]
+    }
+
+    /// Validates the shares (errors name `<path>.priorities.<class>`) and
+    /// compiles them to millionths.
+    pub fn shares(&self, path: &str) -> Result<Shares> {
+        let mut out = Shares::default();
+        for (i, (p, given)) in Priority::ALL.iter().zip(self.given()).enumerate() {
+            let Some(n) = given else { continue };
+            let field = format!("{path}.priorities.{}", p.as_str());
+            let v = n.as_f64().filter(|v| v.is_finite()).unwrap_or(f64::NAN);
+            let millionths = (v * f64::from(WHOLE)).round();
+            if !(v > 0.0 && v <= 1.0) || millionths < 1.0 {
+                return Err(err(
+                    field,
+                    format!("must be a share above 0 and at most 1 (six decimals), got {n}"),
+                ));
+            }
+            out.0[i] = millionths as Share;
+        }
+        // A lower class with a larger share would pass where a higher one is
+        // refused: an inversion no one means.
+        for i in 1..5 {
+            if out.0[i] > out.0[i - 1] {
+                let (hi, lo) = (Priority::ALL[i - 1], Priority::ALL[i]);
+                return Err(err(
+                    format!("{path}.priorities.{}", hi.as_str()),
+                    format!(
+                        "{} is below {}'s share ({}; an unnamed class has 1): a higher class \
+                         may not get less of an item than a lower one",
+                        out.0[i - 1] as f64 / f64::from(WHOLE),
+                        lo.as_str(),
+                        out.0[i] as f64 / f64::from(WHOLE),
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// What to do when a request is denied.
@@ -422,6 +517,40 @@ impl LimitDef {
             LimitDef::Window(d) => d.name.as_deref(),
             LimitDef::Budget(d) => d.name.as_deref(),
             LimitDef::Concurrency(d) => d.name.as_deref(),
+        }
+    }
+
+    /// The classes' shares, as written.
+    pub fn priorities(&self) -> Option<&PrioritiesDef> {
+        match self {
+            LimitDef::Rate(d) => d.priorities.as_ref(),
+            LimitDef::Gap(d) => d.priorities.as_ref(),
+            LimitDef::Window(d) => d.priorities.as_ref(),
+            LimitDef::Budget(d) => d.priorities.as_ref(),
+            LimitDef::Concurrency(d) => d.priorities.as_ref(),
+        }
+    }
+
+    /// The same item without its priorities: what a counter's fingerprint
+    /// hashes, so changing a class's share keeps the counts.
+    pub fn without_priorities(&self) -> LimitDef {
+        let mut d = self.clone();
+        match &mut d {
+            LimitDef::Rate(d) => d.priorities = None,
+            LimitDef::Gap(d) => d.priorities = None,
+            LimitDef::Window(d) => d.priorities = None,
+            LimitDef::Budget(d) => d.priorities = None,
+            LimitDef::Concurrency(d) => d.priorities = None,
+        }
+        d
+    }
+
+    /// The compiled `item` as each priority class sees it (`None`: every
+    /// class sees the whole item). `path` names the item in errors.
+    pub fn classes(&self, path: &str, item: &Item) -> Result<Option<Classes>> {
+        match self.priorities() {
+            Some(p) => Ok(Classes::new(item, p.shares(path)?)),
+            None => Ok(None),
         }
     }
 
@@ -711,10 +840,13 @@ pub fn compile_stack(
         ));
     }
     let mut items = Vec::with_capacity(limits.len());
+    let mut classes = Vec::with_capacity(limits.len());
     let mut names: Vec<String> = Vec::with_capacity(limits.len());
     for (i, l) in limits.iter().enumerate() {
         let p = format!("{path}[{i}]");
-        items.push(l.compile(&p)?);
+        let item = l.compile(&p)?;
+        classes.push(l.classes(&p, &item)?);
+        items.push(item);
         let name = l.reported_name(i);
         if names.contains(&name) {
             return Err(err(
@@ -750,7 +882,7 @@ pub fn compile_stack(
         }
     };
     Ok(CompiledPolicy {
-        stack: Stack::new(items, names, on_limit),
+        stack: Stack::new(items, names, on_limit).with_classes(classes),
         warnings,
     })
 }

@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 use crate::model::duration::Duration;
 use crate::model::limit::{
-    Align, BudgetDef, ConcurrencyDef, GapDef, LimitDef, Pacing, Precision, RateDef, WindowDef,
+    Align, BudgetDef, ConcurrencyDef, GapDef, LimitDef, Pacing, Precision, PrioritiesDef, RateDef,
+    WindowDef,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -27,6 +28,7 @@ pub enum RawKind {
 pub struct RawLimit {
     kind: RawKind,
     name: Option<String>,
+    priorities: Option<PrioritiesDef>,
     rate: Option<u64>,
     per: Option<Duration>,
     burst: Option<u64>,
@@ -101,25 +103,29 @@ impl TryFrom<RawLimit> for LimitDef {
             return Err(FieldError {
                 field,
                 message: format!(
-                    "not a field of a {kind} item (its fields: name, {})",
+                    "not a field of a {kind} item (its fields: name, priorities, {})",
                     allowed.join(", ")
                 ),
             });
         }
         let name = r.name;
+        let priorities = r.priorities;
         Ok(match r.kind {
             RawKind::Rate => LimitDef::Rate(RateDef {
                 name,
+                priorities,
                 rate: required(r.rate, "rate", kind)?,
                 per: required(r.per, "per", kind)?,
                 burst: r.burst,
             }),
             RawKind::Gap => LimitDef::Gap(GapDef {
                 name,
+                priorities,
                 min: required(r.min, "min", kind)?,
             }),
             RawKind::Window => LimitDef::Window(WindowDef {
                 name,
+                priorities,
                 limit: required(r.limit, "limit", kind)?,
                 window: required(r.window, "window", kind)?,
                 align: r.align,
@@ -128,6 +134,7 @@ impl TryFrom<RawLimit> for LimitDef {
             }),
             RawKind::Budget => LimitDef::Budget(BudgetDef {
                 name,
+                priorities,
                 amount: required(r.amount, "amount", kind)?,
                 per: r.per,
                 pacing: r.pacing,
@@ -136,6 +143,7 @@ impl TryFrom<RawLimit> for LimitDef {
             }),
             RawKind::Concurrency => LimitDef::Concurrency(ConcurrencyDef {
                 name,
+                priorities,
                 max: required(r.max, "max", kind)?,
             }),
         })

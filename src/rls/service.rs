@@ -336,6 +336,7 @@ impl<C: Clock + 'static> Service<C> {
                     });
                     // Shadow: debited, never denying (docs/rls.md).
                     checks.push(KeyCheck {
+                        priority: Default::default(),
                         limits: limits.clone(),
                         key,
                         cost,

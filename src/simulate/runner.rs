@@ -225,6 +225,7 @@ impl<'a> Runner<'a> {
             })
             .collect();
         let screen = ScreenRequest {
+            priority: Default::default(),
             user: Some(req.user_name.clone()),
             candidates,
             reserve: true,

@@ -35,6 +35,7 @@ pub fn parse(args: &[&[u8]]) -> Result<CheckRequest, Reply> {
             })?,
     };
     Ok(CheckRequest {
+        priority: Default::default(),
         target: CheckTarget::Policy(text("policy", args[0])?),
         key: text("key", args[1])?,
         cost,
