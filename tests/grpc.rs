@@ -815,3 +815,144 @@ async fn a_delayed_check_is_counted_delayed() {
     assert_eq!(support::metric(&n.s.addr, &series("allowed")), Some(1.0));
     assert_eq!(support::metric(&n.s.addr, &series("delayed")), Some(1.0));
 }
+
+/// A request's priority class (docs/semantics.md §2.5) on every front of one
+/// node: gRPC's field and metadata, HTTP's body and header, RESP's
+/// `PRIORITY`, all deciding one policy's shares; and a class that is not
+/// one, or a field and header that disagree, refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_is_read_on_every_front() {
+    let n = node(&["--resp-listen", "127.0.0.1:0"]);
+    let resp = support::logged_addr(&n.s.log, "RESP (Redis protocol) listening on ");
+    let (st, body) = http(
+        &n,
+        "PUT",
+        "/v1/policies/api",
+        Some(
+            json!({"limits": [{"kind": "window", "limit": 8, "window": "1h",
+            "align": "fixed", "priorities": {"sheddable": 0.25, "low": 0.5}}]}),
+        ),
+    );
+    assert_eq!(st, 200, "{body}");
+    let mut c = client(&n).await;
+    // gRPC: sheddable's two units, by field, then by metadata.
+    let mut req = check("api", "k", 1);
+    req.priority = Some("sheddable".into());
+    let g = c.check(req.clone()).await.unwrap().into_inner();
+    assert!(g.allowed);
+    assert_eq!((g.limits[0].limit, g.remaining), (2, 1));
+    let mut by_meta = tonic::Request::new(check("api", "k", 1));
+    by_meta
+        .metadata_mut()
+        .insert("x-freqcap-priority", "sheddable".parse().unwrap());
+    assert!(c.check(by_meta).await.unwrap().into_inner().allowed);
+    assert!(!c.check(req.clone()).await.unwrap().into_inner().allowed);
+    // HTTP: sheddable refused too; low (header) still has two units.
+    let (st, h) = http(
+        &n,
+        "POST",
+        "/v1/check",
+        Some(json!({"policy": "api", "key": "k", "priority": "sheddable"})),
+    );
+    assert_eq!(
+        (st, h["limits"][0]["limit"].as_u64()),
+        (429, Some(2)),
+        "{h}"
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let post = |priority: Option<&str>, header: Option<&str>| -> (u16, Value) {
+        let mut b = json!({"policy": "api", "key": "k"});
+        if let Some(p) = priority {
+            b["priority"] = json!(p);
+        }
+        let mut r = agent.post(&format!("http://{}/v1/check", n.s.addr));
+        if let Some(v) = header {
+            r = r.header("x-freqcap-priority", v);
+        }
+        let mut a = r.send_json(b).unwrap();
+        let st = a.status().as_u16();
+        (st, a.body_mut().read_json().unwrap())
+    };
+    assert_eq!(post(None, Some("low")).0, 200);
+    // RESP: low's last unit, then refused; critical keeps the rest.
+    let mut r = redis::Client::open(format!("redis://{resp}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let fc = |args: &[&str], r: &mut redis::Connection| -> redis::RedisResult<redis::Value> {
+        let mut cmd = redis::cmd("FC.CHECK");
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query(r)
+    };
+    let allowed = |v: &redis::Value| match v {
+        redis::Value::Array(a) => a[1] == redis::Value::Int(1),
+        redis::Value::Map(m) => m[0].1 == redis::Value::Int(1),
+        other => panic!("{other:?}"),
+    };
+    assert!(allowed(
+        &fc(&["api", "k", "1", "PRIORITY", "low"], &mut r).unwrap()
+    ));
+    assert!(!allowed(
+        &fc(&["api", "k", "1", "priority", "low"], &mut r).unwrap()
+    ));
+    for _ in 0..4 {
+        assert!(allowed(
+            &fc(&["api", "k", "1", "PRIORITY", "critical"], &mut r).unwrap()
+        ));
+    }
+    assert!(!allowed(&fc(&["api", "k"], &mut r).unwrap()));
+    // Refusals name the field, on every front, and debit nothing.
+    let e = fc(&["api", "k2", "1", "PRIORITY", "urgent"], &mut r).unwrap_err();
+    assert_eq!(e.code(), Some("INVALID_ARGUMENT"), "{e}");
+    assert!(e.to_string().contains("priority: must be one of"), "{e}");
+    let (st, h) = post(Some("urgent"), None);
+    assert_eq!(st, 400);
+    assert!(
+        h["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("priority:"),
+        "{h}"
+    );
+    let (st, h) = post(None, Some("urgent"));
+    assert_eq!(st, 400);
+    assert!(
+        h["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("x-freqcap-priority:"),
+        "{h}"
+    );
+    let (st, h) = post(Some("low"), Some("critical"));
+    assert_eq!(st, 400, "{h}");
+    let mut bad = check("api", "k2", 1);
+    bad.priority = Some("Critical".into());
+    let s = c.check(bad).await.unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert!(
+        s.message().contains("priority: must be one of"),
+        "{}",
+        s.message()
+    );
+    let (_, peek) = http(
+        &n,
+        "POST",
+        "/v1/check",
+        Some(json!({"policy": "api", "key": "k2", "cost": 0})),
+    );
+    assert_eq!(peek["remaining"], 8, "{peek}");
+    // Shares travel through the Admin service as they were written.
+    let mut admin = pb::admin_client::AdminClient::new(channel(&n).await);
+    let p = admin
+        .get_policy(pb::GetPolicyRequest { name: "api".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(p.limits[0].priorities.get("sheddable"), Some(&0.25));
+    assert_eq!(p.limits[0].priorities.get("low"), Some(&0.5));
+}

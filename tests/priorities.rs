@@ -1,4 +1,4 @@
-//! Priorities (docs/semantics.md §2.6; issue 29, item 1): a class's share of
+//! Priorities (docs/semantics.md §2.5; issue 29, item 1): a class's share of
 //! an item, decided atomically with the stack; never inverted; exact under
 //! concurrency; bad values refused naming the field.
 

@@ -53,7 +53,7 @@ pub(crate) struct CheckBody {
     /// With a policy whose `on_limit` is `delay`: sleep `delay_ms` before answering.
     #[serde(default)]
     wait: bool,
-    /// The request's class (docs/semantics.md §2.6); also the header
+    /// The request's class (docs/semantics.md §2.5); also the header
     /// `x-freqcap-priority`. Default `default`.
     #[serde(default)]
     priority: Option<Priority>,

@@ -53,7 +53,7 @@ pub(crate) struct ScreenBody {
     #[serde(default)]
     reservation_id: Option<String>,
     /// The request's class, for every candidate's caps (docs/semantics.md
-    /// §2.6); also the header `x-freqcap-priority`. Default `default`.
+    /// §2.5); also the header `x-freqcap-priority`. Default `default`.
     #[serde(default)]
     priority: Option<Priority>,
 }

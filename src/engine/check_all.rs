@@ -54,7 +54,7 @@ pub struct KeyCheck {
     /// `false`: shadow mode (docs/rls.md, "Shadow mode"): decided and
     /// debited when it allows, but its denial never denies the request.
     pub enforced: bool,
-    /// The request's class (docs/semantics.md §2.6).
+    /// The request's class (docs/semantics.md §2.5).
     pub priority: Priority,
 }
 

@@ -52,7 +52,7 @@ pub struct CheckRequest {
     /// same request only if this matches. `None`: the fields above are
     /// compared instead.
     pub fingerprint: Option<u64>,
-    /// The request's class (docs/semantics.md §2.6): items with priorities
+    /// The request's class (docs/semantics.md §2.5): items with priorities
     /// are decided as this class sees them.
     pub priority: Priority,
 }

@@ -586,7 +586,7 @@ fn decide_chain(
             };
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
             let n = units(&cap.item, cost);
-            // As the request's class sees the cap (docs/semantics.md §2.6);
+            // As the request's class sees the cap (docs/semantics.md §2.5);
             // the debit below is the cap's own, whose state all share.
             let seen = item_for(&cap.item, cap.classes.as_ref(), class);
             let p = seen.probe(st, now, n);

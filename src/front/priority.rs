@@ -1,5 +1,5 @@
 //! A request's priority class as every front reads it (docs/semantics.md
-//! §2.6): a field of the request (JSON `priority`, gRPC's `priority`, RESP's
+//! §2.5): a field of the request (JSON `priority`, gRPC's `priority`, RESP's
 //! `PRIORITY p`) and, for callers that cannot change the body (a proxy, a
 //! mesh), the header or metadata [`HEADER`]. Absent: `default`.
 
@@ -18,6 +18,13 @@ pub fn header(headers: &axum::http::HeaderMap) -> Option<&[u8]> {
 /// Reads a class word; the error names `field` and lists the classes.
 pub fn parse(field: &str, word: &str) -> Result<Priority, FrontError> {
     Priority::parse(word).ok_or_else(|| FrontError::invalid(field, Priority::expected(word)))
+}
+
+/// [`of_request`] with the field still a word (gRPC's and the client's
+/// `optional string`).
+pub fn of_word(field: Option<&str>, header: Option<&[u8]>) -> Result<Priority, FrontError> {
+    let field = field.map(|w| parse("priority", w)).transpose()?;
+    of_request(field, header)
 }
 
 /// The request's class from its field and its header, either of which may

@@ -11,6 +11,7 @@ use crate::engine::{
 };
 use crate::front::FrontError;
 use crate::front::call::ms;
+use crate::front::priority;
 use crate::front::report::reported;
 use crate::model::LimitDef;
 
@@ -29,7 +30,10 @@ pub fn limits(items: Vec<pb::Limit>) -> Result<Vec<LimitDef>, FrontError> {
 /// refused naming `policy` in the JSON API's words; proto3 cannot tell an
 /// absent `cost` from 0 without `optional`, so the field is optional and
 /// absent means 1, JSON's default.
-pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
+///
+/// `header` is the call's `x-freqcap-priority` metadata, if sent.
+pub fn check(r: pb::CheckRequest, header: Option<&[u8]>) -> Result<CheckRequest, FrontError> {
+    let priority = priority::of_word(r.priority.as_deref(), header)?;
     let target = match (r.policy, r.limits.is_empty()) {
         (Some(p), true) => CheckTarget::Policy(p),
         (None, false) => CheckTarget::Inline(limits(r.limits)?),
@@ -41,7 +45,7 @@ pub fn check(r: pb::CheckRequest) -> Result<CheckRequest, FrontError> {
         }
     };
     Ok(CheckRequest {
-        priority: Default::default(),
+        priority,
         target,
         key: r.key,
         cost: r.cost.unwrap_or(1),
@@ -82,10 +86,10 @@ pub fn decision(out: &CheckOutcome) -> pb::Decision {
 }
 
 /// A `ScreenRequest` as the engine's; candidates keep their order, which
-/// the answer's results follow.
-pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
-    ScreenRequest {
-        priority: Default::default(),
+/// the answer's results follow. `header` as [`check`]'s.
+pub fn screen(r: pb::ScreenRequest, header: Option<&[u8]>) -> Result<ScreenRequest, FrontError> {
+    Ok(ScreenRequest {
+        priority: priority::of_word(r.priority.as_deref(), header)?,
         user: r.user,
         candidates: r
             .candidates
@@ -99,7 +103,7 @@ pub fn screen(r: pb::ScreenRequest) -> ScreenRequest {
         ttl_ms: r.ttl_ms,
         reservation_id: r.reservation_id,
         fingerprint: None,
-    }
+    })
 }
 
 /// A screen's answer: one result per candidate, in order; campaign ids are
@@ -266,6 +270,20 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
     );
     put("tolerance", tolerance.map(Value::from));
     put("max", l.max.map(Value::from));
+    if !l.priorities.is_empty() {
+        let mut shares = Map::new();
+        for (class, share) in l.priorities {
+            // NaN or infinite has no JSON form; say so rather than drop it.
+            let n = serde_json::Number::from_f64(share).ok_or_else(|| {
+                FrontError::invalid(
+                    &format!("{field}.priorities.{class}"),
+                    format!("must be a share above 0 and at most 1, got {share}"),
+                )
+            })?;
+            shares.insert(class, Value::Number(n));
+        }
+        m.insert("priorities".into(), Value::Object(shares));
+    }
     Ok(Value::Object(m))
 }
 
@@ -293,6 +311,15 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         tolerance: v.get("tolerance").and_then(serde_json::Value::as_f64),
         max: n("max"),
         scope: s("scope"),
+        priorities: v
+            .get("priorities")
+            .and_then(serde_json::Value::as_object)
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(k, x)| Some((k.clone(), x.as_f64()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 

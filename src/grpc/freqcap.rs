@@ -25,6 +25,14 @@ const BATCH: usize = 512;
 /// tenth of the timeout, at most this): before tonic's own cut.
 const MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The call's `x-freqcap-priority` metadata, copied out so the request can
+/// be consumed (docs/semantics.md §2.5).
+fn priority_header<T>(req: &Request<T>) -> Option<Vec<u8>> {
+    req.metadata()
+        .get(crate::front::priority::HEADER)
+        .map(|v| v.as_bytes().to_vec())
+}
+
 /// The service, over the state every front shares.
 pub struct Service<C: Clock> {
     state: Arc<AppState<C>>,
@@ -113,7 +121,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         req: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
         let _slot = self.enter(&req)?;
-        let r = convert::check(req.into_inner()).map_err(status)?;
+        let header = priority_header(&req);
+        let r = convert::check(req.into_inner(), header.as_deref()).map_err(status)?;
         let out = in_memory_or_blocking(&self.state, r, Engine::check_in_memory, Engine::check)
             .await
             .map_err(status)?;
@@ -131,7 +140,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         req: Request<pb::ScreenRequest>,
     ) -> Result<Response<pb::ScreenResponse>, Status> {
         let _slot = self.enter(&req)?;
-        let r = convert::screen(req.into_inner());
+        let header = priority_header(&req);
+        let r = convert::screen(req.into_inner(), header.as_deref()).map_err(status)?;
         let out = in_memory_or_blocking(&self.state, r, Engine::screen_in_memory, Engine::screen)
             .await
             .map_err(status)?;

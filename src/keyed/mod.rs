@@ -545,7 +545,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
     }
 
     /// [`KeyedLimiter::check`] for a request of class `class`: items with
-    /// priorities decide it as that class sees them (docs/semantics.md §2.6).
+    /// priorities decide it as that class sees them (docs/semantics.md §2.5).
     pub fn check_as<Q>(&self, key: &Q, cost: u64, class: Priority) -> Decision
     where
         K: std::borrow::Borrow<Q>,

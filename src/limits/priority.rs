@@ -1,4 +1,4 @@
-//! Priorities (docs/semantics.md §2.6): every decision carries a class, and an
+//! Priorities (docs/semantics.md §2.5): every decision carries a class, and an
 //! item may cap how much of its limit each class may use, so that under
 //! contention the lowest classes are refused first and critical traffic keeps
 //! its headroom.

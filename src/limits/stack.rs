@@ -33,7 +33,7 @@ pub struct Stack {
     /// alone and is sent with every decision, so it is built once (see
     /// [`Stack::policy_field`]).
     policy_field: std::sync::OnceLock<Box<str>>,
-    /// Per item, how each priority class sees it (docs/semantics.md §2.6);
+    /// Per item, how each priority class sees it (docs/semantics.md §2.5);
     /// `None` when no item names a class, so a stack without priorities
     /// decides exactly as before.
     classes: Option<Box<[Option<Classes>]>>,

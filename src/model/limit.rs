@@ -93,7 +93,7 @@ pub struct RateDef {
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// How much of this item each priority class may use
-    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priorities: Option<PrioritiesDef>,
     /// Units per period, 1 ≤ rate < 2^53.
@@ -116,7 +116,7 @@ pub struct GapDef {
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// How much of this item each priority class may use
-    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priorities: Option<PrioritiesDef>,
     /// Minimum interval between two events (no months).
@@ -172,7 +172,7 @@ pub struct WindowDef {
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// How much of this item each priority class may use
-    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priorities: Option<PrioritiesDef>,
     /// Units per window, 1 ≤ limit < 2^53.
@@ -275,7 +275,7 @@ pub struct BudgetDef {
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// How much of this item each priority class may use
-    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priorities: Option<PrioritiesDef>,
     /// Cost units per period, 1 ≤ amount < 2^53.
@@ -307,7 +307,7 @@ pub struct ConcurrencyDef {
     #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
     pub name: Option<String>,
     /// How much of this item each priority class may use
-    /// (docs/semantics.md §2.6); unnamed classes use all of it.
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priorities: Option<PrioritiesDef>,
     /// Open reservations at once, 1 ≤ max < 2^53.
@@ -318,7 +318,7 @@ pub struct ConcurrencyDef {
 /// `{"sheddable": 0.5, "low": 0.8}`: the share of an item's limit each
 /// priority class may use, 0 < share ≤ 1 (six decimals); a class not named
 /// uses the whole item. Shares may not grow from a class to a lower one, so a
-/// class is never refused where a lower one passes (docs/semantics.md §2.6).
+/// class is never refused where a lower one passes (docs/semantics.md §2.5).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrioritiesDef {

@@ -1,4 +1,5 @@
-//! `FC.CHECK policy key [cost]`: a decision against a named policy, answered
+//! `FC.CHECK policy key [cost] [PRIORITY class]`: a decision against a
+//! named policy, of a priority class (docs/semantics.md §2.5), answered
 //! with the same figures as `POST /v1/check`'s body (docs/resp.md).
 //!
 //! It answers about 20 values where `CL.THROTTLE` answers five: 0.88–0.96×
@@ -10,9 +11,21 @@ use crate::front::report::reported;
 
 use super::super::frame::Reply;
 
-/// Reads `policy key [cost]` (after the command's name). Errors lead with
-/// `INVALID_ARGUMENT` and the field, as the engine's own would.
+/// Reads `policy key [cost] [PRIORITY class]` (after the command's name).
+/// Errors lead with `INVALID_ARGUMENT` and the field, as the engine's own
+/// would.
 pub fn parse(args: &[&[u8]]) -> Result<CheckRequest, Reply> {
+    // An option keyword after the positions, as Redis's own commands take
+    // theirs (`SET key value EX 10`).
+    let (args, priority) = match args {
+        [head @ .., kw, class] if kw.eq_ignore_ascii_case(b"priority") && head.len() >= 2 => {
+            let word = std::str::from_utf8(class).unwrap_or("\u{fffd}");
+            let p = crate::front::priority::parse("priority", word)
+                .map_err(|e| Reply::error(format!("INVALID_ARGUMENT {}", e.message)))?;
+            (head, p)
+        }
+        _ => (args, Default::default()),
+    };
     if args.len() != 2 && args.len() != 3 {
         return Err(super::arity("fc.check"));
     }
@@ -35,7 +48,7 @@ pub fn parse(args: &[&[u8]]) -> Result<CheckRequest, Reply> {
             })?,
     };
     Ok(CheckRequest {
-        priority: Default::default(),
+        priority,
         target: CheckTarget::Policy(text("policy", args[0])?),
         key: text("key", args[1])?,
         cost,
