@@ -323,3 +323,80 @@ fn validate_accepts_rules_and_names_errors() {
         "{err}"
     );
 }
+
+/// A request's class (docs/rls.md, "Priorities"): a descriptor entry
+/// `x-freqcap-priority` (what Envoy's `request_headers` action sends) or the
+/// call's metadata, taken out before matching; a rule's `limits` with
+/// `priorities` decide it as that class sees them; entries that disagree
+/// are refused naming the entry, and a descriptor that gave only the class
+/// limits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_comes_as_a_descriptor_entry_or_metadata() {
+    support::away_from_midnight();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: client\n    limits:\n      - {kind: window, limit: 4, window: 1h, align: fixed, priorities: {sheddable: 0.5}}\n",
+    )
+    .unwrap();
+    let n = node(dir.path());
+    let mut c = client(&n).await;
+    let class = "x-freqcap-priority";
+    let shed = || request("api", vec![desc(&[("client", "a"), (class, "sheddable")])]);
+    let code = |r: &pb::RateLimitResponse| r.overall_code;
+    for _ in 0..2 {
+        let r = c.should_rate_limit(shed()).await.unwrap().into_inner();
+        assert_eq!(code(&r), Code::Ok as i32, "{r:?}");
+    }
+    let r = c.should_rate_limit(shed()).await.unwrap().into_inner();
+    assert_eq!(code(&r), Code::OverLimit as i32, "{r:?}");
+    // The class in a descriptor of its own, beside the limited one.
+    let r = c
+        .should_rate_limit(request(
+            "api",
+            vec![desc(&[("client", "a")]), desc(&[(class, "sheddable")])],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r), Code::OverLimit as i32, "{r:?}");
+    assert_eq!(r.statuses[1].code, Code::Ok as i32, "{r:?}");
+    // By metadata, and with no class (default): the other half.
+    let mut by_meta = tonic::Request::new(request("api", vec![desc(&[("client", "a")])]));
+    by_meta
+        .metadata_mut()
+        .insert(class, "critical".parse().unwrap());
+    let r = c.should_rate_limit(by_meta).await.unwrap().into_inner();
+    assert_eq!(code(&r), Code::Ok as i32, "{r:?}");
+    let plain = || request("api", vec![desc(&[("client", "a")])]);
+    let r = c.should_rate_limit(plain()).await.unwrap().into_inner();
+    assert_eq!(code(&r), Code::Ok as i32, "{r:?}");
+    let r = c.should_rate_limit(plain()).await.unwrap().into_inner();
+    assert_eq!(code(&r), Code::OverLimit as i32, "{r:?}");
+    // Two entries that disagree, and a word that is not a class.
+    let s = c
+        .should_rate_limit(request(
+            "api",
+            vec![
+                desc(&[("client", "b"), (class, "low")]),
+                desc(&[("client", "c"), (class, "high")]),
+            ],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    assert!(
+        s.message().contains("descriptors[1].entries[1].value"),
+        "{}",
+        s.message()
+    );
+    let s = c
+        .should_rate_limit(request(
+            "api",
+            vec![desc(&[("client", "b"), (class, "urgent")])],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    assert!(s.message().contains("must be one of"), "{}", s.message());
+}

@@ -30,9 +30,10 @@ use super::{RulesHandle, matching};
 use crate::MAX_EXACT;
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
-use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS};
+use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS, Priority};
 use crate::front::call::in_memory_or_blocking;
 use crate::front::error::status;
+use crate::front::priority;
 use crate::front::ratelimit_fields::{sf_int, sf_string, window_ns};
 use crate::front::shed::InFlight;
 use crate::front::{AppState, FrontError};
@@ -182,7 +183,14 @@ impl<C: Clock + 'static> Service<C> {
     ///
     /// Every validation runs before the engine is asked, so a refused
     /// request debits nothing.
-    async fn decide(&self, req: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    async fn decide(
+        &self,
+        mut req: RateLimitRequest,
+        header: Option<Vec<u8>>,
+    ) -> Result<RateLimitResponse, Status> {
+        // The request's class, taken out of the descriptors before they are
+        // matched (docs/rls.md, "Priorities").
+        let (priority, class_only) = take_priority(&mut req, header.as_deref()).map_err(status)?;
         // Entry keys and values are bounded as the API's ids are.
         let max_id = self.state.engine.options().max_id_len;
         if req.domain.is_empty() {
@@ -225,6 +233,12 @@ impl<C: Clock + 'static> Service<C> {
         let mut matched: Vec<Option<Arc<Rule>>> = Vec::with_capacity(req.descriptors.len());
         let mut keys: Vec<String> = Vec::with_capacity(req.descriptors.len());
         for (i, d) in req.descriptors.iter().enumerate() {
+            // A descriptor that only gave the class limits nothing: OK.
+            if class_only.contains(&i) {
+                matched.push(None);
+                keys.push(String::new());
+                continue;
+            }
             if d.entries.is_empty() {
                 return Err(Self::invalid(
                     format!("descriptors[{i}].entries"),
@@ -336,7 +350,7 @@ impl<C: Clock + 'static> Service<C> {
                     });
                     // Shadow: debited, never denying (docs/rls.md).
                     checks.push(KeyCheck {
-                        priority: Default::default(),
+                        priority,
                         limits: limits.clone(),
                         key,
                         cost,
@@ -632,6 +646,48 @@ fn headers(fields: &[Field<'_>], over: bool) -> Vec<HeaderValue> {
     out
 }
 
+/// Takes the request's class out of its descriptors: every entry whose key
+/// is `x-freqcap-priority` (Envoy's `request_headers` action puts a header
+/// there) is removed before matching, so rules never see it. Entries that
+/// disagree, with each other or with the call's metadata, are refused
+/// naming the entry. Returns the class and the descriptors that held
+/// nothing else (answered OK, limiting nothing).
+fn take_priority(
+    req: &mut RateLimitRequest,
+    header: Option<&[u8]>,
+) -> Result<(Priority, Vec<usize>), FrontError> {
+    let mut given: Option<(Priority, String)> = None;
+    let mut class_only = Vec::new();
+    for (i, d) in req.descriptors.iter_mut().enumerate() {
+        if !d.entries.iter().any(|e| e.key == priority::HEADER) {
+            continue;
+        }
+        for (j, e) in d.entries.iter().enumerate() {
+            if e.key != priority::HEADER {
+                continue;
+            }
+            let field = format!("descriptors[{i}].entries[{j}].value");
+            let p = priority::parse(&field, &e.value)?;
+            match &given {
+                Some((q, at)) if *q != p => {
+                    return Err(FrontError::invalid(
+                        &field,
+                        format!("{:?} disagrees with {at}, {:?}", p.as_str(), q.as_str()),
+                    ));
+                }
+                Some(_) => {}
+                None => given = Some((p, field)),
+            }
+        }
+        d.entries.retain(|e| e.key != priority::HEADER);
+        if d.entries.is_empty() {
+            class_only.push(i);
+        }
+    }
+    let p = priority::of_request(given.map(|(p, _)| p), header)?;
+    Ok((p, class_only))
+}
+
 #[tonic::async_trait]
 impl<C: Clock + 'static> pb::rate_limit_service_server::RateLimitService for Service<C> {
     /// One call: an in-flight slot (past `max_in_flight`, UNAVAILABLE
@@ -644,7 +700,13 @@ impl<C: Clock + 'static> pb::rate_limit_service_server::RateLimitService for Ser
         let answer = async {
             let _slot = InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight)
                 .map_err(status)?;
-            self.decide(request.into_inner()).await
+            // Envoy cannot set per-request metadata on its RLS call, but
+            // other callers can; Envoy sends the class as a descriptor entry.
+            let header = request
+                .metadata()
+                .get(crate::front::priority::HEADER)
+                .map(|v| v.as_bytes().to_vec());
+            self.decide(request.into_inner(), header).await
         }
         .await;
         match answer {
