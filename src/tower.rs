@@ -29,6 +29,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 
 use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode};
+use crate::engine::Priority;
 use crate::front::ratelimit_fields::{self as headers, RATELIMIT, RATELIMIT_POLICY};
 use crate::limits::stack::Decision;
 use crate::{DefinitionError, KeyedLimiter, LimiterOptions, PolicyDef};
@@ -86,6 +87,7 @@ impl<F: Fn(&Parts) -> Option<String> + Send + Sync + 'static> KeyExtractor for F
 }
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+type PriorityFn = dyn Fn(&Parts) -> Priority + Send + Sync;
 
 /// What decides.
 enum Backend {
@@ -101,6 +103,10 @@ struct LayerState {
     backend: Backend,
     key: Box<dyn KeyExtractor>,
     cost: Option<Box<CostFn>>,
+    /// The request's class (docs/semantics.md §2.5); `default` unless the
+    /// application says. Never read from a client's header by default: a
+    /// client could then call itself critical.
+    priority: Option<Box<PriorityFn>>,
     fail: FailMode,
     /// Shaping: wait for a denial that passes within this long.
     shape: Option<Duration>,
@@ -143,6 +149,7 @@ impl RateLimitLayer {
                 backend,
                 key,
                 cost: None,
+                priority: None,
                 fail: FailMode::Closed,
                 shape: None,
             }),
@@ -160,6 +167,13 @@ impl RateLimitLayer {
     /// A request's cost (default 1).
     pub fn cost(self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.edit(|s| s.cost = Some(Box::new(f)))
+    }
+
+    /// A request's priority class (default `default`), for policies whose
+    /// items give classes shares: e.g. from an authenticated tier, or from
+    /// `x-freqcap-priority` set by a trusted proxy.
+    pub fn priority(self, f: impl Fn(&Parts) -> Priority + Send + Sync + 'static) -> Self {
+        self.edit(|s| s.priority = Some(Box::new(f)))
     }
 
     /// What a request gets when the remote freqcap cannot be asked
@@ -241,17 +255,18 @@ impl LayerState {
         limiter: &KeyedLimiter<String>,
         key: &str,
         cost: u64,
+        class: Priority,
     ) -> (Decision, HeaderMap) {
-        let d = limiter.check(key, cost);
+        let d = limiter.check_as(key, cost, class);
         let mut h = HeaderMap::new();
         headers::add(&mut h, limiter.stack(), &d);
         (d, h)
     }
 
-    async fn decide(&self, key: &str, cost: u64) -> Verdict {
+    async fn decide(&self, key: &str, cost: u64, class: Priority) -> Verdict {
         match &self.backend {
             Backend::Local(l) => {
-                let (d, h) = self.local_once(l, key, cost);
+                let (d, h) = self.local_once(l, key, cost, class);
                 if d.allowed {
                     return Verdict::Go(h);
                 }
@@ -261,7 +276,7 @@ impl LayerState {
                             u64::try_from(r).unwrap_or(u64::MAX),
                         ))
                         .await;
-                        let (d, h) = self.local_once(l, key, cost);
+                        let (d, h) = self.local_once(l, key, cost, class);
                         if d.allowed {
                             Verdict::Go(h)
                         } else {
@@ -282,7 +297,12 @@ impl LayerState {
                         fail: FailMode::Closed,
                     };
                     client
-                        .check_with(&Check::policy(policy.clone(), key).cost(cost), Some(opts))
+                        .check_with(
+                            &Check::policy(policy.clone(), key)
+                                .cost(cost)
+                                .priority(class),
+                            Some(opts),
+                        )
                         .await
                 };
                 let mut r = ask().await;
@@ -336,7 +356,11 @@ where
             let (parts, body) = req.into_parts();
             let key = shared.key.key(&parts).unwrap_or_else(|| "-".to_owned());
             let cost = shared.cost.as_ref().map_or(1, |f| f(&parts));
-            match shared.decide(&key, cost).await {
+            let class = shared
+                .priority
+                .as_ref()
+                .map_or_else(Priority::default, |f| f(&parts));
+            match shared.decide(&key, cost, class).await {
                 Verdict::Go(h) => {
                     let mut r = inner.call(Request::from_parts(parts, body)).await?;
                     r.headers_mut().extend(h);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use freqcap::PolicyDef;
 use freqcap::client::{Backoff, Builder, Check, Client, Commit, Error, Event, Screen};
+use freqcap::engine::Priority;
 use freqcap::model::{CampaignDef, from_json};
 
 fn memory_node() -> support::Stopped {
@@ -479,4 +480,39 @@ async fn consistent_hashing_moves_only_a_dead_nodes_users() {
         }
     }
     drop(nodes);
+}
+
+/// The client sends a request's class (docs/semantics.md §2.5) on checks
+/// and screens: a sheddable caller is refused at its share while a critical
+/// one still passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_sends_a_priority() {
+    let s = memory_node();
+    let c = quiet(&[&s.addr]).build().unwrap();
+    let p = policy(
+        r#"{"limits": [{"kind": "window", "limit": 4, "window": "1h", "priorities": {"sheddable": 0.5}}]}"#,
+    );
+    c.put_policy("api", &p).await.unwrap();
+    assert_eq!(c.get_policy("api").await.unwrap(), p);
+    let shed = Check::policy("api", "k").priority(Priority::Sheddable);
+    assert!(c.check(&shed).await.unwrap().allowed);
+    assert!(c.check(&shed).await.unwrap().allowed);
+    let d = c.check(&shed).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.limits[0].limit, 2);
+    let crit = Check::policy("api", "k").priority(Priority::Critical);
+    assert!(c.check(&crit).await.unwrap().allowed);
+    // Screens carry it for every candidate's caps.
+    let camp = campaign(
+        r#"{"caps": [{"kind": "window", "limit": 2, "window": "1d", "scope": "campaign",
+            "priorities": {"sheddable": 0.5}}]}"#,
+    );
+    c.put_campaign("c1", &camp).await.unwrap();
+    let screen = |u: &str, p| Screen::new(u, ["c1"]).priority(p);
+    let a = c.screen(&screen("u1", Priority::Sheddable)).await.unwrap();
+    assert!(a.results[0].eligible);
+    let b = c.screen(&screen("u2", Priority::Sheddable)).await.unwrap();
+    assert!(!b.results[0].eligible, "{b:?}");
+    let d = c.screen(&screen("u3", Priority::High)).await.unwrap();
+    assert!(d.results[0].eligible, "{d:?}");
 }

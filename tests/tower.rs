@@ -12,6 +12,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use freqcap::PolicyDef;
 use freqcap::client::{Builder, FailMode};
+use freqcap::engine::Priority;
 use freqcap::model::from_json;
 use freqcap::tower::{FnKey, HeaderKey, RateLimitLayer};
 use tower::ServiceExt;
@@ -171,4 +172,43 @@ async fn a_remote_freqcap_that_cannot_be_reached() {
     );
     let open = app(layer(FailMode::Open));
     assert_eq!(call(&open, Some("k"), None).await.status(), StatusCode::OK);
+}
+
+/// The application says each request's class (here from a header a trusted
+/// proxy sets); a policy with shares refuses batch traffic at its share
+/// while interactive traffic keeps the rest.
+#[tokio::test]
+async fn the_application_gives_each_request_its_class() {
+    let p = policy(
+        r#"{"limits": [{"kind": "window", "limit": 4, "window": "1h", "priorities": {"sheddable": 0.5}}]}"#,
+    );
+    let layer = RateLimitLayer::local(&p, FnKey(|_: &_| Some("all".to_owned())))
+        .unwrap()
+        .priority(
+            |parts| match parts.headers.get("x-tier").map(|v| v.as_bytes()) {
+                Some(b"batch") => Priority::Sheddable,
+                _ => Priority::Critical,
+            },
+        );
+    let app = app(layer);
+    let tier = |t: &'static str| {
+        let app = app.clone();
+        async move {
+            app.oneshot(
+                Request::get("/")
+                    .header("x-tier", t)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+            .status()
+        }
+    };
+    assert_eq!(tier("batch").await, StatusCode::OK);
+    assert_eq!(tier("batch").await, StatusCode::OK);
+    assert_eq!(tier("batch").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(tier("web").await, StatusCode::OK);
+    assert_eq!(tier("web").await, StatusCode::OK);
+    assert_eq!(tier("web").await, StatusCode::TOO_MANY_REQUESTS);
 }

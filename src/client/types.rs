@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::Priority;
 use crate::model::LimitDef;
 
 fn is_one(v: &u64) -> bool {
@@ -29,6 +30,9 @@ pub struct Check {
     /// check retried.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// The request's class (docs/semantics.md §2.5); absent: `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 impl Check {
@@ -42,7 +46,15 @@ impl Check {
             reserve: false,
             ttl_ms: None,
             reservation_id: None,
+            priority: None,
         }
+    }
+
+    /// The request's class: items with priorities decide it as that class
+    /// sees them.
+    pub fn priority(mut self, class: Priority) -> Check {
+        self.priority = Some(class);
+        self
     }
 
     pub fn cost(mut self, cost: u64) -> Check {
@@ -133,6 +145,9 @@ pub struct Screen {
     pub ttl_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// The request's class, for every candidate's caps; absent: `default`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 impl Screen {
@@ -153,7 +168,14 @@ impl Screen {
             reserve: false,
             ttl_ms: None,
             reservation_id: None,
+            priority: None,
         }
+    }
+
+    /// The request's class, for every candidate's caps.
+    pub fn priority(mut self, class: Priority) -> Screen {
+        self.priority = Some(class);
+        self
     }
 
     /// Hold what is eligible until commit, release or `ttl_ms`.
