@@ -222,7 +222,7 @@ proptest! {
                 .iter()
                 .map(|&c| {
                     let mut probe: Vec<ItemState> = states.clone();
-                    stack.decide(&mut probe, now, cost, hold, c).0.allowed
+                    stack.decide_as(&mut probe, now, cost, hold, c).0.allowed
                 })
                 .collect();
             for hi in 0..5 {
@@ -235,7 +235,7 @@ proptest! {
                     );
                 }
             }
-            stack.decide(&mut states, now, cost, hold, Priority::ALL[class]);
+            stack.decide_as(&mut states, now, cost, hold, Priority::ALL[class]);
         }
     }
 }

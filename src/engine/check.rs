@@ -137,7 +137,7 @@ impl<C: Clock> Engine<C> {
                                 .map(|&t| rec.state(owner, t).cloned().unwrap_or_default())
                                 .collect();
                             let (mut d, _) =
-                                stack.decide(&mut states, now, 0, Hold::Immediate, req.priority);
+                                stack.decide_as(&mut states, now, 0, Hold::Immediate, req.priority);
                             d.allowed = true;
                             d.retry_after = None;
                             Ok(Box::new(d))
@@ -164,7 +164,8 @@ impl<C: Clock> Engine<C> {
                 .iter()
                 .map(|&t| std::mem::take(rec.state_mut(owner, t)))
                 .collect();
-            let (decision, pending) = stack.decide(&mut states, now, req.cost, hold, req.priority);
+            let (decision, pending) =
+                stack.decide_as(&mut states, now, req.cost, hold, req.priority);
             for (&t, s) in tags.iter().zip(states) {
                 *rec.state_mut(owner, t) = s;
             }

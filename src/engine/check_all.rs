@@ -179,7 +179,7 @@ impl<C: Clock> Engine<C> {
             let (d, _) =
                 c.limits
                     .stack
-                    .decide(&mut states, now, c.cost, Hold::Immediate, c.priority);
+                    .decide_as(&mut states, now, c.cost, Hold::Immediate, c.priority);
             // A zero cost only looks: nothing to write back.
             if d.allowed && c.cost > 0 {
                 match earlier {
@@ -206,7 +206,7 @@ impl<C: Clock> Engine<C> {
                     *d = c
                         .limits
                         .stack
-                        .decide(&mut states, now, 0, Hold::Immediate, c.priority)
+                        .decide_as(&mut states, now, 0, Hold::Immediate, c.priority)
                         .0;
                 }
             }
@@ -349,10 +349,13 @@ impl<C: Clock> Engine<C> {
                 let limits = &first.limits;
                 let figures = self.with_record(g.record, now, reads, |rec, now| {
                     let mut states = states_in(rec, &limits.tags);
-                    let peek =
-                        limits
-                            .stack
-                            .decide(&mut states, now, 0, Hold::Immediate, first.priority);
+                    let peek = limits.stack.decide_as(
+                        &mut states,
+                        now,
+                        0,
+                        Hold::Immediate,
+                        first.priority,
+                    );
                     peek.0
                 })?;
                 for &i in &g.checks {
@@ -443,7 +446,7 @@ fn decide_group(
         let c = &checks[i];
         let (d, p) = limits
             .stack
-            .decide(&mut states, now, c.cost, hold, c.priority);
+            .decide_as(&mut states, now, c.cost, hold, c.priority);
         allows &= d.allowed || !c.enforced;
         if let Some(p) = p {
             pending.push((i, p));

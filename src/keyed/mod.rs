@@ -556,7 +556,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         self.on_states(
             key,
             || self.clock.now(),
-            |stack, st, now| stack.decide(st, now, cost, Hold::Immediate, class).0,
+            |stack, st, now| stack.decide_as(st, now, cost, Hold::Immediate, class).0,
         )
     }
 
@@ -589,7 +589,7 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
             || self.clock.now(),
             |stack, st, now| {
                 let deadline = now.saturating_add(ttl);
-                stack.decide(st, now, cost, Hold::Reserve { deadline }, Priority::Default)
+                stack.decide(st, now, cost, Hold::Reserve { deadline })
             },
         )
     }

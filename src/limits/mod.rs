@@ -13,6 +13,7 @@
 //! - **release** a pending debit: undo exactly what it took, never more.
 //! - **commit** a pending debit with a final cost.
 
+pub mod adaptive;
 pub mod budget;
 pub mod calendar;
 pub mod cell;

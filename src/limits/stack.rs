@@ -194,10 +194,20 @@ impl Stack {
     ///
     /// Atomicity is the caller's: `states` is borrowed mutably for the whole
     /// step, so whoever holds it (a lock on the record) makes the step atomic.
-    ///
-    /// The request is of class `class`: an item with priorities is decided
-    /// and reported as that class sees it.
     pub fn decide(
+        &self,
+        states: &mut [ItemState],
+        now: Nanos,
+        cost: u64,
+        hold: Hold,
+    ) -> (Decision, Option<Pending>) {
+        self.decide_as(states, now, cost, hold, Priority::Default)
+    }
+
+    /// [`Stack::decide`] for a request of class `class`: an item with
+    /// priorities is decided and reported as that class sees it
+    /// (docs/semantics.md §2.5).
+    pub fn decide_as(
         &self,
         states: &mut [ItemState],
         now: Nanos,
