@@ -52,13 +52,35 @@ enum Command {
     /// Run a day or week of ad requests (a JSONL log or seeded synthetic
     /// traffic) through the engine on a virtual clock, and write a pacing report
     /// (summary.json, summary.md, SVG pictures) into --out. See docs/pacing.md.
-    Simulate(Box<freqcap::simulate::SimulateArgs>),
+    /// `freqcap simulate overload` runs limiters against an overloaded
+    /// backend instead (docs/adaptive.md).
+    Simulate(Box<SimulateCmd>),
     /// Write the JSON Schemas of the definitions into a folder.
     Schemas {
         /// The folder to write to.
         #[arg(long, default_value = "schemas")]
         out: PathBuf,
     },
+}
+
+/// `freqcap simulate`: pacing (its flags), or a kind named by a subcommand.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct SimulateCmd {
+    #[command(subcommand)]
+    what: Option<SimulateWhat>,
+    #[command(flatten)]
+    pacing: Option<freqcap::simulate::SimulateArgs>,
+}
+
+#[derive(Subcommand)]
+enum SimulateWhat {
+    /// A backend of known capacity behind no limit, a static one and each
+    /// adaptive algorithm, from 0.5× to 10× its capacity, the capacity
+    /// halved and restored mid-run, on a virtual clock: goodput, latency,
+    /// availability per priority, the limit over time (overload.md,
+    /// overload.json, SVG pictures in --out). See docs/adaptive.md.
+    Overload(freqcap::simulate::overload::OverloadArgs),
 }
 
 /// `freqcap serve` flags; each unset one falls back to its environment variable,
@@ -517,7 +539,27 @@ fn run(cli: Cli) -> Result<(), String> {
             let _ = writeln!(std::io::stdout(), "{out}");
             Ok(())
         }
-        Command::Simulate(args) => {
+        Command::Simulate(cmd) => {
+            let args = match (cmd.what, cmd.pacing) {
+                (Some(SimulateWhat::Overload(a)), _) => {
+                    let started = std::time::Instant::now();
+                    let r = freqcap::simulate::overload::main(&a).map_err(|e| e.to_string())?;
+                    eprintln!(
+                        "{} runs and {} drift runs in {:.1} s; report in {}",
+                        r.runs.len(),
+                        r.drift.len(),
+                        started.elapsed().as_secs_f64(),
+                        a.out.display()
+                    );
+                    return Ok(());
+                }
+                (None, Some(args)) => args,
+                (None, None) => {
+                    return Err(
+                        "simulate: give --campaigns and --out (pacing), or `overload`".into(),
+                    );
+                }
+            };
             let s = freqcap::simulate::main(&args).map_err(|e| e.to_string())?;
             eprintln!(
                 "simulated {} requests in {:.2} s ({:.0} per minute); report in {}",

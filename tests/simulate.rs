@@ -368,3 +368,47 @@ fn the_command_writes_a_report() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--synthetic"));
 }
+
+/// `freqcap simulate overload` (issue 29, item 5) on a small backend: one
+/// seed gives one answer, and at 4× overload an adaptive limit keeps the
+/// goodput that no limit loses, refusing sheddable traffic before critical.
+#[test]
+fn overload_runs_are_deterministic_and_a_limit_keeps_goodput() {
+    use freqcap::limits::adaptive::Algorithm;
+    use freqcap::simulate::overload::{self, Limiter, OverloadArgs};
+    let a = OverloadArgs {
+        out: "unused".into(),
+        workers: 10,
+        service_ms: 10.0,
+        deadline_ms: 100,
+        retries: 1,
+        loads: vec![4.0],
+        seconds: 30,
+        drift_minutes: 2,
+        mix: vec![0.05, 0.15, 0.3, 0.2, 0.3],
+        shares: vec![1.0, 0.7, 0.65, 0.6, 0.5],
+        tolerance: 1.5,
+        seed: 7,
+    };
+    let span = 30 * SECOND;
+    let g = Limiter::Adaptive(Algorithm::Gradient);
+    let one = overload::run(&a, g, 4.0, span, true).unwrap();
+    let two = overload::run(&a, g, 4.0, span, true).unwrap();
+    assert_eq!(one.limit_series, two.limit_series);
+    assert_eq!(one.goodput, two.goodput);
+    let none = overload::run(&a, Limiter::None, 4.0, span, true).unwrap();
+    assert!(none.limit_series.is_empty());
+    assert!(
+        one.goodput > 0.8 && one.goodput > 2.0 * none.goodput,
+        "gradient {} none {}",
+        one.goodput,
+        none.goodput
+    );
+    assert!(
+        one.availability[0] > one.availability[4],
+        "{:?}",
+        one.availability
+    );
+    // No limit: the queue grows without bound and most answers come late.
+    assert!(none.admitted_p99_ms > 100.0, "{}", none.admitted_p99_ms);
+}

@@ -7,9 +7,13 @@
 //! samples and [`Adaptive::window`] of time); the limit moves once per
 //! window, never per sample, so a burst of samples cannot swing it. The
 //! traps the anchors document are designed out (docs/adaptive.md, "Traps"):
-//! - **no probes**: the no-load latency is the lowest window average of the
-//!   last two baseline periods, measured from the traffic as it is; the limit
-//!   is never lowered to measure it (Envoy's minRTT probe, envoy #8337);
+//! - **no probes, no drift**: the no-load latency is measured from the
+//!   traffic as it is; the limit is never lowered to measure it (Envoy's
+//!   minRTT probe, envoy #8337). Any window may lower the belief; only a
+//!   window with room to spare (less than half the limit used, or the limit
+//!   at its floor) may raise it, once a baseline period, so sustained
+//!   queueing, which the limiter itself keeps, never becomes the new
+//!   "no load" (envoy #11579, concurrency-limits #165);
 //! - **no growth on faith**: the limit only grows while callers use at
 //!   least half of it (Vegas's rule), and a window with a `dropped` sample
 //!   (a timeout, an overload answer) only ever shrinks it, so steady
@@ -86,8 +90,8 @@ pub struct Adaptive {
     pub min_samples: u32,
     /// The factor a window with a drop shrinks the limit by.
     pub backoff: f64,
-    /// How long a baseline period lasts: the no-load latency is the lowest
-    /// window average of the current and the previous period.
+    /// How often the no-load latency may rise: to the lowest average of the
+    /// period's windows with room to spare, if it had any.
     pub baseline_period: Nanos,
 }
 
@@ -110,10 +114,11 @@ pub struct Controller {
     pub win_dropped: u32,
     pub win_sum: u64,
     pub win_inflight: u64,
-    /// The lowest window average (ns) of the current and previous baseline
-    /// periods; `u64::MAX`: none yet.
-    pub base_cur: u64,
-    pub base_prev: u64,
+    /// The no-load latency believed (ns); `u64::MAX`: none yet.
+    pub base: u64,
+    /// The lowest average of this period's windows with room to spare
+    /// (`u64::MAX`: none yet): what `base` becomes when the period ends.
+    pub spare: u64,
     pub base_start: Nanos,
 }
 
@@ -127,8 +132,8 @@ impl Adaptive {
             win_dropped: 0,
             win_sum: 0,
             win_inflight: 0,
-            base_cur: u64::MAX,
-            base_prev: u64::MAX,
+            base: u64::MAX,
+            spare: u64::MAX,
             base_start: now,
         }
     }
@@ -140,8 +145,7 @@ impl Adaptive {
 
     /// The no-load latency the controller believes, if it has one.
     pub fn baseline(&self, c: &Controller) -> Option<Nanos> {
-        let b = c.base_cur.min(c.base_prev);
-        (b != u64::MAX).then_some(b)
+        (c.base != u64::MAX).then_some(c.base)
     }
 
     /// Takes one sample at `now`, reported by a request that held a slot
@@ -171,19 +175,24 @@ impl Adaptive {
     /// Moves the limit by the window's samples and opens the next window.
     fn close_window(&self, c: &mut Controller, now: Nanos) {
         let avg = (c.win_n > 0).then(|| c.win_sum / u64::from(c.win_n));
-        // The baseline learns only from windows without drops: a window of
-        // timeouts says nothing of the no-load latency.
-        if let Some(a) = avg.filter(|_| c.win_dropped == 0) {
-            if now.saturating_sub(c.base_start) >= self.baseline_period {
-                c.base_prev = c.base_cur;
-                c.base_cur = u64::MAX;
-                c.base_start = now;
-            }
-            c.base_cur = c.base_cur.min(a.max(1));
-        }
         let l = c.limit;
         // Used: at least half the limit was held at some sample.
         let used = (c.win_inflight as f64) * 2.0 >= l;
+        // The baseline learns only from windows without drops: a window of
+        // timeouts says nothing of the no-load latency.
+        if let Some(a) = avg.filter(|_| c.win_dropped == 0).map(|a| a.max(1)) {
+            c.base = c.base.min(a);
+            if !used || l <= self.min as f64 {
+                c.spare = c.spare.min(a);
+            }
+        }
+        if now.saturating_sub(c.base_start) >= self.baseline_period {
+            if c.spare != u64::MAX {
+                c.base = c.spare;
+            }
+            c.spare = u64::MAX;
+            c.base_start = now;
+        }
         let next = if c.win_dropped > 0 {
             match self.algorithm {
                 Algorithm::Vegas => l - log10(l),

@@ -9,6 +9,7 @@
 //!   pacing error, exhaustion, denials by cap; `summary.json` and `summary.md`.
 //! - [`plots`]: SVG pictures of the same.
 
+pub mod overload;
 pub mod plots;
 pub mod report;
 pub mod runner;
