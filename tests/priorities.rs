@@ -310,6 +310,11 @@ fn bad_shares_name_their_field() {
             "unknown field",
         ),
         (r#"{"low": "half"}"#, "limits[0].priorities.low", ""),
+        (
+            r#"[null, 0.5]"#,
+            "limits[0].priorities",
+            "an object of class shares",
+        ),
     ] {
         let json = format!(
             r#"{{"limits": [{{"kind": "window", "limit": 10, "window": "1h", "priorities": {shares}}}]}}"#
@@ -326,4 +331,20 @@ fn bad_shares_name_their_field() {
         );
         assert!(e.message.contains(words), "{shares}: {}", e.message);
     }
+}
+
+/// A class is a word: an object or a number in its place is refused.
+#[test]
+fn a_class_is_only_a_word() {
+    use serde_json::json;
+    for bad in [json!({"critical": null}), json!(1), json!("Critical")] {
+        assert!(
+            serde_json::from_value::<Priority>(bad.clone()).is_err(),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        serde_json::from_value::<Priority>(json!("low")).unwrap(),
+        Priority::Low
+    );
 }

@@ -26,7 +26,6 @@ use super::Item;
     Hash,
     Default,
     serde::Serialize,
-    serde::Deserialize,
     schemars::JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
@@ -74,6 +73,15 @@ impl Priority {
 
     fn index(self) -> usize {
         self as usize
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Priority {
+    // By hand: a derived enum also reads `{"critical": null}`, which the
+    // schema (a string) forbids. Only the word.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let word = String::deserialize(d)?;
+        Priority::parse(&word).ok_or_else(|| serde::de::Error::custom(Priority::expected(&word)))
     }
 }
 

@@ -319,7 +319,7 @@ pub struct ConcurrencyDef {
 /// priority class may use, 0 < share ≤ 1 (six decimals); a class not named
 /// uses the whole item. Shares may not grow from a class to a lower one, so a
 /// class is never refused where a lower one passes (docs/semantics.md §2.5).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrioritiesDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +337,46 @@ pub struct PrioritiesDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
     pub sheddable: Option<serde_json::Number>,
+}
+
+/// The class names a `priorities` object may use.
+const CLASSES: &[&str] = &["critical", "high", "default", "low", "sheddable"];
+
+impl<'de> Deserialize<'de> for PrioritiesDef {
+    // By hand: a derived struct also reads a JSON array by position
+    // (`[null, 0.5]`), which the schema forbids and no one means.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Classes;
+        impl<'de> serde::de::Visitor<'de> for Classes {
+            type Value = PrioritiesDef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#"an object of class shares, e.g. {"sheddable": 0.5}"#)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<PrioritiesDef, A::Error> {
+                use serde::de::Error;
+                let mut out = PrioritiesDef::default();
+                while let Some(k) = m.next_key::<String>()? {
+                    let slot = match k.as_str() {
+                        "critical" => &mut out.critical,
+                        "high" => &mut out.high,
+                        "default" => &mut out.default,
+                        "low" => &mut out.low,
+                        "sheddable" => &mut out.sheddable,
+                        _ => return Err(A::Error::unknown_field(&k, CLASSES)),
+                    };
+                    if slot.is_some() {
+                        return Err(A::Error::custom(format!("{k}: given twice")));
+                    }
+                    *slot = m.next_value::<Option<serde_json::Number>>()?;
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Classes)
+    }
 }
 
 impl PrioritiesDef {
