@@ -1091,3 +1091,49 @@ fn shadow_mode_answers_allowed_with_would_deny() {
     let would = r#"freqcap_decisions_total{endpoint="/v1/screen",outcome="would_deny"}"#;
     assert_eq!(sample(&text, would), Some(1.0), "{text}");
 }
+
+/// A saturated server sheds the lowest classes first (docs/service.md,
+/// "Shedding"): with one of two slots held, a request whose
+/// `x-freqcap-priority` says `sheddable` (half the slots) is refused while
+/// one with no class is served.
+#[test]
+fn sheddable_requests_are_shed_before_default_ones() {
+    let options = ApiOptions {
+        max_in_flight: 2,
+        ..ApiOptions::default()
+    };
+    let live = Arc::new(Live::start(memory(), options));
+    let shaped = json!({"limits": [{"kind": "gap", "min": "2s"}], "on_limit": "delay", "max_delay_ms": 10_000});
+    assert_eq!(
+        live.send("PUT", "/v1/policies/shaped", Some(shaped), None)
+            .0,
+        200
+    );
+    let wait = json!({"policy": "shaped", "key": "k", "wait": true});
+    assert_eq!(
+        live.send("POST", "/v1/check", Some(wait.clone()), None).0,
+        200
+    );
+    let sleeper = {
+        let live = live.clone();
+        std::thread::spawn(move || live.send("POST", "/v1/check", Some(wait), None))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&live.metrics(), "freqcap_in_flight_requests") != Some(1.0) {
+        assert!(Instant::now() < deadline, "the sleeper never got in");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let get = |class: Option<&str>| {
+        let mut r = live.agent.get(&format!("{}/v1/policies/shaped", live.base));
+        if let Some(c) = class {
+            r = r.header("x-freqcap-priority", c);
+        }
+        r.call().unwrap().status().as_u16()
+    };
+    assert_eq!(get(Some("sheddable")), 503);
+    assert_eq!(get(None), 200);
+    assert_eq!(get(Some("critical")), 200);
+    assert_eq!(sleeper.join().unwrap().0, 200);
+    // Free again: sheddable is served.
+    assert_eq!(get(Some("sheddable")), 200);
+}

@@ -133,7 +133,8 @@ async fn guarded<C: Clock + 'static>(
     if !authorized(&s.options, access, req.headers()) {
         return FrontError::unauthenticated().into_response();
     }
-    if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref()) {
+    let class = shed::claimed(req.headers());
+    if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref(), class) {
         return e.into_response();
     }
     // The body first, under the body memory budget, then the in-flight slot:
@@ -149,7 +150,7 @@ async fn guarded<C: Clock + 'static>(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let _slot = match InFlight::try_enter(&s.metrics, s.options.max_in_flight) {
+    let _slot = match InFlight::try_enter_as(&s.metrics, s.options.max_in_flight, class) {
         Ok(slot) => slot,
         Err(e) => return e.into_response(),
     };

@@ -46,8 +46,10 @@ impl<C: Clock + 'static> Service<C> {
 
     /// An in-flight slot for a call (its token was checked on its headers,
     /// src/grpc/guard.rs).
-    fn enter<T>(&self, _req: &Request<T>) -> Result<InFlight<'_>, Status> {
-        self.slot()
+    fn enter<T>(&self, req: &Request<T>) -> Result<InFlight<'_>, Status> {
+        let class = crate::front::shed::claimed(req.metadata().as_ref());
+        InFlight::try_enter_as(&self.state.metrics, self.state.options.max_in_flight, class)
+            .map_err(status)
     }
 
     /// An in-flight slot: past the cap, UNAVAILABLE at once.

@@ -60,7 +60,8 @@ pub async fn guard<C: Clock + 'static>(
         if !authorized(&s.options, access, req.headers()) {
             return refuse(FrontError::unauthenticated());
         }
-        if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref()) {
+        let class = shed::claimed(req.headers());
+        if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref(), class) {
             return refuse(e);
         }
     }

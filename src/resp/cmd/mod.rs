@@ -308,7 +308,9 @@ fn admit<'f, C: Clock + 'static>(
     if let Some(c) = conn {
         st.metrics.queue_delay(c.queue_delay().as_secs_f64());
     }
-    shed::waited_too_long(&st.options, &st.metrics, conn)?;
+    // Shed as `default`: a RESP command's class is one of its arguments,
+    // read after this.
+    shed::waited_too_long(&st.options, &st.metrics, conn, Default::default())?;
     InFlight::try_enter(&st.metrics, st.options.max_in_flight)
 }
 
