@@ -307,13 +307,10 @@ fn a_decision_token_alone_also_guards_definitions() {
     );
 }
 
-#[test]
-fn past_max_in_flight_requests_are_shed_with_503() {
-    let options = ApiOptions {
-        max_in_flight: 1,
-        ..ApiOptions::default()
-    };
-    let live = Arc::new(Live::start(memory(), options));
+/// Defines a gap policy in delay mode and sends a `"wait": true` check that
+/// is delayed ~2 s and sleeps in its handler, holding one in-flight slot;
+/// returns once it holds it. Its answer is the thread's.
+fn hold_a_slot(live: &Arc<Live>) -> std::thread::JoinHandle<(u16, Value, ureq::http::HeaderMap)> {
     let shaped = json!({"limits": [{"kind": "gap", "min": "2s"}], "on_limit": "delay", "max_delay_ms": 10_000});
     assert_eq!(
         live.send("PUT", "/v1/policies/shaped", Some(shaped), None)
@@ -325,7 +322,6 @@ fn past_max_in_flight_requests_are_shed_with_503() {
         live.send("POST", "/v1/check", Some(wait.clone()), None).0,
         200
     );
-    // This one is delayed ~2 s and sleeps in the handler, holding the only slot.
     let sleeper = {
         let live = live.clone();
         std::thread::spawn(move || live.send("POST", "/v1/check", Some(wait), None))
@@ -335,6 +331,17 @@ fn past_max_in_flight_requests_are_shed_with_503() {
         assert!(Instant::now() < deadline, "the sleeper never got in");
         std::thread::sleep(Duration::from_millis(10));
     }
+    sleeper
+}
+
+#[test]
+fn past_max_in_flight_requests_are_shed_with_503() {
+    let options = ApiOptions {
+        max_in_flight: 1,
+        ..ApiOptions::default()
+    };
+    let live = Arc::new(Live::start(memory(), options));
+    let sleeper = hold_a_slot(&live);
     let (status, body, headers) = live.send("GET", "/v1/policies/shaped", None, None);
     assert_eq!(status, 503);
     assert_eq!(body["error"]["code"], "overloaded");
@@ -1103,26 +1110,7 @@ fn sheddable_requests_are_shed_before_default_ones() {
         ..ApiOptions::default()
     };
     let live = Arc::new(Live::start(memory(), options));
-    let shaped = json!({"limits": [{"kind": "gap", "min": "2s"}], "on_limit": "delay", "max_delay_ms": 10_000});
-    assert_eq!(
-        live.send("PUT", "/v1/policies/shaped", Some(shaped), None)
-            .0,
-        200
-    );
-    let wait = json!({"policy": "shaped", "key": "k", "wait": true});
-    assert_eq!(
-        live.send("POST", "/v1/check", Some(wait.clone()), None).0,
-        200
-    );
-    let sleeper = {
-        let live = live.clone();
-        std::thread::spawn(move || live.send("POST", "/v1/check", Some(wait), None))
-    };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sample(&live.metrics(), "freqcap_in_flight_requests") != Some(1.0) {
-        assert!(Instant::now() < deadline, "the sleeper never got in");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let sleeper = hold_a_slot(&live);
     let get = |class: Option<&str>| {
         let mut r = live.agent.get(&format!("{}/v1/policies/shaped", live.base));
         if let Some(c) = class {

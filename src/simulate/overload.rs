@@ -31,6 +31,7 @@ use crate::limits::adaptive::{Adaptive, Algorithm, Controller, Outcome, Sample};
 use crate::limits::priority::{Priority, Share, WHOLE, scaled};
 
 use super::SimError;
+use super::plots::COLORS;
 
 const MS: Nanos = 1_000_000;
 const SEC: Nanos = 1_000_000_000;
@@ -640,14 +641,6 @@ pub fn markdown(args: &OverloadArgs, r: &OverloadReport) -> String {
     }
     s
 }
-
-const COLORS: [RGBColor; 5] = [
-    RGBColor(120, 120, 120),
-    RGBColor(200, 30, 30),
-    RGBColor(30, 90, 200),
-    RGBColor(230, 130, 0),
-    RGBColor(40, 150, 60),
-];
 
 /// The limit over time of each limiter at one load, with the optimum (the
 /// workers the backend has).

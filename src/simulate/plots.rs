@@ -19,7 +19,7 @@ use super::{SimCampaign, SimError};
 const SIZE: (u32, u32) = (960, 440);
 
 /// Colours told apart on screen and on paper (plotters' palette has yellows).
-const COLORS: [RGBColor; 8] = [
+pub(super) const COLORS: [RGBColor; 8] = [
     RGBColor(200, 30, 30),
     RGBColor(30, 90, 200),
     RGBColor(230, 130, 0),
