@@ -24,7 +24,7 @@ pub(crate) enum Locking {
     Deciding,
     /// Every one: settling a reservation takes them all, as an item it
     /// debited may have been redefined away since.
-    PendingEnd,
+    Settling,
 }
 
 /// The locked campaign records of a chain, by campaign id, ascending; inline
@@ -62,7 +62,7 @@ pub(crate) fn lock_entries<'a>(
 }
 
 fn wanted(e: &CampaignEntry, locking: Locking) -> bool {
-    locking == Locking::PendingEnd || e.compiled.items.iter().any(|c| c.scope == Scope::Campaign)
+    locking == Locking::Settling || e.compiled.items.iter().any(|c| c.scope == Scope::Campaign)
 }
 
 fn lock(e: &Arc<CampaignEntry>) -> (u32, MutexGuard<'_, SubjectRecord>) {

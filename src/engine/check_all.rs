@@ -407,7 +407,7 @@ impl<C: Clock> Engine<C> {
                     rec.drop_empty_shared_meta();
                 })
             };
-            // PendingEnd cannot be refused, only outpaced: a key hot on several
+            // Settling cannot be refused, only outpaced: a key hot on several
             // nodes at once changes under it (3 nodes on one key: 4 calls of
             // 60 failed after 3 tries), so it tries again before giving up.
             let mut tried = settle();

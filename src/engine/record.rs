@@ -746,7 +746,7 @@ mod tests {
         }
     }
 
-    /// PendingEnd takes one reservation's entries (or one candidate's) and
+    /// Settling takes one reservation's entries (or one candidate's) and
     /// keeps the sums and byte count as they would be from scratch.
     #[test]
     fn pending_sets_take_by_reservation_and_keep_their_sums() {

@@ -364,10 +364,10 @@ pub enum Settle {
         chosen: Vec<u32>,
         settled: Arc<FirstResult>,
     },
-    /// FirstResult before by the same operation: its outcome, to give once the
+    /// Settled before by the same operation: its outcome, to give once the
     /// latch says the first call succeeded.
     Repeat(CommitOutcome, Arc<FirstResult>),
-    /// FirstResult before by the other operation, or still being decided.
+    /// Settled before by the other operation, or still being decided.
     Conflict(Conflict),
     /// The request does not fit the reservation (left open).
     Rejected(EngineError),

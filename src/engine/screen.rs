@@ -380,7 +380,7 @@ fn undo_campaign_holds(reg: &Registry, req: &ScreenRequest, seq: u64, now: Nanos
         .iter()
         .filter_map(|c| reg.chain(&c.campaign))
         .flat_map(|chain| chain.iter());
-    let mut guards = lock_entries(chains, Locking::PendingEnd);
+    let mut guards = lock_entries(chains, Locking::Settling);
     for (_, g) in guards.iter_mut() {
         let entries = g.take_pending(seq, None);
         if !entries.is_empty() {

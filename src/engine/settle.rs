@@ -1,4 +1,4 @@
-//! PendingEnd reservations: commit (with late commits), release, and expiry
+//! Settling reservations: commit (with late commits), release, and expiry
 //! at the deadline.
 
 use std::sync::Arc;
@@ -753,10 +753,10 @@ impl<C: Clock> Engine<C> {
         // Every chain's records at once, each once, in the lock order: the
         // winners' are then written together, each encoded once.
         let mut guards = match candidates {
-            [one] => lock_chain(&one.chain, Locking::PendingEnd),
+            [one] => lock_chain(&one.chain, Locking::Settling),
             _ => lock_entries(
                 candidates.iter().flat_map(|c| c.chain.iter()),
-                Locking::PendingEnd,
+                Locking::Settling,
             ),
         };
         let mut written: SmallVec<[u32; 8]> = SmallVec::new();

@@ -276,9 +276,8 @@ mod tests {
         outcome: Outcome,
     ) {
         for _ in 0..windows {
-            for i in 0..10 {
+            for _ in 0..10 {
                 *now += 10 * MS;
-                let _ = i;
                 a.sample(
                     c,
                     *now,
