@@ -168,6 +168,7 @@ fn a_retried_late_commit_without_event_id_counts_once() {
         cost: Some(1),
         user: Some("u".into()),
         event_id: None,
+        sample: None,
     };
     for _ in 0..3 {
         assert_eq!(
@@ -223,6 +224,7 @@ fn late_commits_and_duplicate_events_count_once() {
         cost: Some(1),
         user: Some("u".into()),
         event_id: Some("imp-1".into()),
+        sample: None,
     };
     let o = e.commit("gone-123", &late).unwrap();
     assert_eq!(o.outcome, Outcome::LateCommit);
@@ -1173,6 +1175,7 @@ fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
         cost: Some(1),
         user: Some("uc".into()),
         event_id: None,
+        sample: None,
     };
     assert!(e.commit_in_memory("gone", &late).is_none());
     assert_eq!(

@@ -184,7 +184,7 @@ async fn the_ad_flow() {
     let rel = c
         .release(pb::ReleaseRequest {
             reservation: s.reservation.unwrap(),
-            user: None,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::engine::CommitRequest;
 use crate::front::FrontError;
 use crate::front::call::*;
+use crate::front::sample;
 
 /// `campaign`: one name or a list.
 #[derive(Deserialize, JsonSchema)]
@@ -45,6 +46,16 @@ pub(crate) struct CommitBody {
     /// counted as a late commit.
     #[serde(default)]
     user: Option<String>,
+    /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
+    /// items (docs/adaptive.md); required with outcome `ok`.
+    #[serde(default)]
+    #[schemars(range(max = 3_600_000))]
+    latency_ms: Option<u64>,
+    /// `ok` (default with a latency), `dropped` (timed out, overloaded:
+    /// shrinks an adaptive limit) or `ignored` (not the backend's doing).
+    #[serde(default)]
+    #[schemars(extend("enum" = ["ok", "dropped", "ignored"]))]
+    outcome: Option<String>,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -88,6 +99,7 @@ pub(crate) async fn commit<C: Clock + 'static>(
         cost: b.cost,
         event_id: b.event_id,
         user: b.user,
+        sample: sample::of(b.latency_ms, b.outcome.as_deref())?,
     };
     Ok(Json(SettledBody::from(commit_reservation(&s, id, req).await?)).into_response())
 }
@@ -101,6 +113,16 @@ pub(crate) struct ReleaseBody {
     /// that made it (docs/cluster.md); not needed otherwise.
     #[serde(default)]
     user: Option<String>,
+    /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
+    /// items (docs/adaptive.md); required with outcome `ok`.
+    #[serde(default)]
+    #[schemars(range(max = 3_600_000))]
+    latency_ms: Option<u64>,
+    /// `ok` (default with a latency), `dropped` (timed out, overloaded:
+    /// shrinks an adaptive limit) or `ignored` (not the backend's doing).
+    #[serde(default)]
+    #[schemars(extend("enum" = ["ok", "dropped", "ignored"]))]
+    outcome: Option<String>,
 }
 
 pub(crate) async fn release<C: Clock + 'static>(
@@ -115,8 +137,9 @@ pub(crate) async fn release<C: Clock + 'static>(
     if let Some(r) = at_owner(&s, &id, body.user.as_deref(), &headers, &uri, bytes).await {
         return r;
     }
+    let sample = sample::of(body.latency_ms, body.outcome.as_deref())?;
     let e = s.engine.clone();
-    let out = blocking(move || e.release_for(&id, body.user.as_deref())).await?;
+    let out = blocking(move || e.release_with(&id, body.user.as_deref(), sample)).await?;
     Ok(Json(SettledBody::from(out)).into_response())
 }
 

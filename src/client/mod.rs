@@ -575,15 +575,29 @@ impl Client {
 
     /// `POST /v1/reservations/{id}/release` (retried).
     pub async fn release(&self, id: &str, user: Option<&str>) -> Result<Settled, Error> {
+        self.release_reporting(id, user, None).await
+    }
+
+    /// [`Client::release`] with what happened to the work the reservation
+    /// admitted, for the policy's adaptive items (docs/adaptive.md). A
+    /// retried release reports once: the first one settles it.
+    pub async fn release_reporting(
+        &self,
+        id: &str,
+        user: Option<&str>,
+        report: Option<Report>,
+    ) -> Result<Settled, Error> {
         #[derive(Serialize)]
         struct Body<'a> {
             #[serde(skip_serializing_if = "Option::is_none")]
             user: Option<&'a str>,
+            #[serde(flatten, skip_serializing_if = "Option::is_none")]
+            report: Option<Report>,
         }
         self.call(Call {
             method: Method::POST,
             path: format!("/v1/reservations/{}/release", seg(id)),
-            body: Some(json(&Body { user })?),
+            body: Some(json(&Body { user, report })?),
             affinity: user,
             retry: true,
             ok: &[200],

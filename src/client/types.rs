@@ -237,6 +237,50 @@ pub struct Commit {
     /// whose id the caller chose.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// What happened to the work the reservation admitted, for the
+    /// policy's adaptive items.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Report>,
+}
+
+/// What happened to the work a check's reservation admitted, sent with its
+/// commit or release: an `adaptive` item of the policy moves its limit
+/// from these (docs/adaptive.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub latency_ms: u64,
+    pub outcome: Outcome,
+}
+
+impl Report {
+    /// A report of work that took `latency` (rounded up to a millisecond,
+    /// at most an hour) and ended as `outcome`.
+    pub fn new(latency: std::time::Duration, outcome: Outcome) -> Report {
+        let ms = latency.as_nanos().div_ceil(1_000_000);
+        Report {
+            latency_ms: u64::try_from(ms)
+                .unwrap_or(u64::MAX)
+                .min(crate::front::sample::MAX_LATENCY_MS),
+            outcome,
+        }
+    }
+
+    /// Work started at `start` that ended now as `outcome`.
+    pub fn since(start: std::time::Instant, outcome: Outcome) -> Report {
+        Report::new(start.elapsed(), outcome)
+    }
+}
+
+/// How the work ended, as the backend's load goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Completed: its latency counts.
+    Ok,
+    /// Timed out or refused by an overloaded backend: the limit shrinks.
+    Dropped,
+    /// Not the backend's doing (a client error, a cancel): no signal.
+    Ignored,
 }
 
 /// A commit's or release's answer.

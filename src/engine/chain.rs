@@ -6,6 +6,7 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use smallvec::SmallVec;
 
 use crate::clock::Nanos;
+use crate::limits::adaptive::Sample;
 use crate::limits::stack::Stack;
 use crate::limits::{Item, ItemState};
 use crate::model::Scope;
@@ -163,13 +164,16 @@ pub(crate) enum Repriced {
     EveryItem,
 }
 
-/// Applies a settled reservation's pending entries to `rec`, as of `at`.
+/// Applies a settled reservation's pending entries to `rec`, as of `at`;
+/// an adaptive item first takes the `sample` its caller reported
+/// (docs/adaptive.md, "In the engine").
 pub(crate) fn settle_entries(
     rec: &mut SubjectRecord,
     entries: impl IntoIterator<Item = PendingEntry>,
     defs: Defs<'_>,
     how: PendingEnd,
     at: Nanos,
+    sample: Option<Sample>,
 ) {
     for p in entries {
         let Some(item) = defs.item(p.owner, p.tag) else {
@@ -184,6 +188,9 @@ pub(crate) fn settle_entries(
         else {
             continue;
         };
+        if let Some(s) = sample {
+            item.report(&mut counter.state, &p.item, s, at);
+        }
         match how {
             PendingEnd::Commit {
                 final_cost,

@@ -402,7 +402,7 @@ impl<C: Clock> Engine<C> {
                         stack: &limits.stack,
                         tags: &limits.tags,
                     };
-                    settle_entries(rec, entries, defs, how, at);
+                    settle_entries(rec, entries, defs, how, at, None);
                     rec.shared_meta_mut().held.retain(|h| h.res != res);
                     rec.drop_empty_shared_meta();
                 })

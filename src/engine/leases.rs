@@ -83,7 +83,7 @@ fn unreported_bound(item: &Item) -> u64 {
         Item::Window(w) => w.limit,
         Item::Rate { rate, .. } => rate.burst(),
         // Slots are held and given back, not reported as spend.
-        Item::Concurrency(_) => 0,
+        Item::Concurrency(_) | Item::Adaptive(_) => 0,
     };
     limit / UNREPORTED_PARTS
 }
@@ -204,6 +204,8 @@ pub(crate) struct Line {
 pub(crate) fn leasable(item: &Item) -> bool {
     match item {
         Item::Window(_) | Item::Concurrency(_) | Item::Rate { .. } | Item::Budget(_) => true,
+        // Never a campaign's (`CampaignDef::compile` refuses it).
+        Item::Adaptive(_) => false,
     }
 }
 

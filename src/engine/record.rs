@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use crate::clock::Nanos;
 use crate::keyed::Record;
+use crate::limits::adaptive::AdaptiveState;
 use crate::limits::{Item, ItemState, PendingItem};
 use crate::store::codec::{self, StoredCounter, StoredState};
 
@@ -539,7 +540,10 @@ impl SubjectRecord {
                 let Some(item) = def(owner, tag) else {
                     continue;
                 };
-                if !matches!(item, Item::Budget(_) | Item::Concurrency(_)) {
+                if !matches!(
+                    item,
+                    Item::Budget(_) | Item::Concurrency(_) | Item::Adaptive(_)
+                ) {
                     continue;
                 }
                 let Some(s) = counters
@@ -558,6 +562,14 @@ impl SubjectRecord {
                     }
                     ItemState::Concurrency(_) => {
                         s.state = ItemState::Concurrency(Default::default());
+                    }
+                    // The slots go; what the controller learned stays.
+                    ItemState::Adaptive(a) => {
+                        let ctl = a.ctl;
+                        s.state = ItemState::Adaptive(Box::new(AdaptiveState {
+                            slots: Default::default(),
+                            ctl,
+                        }));
                     }
                     _ => {}
                 }
@@ -602,19 +614,6 @@ impl SubjectRecord {
             idle_at,
             write_seq: 0,
         })
-    }
-}
-
-/// Heap bytes owned by one item state.
-fn state_heap_bytes(s: &ItemState) -> usize {
-    use crate::limits::window::{Debit, LogState};
-    match s {
-        ItemState::Log(l) => {
-            std::mem::size_of::<LogState>() + l.debits.capacity() * std::mem::size_of::<Debit>()
-        }
-        ItemState::Budget(_) => std::mem::size_of::<crate::limits::budget::BudgetState>(),
-        ItemState::Concurrency(c) => c.deadlines.capacity() * std::mem::size_of::<Nanos>(),
-        _ => 0,
     }
 }
 
@@ -664,7 +663,7 @@ impl Record for SubjectRecord {
             + self
                 .counters
                 .iter()
-                .map(|s| state_heap_bytes(&s.state))
+                .map(|s| s.state.heap_bytes())
                 .sum::<usize>()
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::MAX_EXACT;
 use crate::clock::{MS, Nanos};
+use crate::limits::adaptive::Sample;
 use crate::limits::priority::Priority;
 use crate::limits::stack::{Decision, Stack};
 use crate::model::limit::{LimitDef, compile_stack};
@@ -134,6 +135,9 @@ pub struct CommitRequest {
     /// With `campaigns` (one) and `cost`, makes a commit of an unknown or
     /// expired id a late commit.
     pub user: Option<String>,
+    /// What happened to the work a check's reservation admitted: an
+    /// adaptive item of its stack learns from it (docs/adaptive.md).
+    pub sample: Option<Sample>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

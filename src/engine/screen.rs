@@ -384,7 +384,14 @@ fn undo_campaign_holds(reg: &Registry, req: &ScreenRequest, seq: u64, now: Nanos
     for (_, g) in guards.iter_mut() {
         let entries = g.take_pending(seq, None);
         if !entries.is_empty() {
-            settle_entries(g, entries, Defs::Registry(reg), PendingEnd::Release, now);
+            settle_entries(
+                g,
+                entries,
+                Defs::Registry(reg),
+                PendingEnd::Release,
+                now,
+                None,
+            );
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 
 use crate::clock::{Clock, Nanos};
+use crate::limits::adaptive::Sample;
 use crate::store::Receipt;
 
 use super::chain::{
@@ -300,10 +301,12 @@ impl<C: Clock> Engine<C> {
         // A failed write of a release is not fatal: the disk copy never
         // holds pending debits. (Its records hold pending debits, so they
         // are in memory whatever `reads` says.)
+        // An expired slot carries no sample: nobody measured it.
         let _ = self.settle_reserved(
             &due.reserved,
             due.seq,
             Settlement::Release,
+            None,
             due.deadline,
             reads,
         );
@@ -379,11 +382,12 @@ impl<C: Clock> Engine<C> {
                 chosen: req.campaigns.as_slice(),
                 final_cost: req.cost,
             };
-            let (how, names, counter) = match self.settle_shared(shared, key, id, how)? {
-                InRecord::Done(how, names) => (how, names, Some(&self.stats.commits)),
-                InRecord::Repeat(how, names) => (how, names, None),
-                InRecord::Unknown => return Ok(self.late_commit(id, req)?),
-            };
+            let (how, names, counter) =
+                match self.settle_shared(shared, key, id, how, req.sample)? {
+                    InRecord::Done(how, names) => (how, names, Some(&self.stats.commits)),
+                    InRecord::Repeat(how, names) => (how, names, None),
+                    InRecord::Unknown => return Ok(self.late_commit(id, req)?),
+                };
             // Acknowledged once the spend is reported too (a repeat reports
             // what a failed report left behind).
             self.settle_campaign_side(id, &how)?;
@@ -424,7 +428,7 @@ impl<C: Clock> Engine<C> {
                     chosen: chosen.as_slice(),
                     final_cost: req.cost,
                 };
-                match self.settle_reserved(&reserved, seq, how, now, reads) {
+                match self.settle_reserved(&reserved, seq, how, req.sample, now, reads) {
                     Ok(receipt) => Ok(PendingCommit {
                         outcome,
                         wait: CommitWait::Write(receipt, settled),
@@ -498,12 +502,24 @@ impl<C: Clock> Engine<C> {
     /// whose id the client chose, made on another node (its user's record
     /// holds it), as a commit's `user` does.
     pub fn release_for(&self, id: &str, user: Option<&str>) -> Result<CommitOutcome, EngineError> {
+        self.release_with(id, user, None)
+    }
+
+    /// [`Engine::release_for`] with what happened to the work the
+    /// reservation admitted: an adaptive item of its stack takes `sample`
+    /// before its slot is freed (docs/adaptive.md, "In the engine").
+    pub fn release_with(
+        &self,
+        id: &str,
+        user: Option<&str>,
+        sample: Option<Sample>,
+    ) -> Result<CommitOutcome, EngineError> {
         check_reservation_id(id)?;
         if let Some(u) = user {
             self.check_id("user", u)?;
         }
         if let Some((shared, key)) = self.shared_record_of(id, user) {
-            return match self.settle_shared(shared, key, id, Settlement::Release)? {
+            return match self.settle_shared(shared, key, id, Settlement::Release, sample)? {
                 InRecord::Done(how, campaigns) => {
                     self.stats.releases.fetch_add(1, Ordering::Relaxed);
                     self.settle_campaign_side(id, &how)?;
@@ -556,6 +572,7 @@ impl<C: Clock> Engine<C> {
                     &reserved,
                     seq,
                     Settlement::Release,
+                    sample,
                     now,
                     Reads::MayWait,
                 ))
@@ -664,6 +681,7 @@ impl<C: Clock> Engine<C> {
         reserved: &Reserved,
         seq: u64,
         how: Settlement<'_, [u32]>,
+        sample: Option<Sample>,
         at: Nanos,
         reads: Reads,
     ) -> Result<Option<Receipt>, Halt> {
@@ -684,14 +702,14 @@ impl<C: Clock> Engine<C> {
                 self.with_record(record, now, reads, |rec, now| {
                     let entries = rec.take_pending(seq, None);
                     let Settlement::Commit { final_cost, .. } = how else {
-                        settle_entries(rec, entries, defs, PendingEnd::Release, at);
+                        settle_entries(rec, entries, defs, PendingEnd::Release, at, sample);
                         return None;
                     };
                     let settling = PendingEnd::Commit {
                         final_cost,
                         repriced: Repriced::EveryItem,
                     };
-                    settle_entries(rec, entries, defs, settling, at);
+                    settle_entries(rec, entries, defs, settling, at, sample);
                     let mut changes = Changes::new();
                     changes.record(record, rec);
                     Some(self.persist(changes, defs, now, Ack::Durable))
@@ -773,7 +791,7 @@ impl<C: Clock> Engine<C> {
             let end = next + mine[next..].partition_point(|p| p.cand <= c.index);
             if let Some(u) = user_rec.as_deref_mut() {
                 let entries = mine[next..end].iter().cloned();
-                settle_entries(u, entries, defs, settling(win), at);
+                settle_entries(u, entries, defs, settling(win), at, None);
             }
             next = end;
             for (depth, e) in c.chain.iter().enumerate() {
@@ -790,7 +808,7 @@ impl<C: Clock> Engine<C> {
                             .map(|p| final_cost.unwrap_or(p.n))
                             .sum();
                     }
-                    settle_entries(g, entries, defs, settling(win), at);
+                    settle_entries(g, entries, defs, settling(win), at, None);
                 }
                 if win {
                     e.timeline

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::{Clock, Nanos};
 use crate::cluster::owners::{Owner, Owners};
+use crate::limits::adaptive::{AdaptiveState, Controller, Sample};
 use crate::limits::concurrency::ConcurrencyState;
 use crate::limits::rate::RatePending;
 use crate::limits::{ItemState, PendingItem};
@@ -197,6 +198,61 @@ enum StoredExtra {
     Concurrency {
         deadlines: Vec<u64>,
     },
+    /// An adaptive item's slots and controller: one per key for the whole
+    /// fleet (docs/adaptive.md, "On a cluster").
+    Adaptive {
+        deadlines: Vec<u64>,
+        ctl: Option<StoredController>,
+    },
+}
+
+/// [`Controller`] as stored (its limit as the f64's bits).
+#[derive(Serialize, Deserialize)]
+struct StoredController {
+    limit: u64,
+    win_start: u64,
+    win_n: u32,
+    win_dropped: u32,
+    win_sum: u64,
+    win_inflight: u64,
+    base: u64,
+    spare: u64,
+    base_start: u64,
+}
+
+impl From<&Controller> for StoredController {
+    fn from(c: &Controller) -> Self {
+        StoredController {
+            limit: c.limit.to_bits(),
+            win_start: c.win_start,
+            win_n: c.win_n,
+            win_dropped: c.win_dropped,
+            win_sum: c.win_sum,
+            win_inflight: c.win_inflight,
+            base: c.base,
+            spare: c.spare,
+            base_start: c.base_start,
+        }
+    }
+}
+
+impl StoredController {
+    /// The controller, if its limit is a number (a record is checked, not
+    /// trusted: one that is not reads as a key's first reservation).
+    fn controller(&self) -> Option<Controller> {
+        let limit = f64::from_bits(self.limit);
+        limit.is_finite().then_some(Controller {
+            limit,
+            win_start: self.win_start,
+            win_n: self.win_n,
+            win_dropped: self.win_dropped,
+            win_sum: self.win_sum,
+            win_inflight: self.win_inflight,
+            base: self.base,
+            spare: self.spare,
+            base_start: self.base_start,
+        })
+    }
 }
 
 /// A pending debit as layout 2 stores it (~28 bytes; layout 3 takes ~7:
@@ -325,7 +381,11 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
 fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) -> Vec<u8> {
     let committed = rec.committed_counters(at, &|owner, tag| Defs::Registry(reg).item(owner, tag));
     let kept = committed.iter().filter(|c| {
-        !c.state.is_empty() && !matches!(c.state, ItemState::Fresh | ItemState::Concurrency(_))
+        !c.state.is_empty()
+            && !matches!(
+                c.state,
+                ItemState::Fresh | ItemState::Concurrency(_) | ItemState::Adaptive(_)
+            )
     });
     let counters = compact_form::encode_counters(kept);
     let meta = rec.shared_meta();
@@ -378,7 +438,11 @@ fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) ->
 /// as extra state).
 fn kept_counters(rec: &SubjectRecord) -> impl Iterator<Item = &Counter> + '_ {
     rec.counters.iter().filter(|c| {
-        !c.state.is_empty() && !matches!(c.state, ItemState::Fresh | ItemState::Concurrency(_))
+        !c.state.is_empty()
+            && !matches!(
+                c.state,
+                ItemState::Fresh | ItemState::Concurrency(_) | ItemState::Adaptive(_)
+            )
     })
 }
 
@@ -421,6 +485,10 @@ fn form<C, P>(
                             deadlines: k.deadlines.clone(),
                         }
                     }
+                    ItemState::Adaptive(a) => StoredExtra::Adaptive {
+                        deadlines: a.slots.deadlines.clone(),
+                        ctl: a.ctl.as_ref().map(StoredController::from),
+                    },
                     _ => return None,
                 };
                 Some(ExtraState {
@@ -506,6 +574,12 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
                 *rec.state_mut(x.owner, x.tag) =
                     ItemState::Concurrency(ConcurrencyState { deadlines });
             }
+            StoredExtra::Adaptive { deadlines, ctl } => {
+                *rec.state_mut(x.owner, x.tag) = ItemState::Adaptive(Box::new(AdaptiveState {
+                    slots: ConcurrencyState { deadlines },
+                    ctl: ctl.and_then(|c| c.controller()),
+                }));
+            }
         }
     }
     for p in form.pending {
@@ -559,6 +633,7 @@ fn expire_held(rec: &mut SubjectRecord, at: Nanos, reg: &Registry) {
             h.defs(reg, &compiled),
             PendingEnd::Release,
             h.deadline,
+            None,
         );
     }
     rec.drop_empty_shared_meta();
@@ -588,6 +663,7 @@ fn settle_in_record(
     res: u64,
     id: &str,
     how: Settlement<'_, [String]>,
+    sample: Option<Sample>,
     at: Nanos,
     reg: &Registry,
 ) -> Result<InRecord, EngineError> {
@@ -652,7 +728,7 @@ fn settle_in_record(
         } else {
             PendingEnd::Release
         };
-        settle_entries(rec, [e], held.defs(reg, &compiled), settling, at);
+        settle_entries(rec, [e], held.defs(reg, &compiled), settling, at, sample);
     }
     // A commit answers with its winners, a release with every candidate
     // (as on one node).
@@ -1293,12 +1369,13 @@ impl<C: Clock> Engine<C> {
         key: RecordKey,
         id: &str,
         how: Settlement<'_, [String]>,
+        sample: Option<Sample>,
     ) -> Result<InRecord, EngineError> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
         let settled = self.with_shared_record(shared, key, now, false, |rec, at| {
-            settle_in_record(rec, res, id, how, at, &reg)
+            settle_in_record(rec, res, id, how, sample, at, &reg)
         });
         super::hot::waited(settled)?
     }

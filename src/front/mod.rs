@@ -27,6 +27,7 @@ pub mod priority;
 pub mod ratelimit_fields;
 pub mod report;
 pub mod request_id;
+pub mod sample;
 pub mod shed;
 
 use std::sync::Arc;

@@ -12,7 +12,8 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The window (`w`) of an item in ns: the time a rate item takes to refill its
-/// whole burst, a window's or budget's length; `None` for concurrency.
+/// whole burst, a window's or budget's length; `None` for concurrency and
+/// adaptive items.
 pub(crate) fn window_ns(item: &Item) -> Option<Span> {
     let ns = match item {
         // burst·T may exceed 64 bits of ns.
@@ -22,7 +23,7 @@ pub(crate) fn window_ns(item: &Item) -> Option<Span> {
             Layout::Calendar(c) => calendar::nominal_nanos(c.unit),
         },
         Item::Budget(b) => calendar::nominal_nanos(b.calendar.unit),
-        Item::Concurrency(_) => return None,
+        Item::Concurrency(_) | Item::Adaptive(_) => return None,
     };
     Some(Span::from(ns))
 }

@@ -13,6 +13,7 @@ use crate::front::FrontError;
 use crate::front::call::ms;
 use crate::front::priority;
 use crate::front::report::reported;
+use crate::front::sample;
 use crate::model::LimitDef;
 
 /// Inline limit items, read through the JSON model so that every check
@@ -137,13 +138,14 @@ fn denied_by(d: crate::engine::DeniedBy) -> pb::DeniedBy {
 /// A commit: the winners named in `campaign` (empty when the screen had
 /// one eligible candidate), the clearing price as `cost`, and, for a late
 /// commit, the user (docs/semantics.md §4.6).
-pub fn commit(r: &pb::CommitRequest) -> CommitRequest {
-    CommitRequest {
+pub fn commit(r: &pb::CommitRequest) -> Result<CommitRequest, FrontError> {
+    Ok(CommitRequest {
         campaigns: r.campaign.clone(),
         cost: r.cost,
         event_id: r.event_id.clone(),
         user: r.user.clone(),
-    }
+        sample: sample::of(r.latency_ms, r.outcome.as_deref())?,
+    })
 }
 
 /// How a reservation was settled, its outcome as the JSON API's word
@@ -236,6 +238,8 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
         }
         t => t,
     };
+    // An adaptive item's floor is a count, carried as decimal text.
+    let count = l.kind == "adaptive";
     let mut m = Map::new();
     if !l.kind.is_empty() {
         m.insert("kind".into(), Value::from(l.kind));
@@ -250,7 +254,13 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
     put("rate", l.rate.map(Value::from));
     put("per", l.per.map(Value::from));
     put("burst", l.burst.map(Value::from));
-    put("min", l.min.map(Value::from));
+    put(
+        "min",
+        l.min.map(|m| match m.parse::<u64>() {
+            Ok(n) if count => Value::from(n),
+            _ => Value::from(m),
+        }),
+    );
     put("limit", l.limit.map(Value::from));
     put("window", l.window.map(Value::from));
     put("align", l.align.map(Value::from));
@@ -270,6 +280,17 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
     );
     put("tolerance", tolerance.map(Value::from));
     put("max", l.max.map(Value::from));
+    put("initial", l.initial.map(Value::from));
+    put("algorithm", l.algorithm.map(Value::from));
+    if let Some(b) = l.backoff {
+        let n = serde_json::Number::from_f64(b).ok_or_else(|| {
+            FrontError::invalid(
+                &format!("{field}.backoff"),
+                format!("must be a number from 0.5 to 0.99, got {b}"),
+            )
+        })?;
+        m.insert("backoff".into(), Value::Number(n));
+    }
     if !l.priorities.is_empty() {
         let mut shares = Map::new();
         for (class, share) in l.priorities {
@@ -297,7 +318,7 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         rate: n("rate"),
         per: s("per"),
         burst: n("burst"),
-        min: s("min"),
+        min: s("min").or_else(|| n("min").map(|c| c.to_string())),
         limit: n("limit"),
         window: s("window"),
         align: s("align"),
@@ -310,6 +331,9 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         }),
         tolerance: v.get("tolerance").and_then(serde_json::Value::as_f64),
         max: n("max"),
+        initial: n("initial"),
+        algorithm: s("algorithm"),
+        backoff: v.get("backoff").and_then(serde_json::Value::as_f64),
         scope: s("scope"),
         priorities: v
             .get("priorities")

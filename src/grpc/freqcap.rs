@@ -163,7 +163,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let _slot = self.enter(&req)?;
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
-        let c = convert::commit(&r);
+        let c = convert::commit(&r).map_err(status)?;
         let out = commit_reservation(&self.state, r.reservation, c)
             .await
             .map_err(status)?;
@@ -179,8 +179,10 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let _slot = self.enter(&req)?;
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
+        let sample =
+            crate::front::sample::of(r.latency_ms, r.outcome.as_deref()).map_err(status)?;
         let e = self.state.engine.clone();
-        let out = blocking(move || e.release_for(&r.reservation, r.user.as_deref()))
+        let out = blocking(move || e.release_with(&r.reservation, r.user.as_deref(), sample))
             .await
             .map_err(status)?;
         Ok(Response::new(convert::settled(out)))

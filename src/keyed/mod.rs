@@ -84,7 +84,7 @@ impl Record for StackRecord {
         stack.items().iter().all(|item| match item {
             Item::Rate { .. } => true,
             Item::Window(w) => !matches!(w.layout, Layout::Rolling { .. }),
-            Item::Budget(_) | Item::Concurrency(_) => false,
+            Item::Budget(_) | Item::Concurrency(_) | Item::Adaptive(_) => false,
         })
     }
 
@@ -93,7 +93,11 @@ impl Record for StackRecord {
             StackRecord::One(_) => 0,
             StackRecord::Many(v) => std::mem::size_of_val::<[ItemState]>(v),
         };
-        own + self.states().iter().map(item_heap_bytes).sum::<usize>()
+        own + self
+            .states()
+            .iter()
+            .map(ItemState::heap_bytes)
+            .sum::<usize>()
     }
 }
 
@@ -348,19 +352,6 @@ macro_rules! on_map {
             Records::Stack($m) => $body,
         }
     };
-}
-
-/// Heap bytes owned by one item state.
-fn item_heap_bytes(s: &ItemState) -> usize {
-    use crate::limits::window::{Debit, LogState};
-    match s {
-        ItemState::Log(l) => {
-            std::mem::size_of::<LogState>() + l.debits.capacity() * std::mem::size_of::<Debit>()
-        }
-        ItemState::Budget(_) => std::mem::size_of::<crate::limits::budget::BudgetState>(),
-        ItemState::Concurrency(c) => c.deadlines.capacity() * std::mem::size_of::<Nanos>(),
-        _ => 0,
-    }
 }
 
 /// Sizing of a [`KeyedLimiter`].

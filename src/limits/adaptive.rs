@@ -22,6 +22,9 @@
 
 use crate::clock::Nanos;
 
+use super::concurrency::{Concurrency, ConcurrencyState};
+use super::priority::{Share, WHOLE, scaled};
+
 /// How the limit moves (docs/adaptive.md compares them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
@@ -66,6 +69,22 @@ pub enum Outcome {
     Ignored,
 }
 
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Dropped => "dropped",
+            Outcome::Ignored => "ignored",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        [Outcome::Ok, Outcome::Dropped, Outcome::Ignored]
+            .into_iter()
+            .find(|o| o.as_str() == s)
+    }
+}
+
 /// One report: the latency the caller measured and what happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
@@ -93,7 +112,23 @@ pub struct Adaptive {
     /// How often the no-load latency may rise: to the lowest average of the
     /// period's windows with room to spare, if it had any.
     pub baseline_period: Nanos,
+    /// The share of the limit a priority class sees, in millionths
+    /// ([`WHOLE`] but for a class with a share, docs/semantics.md §2.5).
+    pub share: Share,
 }
+
+/// An `adaptive` item's state for one key: its open slots, as a
+/// concurrency item's, and its controller (`None` until the key's first
+/// reservation: a fresh key starts at `initial`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AdaptiveState {
+    pub slots: ConcurrencyState,
+    pub ctl: Option<Controller>,
+}
+
+// `Controller::limit` is clamped between `min` and `max` after every step,
+// so it is never NaN and equality is an equivalence.
+impl Eq for AdaptiveState {}
 
 /// A window with fewer than `min_samples` closes after this many windows'
 /// time anyway, so light traffic still moves the limit.
@@ -141,6 +176,60 @@ impl Adaptive {
     /// The whole slots a key may hold now.
     pub fn limit(&self, c: &Controller) -> u64 {
         (c.limit.floor() as u64).clamp(self.min, self.max)
+    }
+
+    /// The slots a key may hold now as this item's class sees it: the
+    /// controller's limit, `initial` before the first reservation, scaled by
+    /// the class's share.
+    pub fn limit_of(&self, st: &AdaptiveState) -> u64 {
+        let whole = st.ctl.as_ref().map_or(self.initial, |c| self.limit(c));
+        if self.share == WHOLE {
+            whole
+        } else {
+            scaled(whole, self.share)
+        }
+    }
+
+    /// The slots as a concurrency item of the current limit: open slots,
+    /// `allows`, figures and `retry_after` mean what they mean for
+    /// `concurrency` (docs/semantics.md §2.4).
+    pub fn slots(&self, st: &AdaptiveState) -> Concurrency {
+        Concurrency {
+            max: self.limit_of(st),
+        }
+    }
+
+    /// Takes a slot until `deadline`; a key's first reservation starts its
+    /// controller.
+    pub fn hold(&self, st: &mut AdaptiveState, deadline: Nanos, now: Nanos) {
+        st.ctl.get_or_insert_with(|| self.fresh(now));
+        self.slots(st).hold(&mut st.slots, deadline, now);
+    }
+
+    /// Takes the sample a release or commit of the slot held until
+    /// `deadline` carries, before the slot is freed: the slots held then,
+    /// itself included, are the concurrency the latency was measured at.
+    pub fn report(&self, st: &mut AdaptiveState, deadline: Nanos, s: Sample, now: Nanos) {
+        let open = self.slots(st).open(&st.slots, now);
+        // A slot that expired before its release says nothing of the
+        // concurrency now (docs/adaptive.md, "In the engine").
+        if st.slots.deadlines.binary_search(&deadline).is_err() || deadline <= now {
+            return;
+        }
+        let c = st.ctl.get_or_insert_with(|| self.fresh(now));
+        self.sample(c, now, s, open);
+    }
+
+    /// The first instant from which the state may be dropped: its last slot
+    /// ended and a baseline period passed since its last window closed (a
+    /// key idle that long starts again at `initial`).
+    pub fn idle_at(&self, st: &AdaptiveState) -> Nanos {
+        let slots = st.slots.deadlines.last().copied().unwrap_or(0);
+        let learned = st
+            .ctl
+            .as_ref()
+            .map_or(0, |c| c.win_start.saturating_add(self.baseline_period));
+        slots.max(learned)
     }
 
     /// The no-load latency the controller believes, if it has one.
@@ -261,6 +350,7 @@ mod tests {
             min_samples: 10,
             backoff: 0.9,
             baseline_period: 30_000 * MS,
+            share: WHOLE,
         }
     }
 

@@ -24,6 +24,7 @@ pub mod stack;
 pub mod window;
 
 use crate::clock::{Nanos, Span};
+use adaptive::{Adaptive, AdaptiveState, Sample};
 use budget::{Budget, BudgetState};
 use concurrency::{Concurrency, ConcurrencyState};
 use rate::{Rate, RatePending, RateProbe, RateState};
@@ -37,6 +38,7 @@ pub enum Kind {
     Window,
     Budget,
     Concurrency,
+    Adaptive,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Window => "window",
             Kind::Budget => "budget",
             Kind::Concurrency => "concurrency",
+            Kind::Adaptive => "adaptive",
         }
     }
 }
@@ -64,6 +67,8 @@ pub enum Item {
     Window(Window),
     Budget(Budget),
     Concurrency(Concurrency),
+    /// A concurrency limit that moves with reported latency and outcome.
+    Adaptive(Adaptive),
 }
 
 /// The state of one item for one key.
@@ -82,9 +87,31 @@ pub enum ItemState {
     Approx(ApproxState),
     Budget(Box<BudgetState>),
     Concurrency(ConcurrencyState),
+    Adaptive(Box<AdaptiveState>),
 }
 
 impl ItemState {
+    /// Heap bytes this state owns: what memory budgets count beside the
+    /// 32 bytes inline.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            ItemState::Log(l) => {
+                std::mem::size_of::<LogState>()
+                    + l.debits.capacity() * std::mem::size_of::<window::Debit>()
+            }
+            ItemState::Budget(_) => std::mem::size_of::<BudgetState>(),
+            ItemState::Concurrency(c) => c.deadlines.capacity() * std::mem::size_of::<Nanos>(),
+            ItemState::Adaptive(a) => {
+                std::mem::size_of::<AdaptiveState>()
+                    + a.slots.deadlines.capacity() * std::mem::size_of::<Nanos>()
+            }
+            ItemState::Fresh
+            | ItemState::Rate(_)
+            | ItemState::Counter(_)
+            | ItemState::Approx(_) => 0,
+        }
+    }
+
     /// Whether every item reads this state as [`ItemState::Fresh`] at every
     /// instant, so it can be dropped without knowing its definition: nothing
     /// counted in a window, no open slot. Rate and budget states depend on
@@ -96,7 +123,8 @@ impl ItemState {
             ItemState::Log(l) => l.debits.is_empty(),
             ItemState::Approx(a) => a.cur == 0 && a.prev == 0,
             ItemState::Concurrency(c) => c.deadlines.is_empty(),
-            ItemState::Rate(_) | ItemState::Budget(_) => false,
+            // A learned limit is not a fresh one.
+            ItemState::Rate(_) | ItemState::Budget(_) | ItemState::Adaptive(_) => false,
         }
     }
 }
@@ -122,7 +150,7 @@ pub enum PendingItem {
     Budget {
         period_start: Nanos,
     },
-    /// Concurrency: the slot, identified by its deadline.
+    /// Concurrency and adaptive: the slot, identified by its deadline.
     Concurrency {
         deadline: Nanos,
     },
@@ -196,6 +224,21 @@ state_as!(log_of, log_mut, Log, LogState);
 state_as!(approx_of, approx_mut, Approx, ApproxState);
 state_as!(budget_of, budget_mut, Budget, BudgetState);
 state_as!(conc_of, conc_mut, Concurrency, ConcurrencyState);
+state_as!(adaptive_of, adaptive_mut, Adaptive, AdaptiveState);
+
+/// An adaptive state read in place (the fresh one for another variant).
+fn adaptive_ref(st: &ItemState) -> &AdaptiveState {
+    static FRESH: AdaptiveState = AdaptiveState {
+        slots: ConcurrencyState {
+            deadlines: Vec::new(),
+        },
+        ctl: None,
+    };
+    match st {
+        ItemState::Adaptive(a) => a,
+        _ => &FRESH,
+    }
+}
 
 impl Item {
     pub fn kind(&self) -> Kind {
@@ -204,17 +247,29 @@ impl Item {
             Item::Window(_) => Kind::Window,
             Item::Budget(_) => Kind::Budget,
             Item::Concurrency(_) => Kind::Concurrency,
+            Item::Adaptive(_) => Kind::Adaptive,
         }
     }
 
-    /// The `limit` figure: burst (rate), 1 (gap), limit (window), amount
-    /// (budget), max (concurrency).
+    /// The `limit` figure of the definition: burst (rate), 1 (gap), limit
+    /// (window), amount (budget), max (concurrency), the ceiling `max`
+    /// (adaptive; [`Item::limit_at`] is its current limit).
     pub fn limit(&self) -> u64 {
         match self {
             Item::Rate { rate, .. } => rate.burst(),
             Item::Window(w) => w.limit,
             Item::Budget(b) => b.limit(),
             Item::Concurrency(c) => c.max,
+            Item::Adaptive(a) => a.max,
+        }
+    }
+
+    /// The `limit` figure a decision reports for state `st`: [`Item::limit`],
+    /// but an adaptive item's limit as it is now for this key.
+    pub fn limit_at(&self, st: &ItemState) -> u64 {
+        match self {
+            Item::Adaptive(a) => a.limit_of(adaptive_ref(st)),
+            _ => self.limit(),
         }
     }
 
@@ -237,6 +292,8 @@ impl Item {
             Item::Concurrency(c) => Item::Concurrency(Concurrency {
                 max: priority::scaled(c.max, share),
             }),
+            // The limit moves, so the share is applied to it when read.
+            Item::Adaptive(a) => Item::Adaptive(Adaptive { share, ..a.clone() }),
         }
     }
 
@@ -269,6 +326,10 @@ impl Item {
                 ItemState::Concurrency(s) => plain(c.allows(s, now)),
                 _ => plain(c.allows(&ConcurrencyState::default(), now)),
             },
+            Item::Adaptive(a) => {
+                let s = adaptive_ref(st);
+                plain(a.slots(s).allows(&s.slots, now))
+            }
         }
     }
 
@@ -303,6 +364,10 @@ impl Item {
             },
             Item::Budget(b) => b.retry(&budget_of(st), now, n),
             Item::Concurrency(c) => c.retry(&conc_of(st), now),
+            Item::Adaptive(a) => {
+                let s = adaptive_ref(st);
+                a.slots(s).retry(&s.slots, now)
+            }
         };
         // Only a rate item's wait can exceed 64 bits of ns.
         wait.map(Span::from)
@@ -363,6 +428,16 @@ impl Item {
                 };
                 PendingItem::Concurrency { deadline }
             }
+            Item::Adaptive(a) => {
+                let deadline = match hold {
+                    Hold::Reserve { deadline } => {
+                        a.hold(adaptive_mut(st), deadline, now);
+                        deadline
+                    }
+                    Hold::Immediate => 0,
+                };
+                PendingItem::Concurrency { deadline }
+            }
         }
     }
 
@@ -402,6 +477,10 @@ impl Item {
                 ItemState::Concurrency(s) => c.figures(s, now),
                 _ => (c.max, 0),
             },
+            Item::Adaptive(a) => {
+                let s = adaptive_ref(st);
+                a.slots(s).figures(&s.slots, now)
+            }
         };
         (remaining, Span::from(reset_after))
     }
@@ -417,6 +496,10 @@ impl Item {
             }
             (Item::Concurrency(c), PendingItem::Concurrency { deadline }) => {
                 c.free(conc_mut(st), *deadline)
+            }
+            (Item::Adaptive(a), PendingItem::Concurrency { deadline }) => {
+                let s = adaptive_mut(st);
+                a.slots(s).free(&mut s.slots, *deadline)
             }
             (Item::Budget(b), PendingItem::Budget { period_start }) => {
                 let s = budget_mut(st);
@@ -451,6 +534,10 @@ impl Item {
             (Item::Concurrency(c), PendingItem::Concurrency { deadline }) => {
                 c.free(conc_mut(st), *deadline)
             }
+            (Item::Adaptive(a), PendingItem::Concurrency { deadline }) => {
+                let s = adaptive_mut(st);
+                a.slots(s).free(&mut s.slots, *deadline)
+            }
             (Item::Budget(b), PendingItem::Budget { period_start }) => {
                 let s = budget_mut(st);
                 *s = b.current(s, now);
@@ -460,6 +547,15 @@ impl Item {
                 }
             }
             _ => self.adjust(st, pending, i128::from(final_cost) - i128::from(n), now),
+        }
+    }
+
+    /// Gives an adaptive item the sample a release or commit of `pending`
+    /// carries, before that settles it (docs/adaptive.md, "In the engine");
+    /// other kinds take no samples.
+    pub fn report(&self, st: &mut ItemState, pending: &PendingItem, s: Sample, now: Nanos) {
+        if let (Item::Adaptive(a), PendingItem::Concurrency { deadline }) = (self, pending) {
+            a.report(adaptive_mut(st), *deadline, s, now);
         }
     }
 
@@ -510,6 +606,7 @@ impl Item {
             }
             (Item::Budget(b), ItemState::Budget(s)) => b.idle_at(s),
             (Item::Concurrency(c), ItemState::Concurrency(s)) => c.idle_at(s),
+            (Item::Adaptive(a), ItemState::Adaptive(s)) => a.idle_at(s),
             // A state of another kind is read as fresh.
             _ => 0,
         }

@@ -116,7 +116,7 @@ impl Stack {
                 Item::Window(w) => {
                     matches!(w.layout, crate::limits::window::Layout::Rolling { .. })
                 }
-                Item::Budget(_) | Item::Concurrency(_) => true,
+                Item::Budget(_) | Item::Concurrency(_) | Item::Adaptive(_) => true,
             });
         Stack {
             items,
@@ -354,7 +354,7 @@ impl Stack {
             }
             items.push(ItemFigures {
                 allowed: r.is_none(),
-                limit: item.limit(),
+                limit: item.limit_at(st),
                 remaining,
                 reset_after,
                 retry_after: r.flatten(),

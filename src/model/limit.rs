@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::MAX_EXACT;
 use crate::clock::MS;
+use crate::limits::adaptive::Adaptive;
 use crate::limits::budget::{Budget, Pacing as CompiledPacing};
 use crate::limits::calendar::{Calendar, CalendarUnit};
 use crate::limits::concurrency::Concurrency;
@@ -48,6 +49,7 @@ pub enum LimitDef {
     Window(WindowDef),
     Budget(BudgetDef),
     Concurrency(ConcurrencyDef),
+    Adaptive(AdaptiveLimitDef),
 }
 
 /// The JSON Schema of [`LimitDef`]: the tagged form users write. (Deriving it on
@@ -66,6 +68,9 @@ enum LimitSchema {
     Budget(BudgetDef),
     /// Open reservations at once.
     Concurrency(ConcurrencyDef),
+    /// Open reservations at once, up to a limit that moves with the latency
+    /// and outcome releases report (docs/adaptive.md).
+    Adaptive(AdaptiveLimitDef),
 }
 
 impl JsonSchema for LimitDef {
@@ -315,6 +320,68 @@ pub struct ConcurrencyDef {
     pub max: u64,
 }
 
+/// `{"kind": "adaptive", "max": 200}`: a concurrency limit between `min`
+/// and `max` that the samples releases and commits carry move
+/// (docs/adaptive.md, "In the engine").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveLimitDef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = "^[A-Za-z0-9._:-]{1,64}$"))]
+    pub name: Option<String>,
+    /// How much of this item each priority class may use
+    /// (docs/semantics.md §2.5); unnamed classes use all of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priorities: Option<PrioritiesDef>,
+    /// The ceiling, 1 ≤ max ≤ 1 000 000.
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max: u64,
+    /// The floor, 1 ≤ min ≤ max; default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub min: Option<u64>,
+    /// Where a key starts, min ≤ initial ≤ max; default 20 within them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub initial: Option<u64>,
+    /// `vegas` (default), `gradient` or `aimd` (docs/adaptive.md compares
+    /// them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<AlgorithmName>,
+    /// The shortest sample window, 1ms to 1m; default 100ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("not" = {"pattern": "mo$"}))]
+    pub window: Option<Duration>,
+    /// Gradient: how far above the no-load latency the latency may rise
+    /// before the limit shrinks, 1 to 10; default 1.5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub tolerance: Option<serde_json::Number>,
+    /// The factor a window with a `dropped` sample shrinks the limit by
+    /// (gradient and aimd), 0.5 to 0.99; default 0.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.5, max = 0.99))]
+    pub backoff: Option<serde_json::Number>,
+}
+
+/// An adaptive item's algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AlgorithmName {
+    Vegas,
+    Gradient,
+    Aimd,
+}
+
+/// An adaptive item's largest `max`: a key's open slots are kept one by
+/// one (8 bytes each).
+pub const MAX_ADAPTIVE: u64 = 1_000_000;
+
+/// The fewest samples a window of an adaptive item needs; the no-load
+/// latency may rise once every this many windows (docs/adaptive.md).
+const ADAPTIVE_MIN_SAMPLES: u32 = 10;
+const ADAPTIVE_BASELINE_WINDOWS: u64 = 300;
+
 /// `{"sheddable": 0.5, "low": 0.8}`: the share of an item's limit each
 /// priority class may use, 0 < share ≤ 1 (six decimals); a class not named
 /// uses the whole item. Shares may not grow from a class to a lower one, so a
@@ -557,6 +624,7 @@ impl LimitDef {
             LimitDef::Window(d) => d.name.as_deref(),
             LimitDef::Budget(d) => d.name.as_deref(),
             LimitDef::Concurrency(d) => d.name.as_deref(),
+            LimitDef::Adaptive(d) => d.name.as_deref(),
         }
     }
 
@@ -568,6 +636,7 @@ impl LimitDef {
             LimitDef::Window(d) => d.priorities.as_ref(),
             LimitDef::Budget(d) => d.priorities.as_ref(),
             LimitDef::Concurrency(d) => d.priorities.as_ref(),
+            LimitDef::Adaptive(d) => d.priorities.as_ref(),
         }
     }
 
@@ -581,6 +650,7 @@ impl LimitDef {
             LimitDef::Window(d) => d.priorities = None,
             LimitDef::Budget(d) => d.priorities = None,
             LimitDef::Concurrency(d) => d.priorities = None,
+            LimitDef::Adaptive(d) => d.priorities = None,
         }
         d
     }
@@ -601,6 +671,7 @@ impl LimitDef {
             LimitDef::Window(_) => Kind::Window,
             LimitDef::Budget(_) => Kind::Budget,
             LimitDef::Concurrency(_) => Kind::Concurrency,
+            LimitDef::Adaptive(_) => Kind::Adaptive,
         }
     }
 
@@ -615,16 +686,7 @@ impl LimitDef {
     /// Validates this item and compiles it. `path` names it in errors, e.g.
     /// `limits[2]`.
     pub fn compile(&self, path: &str) -> Result<Item> {
-        check_name(
-            path,
-            &match self {
-                LimitDef::Rate(d) => d.name.clone(),
-                LimitDef::Gap(d) => d.name.clone(),
-                LimitDef::Window(d) => d.name.clone(),
-                LimitDef::Budget(d) => d.name.clone(),
-                LimitDef::Concurrency(d) => d.name.clone(),
-            },
-        )?;
+        check_name(path, &self.name().map(str::to_owned))?;
         match self {
             LimitDef::Rate(d) => {
                 let rate = positive(path, "rate", d.rate)?;
@@ -647,8 +709,103 @@ impl LimitDef {
             LimitDef::Concurrency(d) => Ok(Item::Concurrency(Concurrency {
                 max: positive(path, "max", d.max)?,
             })),
+            LimitDef::Adaptive(d) => compile_adaptive(path, d).map(Item::Adaptive),
         }
     }
+}
+
+/// Checks a count of an adaptive item: 1 ≤ x ≤ [`MAX_ADAPTIVE`].
+fn slots(path: &str, field: &str, x: u64) -> Result<u64> {
+    if x == 0 || x > MAX_ADAPTIVE {
+        return Err(err(
+            format!("{path}.{field}"),
+            format!("must be an integer from 1 to {MAX_ADAPTIVE}, got {x}"),
+        ));
+    }
+    Ok(x)
+}
+
+/// A number field of an adaptive item within `range`, or its default.
+fn fraction_in(
+    path: &str,
+    field: &str,
+    v: &Option<serde_json::Number>,
+    default: f64,
+    range: std::ops::RangeInclusive<f64>,
+) -> Result<f64> {
+    let Some(n) = v else { return Ok(default) };
+    let x = n.as_f64().filter(|x| x.is_finite()).unwrap_or(f64::NAN);
+    if !range.contains(&x) {
+        return Err(err(
+            format!("{path}.{field}"),
+            format!(
+                "must be a number from {} to {}, got {n}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(x)
+}
+
+fn compile_adaptive(path: &str, d: &AdaptiveLimitDef) -> Result<Adaptive> {
+    use crate::limits::adaptive::Algorithm;
+    let max = slots(path, "max", d.max)?;
+    let min = slots(path, "min", d.min.unwrap_or(1))?;
+    if min > max {
+        return Err(err(
+            format!("{path}.min"),
+            format!("must be at most max ({max}), got {min}"),
+        ));
+    }
+    let initial = slots(path, "initial", d.initial.unwrap_or(20_u64.clamp(min, max)))?;
+    if !(min..=max).contains(&initial) {
+        return Err(err(
+            format!("{path}.initial"),
+            format!("must be from min ({min}) to max ({max}), got {initial}"),
+        ));
+    }
+    let window = match &d.window {
+        None => 100 * MS,
+        Some(w) => {
+            let field = format!("{path}.window");
+            let ns = fixed_nanos(&field, w)?;
+            if !(MS..=60_000 * MS).contains(&ns) {
+                return Err(err(field, format!("must be from 1ms to 1m, got \"{w}\"")));
+            }
+            ns
+        }
+    };
+    let algorithm = match d.algorithm.unwrap_or(AlgorithmName::Vegas) {
+        AlgorithmName::Vegas => Algorithm::Vegas,
+        AlgorithmName::Gradient => Algorithm::Gradient,
+        AlgorithmName::Aimd => Algorithm::Aimd,
+    };
+    if d.tolerance.is_some() && algorithm != Algorithm::Gradient {
+        return Err(err(
+            format!("{path}.tolerance"),
+            "only the gradient algorithm takes a tolerance",
+        ));
+    }
+    if d.backoff.is_some() && algorithm == Algorithm::Vegas {
+        return Err(err(
+            format!("{path}.backoff"),
+            "vegas backs off by its own rule (log10 of the limit); only gradient and aimd \
+             take a backoff",
+        ));
+    }
+    Ok(Adaptive {
+        initial,
+        min,
+        max,
+        algorithm,
+        tolerance: fraction_in(path, "tolerance", &d.tolerance, 1.5, 1.0..=10.0)?,
+        window,
+        min_samples: ADAPTIVE_MIN_SAMPLES,
+        backoff: fraction_in(path, "backoff", &d.backoff, 0.9, 0.5..=0.99)?,
+        baseline_period: window.saturating_mul(ADAPTIVE_BASELINE_WINDOWS),
+        share: WHOLE,
+    })
 }
 
 fn compile_window(path: &str, d: &WindowDef) -> Result<Window> {

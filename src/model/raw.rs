@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use crate::model::duration::Duration;
 use crate::model::limit::{
-    Align, BudgetDef, ConcurrencyDef, GapDef, LimitDef, Pacing, Precision, PrioritiesDef, RateDef,
-    WindowDef,
+    AdaptiveLimitDef, AlgorithmName, Align, BudgetDef, ConcurrencyDef, GapDef, LimitDef, Pacing,
+    Precision, PrioritiesDef, RateDef, WindowDef,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -21,6 +21,34 @@ pub enum RawKind {
     Window,
     Budget,
     Concurrency,
+    Adaptive,
+}
+
+/// `min`: a gap's least interval (a duration) or an adaptive item's floor
+/// (a count). By hand, so either reads with the error of its own type.
+#[derive(Debug)]
+pub enum RawMin {
+    Interval(Duration),
+    Count(u64),
+}
+
+impl<'de> Deserialize<'de> for RawMin {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Min;
+        impl serde::de::Visitor<'_> for Min {
+            type Value = RawMin;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#"a duration such as "10m" (gap) or an integer (adaptive)"#)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawMin, E> {
+                Ok(RawMin::Count(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawMin, E> {
+                v.parse().map(RawMin::Interval).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Min)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -32,7 +60,7 @@ pub struct RawLimit {
     rate: Option<u64>,
     per: Option<Duration>,
     burst: Option<u64>,
-    min: Option<Duration>,
+    min: Option<RawMin>,
     limit: Option<u64>,
     window: Option<Duration>,
     align: Option<Align>,
@@ -42,6 +70,9 @@ pub struct RawLimit {
     pacing: Option<Pacing>,
     tolerance: Option<serde_json::Number>,
     max: Option<u64>,
+    initial: Option<u64>,
+    algorithm: Option<AlgorithmName>,
+    backoff: Option<serde_json::Number>,
 }
 
 /// An error about one field of the item. Displayed as `field: message`, which
@@ -75,6 +106,7 @@ impl TryFrom<RawLimit> for LimitDef {
             RawKind::Window => "window",
             RawKind::Budget => "budget",
             RawKind::Concurrency => "concurrency",
+            RawKind::Adaptive => "adaptive",
         };
         // Which fields this kind takes; any other that is present is an error.
         let allowed: &[&str] = match r.kind {
@@ -83,6 +115,15 @@ impl TryFrom<RawLimit> for LimitDef {
             RawKind::Window => &["limit", "window", "align", "tz", "precision"],
             RawKind::Budget => &["amount", "per", "pacing", "tolerance", "tz"],
             RawKind::Concurrency => &["max"],
+            RawKind::Adaptive => &[
+                "max",
+                "min",
+                "initial",
+                "algorithm",
+                "window",
+                "tolerance",
+                "backoff",
+            ],
         };
         let present = [
             ("rate", r.rate.is_some()),
@@ -98,6 +139,9 @@ impl TryFrom<RawLimit> for LimitDef {
             ("pacing", r.pacing.is_some()),
             ("tolerance", r.tolerance.is_some()),
             ("max", r.max.is_some()),
+            ("initial", r.initial.is_some()),
+            ("algorithm", r.algorithm.is_some()),
+            ("backoff", r.backoff.is_some()),
         ];
         if let Some((field, _)) = present.iter().find(|(f, p)| *p && !allowed.contains(f)) {
             return Err(FieldError {
@@ -121,7 +165,17 @@ impl TryFrom<RawLimit> for LimitDef {
             RawKind::Gap => LimitDef::Gap(GapDef {
                 name,
                 priorities,
-                min: required(r.min, "min", kind)?,
+                min: match required(r.min, "min", kind)? {
+                    RawMin::Interval(d) => d,
+                    RawMin::Count(n) => {
+                        return Err(FieldError {
+                            field: "min",
+                            message: format!(
+                                "a gap's min is a duration such as \"10m\", got the integer {n}"
+                            ),
+                        });
+                    }
+                },
             }),
             RawKind::Window => LimitDef::Window(WindowDef {
                 name,
@@ -145,6 +199,28 @@ impl TryFrom<RawLimit> for LimitDef {
                 name,
                 priorities,
                 max: required(r.max, "max", kind)?,
+            }),
+            RawKind::Adaptive => LimitDef::Adaptive(AdaptiveLimitDef {
+                name,
+                priorities,
+                max: required(r.max, "max", kind)?,
+                min: match r.min {
+                    None => None,
+                    Some(RawMin::Count(n)) => Some(n),
+                    Some(RawMin::Interval(d)) => {
+                        return Err(FieldError {
+                            field: "min",
+                            message: format!(
+                                "an adaptive item's min is a count of slots, got the duration \"{d}\""
+                            ),
+                        });
+                    }
+                },
+                initial: r.initial,
+                algorithm: r.algorithm,
+                window: r.window,
+                tolerance: r.tolerance,
+                backoff: r.backoff,
             }),
         })
     }

@@ -537,7 +537,11 @@ fn figures(rule: &Rule, d: &Decision, plain: Option<(u32, Unit)>) -> (u64, Optio
     };
     let window = window_ns(item).unwrap_or(0);
     let unit = u64::try_from(window).ok().and_then(Unit::of_nanos);
-    (item.limit(), unit, ceil_secs(window))
+    (
+        d.items.get(t).map_or(0, |i| i.limit),
+        unit,
+        ceil_secs(window),
+    )
 }
 
 /// The status of a descriptor a rule limits: over or not, and the rule's

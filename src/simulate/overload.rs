@@ -189,6 +189,7 @@ pub fn adaptive_item(algorithm: Algorithm, workers: u32, tolerance: f64) -> Adap
         min_samples: 10,
         backoff: 0.9,
         baseline_period: 30 * SEC,
+        share: crate::limits::priority::WHOLE,
     }
 }
 

@@ -284,6 +284,7 @@ impl<'a> Runner<'a> {
             // With user, campaign and cost, a commit after the reservation
             // expired still counts, as a late commit (the impression happened).
             user: Some(d.user_name),
+            sample: None,
         };
         match self.engine.commit(&d.id, &req) {
             Ok(o) => {

@@ -161,7 +161,12 @@ pub enum StoredState {
 impl From<&ItemState> for StoredState {
     fn from(s: &ItemState) -> Self {
         match s {
-            ItemState::Fresh | ItemState::Concurrency(_) => StoredState::Fresh,
+            // Slots are open reservations, memory-only; an adaptive item's
+            // learned limit is too: a restarted node starts its keys at
+            // `initial` (docs/adaptive.md, "In the engine").
+            ItemState::Fresh | ItemState::Concurrency(_) | ItemState::Adaptive(_) => {
+                StoredState::Fresh
+            }
             ItemState::Rate(r) => match r.form() {
                 RateForm::Scaled(tat) => StoredState::RateScaled {
                     lo: tat as u64,
