@@ -352,7 +352,11 @@ async fn http_releases_report_and_bad_samples_are_400() {
         policy(r#"{"limits": [{"kind": "adaptive", "initial": 4, "min": 1, "max": 50, "algorithm": "aimd"}]}"#),
     )
     .unwrap();
-    let app = router(e.clone(), ApiOptions::default());
+    let options = ApiOptions {
+        metrics_definitions: vec!["api".to_owned()],
+        ..ApiOptions::default()
+    };
+    let app = router(e.clone(), options);
     let check = json!({"policy": "api", "key": "k", "reserve": true, "ttl_ms": 60000});
     let (s, d) = post(&app, "/v1/check", check.clone()).await;
     assert_eq!(s, StatusCode::OK, "{d}");
@@ -394,5 +398,17 @@ async fn http_releases_report_and_bad_samples_are_400() {
         }
     }
     let (_, d) = post(&app, "/v1/check", json!({"policy": "api", "key": "k"})).await;
-    assert!(d["limits"][0]["limit"].as_u64().unwrap() > 4, "{d}");
+    let limit = d["limits"][0]["limit"].as_u64().unwrap();
+    assert!(limit > 4, "{d}");
+    // The metric says the limit of the policy's last decision.
+    let r = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let text = axum::body::to_bytes(r.into_body(), 1 << 22).await.unwrap();
+    let text = String::from_utf8_lossy(&text);
+    let series = r#"freqcap_policy_adaptive_limit{policy="api"} "#;
+    let exported = text.lines().find_map(|l| l.strip_prefix(series));
+    assert_eq!(exported, Some(limit.to_string().as_str()), "{text}");
 }

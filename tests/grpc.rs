@@ -956,3 +956,67 @@ async fn priority_is_read_on_every_front() {
     assert_eq!(p.limits[0].priorities.get("sheddable"), Some(&0.25));
     assert_eq!(p.limits[0].priorities.get("low"), Some(&0.5));
 }
+
+/// An adaptive item inline over gRPC (its `min` as decimal text), its
+/// release's sample read, and a bad sample INVALID_ARGUMENT naming the
+/// field, settling nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_item_takes_samples_over_grpc() {
+    let n = node(&[]);
+    let mut c = client(&n).await;
+    let adaptive = pb::Limit {
+        kind: "adaptive".into(),
+        max: Some(40),
+        min: Some("2".into()),
+        initial: Some(3),
+        algorithm: Some("aimd".into()),
+        ..Default::default()
+    };
+    let req = pb::CheckRequest {
+        limits: vec![adaptive.clone()],
+        key: "k".into(),
+        reserve: true,
+        ..Default::default()
+    };
+    let d = c.check(req.clone()).await.unwrap().into_inner();
+    assert!(d.allowed);
+    assert_eq!(
+        (d.limits[0].kind.as_str(), d.limits[0].limit),
+        ("adaptive", 3)
+    );
+    let id = d.reservation.unwrap();
+    for (latency_ms, outcome, field) in [
+        (Some(5), Some("slow"), "outcome"),
+        (None, Some("ok"), "latency_ms"),
+        (Some(3_600_001), None, "latency_ms"),
+    ] {
+        let e = c
+            .release(pb::ReleaseRequest {
+                reservation: id.clone(),
+                latency_ms,
+                outcome: outcome.map(str::to_owned),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(&format!(" {field}: ")), "{e:?}");
+    }
+    let rel = c
+        .release(pb::ReleaseRequest {
+            reservation: id,
+            latency_ms: Some(5),
+            outcome: Some("ok".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rel.outcome, "released");
+    // A gap's min stays a duration; an adaptive one's must be a count.
+    let mut bad = req.clone();
+    bad.limits[0].min = Some("1s".into());
+    let e = c.check(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains(" limits[0].min: "), "{e:?}");
+}

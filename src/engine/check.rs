@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use crate::clock::Clock;
 use crate::limits::stack::{Pending, Stack};
-use crate::limits::{Hold, ItemState};
+use crate::limits::{Hold, Item, ItemState};
 
 use super::chain::Defs;
 use super::holds::{Held, HeldKind};
@@ -239,6 +239,14 @@ impl<C: Clock> Engine<C> {
                 (false, true) => c.allowed.fetch_add(1, Relaxed),
                 (false, false) => c.denied.fetch_add(1, Relaxed),
             };
+            if let Some(i) = stack
+                .items()
+                .iter()
+                .position(|i| matches!(i, Item::Adaptive(_)))
+            {
+                let limit = decision.items.get(i).map_or(0, |f| f.limit);
+                c.adaptive_limit.store(limit.saturating_add(1), Relaxed);
+            }
         }
         if would_deny {
             decision.allowed = true;

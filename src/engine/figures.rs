@@ -71,6 +71,9 @@ pub struct PolicyFigures {
     pub allowed: u64,
     pub denied: u64,
     pub would_deny: u64,
+    /// Its adaptive item's limit in its last decision, if it has one and
+    /// has decided.
+    pub adaptive_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -220,6 +223,7 @@ impl<C: Clock> Engine<C> {
                 allowed: c.allowed.load(Relaxed),
                 denied: c.denied.load(Relaxed),
                 would_deny: c.would_deny.load(Relaxed),
+                adaptive_limit: c.adaptive_limit.load(Relaxed).checked_sub(1),
             })
         })
         .collect();

@@ -23,6 +23,10 @@ pub struct PolicyCounts {
     pub allowed: AtomicU64,
     pub denied: AtomicU64,
     pub would_deny: AtomicU64,
+    /// The limit of the policy's first adaptive item in its last decision,
+    /// plus one (0: none yet): the key's current limit when the policy has
+    /// one key, as a service guarding one backend does (docs/adaptive.md).
+    pub adaptive_limit: AtomicU64,
 }
 
 /// A campaign's screen results and commits since it was defined, for the

@@ -352,6 +352,15 @@ fn definitions(e: &mut DescriptorEncoder, d: &crate::engine::DefinitionFigures) 
                 ),
             ]
         }),
+    )?;
+    family(
+        e,
+        "freqcap_policy_adaptive_limit",
+        "The limit of a policy's adaptive item in its last decision (its key's, for a policy of one key)",
+        G,
+        d.policies
+            .iter()
+            .filter_map(|p| Some((vec![("policy", p.policy.as_str())], p.adaptive_limit?))),
     )
 }
 
