@@ -16,22 +16,30 @@
 //! that would pass within a bound is delayed instead of refused. When the
 //! remote freqcap cannot be asked, fail-closed answers 503 and fail-open lets
 //! the request through.
+//!
+//! With an `adaptive` item in the policy (docs/adaptive.md), each admitted
+//! request holds a slot while the inner service runs, and the layer releases
+//! it with the latency it measured and the outcome the response shows
+//! (429, 503, 504: `dropped`; other 5xx: `ignored`; the rest `ok`; a request
+//! dropped before it answers: `ignored`), so the limit follows the service
+//! behind it with no code in the application.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::header::RETRY_AFTER;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 
-use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode};
+use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode, Report};
 use crate::engine::Priority;
 use crate::front::ratelimit_fields::{self as headers, RATELIMIT, RATELIMIT_POLICY};
-use crate::limits::stack::Decision;
+use crate::limits::adaptive::{Outcome, Sample};
+use crate::limits::stack::{Decision, Pending};
 use crate::{DefinitionError, KeyedLimiter, LimiterOptions, PolicyDef};
 
 /// Where a request's key comes from.
@@ -88,6 +96,22 @@ impl<F: Fn(&Parts) -> Option<String> + Send + Sync + 'static> KeyExtractor for F
 
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 type PriorityFn = dyn Fn(&Parts) -> Priority + Send + Sync;
+type OutcomeFn = dyn Fn(StatusCode) -> Outcome + Send + Sync;
+
+/// How long a measured request holds its slot at most, by default: a
+/// handler that never answers gives it back then (docs/semantics.md §4.4).
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(60);
+
+/// The outcome a response's status shows of the service's load: 429, 503
+/// and 504 say it is overloaded or timed out; another 5xx failed fast and
+/// says nothing of load; the rest completed.
+pub fn default_outcome(status: StatusCode) -> Outcome {
+    match status.as_u16() {
+        429 | 503 | 504 => Outcome::Dropped,
+        500..=599 => Outcome::Ignored,
+        _ => Outcome::Ok,
+    }
+}
 
 /// What decides.
 enum Backend {
@@ -110,6 +134,11 @@ struct LayerState {
     fail: FailMode,
     /// Shaping: wait for a denial that passes within this long.
     shape: Option<Duration>,
+    /// Measuring: an admitted request holds a reservation at most this long
+    /// and releases it with its latency and outcome (an adaptive policy's
+    /// default; see the module documentation).
+    measure: Option<Duration>,
+    outcome: Option<Box<OutcomeFn>>,
 }
 
 /// See the module documentation.
@@ -120,9 +149,17 @@ pub struct RateLimitLayer {
 
 impl RateLimitLayer {
     /// Limits by `policy` in this process.
+    /// A policy with an `adaptive` item measures every request
+    /// ([`RateLimitLayer::measure`], for [`DEFAULT_HOLD`]).
     pub fn local(policy: &PolicyDef, key: impl KeyExtractor) -> Result<Self, DefinitionError> {
         let limiter = KeyedLimiter::new(policy, LimiterOptions::default())?;
-        Ok(Self::with(Backend::Local(limiter), Box::new(key)))
+        let adaptive = limiter.stack().has_adaptive();
+        let layer = Self::with(Backend::Local(limiter), Box::new(key));
+        Ok(if adaptive {
+            layer.measure(DEFAULT_HOLD)
+        } else {
+            layer
+        })
     }
 
     /// Limits by the policy named `policy` on a remote freqcap; each
@@ -152,6 +189,8 @@ impl RateLimitLayer {
                 priority: None,
                 fail: FailMode::Closed,
                 shape: None,
+                measure: None,
+                outcome: None,
             }),
         }
     }
@@ -187,6 +226,21 @@ impl RateLimitLayer {
     pub fn shape(self, max_wait: Duration) -> Self {
         self.edit(|s| s.shape = Some(max_wait))
     }
+
+    /// Measuring, for a policy with an `adaptive` item: each admitted
+    /// request holds a slot (at most `hold`, then it expires) while the
+    /// inner service runs, and is released with its latency and outcome.
+    /// On by default for a local adaptive policy; a remote policy's
+    /// contents are not known here, so say it.
+    pub fn measure(self, hold: Duration) -> Self {
+        self.edit(|s| s.measure = Some(hold))
+    }
+
+    /// How a response's status reads as an outcome (default
+    /// [`default_outcome`]).
+    pub fn outcome(self, f: impl Fn(StatusCode) -> Outcome + Send + Sync + 'static) -> Self {
+        self.edit(|s| s.outcome = Some(Box::new(f)))
+    }
 }
 
 impl<S> ::tower::Layer<S> for RateLimitLayer {
@@ -207,12 +261,70 @@ pub struct RateLimit<S> {
     shared: Arc<LayerState>,
 }
 
-/// A decision, as headers and whether the request may go on.
+/// A decision, as headers and whether the request may go on (holding a
+/// slot, when measured).
 enum Verdict {
-    Go(HeaderMap),
+    Go(HeaderMap, Option<Held>),
     Refuse(HeaderMap),
     /// Remote freqcap unavailable, fail-closed.
     Unavailable,
+}
+
+/// A measured request's reservation (a local one boxed: a [`Pending`] is
+/// ~240 bytes, and an unmeasured verdict should not carry them).
+enum Held {
+    Local(Box<Pending>),
+    Remote(String),
+}
+
+/// A measured request's slot, released once with what happened: by
+/// [`Slot::finish`], or, if the request is dropped first (its client went
+/// away), as `ignored` when dropped.
+struct Slot {
+    shared: Arc<LayerState>,
+    key: String,
+    held: Option<Held>,
+    start: Instant,
+}
+
+impl Slot {
+    fn finish(mut self, outcome: Outcome) {
+        self.release(outcome);
+    }
+
+    fn release(&mut self, outcome: Outcome) {
+        let Some(held) = self.held.take() else { return };
+        let latency = self.start.elapsed();
+        match (&self.shared.backend, held) {
+            (Backend::Local(l), Held::Local(p)) => {
+                let sample = Sample {
+                    latency: u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX),
+                    outcome,
+                };
+                l.release_reporting(self.key.as_str(), &p, Some(sample));
+            }
+            (Backend::Remote { client, .. }, Held::Remote(id)) => {
+                // Not awaited: the response does not wait for the release.
+                // Outside a runtime (a drop at shutdown) the slot expires.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let client = client.clone();
+                    let report = Report::new(latency, outcome);
+                    rt.spawn(async move {
+                        if let Err(e) = client.release_reporting(&id, None, Some(report)).await {
+                            tracing::debug!("a measured request's release failed: {e}");
+                        }
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release(Outcome::Ignored);
+    }
 }
 
 fn remote_headers(d: &RemoteDecision) -> HeaderMap {
@@ -256,19 +368,25 @@ impl LayerState {
         key: &str,
         cost: u64,
         class: Priority,
-    ) -> (Decision, HeaderMap) {
-        let d = limiter.check_as(key, cost, class);
+    ) -> (Decision, HeaderMap, Option<Held>) {
+        let (d, pending) = match self.measure {
+            Some(hold) => {
+                let ttl = u64::try_from(hold.as_nanos()).unwrap_or(u64::MAX);
+                limiter.reserve_as(key, cost, ttl, class)
+            }
+            None => (limiter.check_as(key, cost, class), None),
+        };
         let mut h = HeaderMap::new();
         headers::add(&mut h, limiter.stack(), &d);
-        (d, h)
+        (d, h, pending.map(|p| Held::Local(Box::new(p))))
     }
 
     async fn decide(&self, key: &str, cost: u64, class: Priority) -> Verdict {
         match &self.backend {
             Backend::Local(l) => {
-                let (d, h) = self.local_once(l, key, cost, class);
+                let (d, h, held) = self.local_once(l, key, cost, class);
                 if d.allowed {
-                    return Verdict::Go(h);
+                    return Verdict::Go(h, held);
                 }
                 match (self.shape, d.retry_after) {
                     (Some(max), Some(r)) if r <= max.as_nanos() => {
@@ -276,9 +394,9 @@ impl LayerState {
                             u64::try_from(r).unwrap_or(u64::MAX),
                         ))
                         .await;
-                        let (d, h) = self.local_once(l, key, cost, class);
+                        let (d, h, held) = self.local_once(l, key, cost, class);
                         if d.allowed {
-                            Verdict::Go(h)
+                            Verdict::Go(h, held)
                         } else {
                             Verdict::Refuse(h)
                         }
@@ -296,14 +414,14 @@ impl LayerState {
                         deadline: *deadline,
                         fail: FailMode::Closed,
                     };
-                    client
-                        .check_with(
-                            &Check::policy(policy.clone(), key)
-                                .cost(cost)
-                                .priority(class),
-                            Some(opts),
-                        )
-                        .await
+                    let mut check = Check::policy(policy.clone(), key)
+                        .cost(cost)
+                        .priority(class);
+                    if let Some(hold) = self.measure {
+                        let ms = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+                        check = check.reserve(Some(ms.max(1)));
+                    }
+                    client.check_with(&check, Some(opts)).await
                 };
                 let mut r = ask().await;
                 if let (Some(max), Ok(d)) = (self.shape, &r)
@@ -315,9 +433,12 @@ impl LayerState {
                     r = ask().await;
                 }
                 match r {
-                    Ok(d) if d.allowed => Verdict::Go(remote_headers(&d)),
+                    Ok(d) if d.allowed => {
+                        let held = d.reservation.clone().map(Held::Remote);
+                        Verdict::Go(remote_headers(&d), held)
+                    }
                     Ok(d) => Verdict::Refuse(remote_headers(&d)),
-                    Err(_) if self.fail == FailMode::Open => Verdict::Go(HeaderMap::new()),
+                    Err(_) if self.fail == FailMode::Open => Verdict::Go(HeaderMap::new(), None),
                     Err(_) => Verdict::Unavailable,
                 }
             }
@@ -361,8 +482,26 @@ where
                 .as_ref()
                 .map_or_else(Priority::default, |f| f(&parts));
             match shared.decide(&key, cost, class).await {
-                Verdict::Go(h) => {
-                    let mut r = inner.call(Request::from_parts(parts, body)).await?;
+                Verdict::Go(h, held) => {
+                    let slot = held.map(|held| Slot {
+                        shared: shared.clone(),
+                        key,
+                        held: Some(held),
+                        start: Instant::now(),
+                    });
+                    let answered = inner.call(Request::from_parts(parts, body)).await;
+                    if let Some(slot) = slot {
+                        let outcome = match &answered {
+                            Ok(r) => shared
+                                .outcome
+                                .as_ref()
+                                .map_or_else(|| default_outcome(r.status()), |f| f(r.status())),
+                            // The service failed, not slowly: no signal.
+                            Err(_) => Outcome::Ignored,
+                        };
+                        slot.finish(outcome);
+                    }
+                    let mut r = answered?;
                     r.headers_mut().extend(h);
                     Ok(r)
                 }

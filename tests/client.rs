@@ -516,3 +516,51 @@ async fn the_client_sends_a_priority() {
     let d = c.screen(&screen("u3", Priority::High)).await.unwrap();
     assert!(d.results[0].eligible, "{d:?}");
 }
+
+/// The client reports what happened to the work a reservation admitted
+/// (`release_reporting`, `Commit::report`): an adaptive policy's limit
+/// moves by it, as the check's figures show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reports_latency() {
+    use freqcap::client::{Outcome, Report};
+    let s = memory_node();
+    let c = quiet(&[&s.addr]).build().unwrap();
+    let p = policy(
+        r#"{"limits": [{"kind": "adaptive", "initial": 3, "min": 1, "max": 50, "algorithm": "aimd", "window": "1ms"}]}"#,
+    );
+    c.put_policy("api", &p).await.unwrap();
+    let limit = |d: &freqcap::client::Decision| d.limits[0].limit;
+    let first = c.check(&Check::policy("api", "k").cost(0)).await.unwrap();
+    assert_eq!(limit(&first), 3);
+    // Windows of 1 ms and 10 samples: each round of three reports closes
+    // one every few rounds, and AIMD adds one a window.
+    let mut last = 3;
+    for round in 0..200 {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let d = c
+                .check(&Check::policy("api", "k").reserve(Some(60_000)))
+                .await
+                .unwrap();
+            ids.push(d.reservation.unwrap());
+        }
+        let report = Report::new(Duration::from_millis(2), Outcome::Ok);
+        for (i, id) in ids.iter().enumerate() {
+            if i % 2 == 0 {
+                c.release_reporting(id, None, Some(report)).await.unwrap();
+            } else {
+                let commit = Commit {
+                    report: Some(report),
+                    ..Commit::default()
+                };
+                c.commit(id, &commit).await.unwrap();
+            }
+        }
+        last = limit(&c.check(&Check::policy("api", "k").cost(0)).await.unwrap());
+        if last > 3 {
+            assert!(round >= 3, "grew after {round} rounds");
+            break;
+        }
+    }
+    assert!(last > 3, "the limit stayed {last}");
+}

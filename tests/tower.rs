@@ -212,3 +212,76 @@ async fn the_application_gives_each_request_its_class() {
     assert_eq!(tier("web").await, StatusCode::OK);
     assert_eq!(tier("web").await, StatusCode::TOO_MANY_REQUESTS);
 }
+
+/// A service whose answers take 50 ms (all of a burst are decided before
+/// any ends) and whose status the test sets.
+fn measured_app(layer: RateLimitLayer, status: Arc<std::sync::atomic::AtomicU16>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(move || {
+                let status = status.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let s = status.load(std::sync::atomic::Ordering::Relaxed);
+                    (StatusCode::from_u16(s).unwrap(), "done")
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+/// How many of `n` requests sent at once are admitted.
+async fn admitted_of(app: &Router, n: usize) -> usize {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let r = Request::get("/").header("x-api-key", "a");
+                app.oneshot(r.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for h in handles {
+        if h.await.unwrap() != StatusCode::TOO_MANY_REQUESTS {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// With an adaptive policy the layer holds a slot per request and releases
+/// it with the latency it measured and the status's outcome: fast answers
+/// grow the limit, 503s shrink it to its floor. No code in the application.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_measures_and_the_adaptive_limit_follows_the_service() {
+    let p = policy(
+        r#"{"limits": [{"kind": "adaptive", "initial": 4, "min": 2, "max": 64, "algorithm": "aimd"}]}"#,
+    );
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
+    let app = measured_app(
+        RateLimitLayer::local(&p, HeaderKey::new("x-api-key")).unwrap(),
+        status.clone(),
+    );
+    // At the start, 4 slots: of 6 requests at once, 4 pass.
+    assert_eq!(admitted_of(&app, 6).await, 4);
+    // Fast, used windows: AIMD adds one a window (100 ms and 10 samples).
+    let started = Instant::now();
+    let mut grown = false;
+    while !grown && started.elapsed() < Duration::from_secs(20) {
+        grown = admitted_of(&app, 6).await == 6;
+    }
+    assert!(grown, "the limit never reached 6 in 20 s");
+    // 503s are drops: the limit falls to its floor of 2.
+    status.store(503, std::sync::atomic::Ordering::Relaxed);
+    let started = Instant::now();
+    let mut floor = false;
+    while !floor && started.elapsed() < Duration::from_secs(20) {
+        floor = admitted_of(&app, 4).await == 2;
+    }
+    assert!(floor, "the limit never fell to 2 in 20 s");
+}

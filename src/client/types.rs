@@ -243,6 +243,8 @@ pub struct Commit {
     pub report: Option<Report>,
 }
 
+pub use crate::limits::adaptive::Outcome;
+
 /// What happened to the work a check's reservation admitted, sent with its
 /// commit or release: an `adaptive` item of the policy moves its limit
 /// from these (docs/adaptive.md).
@@ -269,18 +271,6 @@ impl Report {
     pub fn since(start: std::time::Instant, outcome: Outcome) -> Report {
         Report::new(start.elapsed(), outcome)
     }
-}
-
-/// How the work ended, as the backend's load goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    /// Completed: its latency counts.
-    Ok,
-    /// Timed out or refused by an overloaded backend: the limit shrinks.
-    Dropped,
-    /// Not the backend's doing (a client error, a cancel): no signal.
-    Ignored,
 }
 
 /// A commit's or release's answer.

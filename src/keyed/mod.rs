@@ -23,6 +23,7 @@ pub mod map;
 use std::hash::Hash;
 
 use crate::clock::{Clock, Nanos, Span, SystemClock};
+use crate::limits::adaptive::Sample;
 use crate::limits::priority::Priority;
 use crate::limits::rate::{Rate, RateState};
 use crate::limits::stack::{Decision, OnLimit, Pending, Stack, Verdict};
@@ -575,12 +576,27 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.reserve_as(key, cost, ttl, Priority::Default)
+    }
+
+    /// [`KeyedLimiter::reserve`] for a request of class `class`.
+    pub fn reserve_as<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        ttl: Nanos,
+        class: Priority,
+    ) -> (Decision, Option<Pending>)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.on_states(
             key,
             || self.clock.now(),
             |stack, st, now| {
                 let deadline = now.saturating_add(ttl);
-                stack.decide(st, now, cost, Hold::Reserve { deadline })
+                stack.decide_as(st, now, cost, Hold::Reserve { deadline }, class)
             },
         )
     }
@@ -591,10 +607,26 @@ impl<K: Hash + Eq + Clone, C: Clock> KeyedLimiter<K, C> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.release_reporting(key, pending, None)
+    }
+
+    /// [`KeyedLimiter::release`] with what happened to the work the
+    /// reservation admitted: the stack's adaptive items take `sample`
+    /// first (docs/adaptive.md).
+    pub fn release_reporting<Q>(&self, key: &Q, pending: &Pending, sample: Option<Sample>)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.on_states(
             key,
             || self.clock.now(),
-            |stack, st, now| stack.release(st, pending, now),
+            |stack, st, now| {
+                if let Some(s) = sample {
+                    stack.take_sample(st, pending, s, now);
+                }
+                stack.release(st, pending, now)
+            },
         )
     }
 

@@ -57,8 +57,10 @@ impl Algorithm {
     }
 }
 
-/// What happened to a request that held a slot, as its caller reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What happened to a request that held a slot, as its caller reports it
+/// (the JSON word of each is its lowercase name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Outcome {
     /// Completed: its latency counts.
     Ok,

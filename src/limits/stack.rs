@@ -4,6 +4,7 @@
 use smallvec::SmallVec;
 
 use crate::clock::{Nanos, Span};
+use crate::limits::adaptive::Sample;
 use crate::limits::priority::{Classes, Priority};
 use crate::limits::{Hold, Item, ItemFigures, ItemState, Kind, PendingItem};
 
@@ -374,6 +375,20 @@ impl Stack {
             d.reset_after = d.items[t].reset_after;
         }
         d
+    }
+
+    /// Whether an item is `adaptive`: its callers should hold a
+    /// reservation while their work runs and release it with a sample.
+    pub fn has_adaptive(&self) -> bool {
+        self.items.iter().any(|i| matches!(i, Item::Adaptive(_)))
+    }
+
+    /// Gives the adaptive items the `sample` a reservation's release or
+    /// commit carries, before that settles it.
+    pub fn take_sample(&self, states: &mut [ItemState], pending: &Pending, s: Sample, now: Nanos) {
+        for ((item, st), p) in self.items.iter().zip(states).zip(&pending.items) {
+            item.report(st, p, s, now);
+        }
     }
 
     /// Undoes a reservation's pending debits as of `now` (a release, or its
