@@ -157,6 +157,11 @@ struct RunArgs {
     /// server's `Retry-After` asks before sending on that connection again.
     #[arg(long)]
     honour_retry_after: bool,
+    /// The share of HTTP checks sent with `x-freqcap-priority: sheddable`
+    /// (the rest as `default`), 0 to 1: the server sheds the lowest class
+    /// first (docs/service.md); 503s are then counted per class too.
+    #[arg(long, default_value_t = 0.0)]
+    sheddable_share: f64,
     /// With several freqcap nodes in `--addr` (comma-separated): `spread`
     /// sends each user's requests to any node (connection i talks to node
     /// i mod n, users drawn freely); `affinity` keeps each user on one node
@@ -406,10 +411,22 @@ impl Conn {
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Res<(u16, std::ops::Range<usize>)> {
+        self.http_with(method, path, "", body, out).await
+    }
+
+    /// [`Conn::http`] with `extra` header lines (each ending in `\r\n`).
+    async fn http_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        extra: &str,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Res<(u16, std::ops::Range<usize>)> {
         out.clear();
         let _ = write!(
             Wrap(out),
-            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n",
             body.len()
         );
         out.extend_from_slice(body);
@@ -715,6 +732,9 @@ struct Tally {
     /// Checks answered 503 `overloaded` (load shedding): counted apart, their
     /// latency in their own histogram, so `p99` is that of accepted requests.
     shed: u64,
+    /// Of `ops` and `shed`, those sent as `sheddable`.
+    sheddable_ops: u64,
+    sheddable_shed: u64,
     /// Screens with no eligible candidate (no commit follows).
     none_eligible: u64,
     commits: u64,
@@ -908,6 +928,10 @@ async fn run(a: RunArgs) -> Res<()> {
             "shed": t.shed, "shed_per_s": t.shed as f64 / wall,
             "shed_share": t.shed as f64 / (t.ops + t.shed).max(1) as f64,
             "shed_p99_us": sh_h.value_at_quantile(0.99) as f64 / 1000.0,
+            "sheddable_shed_share":
+                t.sheddable_shed as f64 / (t.sheddable_ops + t.sheddable_shed).max(1) as f64,
+            "default_shed_share": (t.shed - t.sheddable_shed) as f64
+                / (t.ops - t.sheddable_ops + t.shed - t.sheddable_shed).max(1) as f64,
             "healthz_probes": pr_h.len(),
             "healthz_p99_us": pr_h.value_at_quantile(0.99) as f64 / 1000.0,
             "healthz_max_us": pr_h.max() as f64 / 1000.0,
@@ -1051,6 +1075,7 @@ async fn conn_loop(
                 Ok(o) if o.shed => {
                     if measured {
                         t.shed += 1;
+                        t.sheddable_shed += o.sheddable as u64;
                         let ns = done.duration_since(intended).as_nanos() as u64;
                         shed_hist.borrow_mut().saturating_record(ns.max(1_000));
                     }
@@ -1058,6 +1083,7 @@ async fn conn_loop(
                 Ok(o) => {
                     if measured {
                         t.ops += 1;
+                        t.sheddable_ops += o.sheddable as u64;
                         t.requests += o.requests;
                         t.commits += o.committed.is_some() as u64;
                         t.none_eligible += o.none_eligible as u64;
@@ -1163,6 +1189,8 @@ struct Outcome {
     denied: bool,
     /// Answered 503 (load shedding).
     shed: bool,
+    /// Sent as `sheddable` (`--sheddable-share`).
+    sheddable: bool,
     error: bool,
     error_body: Vec<u8>,
 }
@@ -1472,7 +1500,14 @@ async fn one_op(
                     rng.below(a.keys)
                 );
             }
-            let (st, r) = c.http("POST", "/v1/check", body, out).await?;
+            o.sheddable =
+                a.sheddable_share > 0.0 && (rng.below(1_000_000) as f64) < a.sheddable_share * 1e6;
+            let extra = if o.sheddable {
+                "x-freqcap-priority: sheddable\r\n"
+            } else {
+                ""
+            };
+            let (st, r) = c.http_with("POST", "/v1/check", extra, body, out).await?;
             o.requests = 1;
             o.denied = st == 429;
             o.shed = st == 503;

@@ -8,10 +8,12 @@
 # the load generator on core 1. For each server, in the same run: a closed
 # loop at 64 connections (the sustainable rate), then 2048 connections closed
 # loop (clients resending at once, then clients honouring Retry-After), then
-# open loop at 4x the sustainable rate over 2048 connections, each with a
-# /healthz probe every 50 ms from its own process. Accepted latency
-# (p99) is reported apart from the 503s. REPS, SECS and CONNS override the
-# defaults. Both servers are stopped by their PIDs on exit.
+# open loop at 4x the sustainable rate over 2048 connections, then the same
+# with half the checks sent as `x-freqcap-priority: sheddable` (503s counted
+# per class: the lowest class should absorb them), each with a /healthz
+# probe every 50 ms from its own process. Accepted latency (p99) is reported
+# apart from the 503s. REPS, SECS and CONNS override the defaults. Both
+# servers are stopped by their PIDs on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,14 +103,18 @@ for rep in $(seq 1 "$REPS"); do
         run "$mode" "closed-$CONNS-retry-after" --conns "$CONNS" --honour-retry-after >/dev/null
         rate=$(python3 -c "print(4 * $sustainable)")
         run "$mode" "open-4x" --conns "$CONNS" --rate "$rate" >/dev/null
+        run "$mode" "open-4x-half-sheddable" --conns "$CONNS" --rate "$rate" --sheddable-share 0.5 >/dev/null
     done
 done
 python3 - "$RES" <<'EOF'
 import json, sys
-print(f"{'server/load':28} {'accepted/s':>10} {'503/s':>9} {'503 %':>6} {'p99 acc ms':>10} {'p99 503 ms':>10} {'healthz p99':>11} {'max ms':>7}")
+print(f"{'server/load':36} {'accepted/s':>10} {'503/s':>9} {'503 %':>6} {'p99 acc ms':>10} {'p99 503 ms':>10} {'healthz p99':>11} {'max ms':>7} {'503 % shed./dflt':>16}")
 for l in open(sys.argv[1]):
     r = json.loads(l)
-    print(f"{r['tag']:28} {r['ops_per_s']:10.0f} {r['shed_per_s']:9.0f} {100*r['shed_share']:6.1f} "
-          f"{r['p99_us']/1000:10.1f} {r['shed_p99_us']/1000:10.1f} {r['healthz_p99_us']/1000:11.1f} {r['healthz_max_us']/1000:7.1f}")
+    by_class = ""
+    if "sheddable" in r["tag"]:
+        by_class = f"{100*r['sheddable_shed_share']:.1f} / {100*r['default_shed_share']:.1f}"
+    print(f"{r['tag']:36} {r['ops_per_s']:10.0f} {r['shed_per_s']:9.0f} {100*r['shed_share']:6.1f} "
+          f"{r['p99_us']/1000:10.1f} {r['shed_p99_us']/1000:10.1f} {r['healthz_p99_us']/1000:11.1f} {r['healthz_max_us']/1000:7.1f} {by_class:>16}")
 EOF
 echo "results: $RES"

@@ -229,9 +229,14 @@ struct ServeArgs {
     /// Seconds shutdown waits for requests in progress.
     #[arg(long, env = "FREQCAP_DRAIN_TIMEOUT_SECS")]
     drain_timeout_secs: Option<u64>,
-    /// A request that waited longer than this (ms) to be run gets 503 at once.
+    /// A request that waited longer than this (ms) to be run gets 503 at once
+    /// (a quarter of it while the queue stands: CoDel).
     #[arg(long, env = "FREQCAP_SHED_QUEUE_DELAY_MS")]
     shed_queue_delay_ms: Option<u64>,
+    /// Past this percentage of the process's CPUs busy, low and sheddable
+    /// requests get 503 at once (0: off; default 95).
+    #[arg(long, env = "FREQCAP_SHED_CPU_PERCENT")]
+    shed_cpu_percent: Option<u64>,
     /// Host names answered besides loopback ones (comma-separated).
     #[arg(long, env = "FREQCAP_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Option<Vec<String>>,
@@ -379,6 +384,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.shed_queue_delay_ms {
             c.shed_queue_delay_ms = v;
+        }
+        if let Some(v) = self.shed_cpu_percent {
+            c.shed_cpu_percent = v;
         }
         if let Some(v) = self.metrics_definitions {
             c.metrics_definitions = v;

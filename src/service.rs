@@ -140,8 +140,12 @@ pub struct ServeConfig {
     pub probe_connections: usize,
     /// Seconds shutdown waits for requests in progress before closing them.
     pub drain_timeout_secs: u64,
-    /// A request that waited longer than this to be run gets 503 at once, ms.
+    /// A request that waited longer than this to be run gets 503 at once, ms
+    /// (a quarter of it while the queue stands: CoDel).
     pub shed_queue_delay_ms: u64,
+    /// Past this percentage of the process's CPUs busy, `low` and
+    /// `sheddable` requests get 503 at once; 0: off.
+    pub shed_cpu_percent: u64,
     /// `Host` names answered besides loopback ones when listening on loopback
     /// (or, when set, whatever the listen address).
     pub allowed_hosts: Vec<String>,
@@ -204,6 +208,7 @@ impl Default for ServeConfig {
             probe_connections: c.probe_connections,
             drain_timeout_secs: c.drain_timeout.as_secs(),
             shed_queue_delay_ms: u64::try_from(a.shed_queue_delay.as_millis()).unwrap_or(u64::MAX),
+            shed_cpu_percent: a.shed_cpu_permille / 10,
             allowed_hosts: Vec::new(),
             backup_dir: None,
             metrics_definitions: Vec::new(),
@@ -316,6 +321,12 @@ impl ServeConfig {
             if v == 0 {
                 return Err(format!("{name}: must be at least 1"));
             }
+        }
+        if self.shed_cpu_percent > 100 {
+            return Err(format!(
+                "shed_cpu_percent: must be from 0 (off) to 100, got {}",
+                self.shed_cpu_percent
+            ));
         }
         // Each chosen campaign exports about 10 series plus one per cap:
         // a bound keeps a typo from exporting millions.
@@ -538,6 +549,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             admin_token: config.admin_token.clone(),
             sleep_on_wait: true,
             shed_queue_delay: Duration::from_millis(config.shed_queue_delay_ms),
+            shed_cpu_permille: config.shed_cpu_percent.saturating_mul(10),
             body_timeout: secs(config.body_timeout_secs),
             // A browser page can reach a loopback service through DNS
             // rebinding; on loopback only loopback names (and the

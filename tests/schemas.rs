@@ -35,7 +35,10 @@ fn schemas_accept_a_documented_example_shape() {
                 .to_owned()
         })
         .collect();
-    assert_eq!(kinds, ["rate", "gap", "window", "budget", "concurrency"]);
+    assert_eq!(
+        kinds,
+        ["rate", "gap", "window", "budget", "concurrency", "adaptive"]
+    );
 }
 
 #[test]

@@ -134,7 +134,7 @@ async fn guarded<C: Clock + 'static>(
         return FrontError::unauthenticated().into_response();
     }
     let class = shed::claimed(req.headers());
-    if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref(), class) {
+    if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class) {
         return e.into_response();
     }
     // The body first, under the body memory budget, then the in-flight slot:

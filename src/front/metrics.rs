@@ -619,6 +619,7 @@ impl Metrics {
         // has a series before the first shed.
         for reason in [
             "queue_delay",
+            "cpu",
             "in_flight",
             "connections",
             "reservations",

@@ -19,6 +19,7 @@
 pub mod access;
 pub mod body_budget;
 pub mod call;
+pub mod cpu;
 pub mod error;
 pub mod forward;
 pub mod metrics;
@@ -66,8 +67,12 @@ pub struct FrontOptions {
     /// Whether `"wait": true` on a delayed check sleeps (replay never does).
     pub sleep_on_wait: bool,
     /// A request whose connection waited longer than this to be run is
-    /// answered 503 `overloaded` at once ([`shed`]).
+    /// answered 503 `overloaded` at once; while the queue stands, a quarter
+    /// of it (CoDel's target; [`shed`]).
     pub shed_queue_delay: std::time::Duration,
+    /// The CPU guard: past this many thousandths of the process's CPUs
+    /// busy, `low` and `sheddable` requests are shed; 0: off.
+    pub shed_cpu_permille: u64,
     /// How long a request may take to send its body: past it, 408.
     pub body_timeout: std::time::Duration,
     /// `Some`: only these `Host` names (and loopback ones) are answered
@@ -94,6 +99,7 @@ impl Default for FrontOptions {
             admin_token: None,
             sleep_on_wait: true,
             shed_queue_delay: std::time::Duration::from_millis(20),
+            shed_cpu_permille: 950,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             allowed_hosts: None,
             backup_dir: None,
@@ -128,6 +134,9 @@ pub struct AppState<C: Clock> {
     pub metrics: Metrics,
     /// Owner mode: requests about users other nodes own go there.
     pub forwarder: forward::Forwarder,
+    /// What shedding watches besides the in-flight count: the queue's
+    /// standing delay and the CPU ([`shed::Shedder`]).
+    pub shed: shed::Shedder,
 }
 
 fn figures<C: Clock + 'static>(
@@ -208,5 +217,6 @@ pub fn app_state<C: Clock + 'static>(
         options,
         metrics,
         body_budget,
+        shed: shed::Shedder::default(),
     })
 }

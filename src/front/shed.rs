@@ -10,7 +10,24 @@
 //! `critical` requests may wait longer before they are shed. `default`
 //! (no header) is shed exactly as before. The header is the caller's claim,
 //! read before the body; tokens say who may make it.
+//!
+//! The queue delay bound follows CoDel (Nichols and Jacobson), as
+//! Facebook's "Fail at Scale" applies it to a server's queue: a queue that
+//! drains now and then is a burst, and a request may wait up to
+//! `shed_queue_delay` (20 ms); a queue that has not drained in
+//! [`INTERVAL`] (no request waited under the target, a quarter of the
+//! bound, in 100 ms) is standing, and then a request that waited past the
+//! target (5 ms) is shed. Serving the fresh requests of a standing queue
+//! is what adaptive LIFO is for; the runtime orders tasks here, so the old
+//! ones are shed instead of served last (docs/service.md).
+//!
+//! A CPU guard ([`super::cpu`]) sheds `low` and `sheddable` requests while
+//! the process's CPUs are busier than `shed_cpu_permille`.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use super::cpu::CpuGuard;
 use super::metrics::Metrics;
 use super::{FrontError, FrontOptions};
 use crate::engine::Priority;
@@ -99,22 +116,88 @@ pub(crate) fn probe_only(metrics: &Metrics, conn: Option<&Conn>) -> Result<(), F
     Ok(())
 }
 
-/// A request that waited past `shed_queue_delay` to be run is shed. On the
-/// wait, not only on how many are in flight: when the CPU is the
-/// bottleneck, requests queue in the runtime before any handler counts them
-/// (2048 connections on /v1/check: 0 % shed by the in-flight count while
-/// p99 reached 173 ms). What is accepted waited less than the bound.
-pub(crate) fn waited_too_long(
+/// How long a queue must go without draining to be standing (CoDel's
+/// interval, 100 ms: a few scheduling rounds of a busy runtime).
+pub const INTERVAL: Duration = Duration::from_millis(100);
+
+/// What shedding remembers between requests: when the queue last drained
+/// (CoDel), and the CPU guard.
+pub struct Shedder {
+    epoch: Instant,
+    /// When a request last waited less than the target, µs since `epoch`.
+    drained_us: AtomicU64,
+    cpu: CpuGuard,
+}
+
+impl Default for Shedder {
+    fn default() -> Self {
+        Shedder {
+            epoch: Instant::now(),
+            drained_us: AtomicU64::new(0),
+            cpu: CpuGuard::new(),
+        }
+    }
+}
+
+impl Shedder {
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Notes a request that waited `delay` against the `target`; whether
+    /// the queue is standing: none waited under the target in [`INTERVAL`].
+    fn standing(&self, delay: Duration, target: Duration) -> bool {
+        let now = self.now_us();
+        if delay < target {
+            self.drained_us.store(now, Relaxed);
+            return false;
+        }
+        now.saturating_sub(self.drained_us.load(Relaxed)) > INTERVAL.as_micros() as u64
+    }
+}
+
+/// The bound a request of `class` may wait to be run: `shed_queue_delay`,
+/// or CoDel's target (a quarter of it) while the queue stands, in the
+/// class's quarters ([`queue_delay_quarters`]).
+fn queue_bound(o: &FrontOptions, standing: bool, class: Priority) -> Duration {
+    let base = if standing {
+        o.shed_queue_delay / 4
+    } else {
+        o.shed_queue_delay
+    };
+    base * queue_delay_quarters(class) / 4
+}
+
+/// A request that waited past its bound to be run is shed ([`queue_bound`]:
+/// CoDel), and a `low` or `sheddable` one while the CPU guard is up. On
+/// the wait, not only on how many are in flight: when the CPU is the
+/// bottleneck, requests queue in the runtime before any handler counts
+/// them (2048 connections on /v1/check: 0 % shed by the in-flight count
+/// while p99 reached 173 ms). What is accepted waited less than the bound.
+pub(crate) fn too_busy(
+    shed: &Shedder,
     o: &FrontOptions,
     metrics: &Metrics,
     conn: Option<&Conn>,
     class: Priority,
 ) -> Result<(), FrontError> {
-    let bound = o.shed_queue_delay * queue_delay_quarters(class) / 4;
-    if conn.is_some_and(|c| c.queue_delay() > bound) {
-        metrics.overloaded("queue_delay");
+    if let Some(c) = conn {
+        let delay = c.queue_delay();
+        let standing = shed.standing(delay, o.shed_queue_delay / 4);
+        if delay > queue_bound(o, standing, class) {
+            metrics.overloaded("queue_delay");
+            return Err(FrontError::overloaded(
+                "the server is saturated; retry shortly",
+            ));
+        }
+    }
+    if o.shed_cpu_permille > 0
+        && matches!(class, Priority::Low | Priority::Sheddable)
+        && shed.cpu.busy_permille() >= o.shed_cpu_permille
+    {
+        metrics.overloaded("cpu");
         return Err(FrontError::overloaded(
-            "the server is saturated; retry shortly",
+            "the server's CPU is saturated; retry shortly",
         ));
     }
     Ok(())
@@ -150,5 +233,32 @@ mod tests {
         }
         assert_eq!(queue_delay_quarters(Priority::Default), 4);
         assert_eq!(in_flight_share(Priority::Default), WHOLE);
+    }
+
+    /// CoDel: a queue that drained in the last interval allows the whole
+    /// bound; one that has not (every request over the target for longer
+    /// than the interval) allows only the target, by class.
+    #[test]
+    fn a_standing_queue_lowers_the_bound_to_the_target() {
+        let o = FrontOptions::default();
+        let s = Shedder::default();
+        let target = o.shed_queue_delay / 4;
+        let ms = Duration::from_millis;
+        // A burst: over the target, but the queue drained just now.
+        assert!(!s.standing(ms(1), target));
+        assert!(!s.standing(ms(12), target));
+        assert_eq!(queue_bound(&o, false, Priority::Default), ms(20));
+        // No request under the target for longer than the interval.
+        std::thread::sleep(INTERVAL + ms(20));
+        assert!(s.standing(ms(12), target));
+        assert_eq!(queue_bound(&o, true, Priority::Default), ms(5));
+        assert_eq!(queue_bound(&o, true, Priority::Critical), ms(10));
+        assert_eq!(
+            queue_bound(&o, true, Priority::Sheddable),
+            Duration::from_micros(2500)
+        );
+        // One request under the target: the queue drained; the bound is back.
+        assert!(!s.standing(ms(2), target));
+        assert!(!s.standing(ms(12), target));
     }
 }

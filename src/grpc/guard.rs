@@ -61,7 +61,7 @@ pub async fn guard<C: Clock + 'static>(
             return refuse(FrontError::unauthenticated());
         }
         let class = shed::claimed(req.headers());
-        if let Err(e) = shed::waited_too_long(&s.options, &s.metrics, conn.as_ref(), class) {
+        if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class) {
             return refuse(e);
         }
     }
