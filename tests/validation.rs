@@ -169,11 +169,11 @@ fn bad_durations() {
             &format!("{bad:?}"),
         );
     }
-    // A number is not a duration.
+    // A number is not a duration (it is an adaptive item's min).
     rejects(
         &one(r#"{"kind":"gap","min":1000}"#),
         "limits[0].min",
-        "string",
+        "a duration",
     );
     // "mo" only for calendar windows and budgets.
     rejects(

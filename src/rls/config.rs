@@ -670,10 +670,13 @@ fn parse_rule(
             })?;
             let limits = crate::engine::compile_limits_at(&p, &defs).map_err(engine_error)?;
             for (i, item) in limits.stack.items().iter().enumerate() {
-                if matches!(item, Item::Concurrency(_)) {
+                if matches!(item, Item::Concurrency(_) | Item::Adaptive(_)) {
                     return Err(at(
                         &format!("{p}[{i}]"),
-                        "a concurrency limit needs a release, which Envoy's protocol has not",
+                        format!(
+                            "a {} limit needs a release, which Envoy's protocol has not",
+                            item.kind().as_str()
+                        ),
                     ));
                 }
             }
@@ -917,6 +920,11 @@ descriptors:
             ),
             (
                 "domain: d\ndescriptors:\n  - key: a\n    limits:\n      - {kind: concurrency, max: 3}\n",
+                "descriptors[0].limits[0]",
+                "release",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    limits:\n      - {kind: adaptive, max: 3}\n",
                 "descriptors[0].limits[0]",
                 "release",
             ),
