@@ -1495,3 +1495,81 @@ fn adaptive_pacing_holds_across_nodes() {
         assert!(a.1.abs_diff(cap_after) <= 1, "node {k}'s cap {a:?}");
     }
 }
+
+/// An `adaptive` item on a cluster (docs/adaptive.md, "On a cluster"): its
+/// slots and its controller are in the key's record, so two nodes admit
+/// against one limit per key, and what one node's releases teach, the
+/// other decides by.
+#[test]
+fn an_adaptive_limit_is_one_per_key_across_nodes() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7760);
+    // A replica's confirmation may wait 2 s: a reserve answered 503 after
+    // it applied, then retried, is found again in the key's record but not
+    // in the node's own list, and its release would be unknown there.
+    let n: Vec<Node> = (0..2)
+        .map(|i| {
+            let data = tmp.path().join(format!("n{i}"));
+            let extra = ["--redis-timeout-ms", "2000"];
+            Node::start_with(&data, &redis.seeds, &format!("n{i}"), &[], &extra)
+        })
+        .collect();
+    let def = json!({"limits": [{"kind": "adaptive", "initial": 4, "min": 1, "max": 40,
+        "algorithm": "aimd", "window": "1ms"}]});
+    let (st, body) = n[0].call_retrying("PUT", "/v1/policies/api", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&n[1..], "/v1/policies/api");
+    // The caller's ids make a reserve retried after a 503 the same hold.
+    let reserve = |node: &Node, id: String| {
+        let body = json!({"policy": "api", "key": "k", "reserve": true, "ttl_ms": 60_000,
+            "reservation_id": id});
+        let (st, d) = node.call_retrying("POST", "/v1/check", Some(&body));
+        assert!(st == 200 || st == 429, "{st} {d}");
+        (st == 200).then_some(id)
+    };
+    // Four slots for the fleet: two taken on each node, then none on either.
+    let mut held = Vec::new();
+    for (i, node) in [0, 1, 0, 1].into_iter().enumerate() {
+        held.push((node, reserve(&n[node], format!("a{i}")).expect("a slot")));
+    }
+    assert_eq!(reserve(&n[0], "a4".into()), None);
+    assert_eq!(reserve(&n[1], "a5".into()), None);
+    let release = |node: &Node, id: &str| {
+        let body = json!({"latency_ms": 2, "outcome": "ok"});
+        let (st, r) = node.call_retrying(
+            "POST",
+            &format!("/v1/reservations/{id}/release"),
+            Some(&body),
+        );
+        assert_eq!(st, 200, "{r}");
+    };
+    for (node, id) in &held {
+        release(&n[*node], id);
+    }
+    // Node 0 fills and releases with fast samples (windows of 1 ms and 10
+    // samples); node 1 reads the limit it learned.
+    let limit_on = |node: &Node| {
+        let (st, d) = node.call_retrying(
+            "POST",
+            "/v1/check",
+            Some(&json!({"policy": "api", "key": "k", "cost": 0})),
+        );
+        assert_eq!(st, 200, "{d}");
+        d["limits"][0]["limit"].as_u64().unwrap_or(0)
+    };
+    let mut learned = 4;
+    for round in 0..60 {
+        let ids: Vec<String> = (0..40)
+            .map_while(|i| reserve(&n[0], format!("r{round}-{i}")))
+            .collect();
+        for id in &ids {
+            release(&n[0], id);
+        }
+        learned = limit_on(&n[1]);
+        if learned > 6 {
+            break;
+        }
+    }
+    assert!(learned > 6, "node 1 never saw the limit grow: {learned}");
+    assert_eq!(limit_on(&n[0]), learned);
+}

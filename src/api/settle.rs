@@ -113,6 +113,8 @@ pub(crate) struct ReleaseBody {
     /// that made it (docs/cluster.md); not needed otherwise.
     #[serde(default)]
     user: Option<String>,
+    // The sample's two fields, as in CommitBody: written twice because
+    // serde's `flatten` cannot go with `deny_unknown_fields`.
     /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
     /// items (docs/adaptive.md); required with outcome `ok`.
     #[serde(default)]
