@@ -14,10 +14,10 @@
 //! The queue delay bound follows CoDel (Nichols and Jacobson), as
 //! Facebook's "Fail at Scale" applies it to a server's queue: a queue that
 //! drains now and then is a burst, and a request may wait up to
-//! `shed_queue_delay` (20 ms); a queue that has not drained in
-//! [`INTERVAL`] (no request waited under the target, a quarter of the
-//! bound, in 100 ms) is standing, and then a request that waited past the
-//! target (5 ms) is shed. Serving the fresh requests of a standing queue
+//! `shed_queue_delay` (20 ms); a queue in which every request for longer
+//! than [`INTERVAL`] (100 ms) waited past the target (a quarter of the
+//! bound, 5 ms) is standing, and then a request that waited past the
+//! target is shed. Serving the fresh requests of a standing queue
 //! is what adaptive LIFO is for; the runtime orders tasks here, so the old
 //! ones are shed instead of served last (docs/service.md).
 //!
@@ -120,20 +120,25 @@ pub(crate) fn probe_only(metrics: &Metrics, conn: Option<&Conn>) -> Result<(), F
 /// interval, 100 ms: a few scheduling rounds of a busy runtime).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// What shedding remembers between requests: when the queue last drained
-/// (CoDel), and the CPU guard.
+/// What shedding remembers between requests: since when every request
+/// waited past the target (CoDel), and the CPU guard.
 pub struct Shedder {
     epoch: Instant,
-    /// When a request last waited less than the target, µs since `epoch`.
-    drained_us: AtomicU64,
+    /// When the current run of requests over the target began, µs since
+    /// `epoch`; [`NO_RUN`] when the last request waited under it. A run,
+    /// not "when the queue last drained": an idle server has no queue,
+    /// and its first slow request must not read as a standing one.
+    above_since_us: AtomicU64,
     cpu: CpuGuard,
 }
+
+const NO_RUN: u64 = u64::MAX;
 
 impl Default for Shedder {
     fn default() -> Self {
         Shedder {
             epoch: Instant::now(),
-            drained_us: AtomicU64::new(0),
+            above_since_us: AtomicU64::new(NO_RUN),
             cpu: CpuGuard::new(),
         }
     }
@@ -145,14 +150,24 @@ impl Shedder {
     }
 
     /// Notes a request that waited `delay` against the `target`; whether
-    /// the queue is standing: none waited under the target in [`INTERVAL`].
+    /// the queue is standing: every request for longer than [`INTERVAL`]
+    /// waited past the target.
     fn standing(&self, delay: Duration, target: Duration) -> bool {
-        let now = self.now_us();
         if delay < target {
-            self.drained_us.store(now, Relaxed);
+            self.above_since_us.store(NO_RUN, Relaxed);
             return false;
         }
-        now.saturating_sub(self.drained_us.load(Relaxed)) > INTERVAL.as_micros() as u64
+        let now = self.now_us();
+        // The first request over the target starts the run (a racing one
+        // may have started it a moment earlier: either start will do).
+        let since = match self
+            .above_since_us
+            .compare_exchange(NO_RUN, now, Relaxed, Relaxed)
+        {
+            Ok(_) => now,
+            Err(started) => started,
+        };
+        now.saturating_sub(since) > INTERVAL.as_micros() as u64
     }
 }
 
@@ -244,11 +259,14 @@ mod tests {
         let s = Shedder::default();
         let target = o.shed_queue_delay / 4;
         let ms = Duration::from_millis;
+        // An idle server's first slow request is a burst, not a queue.
+        std::thread::sleep(INTERVAL + ms(20));
+        assert!(!s.standing(ms(12), target));
         // A burst: over the target, but the queue drained just now.
         assert!(!s.standing(ms(1), target));
         assert!(!s.standing(ms(12), target));
         assert_eq!(queue_bound(&o, false, Priority::Default), ms(20));
-        // No request under the target for longer than the interval.
+        // Every request over the target for longer than the interval.
         std::thread::sleep(INTERVAL + ms(20));
         assert!(s.standing(ms(12), target));
         assert_eq!(queue_bound(&o, true, Priority::Default), ms(5));
