@@ -157,11 +157,24 @@ struct RunArgs {
     /// server's `Retry-After` asks before sending on that connection again.
     #[arg(long)]
     honour_retry_after: bool,
-    /// The share of HTTP checks sent with `x-freqcap-priority: sheddable`
+    /// The share of HTTP checks and screens sent with `x-freqcap-priority: sheddable`
     /// (the rest as `default`), 0 to 1: the server sheds the lowest class
     /// first (docs/service.md); 503s are then counted per class too.
     #[arg(long, default_value_t = 0.0)]
     sheddable_share: f64,
+    /// Throttle as freqcap's Rust client does (docs/clients.md, adaptive
+    /// throttling, with this K; 0: off): one throttle for every connection,
+    /// which rejects a request locally, without sending it, with the
+    /// client's probability. Only 503 counts as a refusal here: check-hot's
+    /// 429s are its limit's answers, not overload. Needs the load generator
+    /// built with `--features client`.
+    #[arg(long, default_value_t = 0.0)]
+    client_throttle: f64,
+    /// Open loop: a request whose connection frees up more than this many
+    /// ms after its intended send time is dropped unsent (`expired`), as a
+    /// caller with a deadline gives up (an ad request's budget); 0: never.
+    #[arg(long, default_value_t = 0)]
+    deadline_ms: u64,
     /// With several freqcap nodes in `--addr` (comma-separated): `spread`
     /// sends each user's requests to any node (connection i talks to node
     /// i mod n, users drawn freely); `affinity` keeps each user on one node
@@ -722,6 +735,39 @@ struct Shared {
     owners: RefCell<std::collections::HashMap<usize, usize>>,
     /// The same candidates, for gRPC's `Screen`.
     candidates: Vec<freqcap::grpc::pb::Candidate>,
+    /// `--client-throttle`.
+    throttle: Option<Throttle>,
+}
+
+/// The client's adaptive throttle (`--client-throttle`).
+#[cfg(feature = "client")]
+type Throttle = freqcap::client::AdaptiveThrottle;
+
+#[cfg(feature = "client")]
+fn throttle(k: f64) -> Res<Option<Throttle>> {
+    // The client's window: 2 minutes (docs/clients.md).
+    Ok((k > 0.0).then(|| Throttle::new(k, Duration::from_secs(120), 0x7A7E)))
+}
+
+#[cfg(not(feature = "client"))]
+struct Throttle;
+
+#[cfg(not(feature = "client"))]
+impl Throttle {
+    fn admit(&self, _: Instant) -> bool {
+        true
+    }
+    fn answered(&self, _: Instant, _: bool) {}
+}
+
+#[cfg(not(feature = "client"))]
+fn throttle(k: f64) -> Res<Option<Throttle>> {
+    if k > 0.0 {
+        return Err(err(
+            "--client-throttle needs the load generator built with --features client",
+        ));
+    }
+    Ok(None)
 }
 
 #[derive(Default)]
@@ -735,6 +781,10 @@ struct Tally {
     /// Of `ops` and `shed`, those sent as `sheddable`.
     sheddable_ops: u64,
     sheddable_shed: u64,
+    /// Rejected by `--client-throttle` without being sent.
+    throttled: u64,
+    /// Dropped unsent past `--deadline-ms`.
+    expired: u64,
     /// Screens with no eligible candidate (no commit follows).
     none_eligible: u64,
     commits: u64,
@@ -822,6 +872,7 @@ async fn run(a: RunArgs) -> Res<()> {
                 cost: None,
             })
             .collect(),
+        throttle: throttle(a.client_throttle)?,
     });
     let hist = Rc::new(RefCell::new(Histogram::<u64>::new_with_bounds(
         1_000,
@@ -932,6 +983,8 @@ async fn run(a: RunArgs) -> Res<()> {
                 t.sheddable_shed as f64 / (t.sheddable_ops + t.sheddable_shed).max(1) as f64,
             "default_shed_share": (t.shed - t.sheddable_shed) as f64
                 / (t.ops - t.sheddable_ops + t.shed - t.sheddable_shed).max(1) as f64,
+            "throttled": t.throttled, "throttled_per_s": t.throttled as f64 / wall,
+            "expired": t.expired, "expired_per_s": t.expired as f64 / wall,
             "healthz_probes": pr_h.len(),
             "healthz_p99_us": pr_h.value_at_quantile(0.99) as f64 / 1000.0,
             "healthz_max_us": pr_h.max() as f64 / 1000.0,
@@ -1059,6 +1112,16 @@ async fn conn_loop(
             break;
         }
         let measured = intended >= sh.measure_from;
+        if a.deadline_ms > 0 && intended.elapsed() > Duration::from_millis(a.deadline_ms) {
+            tally.borrow_mut().expired += measured as u64;
+            continue;
+        }
+        if let Some(th) = &sh.throttle
+            && !th.admit(intended)
+        {
+            tally.borrow_mut().throttled += measured as u64;
+            continue;
+        }
         seq += 1;
         let outcome = match (grpc.as_mut(), &sh.slots) {
             (Some(g), _) => grpc_op(sh, g, &mut rng).await,
@@ -1069,6 +1132,9 @@ async fn conn_loop(
         };
         let done = Instant::now();
         let outcome_shed = outcome.as_ref().ok().map(|o| o.shed);
+        if let Some(th) = &sh.throttle {
+            th.answered(done, outcome_shed == Some(false));
+        }
         {
             let mut t = tally.borrow_mut();
             match outcome {
@@ -1477,6 +1543,18 @@ async fn cluster_screen(
     Ok(o)
 }
 
+/// The priority header of one HTTP request: `sheddable` for a share
+/// `--sheddable-share` of them (noted in `o`), else none (`default`).
+fn priority_header(a: &RunArgs, rng: &mut Rng, o: &mut Outcome) -> &'static str {
+    o.sheddable =
+        a.sheddable_share > 0.0 && (rng.below(1_000_000) as f64) < a.sheddable_share * 1e6;
+    if o.sheddable {
+        "x-freqcap-priority: sheddable\r\n"
+    } else {
+        ""
+    }
+}
+
 async fn one_op(
     sh: &Shared,
     c: &mut Conn,
@@ -1500,13 +1578,7 @@ async fn one_op(
                     rng.below(a.keys)
                 );
             }
-            o.sheddable =
-                a.sheddable_share > 0.0 && (rng.below(1_000_000) as f64) < a.sheddable_share * 1e6;
-            let extra = if o.sheddable {
-                "x-freqcap-priority: sheddable\r\n"
-            } else {
-                ""
-            };
+            let extra = priority_header(a, rng, &mut o);
             let (st, r) = c.http_with("POST", "/v1/check", extra, body, out).await?;
             o.requests = 1;
             o.denied = st == 429;
@@ -1571,15 +1643,17 @@ async fn one_op(
                 sh.run_id,
                 sh.candidates_json
             );
-            let (st, r) = c.http("POST", "/v1/screen", body, out).await?;
+            let extra = priority_header(a, rng, &mut o);
+            let (st, r) = c.http_with("POST", "/v1/screen", extra, body, out).await?;
             if let Some(owner) = c.owner.take()
                 && let Some(i) = a.addrs().iter().position(|x| *x == owner)
             {
                 sh.owners.borrow_mut().insert(u, i);
             }
             o.requests = 1;
+            o.shed = st == 503;
             if st != 200 {
-                o.error = true;
+                o.error = !o.shed;
                 o.error_body = c.buf[r].to_vec();
                 return Ok(o);
             }

@@ -11,9 +11,13 @@
 # open loop at 4x the sustainable rate over 2048 connections, then the same
 # with half the checks sent as `x-freqcap-priority: sheddable` (503s counted
 # per class: the lowest class should absorb them), each with a /healthz
-# probe every 50 ms from its own process. Accepted latency (p99) is reported
-# apart from the 503s. REPS, SECS and CONNS override the defaults. Both
-# servers are stopped by their PIDs on exit.
+# probe every 50 ms from its own process. Then open loop at 4x again with
+# clients that behave: callers with a 30 ms deadline (a request not sent
+# within it is dropped unsent, `expired`), and clients throttling themselves
+# as freqcap's Rust client does (`--client-throttle 2`, docs/clients.md).
+# Accepted latency (p99) is reported apart from the 503s. REPS, SECS and
+# CONNS override the defaults. Both servers are stopped by their PIDs on
+# exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +32,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/freqcap-target}
 if [ -z "${FREQCAP_BIN:-}" ]; then cargo build --release --bin freqcap; fi
 # LOADGEN_BIN: a load generator binary to use instead of building one.
 LOADGEN=${LOADGEN_BIN:-}
-[ -n "$LOADGEN" ] || LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
+[ -n "$LOADGEN" ] || LOADGEN=$(cargo bench --features client --bench loadgen --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
@@ -99,22 +103,28 @@ for rep in $(seq 1 "$REPS"); do
     for mode in shed noshed; do
         sustainable=$(run "$mode" "sustainable-64" --conns 64 |
             python3 -c 'import sys, json; print(json.loads(sys.stdin.read())["ops_per_s"])')
+        # What a 503 costs next to an answer: every check sheddable, which
+        # the CPU guard sheds while the core is saturated.
+        run "$mode" "all-sheddable-64" --conns 64 --sheddable-share 1 >/dev/null
         run "$mode" "closed-$CONNS" --conns "$CONNS" >/dev/null
         run "$mode" "closed-$CONNS-retry-after" --conns "$CONNS" --honour-retry-after >/dev/null
         rate=$(python3 -c "print(4 * $sustainable)")
         run "$mode" "open-4x" --conns "$CONNS" --rate "$rate" >/dev/null
         run "$mode" "open-4x-half-sheddable" --conns "$CONNS" --rate "$rate" --sheddable-share 0.5 >/dev/null
+        run "$mode" "open-4x-deadline-30ms" --conns "$CONNS" --rate "$rate" --deadline-ms 30 >/dev/null
+        run "$mode" "open-4x-client-throttle" --conns "$CONNS" --rate "$rate" --client-throttle 2 >/dev/null
     done
 done
 python3 - "$RES" <<'EOF'
 import json, sys
-print(f"{'server/load':36} {'accepted/s':>10} {'503/s':>9} {'503 %':>6} {'p99 acc ms':>10} {'p99 503 ms':>10} {'healthz p99':>11} {'max ms':>7} {'503 % shed./dflt':>16}")
+print(f"{'server/load':36} {'accepted/s':>10} {'503/s':>9} {'503 %':>6} {'p99 acc ms':>10} {'p99 503 ms':>10} {'healthz p99':>11} {'max ms':>7} {'503 % shed./dflt':>16} {'unsent/s':>9}")
 for l in open(sys.argv[1]):
     r = json.loads(l)
     by_class = ""
     if "sheddable" in r["tag"]:
         by_class = f"{100*r['sheddable_shed_share']:.1f} / {100*r['default_shed_share']:.1f}"
     print(f"{r['tag']:36} {r['ops_per_s']:10.0f} {r['shed_per_s']:9.0f} {100*r['shed_share']:6.1f} "
-          f"{r['p99_us']/1000:10.1f} {r['shed_p99_us']/1000:10.1f} {r['healthz_p99_us']/1000:11.1f} {r['healthz_max_us']/1000:7.1f} {by_class:>16}")
+          f"{r['p99_us']/1000:10.1f} {r['shed_p99_us']/1000:10.1f} {r['healthz_p99_us']/1000:11.1f} {r['healthz_max_us']/1000:7.1f} {by_class:>16} "
+          f"{r.get('expired_per_s', 0) + r.get('throttled_per_s', 0):9.0f}")
 EOF
 echo "results: $RES"

@@ -1099,6 +1099,49 @@ fn shadow_mode_answers_allowed_with_would_deny() {
     assert_eq!(sample(&text, would), Some(1.0), "{text}");
 }
 
+/// Settling is never shed (docs/service.md, "Shedding"): with the only
+/// in-flight slot held, a screen is refused 503 while the commit and the
+/// release of reservations made before are served; shed, they would leave
+/// their holds open until the TTL.
+#[test]
+fn commits_and_releases_are_not_shed() {
+    let options = ApiOptions {
+        max_in_flight: 1,
+        ..ApiOptions::default()
+    };
+    let live = Arc::new(Live::start(memory(), options));
+    let campaign = json!({"caps": [{"kind": "window", "limit": 5, "window": "1d"}]});
+    assert_eq!(
+        live.send("PUT", "/v1/campaigns/c", Some(campaign), None).0,
+        200
+    );
+    let screen = json!({"user": "u", "candidates": [{"campaign": "c"}]});
+    let reserve = |live: &Live| {
+        let (st, v, _) = live.send("POST", "/v1/screen", Some(screen.clone()), None);
+        assert_eq!(st, 200, "{v}");
+        v["reservation"].as_str().unwrap().to_owned()
+    };
+    let (won, lost) = (reserve(&live), reserve(&live));
+    let sleeper = hold_a_slot(&live);
+    let (st, v, _) = live.send("POST", "/v1/screen", Some(screen.clone()), None);
+    assert_eq!(
+        (st, &v["error"]["code"]),
+        (503, &json!("overloaded")),
+        "{v}"
+    );
+    let commit = json!({"campaign": "c"});
+    let path = format!("/v1/reservations/{won}/commit");
+    let (st, v, _) = live.send("POST", &path, Some(commit), None);
+    assert_eq!(st, 200, "{v}");
+    let path = format!("/v1/reservations/{lost}/release");
+    let (st, v, _) = live.send("POST", &path, None, None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(sleeper.join().unwrap().0, 200);
+    let (_, usage, _) = live.send("GET", "/v1/users/u/campaigns/c", None, None);
+    assert_eq!(usage["caps"][0]["used"], 1, "{usage}");
+    assert_eq!(usage["caps"][0]["pending"], 0, "{usage}");
+}
+
 /// A saturated server sheds the lowest classes first (docs/service.md,
 /// "Shedding"): with one of two slots held, a request whose
 /// `x-freqcap-priority` says `sheddable` (half the slots) is refused while

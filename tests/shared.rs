@@ -1342,6 +1342,45 @@ fn a_screen_retried_after_an_unconfirmed_write_is_charged_once() {
     assert_eq!(deliver(&[&a, &b], "b", 10), 4, "the budget, exactly");
 }
 
+/// A reserving check under the caller's id whose write was applied but
+/// not confirmed stands as decided, as a screen's does: the retry gets the
+/// same answer, and a release on this node gives the slot back. Before, the
+/// node gave its claim of the id up, the retry was answered from the record
+/// and the release was 404: the slot stayed held until the TTL.
+#[test]
+fn a_check_retried_after_an_unconfirmed_write_can_be_released() {
+    let (store, a, b, _, _) = two_nodes();
+    a.put_policy(
+        "one",
+        from_json::<PolicyDef>(r#"{"limits": [{"kind": "concurrency", "max": 1}]}"#).unwrap(),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let req = |id: Option<&str>| CheckRequest {
+        priority: Default::default(),
+        target: CheckTarget::Policy("one".into()),
+        key: "k".into(),
+        cost: 1,
+        reserve: true,
+        ttl_ms: Some(60_000),
+        reservation_id: id.map(str::to_owned),
+        fingerprint: None,
+    };
+    let mine = req(Some("c-unconfirmed"));
+    store.unconfirmed_writes.store(1, Ordering::Release);
+    match a.check(&mine) {
+        Err(EngineError::Store(e)) => eprintln!("first check: {e}"),
+        other => panic!("expected the unconfirmed write's error, got {other:?}"),
+    }
+    // The retry: the same answer, the same reservation, held once.
+    let again = a.check(&mine).unwrap();
+    assert!(again.decision.allowed);
+    assert_eq!(again.reservation.as_deref(), Some("c-unconfirmed"));
+    assert!(!b.check(&req(None)).unwrap().decision.allowed, "held");
+    a.release("c-unconfirmed").unwrap();
+    assert!(b.check(&req(None)).unwrap().decision.allowed, "given back");
+}
+
 /// Nodes writing record layout 2 (a rolling upgrade's old nodes, or new
 /// ones told `record_layout = 2` until every node reads 3) and nodes
 /// writing 3 share records: each reads what the other wrote, holds and

@@ -80,7 +80,11 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
     };
     let id = request_id_of(req.headers());
     let method = req.method().clone();
-    let mut response = request_id::scope(id.clone(), guarded(&s, access, req, next)).await;
+    let work = match endpoint {
+        "/v1/reservations/{id}/commit" | "/v1/reservations/{id}/release" => shed::Work::Settle,
+        _ => shed::Work::Decide,
+    };
+    let mut response = request_id::scope(id.clone(), guarded(&s, access, work, req, next)).await;
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     s.metrics.request(endpoint, status, elapsed.as_secs_f64());
@@ -112,6 +116,7 @@ pub async fn guard<C: Clock + 'static>(State(s): St<C>, req: Request, next: Next
 async fn guarded<C: Clock + 'static>(
     s: &AppState<C>,
     access: Access,
+    work: shed::Work,
     req: Request,
     next: Next,
 ) -> Response {
@@ -134,7 +139,7 @@ async fn guarded<C: Clock + 'static>(
         return FrontError::unauthenticated().into_response();
     }
     let class = shed::claimed(req.headers());
-    if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class) {
+    if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class, work) {
         return e.into_response();
     }
     // The body first, under the body memory budget, then the in-flight slot:
@@ -150,9 +155,14 @@ async fn guarded<C: Clock + 'static>(
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
-    let _slot = match InFlight::try_enter_as(&s.metrics, s.options.max_in_flight, class) {
-        Ok(slot) => slot,
-        Err(e) => return e.into_response(),
+    let _slot = match work {
+        shed::Work::Settle => InFlight::enter_to_settle(&s.metrics),
+        shed::Work::Decide => {
+            match InFlight::try_enter_as(&s.metrics, s.options.max_in_flight, class) {
+                Ok(slot) => slot,
+                Err(e) => return e.into_response(),
+            }
+        }
     };
     let response = next.run(req).await;
     // A handler answers 503 only when the engine refuses a reservation past

@@ -392,6 +392,11 @@ impl Client {
         {
             return Err(Error::Throttled(t.figures(started).probability));
         }
+        // Counted in the throttle when the call is over, however it ends.
+        let mut attempt = Attempt {
+            throttle: self.throttle.as_ref(),
+            accepted: false,
+        };
         let order = self.order(c.affinity);
         let mut node_i = 0;
         let mut retries = 0u32;
@@ -437,12 +442,7 @@ impl Client {
                 }
                 Ok((status, headers, body)) => {
                     let s = status.as_u16();
-                    if s != 429
-                        && s != 503
-                        && let Some(t) = &self.throttle
-                    {
-                        t.accepted(Instant::now());
-                    }
+                    attempt.accepted |= s != 429 && s != 503;
                     if c.ok.contains(&s) {
                         // 204 has no body: read it as null.
                         let body = if body.is_empty() {
@@ -710,6 +710,21 @@ impl Client {
 
     pub async fn delete_campaign(&self, id: &str) -> Result<(), Error> {
         self.delete(format!("/v1/campaigns/{}", seg(id))).await
+    }
+}
+
+/// A call the throttle let go, counted in it when dropped: accepted if
+/// any answer was not a refusal (429, 503).
+struct Attempt<'a> {
+    throttle: Option<&'a AdaptiveThrottle>,
+    accepted: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.throttle {
+            t.answered(Instant::now(), self.accepted);
+        }
     }
 }
 

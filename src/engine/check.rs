@@ -21,6 +21,7 @@ use super::request::{
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
 use super::shared::{SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind};
+use crate::store::StoreError;
 
 /// What a check is decided by: the stack, whose counters they are, and
 /// their tags.
@@ -114,6 +115,9 @@ impl<C: Clock> Engine<C> {
         } else {
             None
         };
+        // The decision last written with a hold under the caller's id: if
+        // that write's answer is lost, it may have been applied.
+        let mut last_held = None;
         let decided = self.with_record(record, now, reads, |rec, now| {
             // The id reserved already, on another node or by this one in a
             // write whose answer was lost: answered from the record, never
@@ -192,6 +196,9 @@ impl<C: Clock> Engine<C> {
                         body,
                         inline: inline.clone(),
                     });
+                    if req.reservation_id.is_some() {
+                        last_held = Some(decision.clone());
+                    }
                 }
             } else if decision.allowed && req.cost > 0 {
                 // An immediate debit is written behind: no one waits for it.
@@ -222,8 +229,37 @@ impl<C: Clock> Engine<C> {
                 };
             }
             Err(e) => {
-                if let Some(c) = &claim {
-                    self.reservations.abandon(&c.id);
+                match (&e, &claim, last_held) {
+                    // A write whose answer was lost may have been applied:
+                    // the reservation stands as decided, as a screen's does
+                    // (screen.rs; docs/cluster.md, "Exactly once"). A retry
+                    // on this node gets its answer from the table, and a
+                    // commit or release here settles it. Given up, the
+                    // retry was answered from the record and the release
+                    // was 404, the slot held until the TTL
+                    // (`a_check_retried_after_an_unconfirmed_write_can_be_released`).
+                    (
+                        Halt::Failed(EngineError::Store(StoreError::Unavailable(_))),
+                        Some(c),
+                        Some(decision),
+                    ) => {
+                        let answer = Answer::Check(Box::new(CheckOutcome {
+                            would_deny: false,
+                            reservation: Some(c.id.clone()),
+                            decision,
+                            stack: stack.clone(),
+                        }));
+                        let reserved = Reserved::Check {
+                            key,
+                            owner,
+                            stack,
+                            tags,
+                        };
+                        let bytes = footprint(&c.id, &answer, &reserved);
+                        self.reservations.finish(&c.id, answer, reserved, bytes);
+                    }
+                    (_, Some(c), _) => self.reservations.abandon(&c.id),
+                    (_, None, _) => {}
                 }
                 return Err(e);
             }

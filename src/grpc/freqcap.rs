@@ -52,6 +52,12 @@ impl<C: Clock + 'static> Service<C> {
             .map_err(status)
     }
 
+    /// The slot of a commit or release: counted, never refused (settling
+    /// is not shed, `front::shed::Work`).
+    fn settle_slot(&self) -> InFlight<'_> {
+        InFlight::enter_to_settle(&self.state.metrics)
+    }
+
     /// An in-flight slot: past the cap, UNAVAILABLE at once.
     fn slot(&self) -> Result<InFlight<'_>, Status> {
         InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight).map_err(status)
@@ -160,7 +166,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::CommitRequest>,
     ) -> Result<Response<pb::Settled>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.settle_slot();
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
         let c = convert::commit(&r).map_err(status)?;
@@ -176,7 +182,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::Settled>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.settle_slot();
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
         let sample =

@@ -39,6 +39,15 @@ pub fn access(path: &str) -> Access {
     }
 }
 
+/// What a call does, for shedding: `Commit` and `Release` settle and are
+/// never shed ([`shed::Work`]).
+fn work(path: &str) -> shed::Work {
+    match path {
+        "/freqcap.v1.Freqcap/Commit" | "/freqcap.v1.Freqcap/Release" => shed::Work::Settle,
+        _ => shed::Work::Decide,
+    }
+}
+
 /// The middleware (see the module's comment).
 pub async fn guard<C: Clock + 'static>(
     State(s): State<Arc<AppState<C>>>,
@@ -61,7 +70,9 @@ pub async fn guard<C: Clock + 'static>(
             return refuse(FrontError::unauthenticated());
         }
         let class = shed::claimed(req.headers());
-        if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class) {
+        let work = work(req.uri().path());
+        if let Err(e) = shed::too_busy(&s.shed, &s.options, &s.metrics, conn.as_ref(), class, work)
+        {
             return refuse(e);
         }
     }

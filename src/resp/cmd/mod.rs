@@ -310,7 +310,14 @@ fn admit<'f, C: Clock + 'static>(
     }
     // Shed as `default`: a RESP command's class is one of its arguments,
     // read after this.
-    shed::too_busy(&st.shed, &st.options, &st.metrics, conn, Default::default())?;
+    shed::too_busy(
+        &st.shed,
+        &st.options,
+        &st.metrics,
+        conn,
+        Default::default(),
+        shed::Work::Decide,
+    )?;
     InFlight::try_enter(&st.metrics, st.options.max_in_flight)
 }
 
