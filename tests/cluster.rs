@@ -1504,9 +1504,9 @@ fn adaptive_pacing_holds_across_nodes() {
 fn an_adaptive_limit_is_one_per_key_across_nodes() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7760);
-    // A replica's confirmation may wait 2 s: a reserve answered 503 after
-    // it applied, then retried, is found again in the key's record but not
-    // in the node's own list, and its release would be unknown there.
+    // A replica's confirmation may wait 2 s: fewer reserves answered 503
+    // after they applied (a retried one stands as decided since
+    // `a_check_retried_after_an_unconfirmed_write_can_be_released`).
     let n: Vec<Node> = (0..2)
         .map(|i| {
             let data = tmp.path().join(format!("n{i}"));
@@ -1572,4 +1572,59 @@ fn an_adaptive_limit_is_one_per_key_across_nodes() {
     }
     assert!(learned > 6, "node 1 never saw the limit grow: {learned}");
     assert_eq!(limit_on(&n[0]), learned);
+}
+
+/// Exclusion within a screen on a cluster (docs/semantics.md §6.4): a rule
+/// of one screen, decided on whichever node serves it with the labels the
+/// other node defined; the excluded candidate holds nothing anywhere.
+#[test]
+fn exclusion_labels_hold_on_a_cluster() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7780);
+    let n: Vec<Node> = (0..2)
+        .map(|i| {
+            Node::start(
+                &tmp.path().join(format!("n{i}")),
+                &redis.seeds,
+                &format!("n{i}"),
+            )
+        })
+        .collect();
+    for (id, def) in [
+        (
+            "autos",
+            json!({"exclusion_labels": ["auto"], "max_per_screen": 1}),
+        ),
+        ("maker-a", json!({"parent": "autos"})),
+        (
+            "maker-b",
+            json!({"parent": "autos",
+            "caps": [{"kind": "window", "limit": 1, "window": "1d"}]}),
+        ),
+        ("rival", json!({"exclusion_labels": ["auto"]})),
+    ] {
+        let (st, body) = n[0].call_retrying("PUT", &format!("/v1/campaigns/{id}"), Some(&def));
+        assert_eq!(st, 200, "{body}");
+    }
+    definition_reached(&n[1..], "/v1/campaigns/rival");
+    let screen = json!({"user": "u", "candidates": [
+        {"campaign": "maker-b"}, {"campaign": "maker-a"}, {"campaign": "rival"}]});
+    let (st, s) = n[1].call_retrying("POST", "/v1/screen", Some(&screen));
+    assert_eq!(st, 200, "{s}");
+    let eligible: Vec<bool> = (0..3)
+        .map(|i| s["results"][i]["eligible"].as_bool().unwrap_or(true))
+        .collect();
+    assert_eq!(eligible, [true, false, false], "{s}");
+    assert_eq!(s["results"][1]["denied_by"]["cap"], "exclusion:auto", "{s}");
+    assert_eq!(s["results"][2]["denied_by"]["campaign"], "rival", "{s}");
+    let id = s["reservation"].as_str().expect("held").to_owned();
+    let path = format!("/v1/reservations/{id}/commit");
+    let (st, c) = n[0].call_retrying("POST", &path, Some(&json!({"campaign": "maker-b"})));
+    assert_eq!(st, 200, "{c}");
+    // maker-b is capped for u now: it takes no label, maker-a is held.
+    let (st, s) = n[0].call_retrying("POST", "/v1/screen", Some(&screen));
+    assert_eq!(st, 200, "{s}");
+    assert_eq!(s["results"][0]["denied_by"]["cap"], "window-0", "{s}");
+    assert_eq!(s["results"][1]["eligible"], true, "{s}");
+    assert_eq!(s["results"][2]["denied_by"]["cap"], "exclusion:auto", "{s}");
 }

@@ -2212,3 +2212,79 @@ fn shadow_debits_what_enforcement_debits() {
         assert!(would > 20 && denied > 20, "{would} {denied}");
     }
 }
+
+/// Exclusion within a screen (docs/semantics.md §6.4): of candidates
+/// sharing a label (their own or an ancestor's), the first eligible one is
+/// held and the others are denied `exclusion:<label>`, holding nothing; a
+/// candidate its caps deny takes no label; `max_per_screen` on a parent
+/// bounds its children per screen; a shadow label answers `would_deny`.
+#[test]
+fn exclusion_labels_and_max_per_screen_within_a_screen() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let e = memory_engine(clock);
+    let put = |id: &str, json: &str| e.put_campaign(id, campaign(json)).unwrap();
+    put(
+        "autos",
+        r#"{"exclusion_labels": ["auto"], "max_per_screen": 5}"#,
+    );
+    put("maker-a", r#"{"parent": "autos"}"#);
+    put(
+        "maker-b",
+        r#"{"parent": "autos", "caps": [{"kind": "window", "limit": 1, "window": "1d"}]}"#,
+    );
+    put("bank", r#"{"exclusion_labels": ["finance", "x:y"]}"#);
+    put("insurer", r#"{"exclusion_labels": ["finance"]}"#);
+    put("shop", r#"{"max_per_screen": 2}"#);
+    let denied = |r: &freqcap::engine::ScreenOutcome, i: usize| {
+        let d = r.results[i].denied_by.as_ref();
+        d.map(|d| (d.campaign.to_string(), d.cap.clone()))
+    };
+    let s = e
+        .screen(&screen(
+            Some("u"),
+            &[
+                "maker-b", "maker-a", "bank", "insurer", "shop", "shop", "shop",
+            ],
+            true,
+        ))
+        .unwrap();
+    let eligible: Vec<bool> = s.results.iter().map(|r| r.eligible).collect();
+    assert_eq!(eligible, [true, false, true, false, true, true, false]);
+    assert_eq!(
+        denied(&s, 1),
+        Some(("autos".into(), "exclusion:auto".into()))
+    );
+    assert_eq!(
+        denied(&s, 3),
+        Some(("insurer".into(), "exclusion:finance".into()))
+    );
+    assert_eq!(
+        denied(&s, 6),
+        Some(("shop".into(), "max_per_screen".into()))
+    );
+    // The excluded hold nothing: committing one is a 400, and the
+    // eligible commit as ever.
+    let id = s.reservation.clone().unwrap();
+    assert!(matches!(
+        e.commit(&id, &commit_one("maker-a")),
+        Err(EngineError::InvalidArgument { .. })
+    ));
+    e.commit(&id, &commit_one("maker-b")).unwrap();
+    // maker-b is now capped for u: it takes no label, and maker-a is held.
+    let s = e
+        .screen(&screen(Some("u"), &["maker-b", "maker-a"], false))
+        .unwrap();
+    assert_eq!(denied(&s, 0), Some(("maker-b".into(), "window-0".into())));
+    assert!(s.results[1].eligible, "{:?}", s.results[1]);
+    // A shadow label: answered eligible, would_deny, holding nothing.
+    put(
+        "insurer",
+        r#"{"exclusion_labels": ["finance"], "mode": "shadow"}"#,
+    );
+    let s = e
+        .screen(&screen(Some("v"), &["bank", "insurer"], true))
+        .unwrap();
+    assert!(s.results[1].eligible);
+    let w = s.results[1].would_deny.as_ref().unwrap();
+    assert_eq!(w.cap, "exclusion:finance");
+}

@@ -461,6 +461,8 @@ async fn admin_defines_what_http_reads() {
         }),
         max_in_flight: Some(7),
         unknown_user: None,
+        exclusion_labels: vec!["auto".into(), "x:y".into()],
+        max_per_screen: Some(2),
     };
     let stored = admin
         .put_campaign(pb::PutCampaignRequest {
@@ -478,7 +480,26 @@ async fn admin_defines_what_http_reads() {
     assert_eq!(stored, again);
     assert_eq!(again.caps[0].scope.as_deref(), Some("user"));
     assert_eq!(again.max_in_flight, Some(7));
+    assert_eq!(again.exclusion_labels, ["auto", "x:y"]);
+    assert_eq!(again.max_per_screen, Some(2));
     // Errors name the field, as HTTP's do.
+    let bad = admin
+        .put_campaign(pb::PutCampaignRequest {
+            id: "c2".into(),
+            campaign: Some(pb::Campaign {
+                exclusion_labels: vec!["auto".into(), "no spaces".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(
+        bad.message()
+            .starts_with("invalid_argument: exclusion_labels[1]: "),
+        "{}",
+        bad.message()
+    );
     let bad = admin
         .put_policy(pb::PutPolicyRequest {
             name: "bad".into(),

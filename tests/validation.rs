@@ -867,6 +867,53 @@ fn a_wrong_type_names_the_innermost_field_of_a_campaign() {
     }
 }
 
+/// `exclusion_labels` and `max_per_screen` are checked over HTTP, the 400
+/// naming the field, and a rejected PUT leaves nothing behind.
+#[test]
+fn exclusion_rules_name_the_field() {
+    use std::sync::Arc;
+    let mut r = freqcap::replay::Replayer::new(
+        Arc::new(freqcap::store::MemoryStore::new()),
+        freqcap::engine::EngineOptions::default(),
+        freqcap::api::ApiOptions::default(),
+    )
+    .unwrap();
+    let seventeen: Vec<String> = (0..17).map(|i| format!("l{i}")).collect();
+    let too_many = serde_json::json!({ "exclusion_labels": seventeen }).to_string();
+    let long = format!(r#"{{"exclusion_labels": ["{}"]}}"#, "a".repeat(65));
+    for (def, field) in [
+        (r#"{"exclusion_labels": ["ok", ""]}"#, "exclusion_labels[1]"),
+        (
+            r#"{"exclusion_labels": ["has space"]}"#,
+            "exclusion_labels[0]",
+        ),
+        (long.as_str(), "exclusion_labels[0]"),
+        (r#"{"exclusion_labels": ["a", "a"]}"#, "exclusion_labels[1]"),
+        (too_many.as_str(), "exclusion_labels"),
+        (r#"{"exclusion_labels": "auto"}"#, "exclusion_labels"),
+        (r#"{"exclusion_labels": [3]}"#, "exclusion_labels"),
+        (r#"{"max_per_screen": 0}"#, "max_per_screen"),
+        (r#"{"max_per_screen": 10001}"#, "max_per_screen"),
+        (r#"{"max_per_screen": -1}"#, "max_per_screen"),
+        (r#"{"max_per_screen": "2"}"#, "max_per_screen"),
+    ] {
+        let line =
+            format!(r#"{{"at_ms":1000,"method":"PUT","path":"/v1/campaigns/c","body":{def}}}"#);
+        let out = r.line(&line);
+        assert_eq!(out["status"], 400, "{def}: {out}");
+        let message = out["body"]["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{def}: {message}");
+    }
+    let out = r.line(r#"{"at_ms":1000,"method":"GET","path":"/v1/campaigns/c"}"#);
+    assert_eq!(out["status"], 404, "{out}");
+    let ok = r#"{"exclusion_labels": ["auto", "x:y.z_1-2"], "max_per_screen": 10000}"#;
+    let line = format!(r#"{{"at_ms":1000,"method":"PUT","path":"/v1/campaigns/c","body":{ok}}}"#);
+    assert_eq!(r.line(&line)["status"], 200);
+    let out = r.line(r#"{"at_ms":1000,"method":"GET","path":"/v1/campaigns/c"}"#);
+    assert_eq!(out["body"]["exclusion_labels"][1], "x:y.z_1-2", "{out}");
+    assert_eq!(out["body"]["max_per_screen"], 10000, "{out}");
+}
+
 /// Inline limits of a check are read as a policy's items are.
 #[test]
 fn a_wrong_type_in_inline_limits_names_the_field() {

@@ -43,6 +43,7 @@ mod check_all;
 mod compact_form;
 mod definitions;
 mod events;
+mod exclusion;
 mod figures;
 mod file_definitions;
 mod gate;

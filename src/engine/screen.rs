@@ -14,6 +14,7 @@ use crate::store::StoreError;
 use super::chain::{
     Defs, FRESH, Locking, PendingEnd, guard_of, lock_chain, lock_entries, settle_entries, units,
 };
+use super::exclusion::Exclusions;
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::leases::{Leases, view};
@@ -434,6 +435,7 @@ fn screen_candidates(
 ) -> (Vec<CandidateResult>, Vec<HeldCandidate>) {
     let mut results = Vec::with_capacity(req.candidates.len());
     let mut held = Vec::new();
+    let mut exclusions = Exclusions::default();
     if let Some(r) = reserving {
         held.reserve(req.candidates.len());
         if let Some(u) = user_rec.as_deref_mut() {
@@ -457,17 +459,42 @@ fn screen_candidates(
         };
         let cost = cand.cost.unwrap_or(1);
         let index = ci as u32;
-        let verdict = decide_chain(
-            chain,
-            user_rec.as_deref_mut(),
-            now,
-            cost,
-            index,
-            reserving,
-            leases,
-            shadow_all,
-            req.priority,
-        );
+        let mut decide = |reserving| {
+            decide_chain(
+                chain,
+                user_rec.as_deref_mut(),
+                now,
+                cost,
+                index,
+                reserving,
+                leases,
+                shadow_all,
+                req.priority,
+            )
+        };
+        // Excluded within the screen: denied before its items are asked,
+        // holding nothing. In shadow mode, as if enforced: nothing held,
+        // and an enforced item of the chain may still deny for real.
+        let verdict = match exclusions.excluded(chain) {
+            None => decide(reserving),
+            Some((by, cap)) => {
+                let d = DeniedBy {
+                    campaign: by.name.clone(),
+                    cap,
+                    retry_after: None,
+                };
+                if !in_shadow(by, shadow_all) {
+                    Verdict::Denied(d)
+                } else if let Verdict::Denied(real) = decide(None) {
+                    Verdict::Denied(real)
+                } else {
+                    Verdict::WouldDeny(d)
+                }
+            }
+        };
+        if matches!(verdict, Verdict::Allowed) {
+            exclusions.take(chain);
+        }
         let (denied, would_deny) = match verdict {
             Verdict::Allowed => (None, None),
             Verdict::Denied(d) => (Some(d), None),

@@ -391,6 +391,12 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
     if let Some(u) = c.unknown_user {
         m.insert("unknown_user".into(), u.into());
     }
+    if !c.exclusion_labels.is_empty() {
+        m.insert("exclusion_labels".into(), c.exclusion_labels.into());
+    }
+    if let Some(n) = c.max_per_screen {
+        m.insert("max_per_screen".into(), n.into());
+    }
     definition(serde_json::Value::Object(m))
 }
 
@@ -419,5 +425,7 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         budget: v.get("budget").filter(|b| b.is_object()).map(limit_of),
         max_in_flight: v["max_in_flight"].as_u64(),
         unknown_user: v["unknown_user"].as_str().map(str::to_owned),
+        exclusion_labels: c.exclusion_labels.clone(),
+        max_per_screen: c.max_per_screen,
     }
 }

@@ -142,6 +142,67 @@ pub struct CampaignDef {
     /// are decided and counted but never make a candidate ineligible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<crate::model::limit::Mode>,
+    /// Competitive exclusion: within one screen, at most one eligible
+    /// candidate per label, the first in order; a label applies to the
+    /// campaign's descendants too. At most 16, each 1 to 64 letters,
+    /// digits, `-`, `_`, `.` or `:` (docs/semantics.md §6.4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub exclusion_labels: Vec<String>,
+    /// How many eligible candidates under this campaign (itself and its
+    /// descendants) one screen may have, 1 to 10 000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub max_per_screen: Option<u32>,
+}
+
+/// Labels a campaign may carry (`exclusion_labels`).
+pub const MAX_EXCLUSION_LABELS: usize = 16;
+/// The longest label, in bytes.
+pub const MAX_LABEL_LEN: usize = 64;
+/// The largest `max_per_screen`.
+pub const MAX_PER_SCREEN: u32 = 10_000;
+
+/// Checks `exclusion_labels` and `max_per_screen`, naming the field.
+fn check_screen_rules(def: &CampaignDef) -> Result<(), DefinitionError> {
+    let labels = &def.exclusion_labels;
+    if labels.len() > MAX_EXCLUSION_LABELS {
+        return Err(DefinitionError::new(
+            "exclusion_labels",
+            format!(
+                "at most {MAX_EXCLUSION_LABELS} labels, got {}",
+                labels.len()
+            ),
+        ));
+    }
+    for (i, l) in labels.iter().enumerate() {
+        let ok = (1..=MAX_LABEL_LEN).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+        if !ok {
+            return Err(DefinitionError::new(
+                format!("exclusion_labels[{i}]"),
+                format!(
+                    "a label is 1 to {MAX_LABEL_LEN} letters, digits, '-', '_', '.' or ':', got {l:?}"
+                ),
+            ));
+        }
+        if labels[..i].contains(l) {
+            return Err(DefinitionError::new(
+                format!("exclusion_labels[{i}]"),
+                format!("{l:?} is listed twice"),
+            ));
+        }
+    }
+    if let Some(n) = def.max_per_screen
+        && !(1..=MAX_PER_SCREEN).contains(&n)
+    {
+        return Err(DefinitionError::new(
+            "max_per_screen",
+            format!("must be an integer from 1 to {MAX_PER_SCREEN}, got {n}"),
+        ));
+    }
+    Ok(())
 }
 
 /// One compiled cap, budget or max_in_flight item of a campaign.
@@ -212,6 +273,7 @@ impl CampaignDef {
                 format!("unknown IANA time zone {tz:?} (e.g. \"Europe/Paris\", \"UTC\")"),
             ));
         }
+        check_screen_rules(self)?;
         if self.caps.len() > MAX_CAPS {
             return Err(DefinitionError::new(
                 "caps",
