@@ -176,6 +176,9 @@ fn the_page_shows_the_seeded_day_in_chromium() {
         .unwrap();
     assert!((2..=4).contains(&points), "{points}");
     assert_eq!(attr(&dom, "delivery", "data-last-spend"), Some("70"));
+    // ...and the chart draws it, in the minute under way too (it drew 0
+    // until the minute ended).
+    assert_eq!(attr(&dom, "delivery", "data-drawn-spend"), Some("70"));
     assert_eq!(attr(&dom, "delivery", "data-budget"), Some("1000"));
     // The pacing line now, as the server computes it (even pacing: the
     // day's elapsed fraction of 1 000; the page was drawn a moment before).

@@ -50,14 +50,16 @@
   function drawDelivery(t) {
     const start = secs(t.period_start), now = secs(t.now);
     // Cumulative spend over the current period, one point per minute with
-    // activity, starting at 0 at the period's start and carried to now.
+    // activity (at its end, or now for the minute under way: drawn at its
+    // end, after now, the current minute's spend was not drawn until the
+    // minute ended), starting at 0 at the period's start and carried to now.
     const xs = [start], spend = [0];
     let total = 0;
     for (const m of t.minutes) {
       const x = secs(m.t);
       if (x < start) continue;
       total += m.spend;
-      xs.push(x + 60);
+      xs.push(Math.min(x + 60, now));
       spend.push(total);
     }
     if (xs[xs.length - 1] < now) { xs.push(now); spend.push(total); }
@@ -80,6 +82,10 @@
     fig.dataset.lastSpend = String(total);
     fig.dataset.pacingNow = line.length ? String(Math.round(at(now))) : "";
     fig.dataset.budget = t.amount == null ? "" : String(t.amount);
+    // The last spend the chart itself draws (its series, not the total
+    // computed beside it).
+    const drawn = data[1].filter((v) => v != null);
+    fig.dataset.drawnSpend = drawn.length ? String(drawn[drawn.length - 1]) : "";
     chart("delivery-chart", {
       tzDate: tzDate(t.tz),
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
