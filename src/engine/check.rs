@@ -243,20 +243,13 @@ impl<C: Clock> Engine<C> {
                         Some(c),
                         Some(decision),
                     ) => {
-                        let answer = Answer::Check(Box::new(CheckOutcome {
+                        let out = CheckOutcome {
                             would_deny: false,
                             reservation: Some(c.id.clone()),
                             decision,
                             stack: stack.clone(),
-                        }));
-                        let reserved = Reserved::Check {
-                            key,
-                            owner,
-                            stack,
-                            tags,
                         };
-                        let bytes = footprint(&c.id, &answer, &reserved);
-                        self.reservations.finish(&c.id, answer, reserved, bytes);
+                        self.keep(&c.id, out, key, owner, tags);
                     }
                     (_, Some(c), _) => self.reservations.abandon(&c.id),
                     (_, None, _) => {}
@@ -298,22 +291,26 @@ impl<C: Clock> Engine<C> {
             stack: stack.clone(),
         };
         match claim {
-            Some(c) if out.decision.allowed => {
-                let answer = Answer::Check(Box::new(out.clone()));
-                let reserved = Reserved::Check {
-                    key,
-                    owner,
-                    stack,
-                    tags,
-                };
-                let bytes = footprint(&c.id, &answer, &reserved);
-                self.reservations.finish(&c.id, answer, reserved, bytes);
-            }
+            Some(c) if out.decision.allowed => self.keep(&c.id, out.clone(), key, owner, tags),
             // A denied reserve creates nothing.
             Some(c) => self.reservations.abandon(&c.id),
             None => {}
         }
         Ok(out)
+    }
+
+    /// Keeps a check's reservation `id`, answered `out`: a retry gets the
+    /// answer, and a commit or release here settles its holds.
+    fn keep(&self, id: &str, out: CheckOutcome, key: u128, owner: u32, tags: Vec<u32>) {
+        let reserved = Reserved::Check {
+            key,
+            owner,
+            stack: out.stack.clone(),
+            tags,
+        };
+        let answer = Answer::Check(Box::new(out));
+        let bytes = footprint(id, &answer, &reserved);
+        self.reservations.finish(id, answer, reserved, bytes);
     }
 
     /// The stack a check's target names, or the inline one compiled.
