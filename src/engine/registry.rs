@@ -126,6 +126,10 @@ pub struct Registry {
     pub chains: Map<String, Chain>,
     /// Ids given so far: new definitions take the next one.
     pub max_id: u32,
+    /// Whether any campaign has `exclusion_labels` or `max_per_screen`:
+    /// without, a screen skips them, and its candidates' chains are not
+    /// walked twice more for rules no campaign has.
+    pub screen_rules: bool,
 }
 
 /// Counter tags of a stack's items.
@@ -203,6 +207,7 @@ impl Registry {
         let e = self.campaigns.remove(name)?;
         self.campaigns_by_id.remove(&e.id);
         self.chains.remove(name);
+        self.note_screen_rules();
         Some(e)
     }
 
@@ -211,9 +216,17 @@ impl Registry {
         self.chains.get(name)
     }
 
+    fn note_screen_rules(&mut self) {
+        self.screen_rules = self
+            .campaigns
+            .values()
+            .any(|e| !e.def.exclusion_labels.is_empty() || e.def.max_per_screen.is_some());
+    }
+
     /// Recomputes every campaign's chain (definitions change rarely; campaigns
     /// number in the thousands).
     pub fn rechain(&mut self) {
+        self.note_screen_rules();
         let names: Vec<String> = self.campaigns.keys().cloned().collect();
         for name in names {
             let Some(e) = self.campaigns.get(&name) else {

@@ -436,6 +436,7 @@ fn screen_candidates(
     let mut results = Vec::with_capacity(req.candidates.len());
     let mut held = Vec::new();
     let mut exclusions = Exclusions::default();
+    let rules = reg.screen_rules;
     if let Some(r) = reserving {
         held.reserve(req.candidates.len());
         if let Some(u) = user_rec.as_deref_mut() {
@@ -459,40 +460,41 @@ fn screen_candidates(
         };
         let cost = cand.cost.unwrap_or(1);
         let index = ci as u32;
-        let mut decide = |reserving| {
-            decide_chain(
-                chain,
-                user_rec.as_deref_mut(),
-                now,
-                cost,
-                index,
-                reserving,
-                leases,
-                shadow_all,
-                req.priority,
-            )
-        };
         // Excluded within the screen: denied before its items are asked,
         // holding nothing. In shadow mode, as if enforced: nothing held,
         // and an enforced item of the chain may still deny for real.
-        let verdict = match exclusions.excluded(chain) {
-            None => decide(reserving),
-            Some((by, cap)) => {
-                let d = DeniedBy {
-                    campaign: by.name.clone(),
-                    cap,
-                    retry_after: None,
-                };
-                if !in_shadow(by, shadow_all) {
-                    Verdict::Denied(d)
-                } else if let Verdict::Denied(real) = decide(None) {
-                    Verdict::Denied(real)
-                } else {
-                    Verdict::WouldDeny(d)
+        let excluded = if rules {
+            exclusions.excluded(chain)
+        } else {
+            None
+        };
+        let excluded_by = |(by, cap): (&CampaignEntry, String)| DeniedBy {
+            campaign: by.name.clone(),
+            cap,
+            retry_after: None,
+        };
+        let verdict = match excluded {
+            Some(x) if !in_shadow(x.0, shadow_all) => Verdict::Denied(excluded_by(x)),
+            excluded => {
+                let verdict = decide_chain(
+                    chain,
+                    user_rec.as_deref_mut(),
+                    now,
+                    cost,
+                    index,
+                    reserving.filter(|_| excluded.is_none()),
+                    leases,
+                    shadow_all,
+                    req.priority,
+                );
+                match (excluded, verdict) {
+                    (Some(_), Verdict::Denied(real)) => Verdict::Denied(real),
+                    (Some(x), _) => Verdict::WouldDeny(excluded_by(x)),
+                    (None, verdict) => verdict,
                 }
             }
         };
-        if matches!(verdict, Verdict::Allowed) {
+        if rules && matches!(verdict, Verdict::Allowed) {
             exclusions.take(chain);
         }
         let (denied, would_deny) = match verdict {
