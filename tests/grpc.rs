@@ -463,6 +463,7 @@ async fn admin_defines_what_http_reads() {
         unknown_user: None,
         exclusion_labels: vec!["auto".into(), "x:y".into()],
         max_per_screen: Some(2),
+        pacing_levers: Some(true),
     };
     let stored = admin
         .put_campaign(pb::PutCampaignRequest {
@@ -482,6 +483,29 @@ async fn admin_defines_what_http_reads() {
     assert_eq!(again.max_in_flight, Some(7));
     assert_eq!(again.exclusion_labels, ["auto", "x:y"]);
     assert_eq!(again.max_per_screen, Some(2));
+    assert_eq!(again.pacing_levers, Some(true));
+    // A screen's eligible candidate carries its budget's levers.
+    let mut decide = FreqcapClient::with_interceptor(channel(&n).await, bearer("dec"));
+    let s = decide
+        .screen(pb::ScreenRequest {
+            user: Some("u".into()),
+            candidates: vec![pb::Candidate {
+                campaign: "c1".into(),
+                cost: None,
+            }],
+            reserve: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.results[0].eligible, "{s:?}");
+    let levers = s.results[0].pacing.unwrap();
+    assert!(
+        (0.001..=1.0).contains(&levers.pass_probability),
+        "{levers:?}"
+    );
+    assert!((0.1..=1.0).contains(&levers.bid_multiplier), "{levers:?}");
     // Errors name the field, as HTTP's do.
     let bad = admin
         .put_campaign(pb::PutCampaignRequest {

@@ -445,3 +445,110 @@ fn the_replay_command_answers_every_line_on_stdout() {
     .unwrap();
     assert_eq!(e.user_usage("u", "ny").unwrap()[0].used, 1);
 }
+
+/// Pacing levers (docs/pacing.md, "Levers") over HTTP on a virtual clock: a
+/// campaign with `pacing_levers` gets its budget's pass probability and bid
+/// multiplier with each eligible candidate, the slow start's 0.1 at the
+/// day's start, lower once spend runs over the minute's target, higher while
+/// it runs under; a `throttle` budget lets about that share through; the
+/// same lines answer the same way twice.
+#[test]
+fn pacing_levers_and_throttle_on_a_virtual_clock() {
+    let mut lines = vec![
+        line(
+            T0,
+            "PUT",
+            "/v1/campaigns/levers",
+            // 14 400 a day: 10 a minute.
+            json!({"budget": {"amount": 14_400, "pacing": "even", "tolerance": 1},
+                   "pacing_levers": true, "unknown_user": "allow"}),
+        ),
+        line(
+            T0,
+            "PUT",
+            "/v1/campaigns/thr",
+            json!({"budget": {"amount": 1_000_000, "pacing": "throttle"},
+                   "unknown_user": "allow"}),
+        ),
+        line(
+            T0,
+            "PUT",
+            "/v1/campaigns/child",
+            json!({"parent": "levers", "unknown_user": "allow"}),
+        ),
+    ];
+    let screen = |at: u64, c: &str| {
+        line(
+            at,
+            "POST",
+            "/v1/screen",
+            json!({"candidates": [{"campaign": c}], "reserve": false}),
+        )
+    };
+    let event = |at: u64, n: u64| {
+        line(
+            at,
+            "POST",
+            "/v1/events",
+            json!({"campaign": "levers", "cost": n}),
+        )
+    };
+    // A throttle budget at its slow start: 2 000 screens in the first
+    // minute, about a tenth of them eligible.
+    for i in 0..2_000u64 {
+        lines.push(screen(T0 + 1_000 + i * 20, "thr"));
+    }
+    // The slow start, on the child too (its parent asks for levers).
+    lines.push(screen(T0 + 45_000, "levers"));
+    lines.push(screen(T0 + 45_000, "child"));
+    // 50 spent in the first minute (5× its target): both levers close.
+    lines.push(event(T0 + 50_000, 50));
+    lines.push(screen(T0 + 60_000, "levers"));
+    // Nothing in the next five minutes: the pass probability opens again.
+    lines.push(screen(T0 + 6 * 60_000, "levers"));
+    let out = replay(&lines);
+    let levers = |i: usize| out[i]["body"]["results"][0]["pacing"].clone();
+    let head = 3 + 2_000;
+    assert_eq!(
+        levers(head),
+        json!({"pass_probability": 0.1, "bid_multiplier": 1.0}),
+        "{out:?}"
+    );
+    assert_eq!(
+        levers(head),
+        json!({"pass_probability": 0.1, "bid_multiplier": 1.0}),
+        "{}",
+        out[head]
+    );
+    assert_eq!(levers(head + 1), levers(head));
+    assert_eq!(out[head + 2]["status"], 200, "{}", out[head + 2]);
+    let closed = levers(head + 3);
+    assert_eq!(closed["pass_probability"], 0.09, "{closed}");
+    // μ = 0.1·(50/10 − 1) = 0.4: 1/1.4, in millionths.
+    assert_eq!(closed["bid_multiplier"], 0.714285, "{closed}");
+    let reopened = levers(head + 4);
+    assert!(
+        reopened["pass_probability"].as_f64().unwrap() > 0.09,
+        "{reopened}"
+    );
+    assert_eq!(reopened["bid_multiplier"], 1.0, "{reopened}");
+    // A campaign without pacing_levers answers none.
+    let thr = &out[3..head];
+    assert!(thr[0]["body"]["results"][0].get("pacing").is_none());
+    let passed = thr
+        .iter()
+        .filter(|o| o["body"]["results"][0]["eligible"] == true)
+        .count();
+    assert!((150..=250).contains(&passed), "{passed} of 2000 passed");
+    // A throttled candidate is denied by `budget`, retried at the next
+    // minute (when the probability is re-planned).
+    let denied = thr
+        .iter()
+        .find(|o| o["body"]["results"][0]["eligible"] == false)
+        .unwrap();
+    let d = &denied["body"]["results"][0]["denied_by"];
+    assert_eq!(d["cap"], "budget", "{denied}");
+    assert!(d["retry_after_ms"].as_u64().unwrap() <= 60_000, "{denied}");
+    // Deterministic: the same lines give the same answers.
+    assert_eq!(replay(&lines), out);
+}

@@ -412,3 +412,40 @@ fn overload_runs_are_deterministic_and_a_limit_keeps_goodput() {
     // No limit: the queue grows without bound and most answers come late.
     assert!(none.admitted_p99_ms > 100.0, "{}", none.admitted_p99_ms);
 }
+
+/// `throttle` pacing (docs/pacing.md, "Levers") on a synthetic day: it
+/// delivers its budget by its fast finish (22:00) without passing the
+/// amount, spends along the day rather than in the morning as asap does, and
+/// a seeded run repeats to the impression.
+#[test]
+fn throttle_delivers_by_its_fast_finish() {
+    let a = args("2026-01-05", 1, "UTC", 300_000.0);
+    let cs = [
+        campaign("throttle", None, r#""throttle""#, 5_000),
+        campaign("asap", None, r#""asap""#, 5_000),
+    ];
+    let (_, stats, s) = run(&a, &cs);
+    let t = by_id(&s, "throttle");
+    let p = &t.periods[0];
+    assert!(p.complete);
+    assert!(p.delivered <= 5_000, "{p:?}");
+    assert!(p.delivered_pct.unwrap() >= 99.0, "{p:?}");
+    let at99 = p.reached_99pct_at.as_deref().unwrap();
+    assert!(
+        ("2026-01-05T18:00".."2026-01-05T23:00").contains(&at99),
+        "99 % at {at99}"
+    );
+    assert!(t.denials["budget"] > 0, "{t:?}");
+    // By noon about half (the fast finish's line is 12/22 of the amount);
+    // asap had spent it all.
+    let noon = stats.start + 12 * H;
+    let half = spent_at(&stats, 0, noon) as f64;
+    assert!(
+        (2_000.0..3_300.0).contains(&half),
+        "throttle at noon: {half}"
+    );
+    assert!(t.pacing_rmse_pct.unwrap() * 3.0 < by_id(&s, "asap").pacing_rmse_pct.unwrap());
+    assert_caps_hold(&s);
+    let (_, again, _) = run(&a, &cs);
+    assert_eq!(again.campaigns[0].samples, stats.campaigns[0].samples);
+}

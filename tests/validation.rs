@@ -334,6 +334,24 @@ fn bad_budgets() {
             "limits[0].pacing",
             "\"adaptive\"",
         ),
+        // Throttle pacing takes an optional profile too.
+        (
+            format!(
+                r#"{{"kind":"budget","amount":100,"pacing":{{"throttle":{{"profile":[{neg}]}}}}}}"#
+            ),
+            "limits[0].pacing.throttle.profile[3]",
+            "-0.5",
+        ),
+        (
+            r#"{"kind":"budget","amount":100,"pacing":{"throttle":{"weights":[]}}}"#.to_owned(),
+            "limits[0].pacing.throttle.weights",
+            "unknown field",
+        ),
+        (
+            r#"{"kind":"budget","amount":100,"pacing":"throttled"}"#.to_owned(),
+            "limits[0].pacing",
+            "\"throttle\"",
+        ),
         // A profile splits a period by local hour: not for an hourly budget.
         (
             format!(
@@ -870,7 +888,7 @@ fn a_wrong_type_names_the_innermost_field_of_a_campaign() {
 /// `exclusion_labels` and `max_per_screen` are checked over HTTP, the 400
 /// naming the field, and a rejected PUT leaves nothing behind.
 #[test]
-fn exclusion_rules_name_the_field() {
+fn campaign_screen_rules_name_the_field() {
     use std::sync::Arc;
     let mut r = freqcap::replay::Replayer::new(
         Arc::new(freqcap::store::MemoryStore::new()),
@@ -896,6 +914,11 @@ fn exclusion_rules_name_the_field() {
         (r#"{"max_per_screen": 10001}"#, "max_per_screen"),
         (r#"{"max_per_screen": -1}"#, "max_per_screen"),
         (r#"{"max_per_screen": "2"}"#, "max_per_screen"),
+        (r#"{"pacing_levers": true}"#, "pacing_levers"),
+        (
+            r#"{"pacing_levers": "yes", "budget": {"amount": 10}}"#,
+            "pacing_levers",
+        ),
     ] {
         let line =
             format!(r#"{{"at_ms":1000,"method":"PUT","path":"/v1/campaigns/c","body":{def}}}"#);

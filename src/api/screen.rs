@@ -78,6 +78,19 @@ pub(crate) struct ResultBody {
     /// this cap; nothing is held for it and committing it debits nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
     would_deny: Option<DeniedBody>,
+    /// An eligible candidate under a campaign with `pacing_levers`: its
+    /// budget's levers (docs/pacing.md, "Levers").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pacing: Option<LeversBody>,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// A budget's pacing levers as of the screen.
+pub(crate) struct LeversBody {
+    /// The share of requests to let through, 0.001 to 1.
+    pass_probability: f64,
+    /// The factor to scale bids by, 0.1 to 1.
+    bid_multiplier: f64,
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -136,6 +149,10 @@ pub(crate) async fn screen<C: Clock + 'static>(
                 eligible: r.eligible,
                 denied_by: r.denied_by.map(denied_body),
                 would_deny: r.would_deny.map(denied_body),
+                pacing: r.pacing.map(|l| LeversBody {
+                    pass_probability: l.pass_probability(),
+                    bid_multiplier: l.bid_multiplier(),
+                }),
             })
             .collect(),
     })

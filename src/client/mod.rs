@@ -550,6 +550,7 @@ impl Client {
                         eligible: true,
                         denied_by: None,
                         would_deny: None,
+                        pacing: None,
                     })
                     .collect(),
                 failed_open: true,

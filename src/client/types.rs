@@ -201,7 +201,7 @@ pub struct DeniedBy {
 }
 
 /// One candidate's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ScreenResult {
     pub campaign: String,
     pub eligible: bool,
@@ -210,10 +210,24 @@ pub struct ScreenResult {
     /// Shadow mode: eligible, but enforcing would have denied it by this cap.
     #[serde(default)]
     pub would_deny: Option<DeniedBy>,
+    /// Under a campaign with `pacing_levers`: its budget's levers
+    /// (docs/pacing.md, "Levers").
+    #[serde(default)]
+    pub pacing: Option<PacingLevers>,
+}
+
+/// A budget's pacing levers as of a screen: let a request through with
+/// `pass_probability`, and scale its bid by `bid_multiplier`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+pub struct PacingLevers {
+    /// 0.001 to 1.
+    pub pass_probability: f64,
+    /// 0.1 to 1.
+    pub bid_multiplier: f64,
 }
 
 /// A screen's answer.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Screened {
     pub reservation: Option<String>,
     pub results: Vec<ScreenResult>,

@@ -38,7 +38,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::budget::{Budget, Pacing};
+use crate::limits::budget::{Budget, BudgetState, Levers, Pacing};
 use crate::limits::window::{Layout, Window};
 use crate::limits::{Item, ItemState, Kind};
 use crate::model::Scope;
@@ -141,6 +141,12 @@ struct Grant {
     /// A profile or adaptive budget: its period's weighted time, and
     /// whether the store confirmed having it (then calls send its id only).
     segments: Option<(Arc<Segments>, bool)>,
+    /// A budget with pacing levers: the fleet's spend the store last
+    /// reported, and this node's committed units then.
+    fleet: (u64, u64),
+    /// A budget with pacing levers: its controller, run on the fleet's
+    /// spend (docs/pacing.md, "Levers").
+    pacer: BudgetState,
 }
 
 /// This node's grants.
@@ -393,6 +399,59 @@ impl Leases {
         (g.retry_at > now).then(|| g.retry_at - now)
     }
 
+    /// The levers' controller of budget `b` (grant `key`) as of `now`, run
+    /// on the fleet's spend: what the store last reported, plus what this
+    /// node (having committed `own` in the period) committed since. Each
+    /// node runs its own on the fleet's figures, a second old at most
+    /// ([`REPORT_EVERY`]), so the fleet's nodes move their levers alike.
+    fn pacer(&self, key: GrantKey, b: &Budget, own: u64, now: Nanos) -> BudgetState {
+        let mut grants = self.lock();
+        let g = grants.entry(key).or_default();
+        if g.pacer.end <= now || g.pacer.start != key.2 {
+            let (start, end) = b.calendar.bounds(now);
+            g.pacer = BudgetState {
+                start,
+                end,
+                ..BudgetState::default()
+            };
+            g.end = g.end.max(end);
+        }
+        let (reported, own_then) = g.fleet;
+        g.pacer.spent = reported.saturating_add(own.saturating_sub(own_then));
+        g.pacer = b.current(&g.pacer, now);
+        g.pacer
+    }
+
+    /// Budget `b`'s levers on the fleet's spend (see [`Leases::pacer`]):
+    /// `st` is this node's record of it.
+    pub(crate) fn levers(&self, key: (u32, u32), b: &Budget, st: &ItemState, now: Nanos) -> Levers {
+        let own = b.current(&crate::limits::budget_state(st), now);
+        b.levers_of_current(&self.pacer((key.0, key.1, own.start), b, own.spent, now))
+    }
+
+    /// Whether `n` units of `throttle` budget `b` pass the draw of the
+    /// fleet's controller (this node's record of it `st`, with `pending`
+    /// held on it).
+    pub(crate) fn throttle_passes(
+        &self,
+        key: (u32, u32),
+        b: &Budget,
+        st: &ItemState,
+        now: Nanos,
+        n: u64,
+    ) -> bool {
+        let own = b.current(&crate::limits::budget_state(st), now);
+        let mut fleet = self.pacer((key.0, key.1, own.start), b, own.spent, now);
+        fleet.pending = own.pending;
+        b.draw_passes(&fleet, now, n)
+    }
+
+    /// Notes the fleet's spend a lease call of budget `key` answered, with
+    /// this node's committed units `own` as reported in it.
+    fn fleet_spend(&self, key: GrantKey, spent_total: u64, own: u64) {
+        self.lock().entry(key).or_default().fleet = (spent_total, own);
+    }
+
     /// Counts `n` units committed on token line `key` by this node.
     pub(crate) fn commit_line(&self, key: GrantKey, n: u64) {
         let mut grants = self.lock();
@@ -613,7 +672,9 @@ impl<C: Clock> Engine<C> {
         let rule = match item {
             Item::Window(w) => TotalRule::Fixed(w.limit),
             Item::Budget(b) => match b.pacing {
-                Pacing::Asap => TotalRule::Fixed(b.amount),
+                // A throttle's cap is the whole amount; its pass
+                // probability is each node's, on the fleet's spend.
+                Pacing::Asap | Pacing::Throttle(_) => TotalRule::Fixed(b.amount),
                 Pacing::Even => TotalRule::Even {
                     amount: b.amount,
                     allowance: b.allowance,
@@ -675,6 +736,11 @@ impl<C: Clock> Engine<C> {
         }
         grant.granted = base.saturating_add(grant.granted);
         self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
+        if let Item::Budget(b) = item
+            && b.has_levers()
+        {
+            self.leases.fleet_spend(key, grant.spent_total, v.committed);
+        }
         Ok(grant)
     }
 

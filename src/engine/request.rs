@@ -114,6 +114,9 @@ pub struct CandidateResult {
     /// Shadow mode: eligible, but enforcing would have denied it by this
     /// cap; nothing is held for it, and committing it debits nothing.
     pub would_deny: Option<DeniedBy>,
+    /// An eligible candidate whose chain has a campaign with
+    /// `pacing_levers`: its budget's levers (docs/pacing.md, "Levers").
+    pub pacing: Option<crate::limits::budget::Levers>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

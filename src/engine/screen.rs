@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 
 use crate::MAX_EXACT;
 use crate::clock::{Clock, Nanos};
-use crate::limits::Hold;
+use crate::limits::budget::Levers;
 use crate::limits::priority::{Priority, item_for};
+use crate::limits::{Hold, Item, Probe, budget_state};
 use crate::model::Scope;
 use crate::store::StoreError;
 
@@ -417,6 +418,7 @@ fn failed_open(reg: &Registry, req: &ScreenRequest) -> Vec<CandidateResult> {
                     retry_after: None,
                 }),
                 would_deny: None,
+                pacing: None,
             }
         })
         .collect()
@@ -455,6 +457,7 @@ fn screen_candidates(
                     retry_after: None,
                 }),
                 would_deny: None,
+                pacing: None,
             });
             continue;
         };
@@ -489,18 +492,20 @@ fn screen_candidates(
                 );
                 match (excluded, verdict) {
                     (Some(_), Verdict::Denied(real)) => Verdict::Denied(real),
-                    (Some(x), _) => Verdict::WouldDeny(excluded_by(x)),
+                    (Some(x), Verdict::Allowed(l) | Verdict::WouldDeny(_, l)) => {
+                        Verdict::WouldDeny(excluded_by(x), l)
+                    }
                     (None, verdict) => verdict,
                 }
             }
         };
-        if rules && matches!(verdict, Verdict::Allowed) {
+        if rules && matches!(verdict, Verdict::Allowed(_)) {
             exclusions.take(chain);
         }
-        let (denied, would_deny) = match verdict {
-            Verdict::Allowed => (None, None),
-            Verdict::Denied(d) => (Some(d), None),
-            Verdict::WouldDeny(d) => (None, Some(d)),
+        let (denied, would_deny, pacing) = match verdict {
+            Verdict::Allowed(l) => (None, None, l),
+            Verdict::Denied(d) => (Some(d), None, None),
+            Verdict::WouldDeny(d, l) => (None, Some(d), l),
         };
         // The chain starts with the candidate's own entry.
         let name = chain[0].name.clone();
@@ -518,6 +523,7 @@ fn screen_candidates(
             eligible: denied.is_none(),
             denied_by: denied,
             would_deny,
+            pacing,
         });
     }
     if let (Some(u), Some(r)) = (user_rec, reserving) {
@@ -526,13 +532,45 @@ fn screen_candidates(
     (results, held)
 }
 
-/// What a candidate's chain came to.
+/// What a candidate's chain came to; an eligible one with its pacing
+/// levers, if a campaign of its chain asks for them.
 enum Verdict {
-    Allowed,
+    Allowed(Option<Levers>),
     /// By the first denying cap of an enforced campaign, in chain order.
     Denied(DeniedBy),
     /// Only campaigns in shadow mode deny: the first of their denying caps.
-    WouldDeny(DeniedBy),
+    WouldDeny(DeniedBy, Option<Levers>),
+}
+
+/// The pacing levers of a chain (docs/pacing.md, "Levers"): of each
+/// campaign with `pacing_levers`, its budget's as of `now`, the tightest of
+/// them; with a shared store, as the fleet's spend moves them (`leases`).
+fn chain_levers(
+    chain: &[Arc<CampaignEntry>],
+    guards: &mut [(u32, std::sync::MutexGuard<'_, SubjectRecord>)],
+    now: Nanos,
+    leases: Option<&Leases>,
+) -> Option<Levers> {
+    let mut out: Option<Levers> = None;
+    for e in chain.iter().filter(|e| e.def.pacing_levers == Some(true)) {
+        let Some(i) = e.compiled.items.iter().position(|c| c.name == "budget") else {
+            continue;
+        };
+        let Item::Budget(b) = &e.compiled.items[i].item else {
+            continue;
+        };
+        let Some(rec) = guard_of(guards, e.id) else {
+            continue;
+        };
+        let t = e.tags[i];
+        let st = rec.state(e.id, t).unwrap_or(&FRESH);
+        let l = match leases {
+            Some(l) => l.levers((e.id, t), b, st, now),
+            None => b.levers(&budget_state(st), now),
+        };
+        out = Some(out.map_or(l, |o| o.min(l)));
+    }
+    out
 }
 
 /// Counts a screen's results for the per-campaign metrics (and, through
@@ -625,7 +663,19 @@ fn decide_chain(
             // As the request's class sees the cap (docs/semantics.md §2.5);
             // the debit below is the cap's own, whose state all share.
             let seen = item_for(&cap.item, cap.classes.as_ref(), class);
-            let p = seen.probe(st, now, n);
+            // A throttle leased from a shared store draws with the fleet's
+            // controller (below), not this node's record's: that one sees
+            // a node's share of the spend.
+            let fleet_throttle = match (leases, seen) {
+                (Some(l), Item::Budget(b)) if cap.scope == Scope::Campaign && b.throttles() => {
+                    Some((l, b))
+                }
+                _ => None,
+            };
+            let p = match fleet_throttle {
+                Some((_, b)) => Probe::plain(b.fits(&budget_state(st), now, n)),
+                None => seen.probe(st, now, n),
+            };
             let leased_out = match leases {
                 Some(l) if cap.scope == Scope::Campaign => {
                     view(&cap.item, st, rec.pending_on(e.id, t), now).and_then(|v| {
@@ -650,7 +700,9 @@ fn decide_chain(
                 shadowed.get_or_insert(d);
                 continue;
             }
-            if !p.allowed {
+            let thrown = fleet_throttle
+                .is_some_and(|(l, b)| p.allowed && !l.throttle_passes((e.id, t), b, st, now, n));
+            if !p.allowed || thrown {
                 let d = DeniedBy {
                     campaign: e.name.clone(),
                     cap: cap.name.clone(),
@@ -663,12 +715,13 @@ fn decide_chain(
             }
         }
     }
+    let levers = chain_levers(chain, &mut guards, now, leases);
     if let Some(d) = shadowed {
         // Enforcing would have denied: nothing is debited or held.
-        return Verdict::WouldDeny(d);
+        return Verdict::WouldDeny(d, levers);
     }
     let Some(Reserving { seq, deadline }) = reserving else {
-        return Verdict::Allowed;
+        return Verdict::Allowed(levers);
     };
     for e in chain {
         for (i, cap) in e.compiled.items.iter().enumerate() {
@@ -698,5 +751,5 @@ fn decide_chain(
             rec.idle_at = rec.idle_at.max(deadline);
         }
     }
-    Verdict::Allowed
+    Verdict::Allowed(levers)
 }

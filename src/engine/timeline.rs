@@ -205,6 +205,7 @@ impl<C: Clock> Engine<C> {
                 crate::limits::budget::Pacing::Even => "even",
                 crate::limits::budget::Pacing::Profile(_) => "profile",
                 crate::limits::budget::Pacing::Adaptive(_) => "adaptive",
+                crate::limits::budget::Pacing::Throttle(_) => "throttle",
             };
             (b.amount, pacing.to_owned())
         });

@@ -120,6 +120,10 @@ pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
                 eligible: r.eligible,
                 denied_by: r.denied_by.map(denied_by),
                 would_deny: r.would_deny.map(denied_by),
+                pacing: r.pacing.map(|l| pb::PacingLevers {
+                    pass_probability: l.pass_probability(),
+                    bid_multiplier: l.bid_multiplier(),
+                }),
             })
             .collect(),
     }
@@ -397,6 +401,9 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
     if let Some(n) = c.max_per_screen {
         m.insert("max_per_screen".into(), n.into());
     }
+    if let Some(b) = c.pacing_levers {
+        m.insert("pacing_levers".into(), b.into());
+    }
     definition(serde_json::Value::Object(m))
 }
 
@@ -427,5 +434,6 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         unknown_user: v["unknown_user"].as_str().map(str::to_owned),
         exclusion_labels: c.exclusion_labels.clone(),
         max_per_screen: c.max_per_screen,
+        pacing_levers: c.pacing_levers,
     }
 }

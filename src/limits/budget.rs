@@ -30,6 +30,9 @@ use crate::clock::Nanos;
 use crate::limits::calendar::{Calendar, CalendarUnit, local_hour};
 use crate::limits::priority::{Share, WHOLE, scaled};
 
+pub mod levers;
+pub use levers::Levers;
+
 /// How spend is allowed to progress through the period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pacing {
@@ -43,6 +46,10 @@ pub enum Pacing {
     /// What is left, spread over the rest of the period's weighted time,
     /// re-planned every local hour; `None` weighs every hour alike.
     Adaptive(Option<Box<[u64; 24]>>),
+    /// No line: the whole amount is the cap, and each request passes with
+    /// the pass probability a per-minute controller keeps (see [`levers`]);
+    /// its target is traffic-shaped by the profile when there is one.
+    Throttle(Option<Box<[u64; 24]>>),
 }
 
 /// The most slices a retry looks ahead through: a month and a day of hours.
@@ -64,6 +71,9 @@ pub struct Budget {
     /// keys of an item share the period. Poisoning is ignored: the cache only
     /// ever holds a complete table or nothing.
     profile_cache: RwLock<Option<Arc<Profile>>>,
+    /// Whether the state keeps the pacing levers' controller (a campaign's
+    /// `pacing_levers`, or `throttle` pacing, which decides with it).
+    levers: bool,
     /// The share of the cap a priority class sees, in millionths
     /// ([`super::priority`]); [`WHOLE`] for the budget as defined. The cap is
     /// scaled, not the amount, so an adaptive plan (made from the amount and
@@ -75,6 +85,7 @@ impl Clone for Budget {
     fn clone(&self) -> Self {
         Budget {
             share: self.share,
+            levers: self.levers,
             ..Budget::new(
                 self.amount,
                 self.calendar.clone(),
@@ -93,12 +104,20 @@ impl PartialEq for Budget {
             &self.pacing,
             self.allowance,
             self.share,
-        ) == (o.amount, &o.calendar, &o.pacing, o.allowance, o.share)
+            self.levers,
+        ) == (
+            o.amount,
+            &o.calendar,
+            &o.pacing,
+            o.allowance,
+            o.share,
+            o.levers,
+        )
     }
 }
 
 /// State of a budget: the current period and what is spent and pending in it.
-/// 48 bytes, boxed in [`super::ItemState`].
+/// 72 bytes, boxed in [`super::ItemState`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BudgetState {
     pub start: Nanos,
@@ -113,6 +132,16 @@ pub struct BudgetState {
     pub anchor: Nanos,
     /// Adaptive pacing only: committed spend when the plan was made.
     pub base: u64,
+    /// Levers only ([`levers`]): the minute the controller last stepped
+    /// to (0: not in this period). Not stored on disk, as an adaptive plan.
+    pub tick: Nanos,
+    /// Levers only: committed spend at `tick`.
+    pub tick_spent: u64,
+    /// Levers only: the pass probability, in millionths.
+    pub pass: u32,
+    /// Levers only: the dual variable μ in millionths; the bid multiplier
+    /// is 1/(1 + μ).
+    pub dual: u32,
 }
 
 /// Figures of a budget at one instant.
@@ -185,7 +214,25 @@ impl Budget {
             allowance,
             profile_cache: RwLock::new(None),
             share: WHOLE,
+            levers: false,
         }
+    }
+
+    /// This budget with the pacing levers' controller kept in its state
+    /// (always so for `throttle` pacing).
+    pub fn with_levers(mut self) -> Budget {
+        self.levers = true;
+        self
+    }
+
+    /// Whether its state keeps the levers' controller.
+    pub fn has_levers(&self) -> bool {
+        self.levers || matches!(self.pacing, Pacing::Throttle(_))
+    }
+
+    /// Whether this budget decides with the pass probability (`throttle`).
+    pub fn throttles(&self) -> bool {
+        matches!(self.pacing, Pacing::Throttle(_))
     }
 
     /// This budget as a priority class with `share` sees it: the same
@@ -252,6 +299,9 @@ impl Budget {
             };
             cur.anchor = at;
         }
+        if self.has_levers() {
+            self.step_levers(&mut cur, now);
+        }
         cur
     }
 
@@ -305,9 +355,13 @@ impl Budget {
     }
 
     pub fn view(&self, st: &BudgetState, now: Nanos) -> BudgetView {
-        let cur = self.current(st, now);
+        self.view_of_current(&self.current(st, now), now)
+    }
+
+    /// [`Budget::view`] of a state already brought to `now`.
+    fn view_of_current(&self, cur: &BudgetState, now: Nanos) -> BudgetView {
         let cap = match self.pacing {
-            Pacing::Adaptive(_) => self.adaptive_cap(&cur, now),
+            Pacing::Adaptive(_) => self.adaptive_cap(cur, now),
             _ => self.cap(cur.start, cur.end, now),
         };
         BudgetView {
@@ -433,8 +487,10 @@ impl Budget {
     fn progress(&self, start: Nanos, end: Nanos) -> Option<Progress> {
         match &self.pacing {
             Pacing::Asap => None,
-            Pacing::Even | Pacing::Adaptive(None) => Some(Progress::Even { start, end }),
-            Pacing::Profile(w) | Pacing::Adaptive(Some(w)) => {
+            Pacing::Even | Pacing::Adaptive(None) | Pacing::Throttle(None) => {
+                Some(Progress::Even { start, end })
+            }
+            Pacing::Profile(w) | Pacing::Adaptive(Some(w)) | Pacing::Throttle(Some(w)) => {
                 let p = self.profile(w, start, end);
                 if p.total == 0 {
                     Some(Progress::Even { start, end })
@@ -459,6 +515,11 @@ impl Budget {
 
     /// cap(now) for the period `[start, end)`.
     pub fn cap(&self, start: Nanos, end: Nanos, now: Nanos) -> u64 {
+        if self.throttles() {
+            // A throttle paces by its pass probability: the cap is the
+            // whole amount, as asap's.
+            return self.amount;
+        }
         let Some(pr) = self.progress(start, end) else {
             return self.amount;
         };
@@ -501,6 +562,11 @@ impl Budget {
         if let Pacing::Adaptive(_) = self.pacing {
             return self.adaptive_retry(&cur, now, n, need);
         }
+        if self.throttles() && need <= self.amount {
+            // Throttled, with budget left: the pass probability is
+            // re-planned at the next minute (docs/pacing.md, "Levers").
+            return Some(levers::next_step(cur.start, now) - now);
+        }
         if let Some(t) = self.cap_reaches(cur.start, cur.end, need) {
             return Some(t.max(now) - now);
         }
@@ -508,7 +574,10 @@ impl Budget {
             return None;
         }
         let (ns, ne) = self.calendar.bounds(cur.end);
-        let t = self.cap_reaches(ns, ne, n).unwrap_or(ns);
+        let t = match self.throttles() {
+            true => ns,
+            false => self.cap_reaches(ns, ne, n).unwrap_or(ns),
+        };
         Some(t - now)
     }
 

@@ -187,6 +187,16 @@ pub(crate) struct Probe {
     rate: Option<RateProbe>,
 }
 
+impl Probe {
+    /// A probe of an item that is not a rate.
+    pub(crate) fn plain(allowed: bool) -> Probe {
+        Probe {
+            allowed,
+            rate: None,
+        }
+    }
+}
+
 // Typed views of an item's state. A state of the wrong variant can only come from
 // an item whose definition changed without its state being reset; reading it as
 // fresh is the documented rule for a changed item (docs/semantics.md §5.3).
@@ -223,6 +233,11 @@ state_as!(counter_of, counter_mut, Counter, CounterState);
 state_as!(log_of, log_mut, Log, LogState);
 state_as!(approx_of, approx_mut, Approx, ApproxState);
 state_as!(budget_of, budget_mut, Budget, BudgetState);
+
+/// A budget item's state, as of its last write (fresh: the default).
+pub(crate) fn budget_state(st: &ItemState) -> BudgetState {
+    budget_of(st)
+}
 state_as!(conc_of, conc_mut, Concurrency, ConcurrencyState);
 state_as!(adaptive_of, adaptive_mut, Adaptive, AdaptiveState);
 
@@ -318,10 +333,7 @@ impl Item {
                 let used = self.used(st, now);
                 plain(used.checked_add(n).is_some_and(|u| u <= w.limit))
             }
-            Item::Budget(b) => {
-                let v = b.view(&budget_of(st), now);
-                plain(v.spent.saturating_add(v.pending).saturating_add(n) <= v.cap)
-            }
+            Item::Budget(b) => plain(b.allows(&budget_of(st), now, n)),
             Item::Concurrency(c) => match st {
                 ItemState::Concurrency(s) => plain(c.allows(s, now)),
                 _ => plain(c.allows(&ConcurrencyState::default(), now)),
@@ -629,7 +641,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RateState>(), 16);
         assert_eq!(std::mem::size_of::<CounterState>(), 24);
         assert_eq!(std::mem::size_of::<ApproxState>(), 24);
-        assert_eq!(std::mem::size_of::<BudgetState>(), 48);
+        assert_eq!(std::mem::size_of::<BudgetState>(), 72);
         assert_eq!(std::mem::size_of::<ItemState>(), 32);
     }
 }

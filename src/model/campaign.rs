@@ -154,6 +154,11 @@ pub struct CampaignDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10_000))]
     pub max_per_screen: Option<u32>,
+    /// Give eligible candidates the pacing levers of this campaign's budget
+    /// in screen answers: a pass probability and a bid multiplier, moved
+    /// each minute (docs/pacing.md, "Levers"). Needs a `budget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing_levers: Option<bool>,
 }
 
 /// Labels a campaign may carry (`exclusion_labels`).
@@ -325,9 +330,20 @@ impl CampaignDef {
                 .collect();
             warnings.extend(check_windows_among("caps", &same)?);
         }
+        if self.pacing_levers == Some(true) && self.budget.is_none() {
+            return Err(DefinitionError::new(
+                "pacing_levers",
+                "the levers are a budget's: add a `budget`, or leave pacing_levers out",
+            ));
+        }
         if let Some(CampaignBudget(b)) = &self.budget {
             let def = with_tz(b, &self.tz);
-            let item = def.compile("budget")?;
+            let item = match def.compile("budget")? {
+                Item::Budget(b) if self.pacing_levers == Some(true) => {
+                    Item::Budget(b.with_levers())
+                }
+                item => item,
+            };
             items.push(CompiledCap {
                 scope: Scope::Campaign,
                 name: "budget".into(),

@@ -196,14 +196,16 @@ pub struct WindowDef {
     pub precision: Option<Precision>,
 }
 
-/// `"asap"`, `"even"`, `"adaptive"`, `{"profile": [24 weights]}` or
-/// `{"adaptive": {"profile": [24 weights]}}`.
+/// `"asap"`, `"even"`, `"adaptive"`, `"throttle"`, `{"profile": [24
+/// weights]}`, `{"adaptive": {"profile": [24 weights]}}` or `{"throttle":
+/// {"profile": [24 weights]}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum Pacing {
     Mode(PacingMode),
     Profile(ProfileDef),
     Adaptive(AdaptiveDef),
+    Throttle(ThrottleDef),
 }
 
 impl<'de> Deserialize<'de> for Pacing {
@@ -211,18 +213,22 @@ impl<'de> Deserialize<'de> for Pacing {
     // does not tell the user what would.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let v = serde_json::Value::deserialize(d)?;
-        let hint = r#"expected "asap", "even", "adaptive", {"profile": [24 weights]} or {"adaptive": {"profile": [24 weights]}}"#;
+        let hint = r#"expected "asap", "even", "adaptive", "throttle", {"profile": [24 weights]}, {"adaptive": {"profile": [24 weights]}} or {"throttle": {"profile": [24 weights]}}"#;
         match v {
             serde_json::Value::String(s) => match s.as_str() {
                 "asap" => Ok(Pacing::Mode(PacingMode::Asap)),
                 "even" => Ok(Pacing::Mode(PacingMode::Even)),
                 "adaptive" => Ok(Pacing::Mode(PacingMode::Adaptive)),
+                "throttle" => Ok(Pacing::Mode(PacingMode::Throttle)),
                 _ => Err(serde::de::Error::custom(format!("{hint}, got {s:?}"))),
             },
             // An error inside names its field (`profile[3]`), joined to the
             // outer path by `crate::model::split_path`.
             v @ serde_json::Value::Object(_) if v.get("adaptive").is_some() => {
                 crate::model::nested_error(v, Some(hint)).map(Pacing::Adaptive)
+            }
+            v @ serde_json::Value::Object(_) if v.get("throttle").is_some() => {
+                crate::model::nested_error(v, Some(hint)).map(Pacing::Throttle)
             }
             v @ serde_json::Value::Object(_) => {
                 crate::model::nested_error(v, Some(hint)).map(Pacing::Profile)
@@ -242,6 +248,9 @@ pub enum PacingMode {
     /// What is left is spread over the rest of the period, re-planned every
     /// local hour, all hours weighing the same.
     Adaptive,
+    /// Each request passes with a probability re-planned every minute
+    /// (docs/pacing.md, "Levers"); the whole amount is the cap.
+    Throttle,
 }
 
 /// Share of the period's traffic by local hour.
@@ -272,6 +281,14 @@ pub struct AdaptiveSpec {
     pub profile: Option<Vec<serde_json::Number>>,
 }
 
+/// `{"throttle": {"profile": [24 weights]}}`: throttle pacing whose
+/// minute targets follow a traffic profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleDef {
+    pub throttle: AdaptiveSpec,
+}
+
 /// `{"kind": "budget", "amount": 100000, "per": "1d", "pacing": "even"}`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -291,7 +308,8 @@ pub struct BudgetDef {
     #[schemars(extend("enum" = ["1h", "1d", "1w", "1mo", null]))]
     pub per: Option<Duration>,
     /// Default `even`. `adaptive` spreads what is left over the rest of the
-    /// period (docs/pacing.md).
+    /// period; `throttle` lets each request pass with a probability
+    /// re-planned every minute (docs/pacing.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pacing: Option<Pacing>,
     /// Fraction of amount that spend may run ahead of the pacing line, 0–1,
@@ -919,6 +937,14 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
             Some(p) => {
                 let field = format!("{path}.pacing.adaptive.profile");
                 CompiledPacing::Adaptive(Some(Box::new(profile_weights(&field, unit, p)?)))
+            }
+        },
+        Some(Pacing::Mode(PacingMode::Throttle)) => CompiledPacing::Throttle(None),
+        Some(Pacing::Throttle(t)) => match &t.throttle.profile {
+            None => CompiledPacing::Throttle(None),
+            Some(p) => {
+                let field = format!("{path}.pacing.throttle.profile");
+                CompiledPacing::Throttle(Some(Box::new(profile_weights(&field, unit, p)?)))
             }
         },
     };

@@ -58,7 +58,8 @@ struct CampaignsFile {
 #[derive(Debug, Clone)]
 pub struct BudgetInfo {
     pub amount: u64,
-    /// `asap`, `even`, `profile`, `adaptive` or `adaptive+profile`.
+    /// `asap`, `even`, `profile`, `adaptive`, `adaptive+profile`,
+    /// `throttle` or `throttle+profile`.
     pub pacing: String,
     pub calendar: Calendar,
     /// The line spend is judged against: even time, or the campaign's traffic
@@ -107,7 +108,9 @@ impl SimCampaign {
         });
         let budget = budget.map(|b| {
             let target_pacing = match &b.pacing {
-                Pacing::Profile(w) | Pacing::Adaptive(Some(w)) => Pacing::Profile(w.clone()),
+                Pacing::Profile(w) | Pacing::Adaptive(Some(w)) | Pacing::Throttle(Some(w)) => {
+                    Pacing::Profile(w.clone())
+                }
                 _ => Pacing::Even,
             };
             let pacing = match &b.pacing {
@@ -116,6 +119,8 @@ impl SimCampaign {
                 Pacing::Profile(_) => "profile",
                 Pacing::Adaptive(None) => "adaptive",
                 Pacing::Adaptive(Some(_)) => "adaptive+profile",
+                Pacing::Throttle(None) => "throttle",
+                Pacing::Throttle(Some(_)) => "throttle+profile",
             };
             BudgetInfo {
                 amount: b.amount,
