@@ -1628,3 +1628,78 @@ fn exclusion_labels_hold_on_a_cluster() {
     assert_eq!(s["results"][1]["eligible"], true, "{s}");
     assert_eq!(s["results"][2]["denied_by"]["cap"], "exclusion:auto", "{s}");
 }
+
+/// Pacing levers on a cluster (docs/pacing.md, "Levers"): each node runs the
+/// controller on the fleet's spend, not its own share of it. Node 0 spends
+/// 30 % of two budgets at a local time between 01:00 and 02:00, far ahead of
+/// either line (at most an eighth of the day): node 1, which spent nothing
+/// itself, answers the slow start's 0.1 (on its own spend it would be behind
+/// and answer 1), and its `throttle` budget lets about a tenth through.
+#[test]
+fn pacing_levers_follow_the_fleets_spend() {
+    let hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
+        / 3600
+        % 24;
+    // The zone whose local hour is 01 now: UTC+o, o in -12..=14.
+    let o = (1 - hour as i64).rem_euclid(24);
+    let o = if o > 14 { o - 24 } else { o };
+    let tz = match o {
+        0 => "UTC".to_owned(),
+        o if o > 0 => format!("Etc/GMT-{o}"),
+        o => format!("Etc/GMT+{}", -o),
+    };
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7860);
+    let n: Vec<Node> = (0..2)
+        .map(|i| {
+            Node::start_with(
+                &tmp.path().join(format!("n{i}")),
+                &redis.seeds,
+                &format!("n{i}"),
+                &[],
+                // Each commit's spend is in the store before it is answered.
+                &["--spend-reports", "commit"],
+            )
+        })
+        .collect();
+    for (id, pacing, levers) in [("paced", "even", true), ("thr", "throttle", false)] {
+        // A tolerance of 1 keeps the even budget's cap at its amount: the
+        // candidate stays eligible, ahead of its line, with levers to give.
+        let def = json!({"tz": tz, "unknown_user": "allow", "pacing_levers": levers,
+            "budget": {"amount": 10_000, "pacing": pacing, "tolerance": 1}});
+        let (st, body) = n[0].call_retrying("PUT", &format!("/v1/campaigns/{id}"), Some(&def));
+        assert_eq!(st, 200, "{body}");
+    }
+    definition_reached(&n[1..], "/v1/campaigns/thr");
+    for id in ["paced", "thr"] {
+        let ev = json!({"campaign": id, "cost": 3_000});
+        let (st, body) = n[0].call_retrying("POST", "/v1/events", Some(&ev));
+        assert_eq!(st, 200, "{body}");
+    }
+    let dry = |c: &str| json!({"candidates": [{"campaign": c}], "reserve": false});
+    for node in &n {
+        let (st, s) = node.call_retrying("POST", "/v1/screen", Some(&dry("paced")));
+        assert_eq!(st, 200, "{s}");
+        assert_eq!(s["results"][0]["eligible"], true, "{s}");
+        assert_eq!(
+            s["results"][0]["pacing"]["pass_probability"], 0.1,
+            "{tz}: {s}"
+        );
+    }
+    let mut passed = 0;
+    for _ in 0..300 {
+        let (st, s) = n[1].call_retrying("POST", "/v1/screen", Some(&dry("thr")));
+        assert_eq!(st, 200, "{s}");
+        if s["results"][0]["eligible"] == true {
+            passed += 1;
+        } else {
+            assert_eq!(s["results"][0]["denied_by"]["cap"], "budget", "{s}");
+        }
+    }
+    // About 30 of 300 at 0.1 (0 would happen once in 10^13 runs); on the
+    // node's own spend all 300 would pass.
+    assert!((1..=100).contains(&passed), "{tz}: {passed} of 300 passed");
+}
