@@ -34,7 +34,8 @@ fn serve(data: &Path) -> support::Stopped {
 /// found room for two.
 fn seed(addr: &str) {
     let campaign = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "per-user"}],
-                          "budget": {"amount": 1000, "pacing": "even", "tolerance": 0.1}});
+                          "budget": {"amount": 1000, "pacing": "even", "tolerance": 0.1},
+                          "pacing_levers": true});
     assert_eq!(
         support::http(addr, "PUT", "/v1/campaigns/spring", Some(campaign)).0,
         200
@@ -80,6 +81,13 @@ fn the_timeline_has_the_day_and_keeps_it_across_a_restart() {
     // 96 quarter hours and the period's end.
     assert_eq!(t["pacing_line"].as_array().unwrap().len(), 97);
     assert_eq!(t["pacing_line"][96]["cap"], 1000);
+    // It keeps pacing levers (`pacing_levers`), as delivery reports them.
+    assert!(
+        t["levers"]["pass_probability"].as_f64().unwrap() > 0.0,
+        "{t}"
+    );
+    let (_, d) = support::http(&s.addr, "GET", "/v1/campaigns/spring/delivery", None);
+    assert!(d["levers"]["bid_multiplier"].as_f64().unwrap() > 0.0, "{d}");
     assert_eq!(t["per_user"]["users"], json!([0, 4, 0, 1]), "{t}");
     let per_user = t["denied_by_cap"]
         .as_array()
@@ -165,6 +173,24 @@ fn the_page_shows_the_seeded_day_in_chromium() {
     assert_eq!(text(&dom, "spent"), Some("70"), "{dom}");
     assert_eq!(text(&dom, "commits"), Some("7"));
     assert_eq!(text(&dom, "budget"), Some("1,000 (even)"));
+    // The pacing levers, as the timeline gave them to the page: drawn as
+    // text and kept beside it.
+    let pass: f64 = attr(&dom, "levers", "data-pass").unwrap().parse().unwrap();
+    let mult: f64 = attr(&dom, "levers", "data-multiplier")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((0.001..=1.0).contains(&pass) && (0.1..=1.0).contains(&mult));
+    let shown = text(&dom, "levers").unwrap();
+    let (p, m) = shown
+        .strip_prefix("pass ")
+        .and_then(|r| r.split_once(" %, bid × "))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        (p.parse::<f64>().unwrap() - 100.0 * pass).abs() <= 0.05,
+        "{shown}"
+    );
+    assert!((m.parse::<f64>().unwrap() - mult).abs() <= 0.005, "{shown}");
     assert_eq!(text(&dom, "open"), Some("0"));
     assert_eq!(text(&dom, "tz"), Some("UTC"));
     // The delivery curve: the period's start, a point per minute with

@@ -189,6 +189,19 @@
     $("spent").textContent = fmt(spent);
     $("pacing-now").textContent = pacingNow;
     $("budget").textContent = t.amount == null ? "no budget" : fmt(t.amount) + " (" + t.pacing + ")";
+    // The levers a screen would answer now (docs/pacing.md, "Levers"):
+    // kept by throttle pacing, or by a campaign with pacing_levers.
+    const lv = $("levers");
+    if (t.levers) {
+      lv.textContent = "pass " + (100 * t.levers.pass_probability).toFixed(1) + " %, bid × " +
+        t.levers.bid_multiplier.toFixed(2);
+      lv.dataset.pass = String(t.levers.pass_probability);
+      lv.dataset.multiplier = String(t.levers.bid_multiplier);
+    } else {
+      lv.textContent = "not kept (pacing_levers off)";
+      delete lv.dataset.pass;
+      delete lv.dataset.multiplier;
+    }
     $("commits").textContent = fmt(commits);
     $("open").textContent = fmt(t.reservations_open);
     $("period").textContent = t.period_start + " to " + t.period_end;

@@ -85,12 +85,21 @@ pub(crate) struct ResultBody {
 }
 
 #[derive(Serialize, JsonSchema)]
-/// A budget's pacing levers as of the screen.
+/// A budget's pacing levers (docs/pacing.md, "Levers").
 pub(crate) struct LeversBody {
     /// The share of requests to let through, 0.001 to 1.
     pass_probability: f64,
     /// The factor to scale bids by, 0.1 to 1.
     bid_multiplier: f64,
+}
+
+impl From<crate::limits::budget::Levers> for LeversBody {
+    fn from(l: crate::limits::budget::Levers) -> Self {
+        LeversBody {
+            pass_probability: l.pass_probability(),
+            bid_multiplier: l.bid_multiplier(),
+        }
+    }
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -149,10 +158,7 @@ pub(crate) async fn screen<C: Clock + 'static>(
                 eligible: r.eligible,
                 denied_by: r.denied_by.map(denied_body),
                 would_deny: r.would_deny.map(denied_body),
-                pacing: r.pacing.map(|l| LeversBody {
-                    pass_probability: l.pass_probability(),
-                    bid_multiplier: l.bid_multiplier(),
-                }),
+                pacing: r.pacing.map(LeversBody::from),
             })
             .collect(),
     })

@@ -66,6 +66,9 @@ pub(crate) struct TimelineBody {
     /// The pacing line every 15 minutes of the current period; empty
     /// without a budget.
     pacing_line: Vec<PacingPoint>,
+    /// The budget's pacing levers now; null unless it keeps them
+    /// (`throttle` pacing, or a campaign with `pacing_levers`).
+    levers: Option<super::screen::LeversBody>,
     /// Minutes with activity, oldest first (minutes without any are left
     /// out).
     minutes: Vec<MinuteBody>,
@@ -132,6 +135,7 @@ pub(crate) async fn timeline<C: Clock + 'static>(
                 cap,
             })
             .collect(),
+        levers: t.levers.map(Into::into),
         minutes: t
             .minutes
             .into_iter()

@@ -33,6 +33,10 @@ pub(crate) struct DeliveryBody {
     period_start: String,
     /// RFC 3339.
     period_end: String,
+    /// The budget's pacing levers now, when it keeps them (`throttle`
+    /// pacing, or a campaign with `pacing_levers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    levers: Option<super::screen::LeversBody>,
 }
 
 pub(crate) async fn delivery<C: Clock + 'static>(
@@ -53,6 +57,7 @@ pub(crate) async fn delivery<C: Clock + 'static>(
         pacing,
         period_start: rfc3339(d.period_start),
         period_end: rfc3339(d.period_end),
+        levers: d.levers.map(Into::into),
     }))
 }
 

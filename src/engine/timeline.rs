@@ -110,8 +110,11 @@ pub struct CampaignTimeline {
     /// The budget's amount and pacing name, if it has one.
     pub budget: Option<(u64, String)>,
     /// What the pacing allows by each quarter hour of the current period
-    /// (the pacing line), and at `now`.
+    /// (the pacing line), and at `now`; for `throttle`, the line its
+    /// controller aims at.
     pub pacing_line: Vec<(Nanos, u64)>,
+    /// The budget's pacing levers now, if it keeps them.
+    pub levers: Option<crate::limits::budget::Levers>,
     /// Minutes with activity, from `previous_start` on.
     pub minutes: Vec<Minute>,
     /// The first user-scope window or rate cap, and how many users in
@@ -165,11 +168,22 @@ impl<C: Clock> Engine<C> {
             let (start, end) = period;
             let mut t = start;
             while t < end && pacing_line.len() < 5_000 {
-                pacing_line.push((t, b.cap(start, end, t)));
+                pacing_line.push((t, b.line(start, end, t)));
                 t += 15 * MINUTE;
             }
-            pacing_line.push((end, b.cap(start, end, end)));
+            pacing_line.push((end, b.line(start, end, end)));
         }
+        // The levers, as a screen would answer them now.
+        let levers = c
+            .compiled
+            .items
+            .iter()
+            .position(|x| matches!(x.item, Item::Budget(_)))
+            .zip(budget)
+            .and_then(|(i, b)| {
+                let rec = c.record.lock().unwrap_or_else(PoisonError::into_inner);
+                self.levers_of(c, i, b, rec.state(c.id, c.tags[i]), now)
+            });
         let mut timeline = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         take_denials(c, &mut timeline, now);
         let minutes = match self.shared() {
@@ -244,6 +258,7 @@ impl<C: Clock> Engine<C> {
             now,
             budget: budget_figures,
             pacing_line,
+            levers,
             minutes,
             per_user,
         })

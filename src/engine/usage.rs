@@ -39,6 +39,9 @@ pub struct Delivery {
     pub cap_now: u64,
     pub period_start: Nanos,
     pub period_end: Nanos,
+    /// The budget's pacing levers now, if it keeps them (docs/pacing.md,
+    /// "Levers").
+    pub levers: Option<crate::limits::budget::Levers>,
 }
 
 impl<C: Clock> Engine<C> {
@@ -145,6 +148,7 @@ impl<C: Clock> Engine<C> {
         };
         let v = b.view(&st, now);
         let cap_now = fleet_cap.unwrap_or(v.cap);
+        let levers = self.levers_of(c, i, b, rec.state(c.id, c.tags[i]), now);
         Ok(Delivery {
             campaign: c.name.to_string(),
             amount: cap.item.limit(),
@@ -153,6 +157,28 @@ impl<C: Clock> Engine<C> {
             cap_now,
             period_start: v.period.0,
             period_end: v.period.1,
+            levers,
+        })
+    }
+
+    /// Budget `b` (item `i` of campaign `c`, state `st`)'s levers now, if it
+    /// keeps them: on a shared store, the controller this node runs on the
+    /// fleet's spend, as a screen answers them.
+    pub(crate) fn levers_of(
+        &self,
+        c: &super::registry::CampaignEntry,
+        i: usize,
+        b: &crate::limits::budget::Budget,
+        st: Option<&crate::limits::ItemState>,
+        now: Nanos,
+    ) -> Option<crate::limits::budget::Levers> {
+        if !b.has_levers() {
+            return None;
+        }
+        let st = st.unwrap_or(&FRESH);
+        Some(match self.shared() {
+            Some(_) => self.leases.levers((c.id, c.tags[i]), b, st, now),
+            None => b.levers(&crate::limits::budget_state(st), now),
         })
     }
 }

@@ -120,12 +120,17 @@ pub fn screened(out: ScreenOutcome) -> pb::ScreenResponse {
                 eligible: r.eligible,
                 denied_by: r.denied_by.map(denied_by),
                 would_deny: r.would_deny.map(denied_by),
-                pacing: r.pacing.map(|l| pb::PacingLevers {
-                    pass_probability: l.pass_probability(),
-                    bid_multiplier: l.bid_multiplier(),
-                }),
+                pacing: r.pacing.map(levers),
             })
             .collect(),
+    }
+}
+
+/// A budget's pacing levers.
+fn levers(l: crate::limits::budget::Levers) -> pb::PacingLevers {
+    pb::PacingLevers {
+        pass_probability: l.pass_probability(),
+        bid_multiplier: l.bid_multiplier(),
     }
 }
 
@@ -213,6 +218,7 @@ pub fn delivery(d: Delivery, pacing: serde_json::Value) -> pb::Delivery {
         pacing: pacing.to_string(),
         period_start: crate::front::call::rfc3339(d.period_start),
         period_end: crate::front::call::rfc3339(d.period_end),
+        levers: d.levers.map(levers),
     }
 }
 

@@ -195,6 +195,23 @@ impl Budget {
         cur.tick_spent = cur.spent;
     }
 
+    /// The line spend is paced along at `t` in the period `[start, end)`:
+    /// the cap, or for `throttle` (whose cap is the whole amount) the line
+    /// its controller aims at, reaching the amount at the fast finish.
+    pub fn line(&self, start: Nanos, end: Nanos, t: Nanos) -> u64 {
+        if !self.throttles() {
+            return self.cap(start, end, t);
+        }
+        let fin = self.finish(start, end);
+        match self.weighted(start, end) {
+            Some(f) if f(fin) > 0 => {
+                let paced = (u128::from(self.amount) * f(t.min(fin))).div_ceil(f(fin));
+                paced as u64
+            }
+            _ => self.amount,
+        }
+    }
+
     /// Whether `n` more fits at `now`: within the cap and, for `throttle`
     /// pacing, through the draw.
     pub fn allows(&self, st: &BudgetState, now: Nanos, n: u64) -> bool {
