@@ -101,7 +101,7 @@ async fn every_call() {
 
     // Campaigns: screen, commit, release, events, usage, delivery.
     let camp = campaign(
-        r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "daily"}], "budget": {"amount": 1000, "pacing": "asap"}}"#,
+        r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "daily"}], "budget": {"amount": 1000, "pacing": "asap"}, "pacing_levers": true}"#,
     );
     c.put_campaign("c1", &camp).await.unwrap();
     assert_eq!(c.get_campaign("c1").await.unwrap(), camp);
@@ -110,6 +110,13 @@ async fn every_call() {
         .await
         .unwrap();
     assert!(sc.results[0].eligible);
+    // Its budget's pacing levers, read into the client's types.
+    let levers = sc.results[0].pacing.expect("pacing_levers is on");
+    assert!(
+        (0.001..=1.0).contains(&levers.pass_probability),
+        "{levers:?}"
+    );
+    assert!((0.1..=1.0).contains(&levers.bid_multiplier), "{levers:?}");
     let res = sc.reservation.unwrap();
     let done = c
         .commit(
@@ -148,6 +155,7 @@ async fn every_call() {
     assert_eq!((u.caps[0].name.as_str(), u.caps[0].used), ("daily", 2));
     let dl = c.delivery("c1").await.unwrap();
     assert_eq!((dl.amount, dl.spent), (1000, 2));
+    assert!(dl.levers.is_some(), "{dl:?}");
     c.delete_campaign("c1").await.unwrap();
     assert_eq!(
         c.get_campaign("c1").await.unwrap_err().code(),

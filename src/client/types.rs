@@ -350,4 +350,7 @@ pub struct Delivery {
     pub pacing: serde_json::Value,
     pub period_start: String,
     pub period_end: String,
+    /// When the budget keeps them: its pacing levers now.
+    #[serde(default)]
+    pub levers: Option<PacingLevers>,
 }
