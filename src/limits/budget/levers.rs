@@ -39,10 +39,12 @@ pub const SLOW_START: u32 = 100_000;
 const PASS_MIN: u64 = 1_000;
 /// The largest μ: a bid multiplier of 1/(1 + 9) = 0.1 at the least.
 const DUAL_MAX: i64 = 9_000_000;
-/// The most steps one read or write takes: a day of minutes. A controller
-/// with more minutes to make up, none of them moving it (every one of zero
-/// weight), starts from where it is.
-const MAX_STEPS: usize = 1_441;
+/// The most steps one read or write takes. Minutes in which nothing moves
+/// are skipped an hour at a time, and with nothing spent both levers open
+/// fully within 100 steps (×1.1 from 0.001 to 1 is 73; μ falls by 0.1 a
+/// step from at most 9), so a month of hours (744) and those fit; a
+/// controller with more to make up starts from where it is.
+const MAX_STEPS: usize = 1_000;
 
 /// The levers as of one instant, for a screen's answer, in millionths
 /// (exact, so answers compare equal).
@@ -166,6 +168,19 @@ impl Budget {
                 break;
             }
             let (num, den) = target(t, base);
+            if z == 0 && num == 0 {
+                // Nothing spent and nothing due: no lever moves. With
+                // nothing left to spend none moves again (a budget spent,
+                // read by every denied request till the period ends); in an
+                // hour a profile weighs 0, none moves before it ends. Stepped
+                // one minute at a time, such a stretch cost every read that
+                // kept nothing (throttled, denied) up to a day of steps.
+                if base >= self.amount {
+                    break;
+                }
+                t = step_of(cur.start, self.hours.bounds(t).1.max(t + STEP));
+                continue;
+            }
             let spent = u128::from(z) * den;
             if spent < num {
                 pass = (pass * 11).div_ceil(10).min(ONE);
@@ -369,6 +384,24 @@ mod tests {
         assert!((29_000..=31_000).contains(&passed), "{passed}");
         st.pass = 0;
         assert!(!b.draw_passes(&st, DAY0, 1));
+    }
+
+    #[test]
+    fn hours_of_zero_weight_and_a_spent_budget_move_nothing() {
+        // Traffic only from 18:00: before it every minute's target is 0,
+        // and with nothing spent the levers stay at the slow start.
+        let mut w = [0u64; 24];
+        w[18..].fill(1000);
+        let b = budget(600, Pacing::Throttle(Some(Box::new(w))));
+        let st = b.current(&BudgetState::default(), DAY0);
+        assert_eq!(b.levers(&st, DAY0 + 17 * H).pass, SLOW_START);
+        // From 18:00 the targets are positive: nothing spent, they open.
+        assert!(b.levers(&st, DAY0 + 18 * H + 5 * STEP).pass > SLOW_START);
+        // All spent by 19:00: the levers stay as that minute left them.
+        let mut st = b.current(&st, DAY0 + 18 * H + 30 * STEP);
+        spend(&b, &mut st, DAY0 + 18 * H + 30 * STEP, 600);
+        let after = b.levers(&st, DAY0 + 18 * H + 31 * STEP);
+        assert_eq!(b.levers(&st, DAY0 + 23 * H), after);
     }
 
     #[test]
