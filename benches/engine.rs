@@ -49,6 +49,7 @@ fn screen_req(user: &str, camps: &[String], reserve: bool) -> ScreenRequest {
     ScreenRequest {
         priority: Default::default(),
         user: Some(user.to_owned()),
+        ids: Vec::new(),
         candidates: camps
             .iter()
             .map(|c| ScreenCandidate {
@@ -73,6 +74,7 @@ fn screen(c: &mut Criterion) {
     for name in &camps[..20] {
         let ev = Event {
             user: Some("hot-user".into()),
+            ids: Vec::new(),
             campaign: name.clone(),
             cost: 1,
             event_id: None,
@@ -171,6 +173,7 @@ fn memory_per_counter() {
             .iter()
             .map(|c| Event {
                 user: Some(user.clone()),
+                ids: Vec::new(),
                 campaign: c.clone(),
                 cost: 1,
                 event_id: None,

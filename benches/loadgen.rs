@@ -1918,6 +1918,7 @@ fn fill(dir: &std::path::Path, counters: u64) -> Res<()> {
                 let batch: Vec<Event> = (i..hi)
                     .map(|u| Event {
                         user: Some(format!("fill-{u}")),
+                        ids: Vec::new(),
                         campaign: "lg-fill".into(),
                         cost: 1,
                         event_id: None,

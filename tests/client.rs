@@ -143,6 +143,7 @@ async fn every_call() {
     assert_eq!(released.outcome, "released");
     let ev = Event {
         user: Some("u1".into()),
+        ids: Default::default(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("imp-1".into()),
@@ -275,6 +276,7 @@ async fn retries_only_where_safe_and_never_a_debit_twice() {
         .unwrap();
     let ev = |id: Option<&str>| Event {
         user: Some("u".into()),
+        ids: Default::default(),
         campaign: "c".into(),
         cost: 1,
         event_id: id.map(str::to_owned),

@@ -1703,3 +1703,57 @@ fn pacing_levers_follow_the_fleets_spend() {
     // node's own spend all 300 would pass.
     assert!((1..=100).contains(&passed), "{tz}: {passed} of 300 passed");
 }
+
+/// Issue 30 item 1: a household cap across three nodes of one Redis
+/// Cluster, over HTTP: screens of the household's users on every node,
+/// commits on another node than the screen's, exact at the cap; the count
+/// read on any node, and after a node is killed with SIGKILL.
+#[test]
+fn a_household_cap_is_exact_across_nodes() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7880);
+    let mut n: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(
+                &tmp.path().join(format!("n{i}")),
+                &redis.seeds,
+                &format!("n{i}"),
+            )
+        })
+        .collect();
+    let def = json!({"caps": [
+        {"name": "hh_daily", "kind": "window", "limit": 4, "window": "1d", "scope": "household"},
+        {"name": "user_daily", "kind": "window", "limit": 3, "window": "1d"}]});
+    let (st, body) = n[0].call_retrying("PUT", "/v1/campaigns/c", Some(&def));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&n[1..], "/v1/campaigns/c");
+    let mut shown = 0;
+    for i in 0..12 {
+        let s = json!({"user": format!("u{i}"), "ids": {"household": "h1"},
+                       "candidates": [{"campaign": "c"}]});
+        let (st, out) = n[i % 3].call_retrying("POST", "/v1/screen", Some(&s));
+        assert_eq!(st, 200, "{out}");
+        if out["results"][0]["eligible"] == true {
+            let id = out["reservation"].as_str().expect("a reservation");
+            let path = format!("/v1/reservations/{id}/commit");
+            let (st, c) =
+                n[(i + 1) % 3].call_retrying("POST", &path, Some(&json!({"campaign": "c"})));
+            assert_eq!(st, 200, "{c}");
+            shown += 1;
+        } else {
+            assert_eq!(out["results"][0]["denied_by"]["cap"], "hh_daily", "{out}");
+        }
+    }
+    assert_eq!(shown, 4);
+    n[0].kill9();
+    for node in &n[1..] {
+        let (st, u) = node.call_retrying("GET", "/v1/ids/household/h1/campaigns/c", None);
+        assert_eq!(st, 200, "{u}");
+        assert_eq!(u["caps"][0]["name"], "hh_daily", "{u}");
+        assert_eq!(u["caps"][0]["used"], 4, "{u}");
+        assert_eq!(u["caps"][0]["pending"], 0, "{u}");
+    }
+    let s = json!({"user": "u99", "ids": {"household": "h1"}, "candidates": [{"campaign": "c"}]});
+    let (_, out) = n[2].call_retrying("POST", "/v1/screen", Some(&s));
+    assert_eq!(out["results"][0]["denied_by"]["cap"], "hh_daily", "{out}");
+}

@@ -56,6 +56,7 @@ fn crash_child() {
                             .screen(&ScreenRequest {
                                 priority: Default::default(),
                                 user: Some(u),
+                                ids: Vec::new(),
                                 candidates: vec![ScreenCandidate {
                                     campaign: "c".into(),
                                     cost: None,
@@ -75,6 +76,7 @@ fn crash_child() {
                     } else {
                         let ev = Event {
                             user: Some(u),
+                            ids: Vec::new(),
                             campaign: "c".into(),
                             cost: 1,
                             event_id: Some(format!("r{round}-e{i}")),
@@ -150,6 +152,7 @@ fn acknowledged_commits_survive_sigkill() {
         for &i in acked.iter().filter(|i| *i % 2 == 1).take(50) {
             let ev = Event {
                 user: Some(user(round, i)),
+                ids: Vec::new(),
                 campaign: "c".into(),
                 cost: 1,
                 event_id: Some(format!("r{round}-e{i}")),

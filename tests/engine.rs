@@ -40,6 +40,7 @@ fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
     ScreenRequest {
         priority: Default::default(),
         user: user.map(str::to_owned),
+        ids: Vec::new(),
         candidates: camps
             .iter()
             .map(|c| ScreenCandidate {
@@ -235,6 +236,7 @@ fn late_commits_and_duplicate_events_count_once() {
     ));
     let ev = |id: &str| Event {
         user: Some("u".into()),
+        ids: Vec::new(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
@@ -434,7 +436,7 @@ fn definitions_are_validated() {
         .unwrap_err();
     assert_eq!(err.field, "caps[0].rate");
     let err = from_json::<CampaignDef>(
-        r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d", "scope": "everyone"}]}"#,
+        r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d", "scope": "every one"}]}"#,
     )
     .unwrap_err();
     assert_eq!(err.field, "caps[0].scope");
@@ -591,6 +593,7 @@ fn restart_keeps_counters_and_definitions() {
             .unwrap();
         e.events(&[Event {
             user: Some("u1".into()),
+            ids: Vec::new(),
             campaign: "c1".into(),
             cost: 1,
             event_id: Some("ev-1".into()),
@@ -609,6 +612,7 @@ fn restart_keeps_counters_and_definitions() {
     // The dedupe id survived too.
     let again = Event {
         user: Some("u1".into()),
+        ids: Vec::new(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("ev-1".into()),
@@ -683,6 +687,7 @@ fn expired_state_leaves_memory_and_disk() {
     for u in 0..100 {
         e.events(&[Event {
             user: Some(format!("once-{u}")),
+            ids: Vec::new(),
             campaign: "h".into(),
             cost: 1,
             event_id: None,
@@ -747,6 +752,7 @@ fn stress_with_shared_ancestors_and_redefinitions() {
                                 // counted unchecked and could pass caps.
                                 e.events(&[Event {
                                     user: Some(format!("e-{user}")),
+                                    ids: Vec::new(),
                                     campaign: names[0].to_owned(),
                                     cost: 1,
                                     event_id: Some(format!("ev-{t}-{x}")),
@@ -838,6 +844,7 @@ fn tiny_hot_tier_loses_nothing() {
         for u in from..from + 2000 {
             e.events(&[Event {
                 user: Some(format!("other-{u}")),
+                ids: Vec::new(),
                 campaign: "c".into(),
                 cost: 1,
                 event_id: None,
@@ -994,6 +1001,7 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
     // u9 reaches c1's cap of 2 a day; a reserving screen of c1 then holds nothing.
     let ev = |id: &str| Event {
         user: Some("u9".into()),
+        ids: Vec::new(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
@@ -1056,6 +1064,7 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     // campaign), so the real call counts them all.
     let event = |user: &str, id: &str| Event {
         user: Some(user.into()),
+        ids: Vec::new(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
@@ -1600,6 +1609,7 @@ fn restart_loads_no_event_ids_and_each_still_counts_once() {
     };
     let ev = |i: u64| Event {
         user: Some(format!("u{}", i % 7)),
+        ids: Vec::new(),
         campaign: "c".into(),
         cost: 1,
         event_id: Some(format!("e{i}")),
@@ -1646,6 +1656,7 @@ fn racing_batches_with_the_same_ids_count_each_once() {
                     let evs: Vec<Event> = (0..10)
                         .map(|i| Event {
                             user: None,
+                            ids: Vec::new(),
                             campaign: "c".into(),
                             cost: 1,
                             event_id: Some(format!("id-{round}-{}", (i + t) % 10)),
@@ -1826,6 +1837,7 @@ fn measure_event_ids() {
         let evs: Vec<Event> = (0..batch)
             .map(|i| Event {
                 user: None,
+                ids: Vec::new(),
                 campaign: "c".into(),
                 cost: 1,
                 event_id: Some(format!("m-{}", b * batch + i)),
@@ -1953,6 +1965,7 @@ fn the_memory_store_forgets_event_ids_past_their_horizon() {
     e.put_campaign("c", campaign(BUDGETED)).unwrap();
     let ev = |i: u64| Event {
         user: None,
+        ids: Vec::new(),
         campaign: "c".into(),
         cost: 1,
         event_id: Some(format!("e{i}")),

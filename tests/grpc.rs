@@ -149,6 +149,87 @@ async fn check_answers_equal_http() {
     assert!(e.message().contains("limits[0].rate"), "{}", e.message());
 }
 
+/// Identity scopes over gRPC (issue 30 item 1): `ids` on a screen and an
+/// event, usage by kind, and a bad kind named as over JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn household_caps_over_grpc() {
+    let n = node(&[]);
+    let camp = json!({"caps": [{"kind": "window", "limit": 2, "window": "1d", "name": "hh",
+                                "scope": "household"}]});
+    assert_eq!(http(&n, "PUT", "/v1/campaigns/c1", Some(camp)).0, 200);
+    let mut c = client(&n).await;
+    let screen = |user: &str, ids: &[(&str, &str)]| pb::ScreenRequest {
+        user: Some(user.into()),
+        ids: ids
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        candidates: vec![pb::Candidate {
+            campaign: "c1".into(),
+            cost: None,
+        }],
+        reserve: true,
+        ..Default::default()
+    };
+    let s = c
+        .screen(screen("u1", &[("household", "h1")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(s.results[0].eligible);
+    c.commit(pb::CommitRequest {
+        reservation: s.reservation.unwrap(),
+        campaign: vec!["c1".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ev = pb::Event {
+        user: Some("u2".into()),
+        ids: [("household".to_owned(), "h1".to_owned())].into(),
+        campaign: "c1".into(),
+        cost: None,
+        event_id: Some("imp-1".into()),
+    };
+    c.events(pb::EventsRequest { events: vec![ev] })
+        .await
+        .unwrap();
+    let s = c
+        .screen(screen("u3", &[("household", "h1")]))
+        .await
+        .unwrap()
+        .into_inner();
+    let d = s.results[0].denied_by.as_ref().unwrap();
+    assert_eq!(d.cap, "hh");
+    // Without a household: denied by the cap's rule.
+    let s = c.screen(screen("u3", &[])).await.unwrap().into_inner();
+    assert_eq!(
+        s.results[0].denied_by.as_ref().unwrap().cap,
+        "unknown_household"
+    );
+    let u = c
+        .usage(pb::UsageRequest {
+            user: "h1".into(),
+            campaign: "c1".into(),
+            kind: Some("household".into()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (_, h) = http(&n, "GET", "/v1/ids/household/h1/campaigns/c1", None);
+    assert_eq!((u.kind.as_str(), u.caps[0].used), ("household", 2));
+    assert_eq!(u.caps[0].used, h["caps"][0]["used"].as_u64().unwrap());
+    assert_eq!(u.caps[0].scope, "household");
+    let e = c
+        .screen(screen("u1", &[("House", "h1")]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("ids.House"), "{}", e.message());
+    let e = c.screen(screen("u1", &[("user", "u2")])).await.unwrap_err();
+    assert!(e.message().contains("ids.user"), "{}", e.message());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ad_flow() {
     let n = node(&[]);
@@ -158,6 +239,7 @@ async fn the_ad_flow() {
     let mut c = client(&n).await;
     let screen = |user: &str| pb::ScreenRequest {
         user: Some(user.into()),
+        ids: Default::default(),
         candidates: vec![pb::Candidate {
             campaign: "c1".into(),
             cost: None,
@@ -193,6 +275,7 @@ async fn the_ad_flow() {
     // Events: a batch, then a client stream with a duplicate.
     let ev = |id: &str| pb::Event {
         user: Some("u1".into()),
+        ids: Default::default(),
         campaign: "c1".into(),
         cost: None,
         event_id: Some(id.into()),
@@ -230,6 +313,7 @@ async fn the_ad_flow() {
         .usage(pb::UsageRequest {
             user: "u1".into(),
             campaign: "c1".into(),
+            kind: None,
         })
         .await
         .unwrap()
@@ -489,6 +573,7 @@ async fn admin_defines_what_http_reads() {
     let s = decide
         .screen(pb::ScreenRequest {
             user: Some("u".into()),
+            ids: Default::default(),
             candidates: vec![pb::Candidate {
                 campaign: "c1".into(),
                 cost: None,
@@ -800,6 +885,7 @@ async fn a_failed_event_stream_says_how_many_events_it_applied() {
     };
     let event = pb::Event {
         user: Some("u1".into()),
+        ids: Default::default(),
         campaign: "c".into(),
         cost: None,
         event_id: None,

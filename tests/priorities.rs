@@ -94,6 +94,7 @@ fn a_screen_decides_each_cap_as_its_class_sees_it() {
     e.put_campaign("c", c).unwrap();
     let screen = |user: &str, class| ScreenRequest {
         user: Some(user.into()),
+        ids: Vec::new(),
         candidates: vec![ScreenCandidate {
             campaign: "c".into(),
             cost: None,

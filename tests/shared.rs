@@ -45,6 +45,7 @@ fn screen(user: &str, camps: &[&str]) -> ScreenRequest {
     ScreenRequest {
         priority: Default::default(),
         user: Some(user.to_owned()),
+        ids: Vec::new(),
         candidates: camps
             .iter()
             .map(|c| ScreenCandidate {
@@ -257,6 +258,7 @@ fn event_ids_are_deduplicated_across_nodes() {
     capped(&a, &b);
     let ev = Event {
         user: Some("u1".into()),
+        ids: Vec::new(),
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("imp-1".into()),
@@ -638,6 +640,7 @@ fn a_decision_run_again_after_a_conflict_holds_campaign_state_once() {
     // Events: the same.
     let ev = |id: &str| Event {
         user: Some("u0".into()),
+        ids: Vec::new(),
         campaign: "b".into(),
         cost: 3,
         event_id: Some(id.into()),
@@ -871,6 +874,7 @@ fn a_user_less_screen_is_settled_on_any_node() {
     let anonymous = ScreenRequest {
         priority: Default::default(),
         user: None,
+        ids: Vec::new(),
         ..screen("-", &["b"])
     };
     let ids: Vec<String> = (0..4)

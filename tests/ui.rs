@@ -27,13 +27,16 @@ fn serve(data: &Path) -> support::Stopped {
     ))
 }
 
-/// Campaign `spring` (1 000 a day, paced evenly; 3 per user a day): seven
+/// Campaign `spring` (1 000 a day, paced evenly; 3 per user a day; 100 a day
+/// per household, which these screens do not name): seven
 /// commits of 10 (u1 three times, u2 to u5 once) and one denial (u1's
 /// fourth). The pacing line may run 100 ahead (tolerance 0.1), so the 70
 /// fit at any minute of the day: with the default 10, a run at 00:15 UTC
 /// found room for two.
 fn seed(addr: &str) {
-    let campaign = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "per-user"}],
+    let campaign = json!({"caps": [{"kind": "window", "limit": 3, "window": "1d", "name": "per-user"},
+                                   {"kind": "window", "limit": 100, "window": "1d", "name": "hh",
+                                    "scope": "household", "missing": "allow"}],
                           "budget": {"amount": 1000, "pacing": "even", "tolerance": 0.1},
                           "pacing_levers": true});
     assert_eq!(
@@ -219,7 +222,14 @@ fn the_page_shows_the_seeded_day_in_chromium() {
     assert!(dom.matches("<canvas").count() >= 3, "{dom}");
     // Denials by cap and impressions per user.
     assert!(
-        dom.contains("data-cap=\"per-user\"><td>per-user</td><td>1</td>"),
+        dom.contains(
+            "data-cap=\"per-user\" data-scope=\"user\"><td>per-user</td><td>user</td><td>1</td>"
+        ),
+        "{dom}"
+    );
+    // Each cap says whom it counts for: a household cap, the household.
+    assert!(
+        dom.contains("data-cap=\"hh\" data-scope=\"household\"><td>hh</td><td>household</td>"),
         "{dom}"
     );
     assert_eq!(attr(&dom, "per-user", "data-users"), Some("0,4,0,1"));

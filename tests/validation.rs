@@ -829,7 +829,11 @@ fn a_wrong_type_names_the_innermost_field_of_a_campaign() {
             .unwrap()
             .compile()
             .unwrap_or_else(|e| panic!("{kind}: {e}"));
-        for (field, ty) in fields.iter().copied().chain([("scope", "string")]) {
+        for (field, ty) in fields
+            .iter()
+            .copied()
+            .chain([("scope", "string"), ("missing", "string")])
+        {
             for bad in wrong_types(ty) {
                 let cap = with_field(&item, field, bad);
                 parse_rejects::<CampaignDef>(

@@ -137,9 +137,13 @@
     for (const d of t.denied_by_cap) {
       const tr = document.createElement("tr");
       tr.dataset.cap = d.cap;
+      // Whom the cap counts for: user, campaign, or another identity kind
+      // (household, device); the budget and max_in_flight have none.
+      tr.dataset.scope = d.scope || "";
       const a = document.createElement("td"); a.textContent = d.cap;
+      const s = document.createElement("td"); s.textContent = d.scope || "\u2014";
       const b = document.createElement("td"); b.textContent = fmt(d.denied);
-      tr.append(a, b);
+      tr.append(a, s, b);
       body.append(tr);
     }
   }

@@ -24,6 +24,10 @@ use crate::front::forward;
 pub(crate) struct EventBody {
     #[serde(default)]
     user: Option<String>,
+    /// The viewer's identities by kind (`{"household": "h7"}`), as a screen's.
+    #[serde(default)]
+    #[schemars(extend("maxProperties" = 8))]
+    ids: std::collections::BTreeMap<String, String>,
     campaign: String,
     /// Budget units (default 1).
     #[serde(default = "one")]
@@ -84,12 +88,15 @@ pub(crate) async fn events<C: Clock + 'static>(
     // owner; the rest are counted here (docs/cluster.md, "Owner mode").
     let mut here = Vec::with_capacity(n);
     let mut away: Vec<(Owner, Vec<serde_json::Value>)> = Vec::new();
-    for e in list {
-        let owner = e.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
+    for (i, e) in list.into_iter().enumerate() {
+        let (user, ids) = crate::engine::split_ids(e.user, e.ids).map_err(|x| at_index(x, i, n))?;
+        let owner = user.as_deref().and_then(|u| s.engine.owner_of_user(u));
         match owner {
             Some(o @ Owner::Other { .. }) if !headers.contains_key(forward::FORWARDED) => {
+                let ids: std::collections::BTreeMap<_, _> = ids.into_iter().collect();
                 let json = serde_json::json!({
-                    "user": e.user, "campaign": e.campaign, "cost": e.cost, "event_id": e.event_id,
+                    "user": user, "ids": ids, "campaign": e.campaign, "cost": e.cost,
+                    "event_id": e.event_id,
                 });
                 match away.iter_mut().find(|(x, _)| *x == o) {
                     Some((_, v)) => v.push(json),
@@ -97,7 +104,8 @@ pub(crate) async fn events<C: Clock + 'static>(
                 }
             }
             _ => here.push(Event {
-                user: e.user,
+                user,
+                ids,
                 campaign: e.campaign,
                 cost: e.cost,
                 event_id: e.event_id,
@@ -149,4 +157,18 @@ async fn forwarded_count(r: Response) -> Result<usize, FrontError> {
         .as_u64()
         .map(|c| c as usize)
         .ok_or_else(|| FrontError::unavailable("an owner's answer to events had no count"))
+}
+
+/// An error about one event of a batch of `n`, its field named as the
+/// engine names a batch's (`[2].ids.user`).
+fn at_index(e: crate::engine::EngineError, i: usize, n: usize) -> crate::engine::EngineError {
+    match e {
+        crate::engine::EngineError::InvalidArgument { field, message } if n > 1 => {
+            crate::engine::EngineError::InvalidArgument {
+                field: format!("[{i}].{field}"),
+                message,
+            }
+        }
+        e => e,
+    }
 }

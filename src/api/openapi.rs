@@ -425,6 +425,21 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             ],
         },
         Op {
+            method: "get",
+            path: "/v1/ids/{kind}/{ident}/campaigns/{id}",
+            summary: "Usage of every cap of a campaign and its ancestors scoped to an identity kind (household, device; user too), for one identity, and of the campaign-scope caps.",
+            admin: false,
+            request: None,
+            responses: vec![
+                (200, "usage", schema::<IdentityUsageBody>(g)),
+                e(
+                    400,
+                    "the kind is not an identity kind, or the identity or id is over max_id_len bytes",
+                ),
+                e(404, "no such campaign"),
+            ],
+        },
+        Op {
             method: "post",
             path: "/v1/admin/checkpoint",
             summary: "Write a consistent copy of the data directory (a RocksDB checkpoint) into a new directory, for backups.",

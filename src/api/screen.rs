@@ -39,6 +39,12 @@ pub(crate) struct ScreenBody {
     /// default) are ineligible.
     #[serde(default)]
     user: Option<String>,
+    /// The viewer's identities by kind, e.g. `{"household": "h7", "device":
+    /// "d2"}` (`user` may be given here too): a cap scoped to a kind counts
+    /// on that identity (docs/semantics.md §6.2). At most 8 with the user.
+    #[serde(default)]
+    #[schemars(extend("maxProperties" = 8))]
+    ids: std::collections::BTreeMap<String, String>,
     /// Decided in order, each all-or-nothing over its chain (1 to 10 000 by default).
     candidates: Vec<Object<CandidateBody>>,
     /// Hold every eligible candidate under one reservation (default true);
@@ -119,7 +125,8 @@ pub(crate) async fn screen<C: Clock + 'static>(
     let bytes = b.map_err(rejected)?;
     let b: ScreenBody = body(Ok(bytes.clone()))?;
     let priority = priority::of_request(b.priority, priority::header(&headers))?;
-    let owner = b.user.as_deref().and_then(|u| s.engine.owner_of_user(u));
+    let (user, ids) = crate::engine::split_ids(b.user, b.ids)?;
+    let owner = user.as_deref().and_then(|u| s.engine.owner_of_user(u));
     if let Some(r) = s
         .forwarder
         .to_owner(owner, Method::POST, "/v1/screen", &headers, bytes.clone())
@@ -130,7 +137,8 @@ pub(crate) async fn screen<C: Clock + 'static>(
     let fp = b.reservation_id.as_ref().and_then(|_| fingerprint(&bytes));
     let req = ScreenRequest {
         priority,
-        user: b.user,
+        user,
+        ids,
         candidates: b
             .candidates
             .into_iter()

@@ -84,6 +84,10 @@ pub(crate) struct TimelineBody {
 #[derive(Serialize, JsonSchema)]
 pub(crate) struct CapCount {
     cap: String,
+    /// Whom the cap counts for: `user`, `campaign` or another identity kind
+    /// (`household`); absent for the budget and max_in_flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<crate::model::Scope>,
     denied: u64,
 }
 
@@ -154,7 +158,7 @@ pub(crate) async fn timeline<C: Clock + 'static>(
         denied_by_cap: t
             .denied_by_cap
             .into_iter()
-            .map(|(cap, denied)| CapCount { cap, denied })
+            .map(|(cap, scope, denied)| CapCount { cap, scope, denied })
             .collect(),
         reservations_open: t.reservations_open,
     }))

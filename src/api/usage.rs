@@ -84,6 +84,49 @@ pub(crate) struct UsageBody {
     caps: Vec<CapBody>,
 }
 
+#[derive(Serialize, JsonSchema)]
+/// `GET /v1/ids/{kind}/{ident}/campaigns/{id}`: every cap of the campaign
+/// and its ancestors scoped to `kind`, for one identity, and the
+/// campaign-scope ones.
+pub(crate) struct IdentityUsageBody {
+    kind: String,
+    ident: String,
+    campaign: String,
+    caps: Vec<CapBody>,
+}
+
+pub(crate) async fn identity_usage<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath((kind, ident, id)): ApiPath<(String, String, String)>,
+) -> Result<Response, FrontError> {
+    id_param(&s, "ident", &ident)?;
+    id_param(&s, "id", &id)?;
+    let e = s.engine.clone();
+    let (k, i, c) = (kind.clone(), ident.clone(), id.clone());
+    let caps = blocking(move || e.identity_usage(&k, &i, &c)).await?;
+    Ok(Json(IdentityUsageBody {
+        kind,
+        ident,
+        campaign: id,
+        caps: caps.into_iter().map(cap_body).collect(),
+    })
+    .into_response())
+}
+
+fn cap_body(c: crate::engine::CapUsage) -> CapBody {
+    CapBody {
+        campaign: c.campaign,
+        name: c.name,
+        scope: c.scope,
+        kind: c.kind,
+        limit: c.limit,
+        used: c.used,
+        pending: c.pending,
+        remaining: c.remaining,
+        reset_after_ms: ms(c.reset_after),
+    }
+}
+
 pub(crate) async fn usage<C: Clock + 'static>(
     State(s): St<C>,
     ApiPath((user, id)): ApiPath<(String, String)>,
@@ -107,20 +150,7 @@ pub(crate) async fn usage<C: Clock + 'static>(
     Ok(Json(UsageBody {
         user,
         campaign: id,
-        caps: caps
-            .into_iter()
-            .map(|c| CapBody {
-                campaign: c.campaign,
-                name: c.name,
-                scope: c.scope,
-                kind: c.kind,
-                limit: c.limit,
-                used: c.used,
-                pending: c.pending,
-                remaining: c.remaining,
-                reset_after_ms: ms(c.reset_after),
-            })
-            .collect(),
+        caps: caps.into_iter().map(cap_body).collect(),
     })
     .into_response())
 }

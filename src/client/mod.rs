@@ -632,6 +632,27 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/ids/{kind}/{ident}/campaigns/{id}`: the caps scoped to
+    /// identity kind `kind` (`household`) for `ident`, and the
+    /// campaign-scope ones.
+    pub async fn identity_usage(
+        &self,
+        kind: &str,
+        ident: &str,
+        campaign: &str,
+    ) -> Result<IdentityUsage, Error> {
+        self.get(
+            format!(
+                "/v1/ids/{}/{}/campaigns/{}",
+                seg(kind),
+                seg(ident),
+                seg(campaign)
+            ),
+            None,
+        )
+        .await
+    }
+
     /// `GET /v1/campaigns/{id}/delivery`.
     pub async fn delivery(&self, campaign: &str) -> Result<Delivery, Error> {
         self.get(format!("/v1/campaigns/{}/delivery", seg(campaign)), None)

@@ -4,6 +4,7 @@
 //! ([`crate::PolicyDef`], [`crate::model::CampaignDef`]).
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::engine::Priority;
 use crate::model::LimitDef;
@@ -138,6 +139,10 @@ pub struct Candidate {
 pub struct Screen {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The viewer's other identities by kind (`household`, `device`): a
+    /// cap scoped to a kind counts on that identity.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ids: BTreeMap<String, String>,
     pub candidates: Vec<Candidate>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub reserve: bool,
@@ -169,7 +174,14 @@ impl Screen {
             ttl_ms: None,
             reservation_id: None,
             priority: None,
+            ids: BTreeMap::new(),
         }
+    }
+
+    /// Names the viewer's identity of `kind` too (`household`, `device`).
+    pub fn identity(mut self, kind: impl Into<String>, id: impl Into<String>) -> Screen {
+        self.ids.insert(kind.into(), id.into());
+        self
     }
 
     /// The request's class, for every candidate's caps.
@@ -302,6 +314,9 @@ pub struct Settled {
 pub struct Event {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// As [`Screen::ids`].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ids: BTreeMap<String, String>,
     pub campaign: String,
     #[serde(skip_serializing_if = "is_one")]
     pub cost: u64,
@@ -335,6 +350,15 @@ pub struct CapUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Usage {
     pub user: String,
+    pub campaign: String,
+    pub caps: Vec<CapUsage>,
+}
+
+/// `GET /v1/ids/{kind}/{ident}/campaigns/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct IdentityUsage {
+    pub kind: String,
+    pub ident: String,
     pub campaign: String,
     pub caps: Vec<CapUsage>,
 }

@@ -195,6 +195,7 @@ impl<C: Clock> Engine<C> {
                         kind: HeldKind::Check { policy: owner },
                         body,
                         inline: inline.clone(),
+                        ids: Vec::new(),
                     });
                     if req.reservation_id.is_some() {
                         last_held = Some(decision.clone());

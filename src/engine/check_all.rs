@@ -486,6 +486,7 @@ fn decide_group(
             kind: HeldKind::Check { policy: 0 },
             body: 0,
             inline: None,
+            ids: Vec::new(),
         });
     }
     (decisions, allows, held)

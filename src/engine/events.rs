@@ -173,7 +173,9 @@ impl<C: Clock> Engine<C> {
     ) -> Option<Result<PendingEvents<'_>, EngineError>> {
         // With a shared store every decision calls the network: never on
         // the executor.
-        if self.shared().is_some() {
+        // Other identities' records are written one after the other
+        // (`super::identities`): not from memory only.
+        if self.shared().is_some() || events.iter().any(|e| !e.ids.is_empty()) {
             return None;
         }
         if_in_memory(self.events_with(events, Reads::MemoryOnly))
@@ -249,6 +251,35 @@ impl<C: Clock> Engine<C> {
                 )
             });
             let cost = n.event.cost;
+            // The other identities' records first, each in its own batch
+            // that remembers the event: a retry after a crash between them
+            // counts each record once (`count_identity_event`).
+            let idents = match self.identities("", &n.event.ids) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    self.unclaim_event_ids(&new[i..]);
+                    return Err(e.into());
+                }
+            };
+            for ident in idents {
+                let used = chain.iter().any(|e| {
+                    e.compiled
+                        .items
+                        .iter()
+                        .any(|c| c.scope == Scope::Id(ident.kind))
+                });
+                if !used {
+                    continue;
+                }
+                match self.count_identity_event(chain, ident, cost, now, n.id, expiry) {
+                    Ok(Some(r)) => receipts.push(r),
+                    Ok(None) => {}
+                    Err(err) => {
+                        self.unclaim_event_ids(&new[i..]);
+                        return Err(err);
+                    }
+                }
+            }
             let counted = match n.user {
                 Some(k) => self
                     .with_record(RecordKey::User(k), now, reads, |rec, now| {
@@ -351,6 +382,7 @@ impl<C: Clock> Engine<C> {
             if let Some(u) = &e.user {
                 self.check_id(&f("user"), u)?;
             }
+            self.identities(&f(""), &e.ids)?;
             self.check_id(&f("campaign"), &e.campaign)?;
             check_cost(&f("cost"), e.cost)?;
             if let Some(id) = &e.event_id {
@@ -482,6 +514,10 @@ impl<C: Clock> Engine<C> {
                 {
                     continue;
                 }
+                // Counted on their own records (`count_identity_event`).
+                if matches!(cap.scope, Scope::Id(_)) {
+                    continue;
+                }
                 // An impression holds no place of max_in_flight.
                 if cap.item.kind() == Kind::Concurrency {
                     continue;
@@ -496,6 +532,7 @@ impl<C: Clock> Engine<C> {
                         Some(r) => r,
                         None => continue,
                     },
+                    Scope::Id(_) => continue,
                 };
                 let st = rec.state_mut(e.id, t);
                 cap.item
@@ -521,5 +558,81 @@ impl<C: Clock> Engine<C> {
             changes.record(RecordKey::User(k), u);
         }
         self.persist(changes, Defs::Registry(reg), now, Ack::Durable)
+    }
+
+    /// Debits one impression on the caps of `chain` scoped to `ident`'s
+    /// kind, unchecked, on its record, and writes it. An event with an id is
+    /// remembered there (with a shared store in the record, else beside it
+    /// in the dedupe space, in the same batch), so that its retry after a
+    /// crash that wrote this record and not the user's counts it once here.
+    fn count_identity_event(
+        &self,
+        chain: &[Arc<CampaignEntry>],
+        ident: super::identities::Ident,
+        cost: u64,
+        now: Nanos,
+        id: Option<u128>,
+        expiry: Nanos,
+    ) -> Result<Option<Receipt>, Halt> {
+        let shared = self.shared().is_some();
+        let mark = id.map(|h| self.hash_bytes(b'e', 1, &(h ^ ident.key).to_be_bytes()));
+        if !shared
+            && let Some(m) = mark
+            && self
+                .store
+                .get(Space::Dedupe, &m.to_be_bytes())?
+                .and_then(|v| codec::expiry_of(&v))
+                .is_some_and(|exp| exp > now)
+        {
+            return Ok(None);
+        }
+        let reg = self.registry();
+        self.with_record(
+            RecordKey::PolicyKey(ident.key),
+            now,
+            Reads::MayWait,
+            |rec, now| {
+                if shared && let Some(m) = mark {
+                    let res = m as u64;
+                    if rec
+                        .shared_meta()
+                        .is_some_and(|x| x.remembered.iter().any(|s| s.res == res))
+                    {
+                        return None;
+                    }
+                    let until = now.saturating_add(EVENT_RETRY_MEMORY);
+                    rec.shared_meta_mut().remembered.push(RememberedId {
+                        res,
+                        deadline: until,
+                        committed: true,
+                        campaigns: Vec::new(),
+                        final_cost: None,
+                    });
+                    rec.idle_at = rec.idle_at.max(until);
+                }
+                for e in chain {
+                    for (i, cap) in e.compiled.items.iter().enumerate() {
+                        if cap.scope != Scope::Id(ident.kind) {
+                            continue;
+                        }
+                        let t = e.tags[i];
+                        let n = units(&cap.item, cost);
+                        cap.item
+                            .apply(rec.state_mut(e.id, t), now, n, Hold::Immediate);
+                        rec.touch(e.id, t, &cap.item);
+                    }
+                }
+                let mut changes = Changes::new();
+                if let Some(m) = mark.filter(|_| !shared) {
+                    changes.op(Op::Put(
+                        Space::Dedupe,
+                        m.to_be_bytes().to_vec(),
+                        codec::frame(expiry, &[]),
+                    ));
+                }
+                changes.record(RecordKey::PolicyKey(ident.key), rec);
+                Some(self.persist(changes, Defs::Registry(&reg), now, Ack::Durable))
+            },
+        )
     }
 }

@@ -55,6 +55,11 @@ pub(crate) struct Held {
     /// them. Stored after the bodies (`SharedForm`), as they are.
     #[serde(skip)]
     pub inline: Option<Arc<[u8]>>,
+    /// A screen's other identities' records that may hold its debits
+    /// (keys of `super::identities`): a commit on any node settles them
+    /// after this record. Stored after the inline limits, as they are.
+    #[serde(skip)]
+    pub ids: Vec<u128>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -156,7 +156,7 @@ impl<C: Clock> Engine<C> {
     }
 
     /// A record read from the store (a fresh one if it has none).
-    fn load_record(&self, key: RecordKey, reads: Reads) -> Result<SubjectRecord, Halt> {
+    pub(crate) fn load_record(&self, key: RecordKey, reads: Reads) -> Result<SubjectRecord, Halt> {
         let disk = key.disk_key();
         let read = match reads {
             Reads::MemoryOnly => self

@@ -49,6 +49,7 @@ mod file_definitions;
 mod gate;
 mod holds;
 mod hot;
+mod identities;
 mod leases;
 mod minutes;
 mod persist;
@@ -86,6 +87,7 @@ pub use minutes::{Bucket, PerUser};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
     CompiledInline, DeniedBy, Event, Outcome, ScreenCandidate, ScreenOutcome, ScreenRequest,
+    split_ids,
 };
 pub use request::{compile_inline, compile_limits_at};
 pub use settle::{EXPIRE_BATCH, PendingCommit, SWEEP_BATCH};

@@ -83,6 +83,10 @@ pub struct ScreenCandidate {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ScreenRequest {
     pub user: Option<String>,
+    /// The viewer's other identities, (kind, id), e.g. `("household",
+    /// "h7")`: a cap scoped to a kind counts on that identity's record
+    /// (docs/semantics.md §6.2). At most 7 (with the user, [`crate::model::identity::MAX_IDS`]).
+    pub ids: Identities,
     pub candidates: Vec<ScreenCandidate>,
     pub reserve: bool,
     pub ttl_ms: Option<u64>,
@@ -173,9 +177,41 @@ pub struct CommitOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub user: Option<String>,
+    /// As [`ScreenRequest::ids`].
+    pub ids: Identities,
     pub campaign: String,
     pub cost: u64,
     pub event_id: Option<String>,
+}
+
+/// A request's identities other than the user: (kind, id).
+pub type Identities = Vec<(String, String)>;
+
+/// A request's `user` and `ids` as the fronts take them: `ids` may name the
+/// user too (`"ids": {"user": "u1", "household": "h7"}`), the same one as
+/// `user` if both are given. Returns the user and the other identities.
+pub fn split_ids(
+    user: Option<String>,
+    ids: impl IntoIterator<Item = (String, String)>,
+) -> Result<(Option<String>, Identities), EngineError> {
+    let mut user = user;
+    let mut others = Vec::new();
+    for (kind, id) in ids {
+        if kind != "user" {
+            others.push((kind, id));
+            continue;
+        }
+        match &user {
+            Some(u) if *u != id => {
+                return Err(invalid(
+                    "ids.user",
+                    format!("names user {id:?}, and `user` names {u:?}: give one"),
+                ));
+            }
+            _ => user = Some(id),
+        }
+    }
+    Ok((user, others))
 }
 
 /// A hash of a request body, to tell a repeat of a reservation from another

@@ -48,6 +48,9 @@ pub enum Reserved {
     },
     Screen {
         user: Option<u128>,
+        /// The other identities' records holding its debits (their keys,
+        /// in kind order: `super::identities`).
+        ids: Vec<u128>,
         /// The eligible candidates.
         candidates: Vec<HeldCandidate>,
     },
@@ -97,9 +100,15 @@ pub fn footprint(id: &str, answer: &Answer, reserved: &Reserved) -> Footprint {
             outside += tags.capacity() * size_of::<u32>();
             inside += list_entry_bytes(tags.len()) + pinned_record_bytes(tags.len());
         }
-        Reserved::Screen { user, candidates } => {
+        Reserved::Screen {
+            user,
+            ids,
+            candidates,
+        } => {
             outside += candidates.capacity() * size_of::<HeldCandidate>();
+            outside += ids.capacity() * size_of::<u128>();
             let mut user_entries = 0;
+            let mut id_entries = 0;
             for c in candidates {
                 for e in c.chain.iter() {
                     for cap in &e.compiled.items {
@@ -107,12 +116,18 @@ pub fn footprint(id: &str, answer: &Answer, reserved: &Reserved) -> Footprint {
                             Scope::Campaign => outside += map_entry_bytes(),
                             Scope::User if user.is_some() => user_entries += 1,
                             Scope::User => {}
+                            Scope::Id(_) => id_entries += 1,
                         }
                     }
                 }
             }
             if user_entries > 0 {
                 inside += list_entry_bytes(user_entries) + pinned_record_bytes(user_entries);
+            }
+            // At most this many entries, in the records of `ids`.
+            if id_entries > 0 && !ids.is_empty() {
+                inside +=
+                    ids.len() * (list_entry_bytes(id_entries) + pinned_record_bytes(id_entries));
             }
         }
     }

@@ -18,6 +18,7 @@ use super::chain::{
 use super::exclusion::Exclusions;
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::identities::{IdCopy, missing_identity, passes_missing};
 use super::leases::{Leases, view};
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Registry};
@@ -62,11 +63,18 @@ impl<C: Clock> Engine<C> {
         if self.shared().is_some() && !(self.in_owner_mode() && req.user.is_some()) {
             return None;
         }
+        // Other identities' records are read, then written, one after the
+        // other (`super::identities`): not from memory only, where a miss
+        // half-way would leave the user's holds made.
+        if !req.ids.is_empty() {
+            return None;
+        }
         if_in_memory(self.screen_with(req, Reads::MemoryOnly))
     }
 
     fn screen_with(&self, req: &ScreenRequest, reads: Reads) -> Result<ScreenOutcome, Halt> {
         self.check_screen(req)?;
+        let idents = self.identities_used(req, self.identities("", &req.ids)?)?;
         let lifetime = check_ttl(req.ttl_ms)?;
         if let Some(id) = &req.reservation_id {
             check_reservation_id(id)?;
@@ -77,6 +85,26 @@ impl<C: Clock> Engine<C> {
         let deadline = now + lifetime;
         let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
         let shared = self.shared().is_some();
+        // Copies of the other identities' records, decided with beside the
+        // user's; the holds on them are made after (below).
+        let copies = idents
+            .iter()
+            .map(|i| {
+                Ok(IdCopy {
+                    kind: i.kind,
+                    rec: self.identity_copy(i.key, reads)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Halt>>()?;
+        let fresh = || {
+            copies
+                .iter()
+                .map(|c| IdCopy {
+                    kind: c.kind,
+                    rec: c.rec.figures_copy(),
+                })
+                .collect::<Vec<_>>()
+        };
         let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
         let claim = if req.reserve {
             let id = match &req.reservation_id {
@@ -125,7 +153,10 @@ impl<C: Clock> Engine<C> {
         };
         let shadow_all = self.options.shadow;
         let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
-            screen_candidates(&reg, req, user_rec, now, reserving, leases, shadow_all)
+            let mut ids = fresh();
+            screen_candidates(
+                &reg, req, user_rec, &mut ids, now, reserving, leases, shadow_all,
+            )
         };
         // The record a screen decides in: its user's, or with a shared store
         // a user-less reservation's own (it holds nothing there but the
@@ -154,8 +185,17 @@ impl<C: Clock> Engine<C> {
                         // What denies the candidates now, decided here on
                         // the copy just checked: no second Redis call.
                         let user_rec = of_user.then_some(&mut *rec);
-                        let now_results =
-                            screen_candidates(&reg, req, user_rec, now, None, None, shadow_all).0;
+                        let now_results = screen_candidates(
+                            &reg,
+                            req,
+                            user_rec,
+                            &mut fresh(),
+                            now,
+                            None,
+                            None,
+                            shadow_all,
+                        )
+                        .0;
                         return Err((seen, now_results));
                     }
                 }
@@ -170,6 +210,9 @@ impl<C: Clock> Engine<C> {
                         },
                         body,
                         inline: None,
+                        // Those it may hold on, known before they are
+                        // asked: no second write of this record after.
+                        ids: idents.iter().map(|i| i.key).collect(),
                     });
                     if !of_user {
                         // Kept until its deadline, and its settled id a
@@ -237,7 +280,11 @@ impl<C: Clock> Engine<C> {
                 reservation: Some(c.id.clone()),
                 results,
             });
-            let reserved = Reserved::Screen { user, candidates };
+            let reserved = Reserved::Screen {
+                user,
+                ids: Vec::new(),
+                candidates,
+            };
             let bytes = footprint(&c.id, &answer, &reserved);
             self.reservations.finish(&c.id, answer, reserved, bytes);
             if self.options.fail_open {
@@ -252,7 +299,7 @@ impl<C: Clock> Engine<C> {
             }
             return Err(EngineError::Store(StoreError::Unavailable(why.clone())).into());
         }
-        let (results, candidates) = match decided {
+        let (mut results, mut candidates) = match decided {
             Ok(x) => x,
             Err(Halt::Failed(EngineError::Store(StoreError::Unavailable(why))))
                 if self.options.fail_open =>
@@ -281,6 +328,31 @@ impl<C: Clock> Engine<C> {
                 return Err(e);
             }
         };
+        // The holds on the other identities' records, each under its own
+        // lock; a candidate one no longer allows is dropped.
+        let mut ids = Vec::new();
+        if let (Some(c), Some(r)) = (&claim, reserving)
+            && !idents.is_empty()
+            && !candidates.is_empty()
+        {
+            let records: Vec<RecordKey> = record.iter().map(|(k, _)| *k).collect();
+            match self.hold_identities(
+                req,
+                &idents,
+                &mut results,
+                &mut candidates,
+                &records,
+                (r.seq, r.deadline, body),
+                now,
+                reads,
+            ) {
+                Ok(held) => ids = held,
+                Err(e) => {
+                    self.reservations.abandon(&c.id);
+                    return Err(e);
+                }
+            }
+        }
         // Counted once the screen stands (a shared store may have run the
         // decision more than once).
         count(&reg, &results);
@@ -291,7 +363,11 @@ impl<C: Clock> Engine<C> {
                     results,
                 };
                 let answer = Answer::Screen(out.clone());
-                let reserved = Reserved::Screen { user, candidates };
+                let reserved = Reserved::Screen {
+                    user,
+                    ids,
+                    candidates,
+                };
                 let bytes = footprint(&c.id, &answer, &reserved);
                 self.reservations.finish(&c.id, answer, reserved, bytes);
                 return Ok(out);
@@ -426,10 +502,12 @@ fn failed_open(reg: &Registry, req: &ScreenRequest) -> Vec<CandidateResult> {
 
 /// The body of a screen, under the user's record lock: every candidate's
 /// result, and the eligible ones when reserving.
+#[allow(clippy::too_many_arguments)]
 fn screen_candidates(
     reg: &Registry,
     req: &ScreenRequest,
     mut user_rec: Option<&mut SubjectRecord>,
+    ids: &mut [IdCopy],
     now: Nanos,
     reserving: Option<Reserving>,
     leases: Option<&Leases>,
@@ -482,6 +560,7 @@ fn screen_candidates(
                 let verdict = decide_chain(
                     chain,
                     user_rec.as_deref_mut(),
+                    ids,
                     now,
                     cost,
                     index,
@@ -592,10 +671,15 @@ fn count(reg: &Registry, results: &[CandidateResult]) {
             let Some(e) = reg.campaigns.get(&*d.campaign) else {
                 continue;
             };
+            // A missing identity's denial (`unknown_household`) counts on
+            // the first cap of that kind: it is that cap's rule that denied.
+            let missing_kind = d.cap.strip_prefix("unknown_");
             if d.cap == "unknown_user" {
                 e.counts.unknown_user.fetch_add(1, Relaxed);
-            } else if let Some(i) = e.compiled.items.iter().position(|c| c.name == d.cap)
-                && let Some(n) = e.counts.denied.get(i)
+            } else if let Some(i) = e.compiled.items.iter().position(|c| {
+                c.name == d.cap
+                    || (missing_kind.is_some() && missing_kind == Some(c.scope.as_str()))
+            }) && let Some(n) = e.counts.denied.get(i)
             {
                 n.fetch_add(1, Relaxed);
             }
@@ -619,6 +703,7 @@ fn in_shadow(e: &CampaignEntry, shadow_all: bool) -> bool {
 fn decide_chain(
     chain: &[Arc<CampaignEntry>],
     mut user: Option<&mut SubjectRecord>,
+    ids: &mut [IdCopy],
     now: Nanos,
     cost: u64,
     cand: u32,
@@ -656,6 +741,18 @@ fn decide_chain(
                 Scope::Campaign => match guard_of(&mut guards, e.id) {
                     Some(r) => r,
                     None => continue,
+                },
+                Scope::Id(k) => match ids.iter().find(|c| c.kind == k) {
+                    Some(c) => &c.rec,
+                    None if passes_missing(cap.missing) => continue,
+                    None => {
+                        let d = missing_identity(e, k);
+                        if !in_shadow(e, shadow_all) {
+                            return Verdict::Denied(d);
+                        }
+                        shadowed.get_or_insert(d);
+                        continue;
+                    }
                 },
             };
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
@@ -733,6 +830,12 @@ fn decide_chain(
                 },
                 Scope::Campaign => match guard_of(&mut guards, e.id) {
                     Some(r) => r,
+                    None => continue,
+                },
+                // A copy: what this screen's later candidates see; the
+                // record's own holds are made after (`hold_identities`).
+                Scope::Id(k) => match ids.iter_mut().find(|c| c.kind == k) {
+                    Some(c) => &mut c.rec,
                     None => continue,
                 },
             };

@@ -250,7 +250,9 @@ impl<C: Clock> Engine<C> {
         // deadline (`super::shared`). Its campaign-side holds are this
         // node's: another node may have settled it, and the record says how.
         if let Some(shared) = self.shared()
-            && let Reserved::Screen { user, candidates } = &*due.reserved
+            && let Reserved::Screen {
+                user, candidates, ..
+            } = &*due.reserved
         {
             if !candidates.iter().any(|c| holds_campaign_side(&c.chain)) {
                 return;
@@ -477,6 +479,7 @@ impl<C: Clock> Engine<C> {
             .unwrap_or_else(|| format!("late-commit:{id}"));
         self.events(&[Event {
             user: Some(user.clone()),
+            ids: Vec::new(),
             campaign: campaign.clone(),
             cost,
             event_id: Some(event_id),
@@ -715,7 +718,16 @@ impl<C: Clock> Engine<C> {
                     Some(self.persist(changes, defs, now, Ack::Durable))
                 })
             }
-            Reserved::Screen { user, candidates } => {
+            Reserved::Screen {
+                user,
+                ids,
+                candidates,
+            } => {
+                // The other identities' records first, each in its own
+                // batch: the user's, last, is durable only once they are.
+                for key in ids {
+                    self.settle_identity(*key, candidates, seq, how, at, reads)?;
+                }
                 let settle = |user_rec: Option<&mut SubjectRecord>| {
                     self.settle_candidates(*user, user_rec, candidates, seq, how, at, now)
                 };

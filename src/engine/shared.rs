@@ -363,12 +363,21 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
         .iter()
         .filter_map(|h| Some((h.res, &**h.inline.as_ref()?)))
         .collect();
-    if !bodies.is_empty() || !inline.is_empty() {
+    let ids: Vec<(u64, &[u128])> = held
+        .iter()
+        .filter(|h| !h.ids.is_empty())
+        .map(|h| (h.res, &h.ids[..]))
+        .collect();
+    if !bodies.is_empty() || !inline.is_empty() || !ids.is_empty() {
         out.extend_from_slice(&codec::encode(&bodies));
     }
     // After the bodies, likewise (see [`Held::inline`]).
-    if !inline.is_empty() {
+    if !inline.is_empty() || !ids.is_empty() {
         out.extend_from_slice(&codec::encode(&inline));
+    }
+    // After the inline limits (see [`Held::ids`]).
+    if !ids.is_empty() {
+        out.extend_from_slice(&codec::encode(&ids));
     }
     out
 }
@@ -533,16 +542,20 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
         })?;
         (f, used)
     };
-    let (bodies, inline): (Vec<(u64, u64)>, InlineSpecs) = match payload.get(used..) {
-        Some(rest) if !rest.is_empty() => {
-            let (bodies, more) = codec::decode_prefix(rest)?;
-            match rest.get(more..) {
-                Some(rest) if !rest.is_empty() => (bodies, codec::decode(rest)?),
-                _ => (bodies, Vec::new()),
+    let mut bodies: Vec<(u64, u64)> = Vec::new();
+    let mut inline: InlineSpecs = Vec::new();
+    let mut ids: Vec<(u64, Vec<u128>)> = Vec::new();
+    if let Some(rest) = payload.get(used..).filter(|r| !r.is_empty()) {
+        let more;
+        (bodies, more) = codec::decode_prefix(rest)?;
+        if let Some(rest) = rest.get(more..).filter(|r| !r.is_empty()) {
+            let more;
+            (inline, more) = codec::decode_prefix(rest)?;
+            if let Some(rest) = rest.get(more..).filter(|r| !r.is_empty()) {
+                ids = codec::decode(rest)?;
             }
         }
-        _ => (Vec::new(), Vec::new()),
-    };
+    }
     let mut rec = SubjectRecord {
         counters: form
             .counters
@@ -597,6 +610,11 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
         for (res, spec) in inline {
             if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
                 h.inline = Some(spec.into());
+            }
+        }
+        for (res, keys) in ids {
+            if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
+                h.ids = keys;
             }
         }
     }
@@ -762,6 +780,50 @@ fn settle_in_record(
         final_cost,
     };
     Ok(InRecord::Done(how, names))
+}
+
+/// Settles reservation `res` in another identity's record (`super::identities`)
+/// as its user's record says it ended (`end`): for each campaign committed,
+/// its first candidate held here not already chosen wins; the rest are
+/// released. Nothing held here: a no-op.
+fn settle_identity_in_record(
+    rec: &mut SubjectRecord,
+    res: u64,
+    end: &RecordedEnd,
+    at: Nanos,
+    reg: &Registry,
+) {
+    let Some(held) = rec
+        .shared_meta()
+        .and_then(|m| m.held.iter().find(|h| h.res == res))
+        .cloned()
+    else {
+        return;
+    };
+    let mut chosen: Vec<u32> = Vec::new();
+    if let (HeldKind::Screen { candidates }, Outcome::Committed) = (&held.kind, end.outcome) {
+        for c in &end.campaigns {
+            if let Some(&(i, _)) = candidates
+                .iter()
+                .find(|(i, x)| x == c && !chosen.contains(i))
+            {
+                chosen.push(i);
+            }
+        }
+    }
+    let compiled = held.compiled();
+    for e in rec.take_pending(res, None) {
+        let settling = match chosen.contains(&e.cand) {
+            true => PendingEnd::Commit {
+                final_cost: end.final_cost,
+                repriced: Repriced::Budgets,
+            },
+            false => PendingEnd::Release,
+        };
+        settle_entries(rec, [e], held.defs(reg, &compiled), settling, at, None);
+    }
+    rec.shared_meta_mut().held.retain(|h| h.res != res);
+    rec.drop_empty_shared_meta();
 }
 
 /// The candidates a commit naming `campaigns` wins, as (index, campaign id,
@@ -1374,10 +1436,33 @@ impl<C: Clock> Engine<C> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
+        let mut ids: Vec<u128> = Vec::new();
         let settled = self.with_shared_record(shared, key, now, false, |rec, at| {
+            ids = rec
+                .shared_meta()
+                .and_then(|m| m.held.iter().find(|h| h.res == res))
+                .map(|h| h.ids.clone())
+                .unwrap_or_default();
             settle_in_record(rec, res, id, how, sample, at, &reg)
         });
-        super::hot::waited(settled)?
+        let settled = super::hot::waited(settled)??;
+        // Then the other identities' records the screen held on, as this
+        // one says it ended. A repeat does not know them (the settled id
+        // keeps no list): should this node stop between the writes, their
+        // holds end at the deadline, released (docs/cluster.md).
+        if let InRecord::Done(end, _) = &settled {
+            for k in ids {
+                let r = self.with_shared_record(
+                    shared,
+                    RecordKey::PolicyKey(k),
+                    now,
+                    false,
+                    |rec, at| settle_identity_in_record(rec, res, end, at, &reg),
+                );
+                super::hot::waited(r)?;
+            }
+        }
+        Ok(settled)
     }
 
     /// How reservation `res` was settled, as record `key` says (`None`:

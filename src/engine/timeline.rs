@@ -122,8 +122,9 @@ pub struct CampaignTimeline {
     /// more).
     pub per_user: Option<PerUser>,
     /// Candidates denied by each of its items since it was defined (the
-    /// per-campaign metrics' counts), `unknown_user` last.
-    pub denied_by_cap: Vec<(String, u64)>,
+    /// per-campaign metrics' counts), `unknown_user` last, each with its
+    /// scope (`None`: a budget or max_in_flight).
+    pub denied_by_cap: Vec<(String, Option<crate::model::Scope>, u64)>,
     /// Open screen reservations holding one of its candidates.
     pub reservations_open: u64,
 }
@@ -239,14 +240,22 @@ impl<C: Clock> Engine<C> {
             }
         };
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        let mut denied_by_cap: Vec<(String, u64)> = c
+        let mut denied_by_cap: Vec<(String, Option<Scope>, u64)> = c
             .compiled
             .items
             .iter()
             .zip(c.counts.denied.iter())
-            .map(|(cap, n)| (cap.name.clone(), n.load(relaxed)))
+            .map(|(cap, n)| {
+                let counted = !matches!(cap.item, Item::Budget(_) | Item::Concurrency(_));
+                let scope = counted.then_some(cap.scope);
+                (cap.name.clone(), scope, n.load(relaxed))
+            })
             .collect();
-        denied_by_cap.push(("unknown_user".into(), c.counts.unknown_user.load(relaxed)));
+        denied_by_cap.push((
+            "unknown_user".into(),
+            Some(Scope::User),
+            c.counts.unknown_user.load(relaxed),
+        ));
         let reservations_open = self.reservations.open_by_campaign(&[&c.name])[0];
         Ok(CampaignTimeline {
             denied_by_cap,

@@ -5,9 +5,10 @@ use std::sync::PoisonError;
 
 use crate::clock::{Clock, Nanos};
 use crate::limits::Item;
+use crate::model::Kind;
 
 use super::chain::FRESH;
-use super::hot::{Reads, RecordKey};
+use super::hot::Reads;
 use super::record::SubjectRecord;
 use super::{Engine, EngineError};
 
@@ -48,6 +49,24 @@ impl<C: Clock> Engine<C> {
     /// Each cap of `campaign` and its ancestors for `user` (docs/semantics.md §7.2).
     pub fn user_usage(&self, user: &str, campaign: &str) -> Result<Vec<CapUsage>, EngineError> {
         self.check_id("user", user)?;
+        self.usage_of(Kind::USER, user, campaign)
+    }
+
+    /// Each cap of `campaign` and its ancestors scoped to identity kind
+    /// `kind` (`household`), for identity `id`, and the campaign-scope ones
+    /// (docs/semantics.md §7.2).
+    pub fn identity_usage(
+        &self,
+        kind: &str,
+        id: &str,
+        campaign: &str,
+    ) -> Result<Vec<CapUsage>, EngineError> {
+        let k = Kind::parse(kind).map_err(|e| super::invalid("kind", e))?;
+        self.check_id(kind, id)?;
+        self.usage_of(k, id, campaign)
+    }
+
+    fn usage_of(&self, kind: Kind, id: &str, campaign: &str) -> Result<Vec<CapUsage>, EngineError> {
         let now = self.now();
         self.expire_step(now, Reads::MayWait);
         let reg = self.registry();
@@ -56,7 +75,7 @@ impl<C: Clock> Engine<C> {
                 "no campaign named {campaign:?}"
             )));
         };
-        let user_rec = self.record_figures(RecordKey::User(self.hash(b'u', 0, user)))?;
+        let id_rec = self.record_figures(self.identity_record(kind, id))?;
         let mut out = Vec::new();
         for id in &c.chain {
             let Some(e) = reg.campaign_by_id(*id) else {
@@ -79,8 +98,9 @@ impl<C: Clock> Engine<C> {
                     continue;
                 }
                 let rec: &SubjectRecord = match cap.scope {
-                    crate::model::Scope::User => &user_rec,
                     crate::model::Scope::Campaign => &camp,
+                    s if s.kind() == Some(kind) => &id_rec,
+                    _ => continue,
                 };
                 let t = e.tags[i];
                 let st = rec.state(e.id, t).unwrap_or(&FRESH);

@@ -89,9 +89,11 @@ pub fn decision(out: &CheckOutcome) -> pb::Decision {
 /// A `ScreenRequest` as the engine's; candidates keep their order, which
 /// the answer's results follow. `header` as [`check`]'s.
 pub fn screen(r: pb::ScreenRequest, header: Option<&[u8]>) -> Result<ScreenRequest, FrontError> {
+    let (user, ids) = crate::engine::split_ids(r.user, sorted(r.ids))?;
     Ok(ScreenRequest {
         priority: priority::of_word(r.priority.as_deref(), header)?,
-        user: r.user,
+        user,
+        ids,
         candidates: r
             .candidates
             .into_iter()
@@ -169,21 +171,32 @@ pub fn settled(o: CommitOutcome) -> pb::Settled {
 
 /// An event (an impression counted outside a reservation); an absent
 /// `cost` is 1, as over JSON.
-pub fn event(e: pb::Event) -> Event {
-    Event {
-        user: e.user,
+pub fn event(e: pb::Event) -> Result<Event, FrontError> {
+    let (user, ids) = crate::engine::split_ids(e.user, sorted(e.ids))?;
+    Ok(Event {
+        user,
+        ids,
         campaign: e.campaign,
         cost: e.cost.unwrap_or(1),
         event_id: e.event_id,
-    }
+    })
+}
+
+/// A protobuf map's entries in key order, as JSON's object gives them: an
+/// error then names the same identity first whichever front it came in.
+fn sorted(m: std::collections::HashMap<String, String>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = m.into_iter().collect();
+    v.sort();
+    v
 }
 
 /// A user's caps on a campaign. The scope is written through serde, so its
 /// word is the JSON API's (`user`, `campaign`) and cannot drift from it.
-pub fn usage(user: String, campaign: String, caps: Vec<CapUsage>) -> pb::Usage {
+pub fn usage(user: String, campaign: String, kind: String, caps: Vec<CapUsage>) -> pb::Usage {
     pb::Usage {
         user,
         campaign,
+        kind,
         caps: caps
             .into_iter()
             .map(|c| pb::CapUsage {
@@ -260,6 +273,7 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
         }
     };
     put("scope", l.scope.map(Value::from));
+    put("missing", l.missing.map(Value::from));
     put("name", l.name.map(Value::from));
     put("rate", l.rate.map(Value::from));
     put("per", l.per.map(Value::from));
@@ -345,6 +359,7 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         algorithm: s("algorithm"),
         backoff: v.get("backoff").and_then(serde_json::Value::as_f64),
         scope: s("scope"),
+        missing: s("missing"),
         priorities: v
             .get("priorities")
             .and_then(serde_json::Value::as_object)

@@ -92,7 +92,7 @@ impl<C: Clock + 'static> Service<C> {
                 })?;
             let end = next.is_none();
             if let Some(e) = next {
-                batch.push(convert::event(e?));
+                batch.push(convert::event(e?).map_err(status)?);
             }
             if (end && !batch.is_empty()) || batch.len() >= BATCH {
                 let _slot = self.slot()?;
@@ -206,7 +206,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
             .events
             .into_iter()
             .map(convert::event)
-            .collect();
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(status)?;
         Ok(Response::new(self.count(evs).await?))
     }
 
@@ -257,11 +258,14 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         self.id("user", &r.user)?;
         self.id("campaign", &r.campaign)?;
         let e = self.state.engine.clone();
-        let (u, c) = (r.user.clone(), r.campaign.clone());
-        let caps = blocking(move || e.user_usage(&u, &c))
+        let kind = r.kind.unwrap_or_else(|| "user".into());
+        let (u, c, k) = (r.user.clone(), r.campaign.clone(), kind.clone());
+        let caps = blocking(move || e.identity_usage(&k, &u, &c))
             .await
             .map_err(status)?;
-        Ok(Response::new(convert::usage(r.user, r.campaign, caps)))
+        Ok(Response::new(convert::usage(
+            r.user, r.campaign, kind, caps,
+        )))
     }
 
     /// `Delivery`: a campaign's budget spend and its cap now.

@@ -9,6 +9,7 @@ use crate::limits::Item;
 use crate::limits::concurrency::Concurrency;
 use crate::limits::priority::Classes;
 use crate::model::error::{DefinitionError, Warning};
+use crate::model::identity::Kind;
 use crate::model::limit::{LimitDef, MAX_ITEMS, check_windows_among};
 
 /// The most caps one campaign may have: as many as a policy's items
@@ -17,32 +18,97 @@ use crate::model::limit::{LimitDef, MAX_ITEMS, check_windows_among};
 /// counter's tag.
 pub const MAX_CAPS: usize = MAX_ITEMS;
 
-/// Who a cap counts for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+/// Who a cap counts for (docs/semantics.md §6.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scope {
     /// One counter per (user, campaign).
     User,
     /// One counter shared by every user (and by every child campaign).
     Campaign,
+    /// One counter per (identity of this kind, campaign): a household's, a
+    /// device's. Never `user` (that is [`Scope::User`]).
+    Id(Kind),
 }
 
-/// What to do with a screen that names no user.
+impl Scope {
+    /// `"user"`, `"campaign"` or an identity kind.
+    pub fn parse(s: &str) -> Result<Scope, String> {
+        match s {
+            "user" => Ok(Scope::User),
+            "campaign" => Ok(Scope::Campaign),
+            _ => Kind::parse(s).map(Scope::Id).map_err(|e| {
+                format!(
+                    "must be \"campaign\" or an identity kind (\"user\", \"household\", ...): {e}"
+                )
+            }),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Scope::User => "user",
+            Scope::Campaign => "campaign",
+            Scope::Id(k) => k.as_str(),
+        }
+    }
+
+    /// The identity it counts per, if any (`user` for [`Scope::User`]).
+    pub fn kind(&self) -> Option<Kind> {
+        match self {
+            Scope::User => Some(Kind::USER),
+            Scope::Campaign => None,
+            Scope::Id(k) => Some(*k),
+        }
+    }
+}
+
+impl Serialize for Scope {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Scope::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for Scope {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Scope".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "\"campaign\", \"user\" or another identity kind (\"household\", \"device\"): 1 to 16 lowercase letters, digits or '_', starting with a letter.",
+            "type": "string",
+            "pattern": "^[a-z][a-z0-9_]{0,15}$"
+        })
+    }
+}
+
+/// What to do with a screen that names no user (`unknown_user`), or no
+/// identity of a cap's kind (the cap's `missing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum UnknownUser {
     /// Deny every candidate (fail closed).
     #[default]
     Deny,
-    /// Decide without the per-user caps.
+    /// Decide without the per-user caps (the caps of the missing kind).
     Allow,
 }
 
-/// A cap: a `rate`, `gap` or `window` item with a `scope` (default `user`).
+/// A cap: a `rate`, `gap` or `window` item with a `scope` (default `user`)
+/// and, for an identity other than the user, what a request without one
+/// gets (`missing`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CapDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<UnknownUser>,
     #[serde(flatten)]
     pub limit: LimitDef,
 }
@@ -61,18 +127,30 @@ fn take(value: &mut serde_json::Value, field: &str) -> Option<serde_json::Value>
 impl<'de> Deserialize<'de> for CapDef {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        // `scope` sits beside the item's own fields; take it out, then read the
-        // rest as a limit item, naming the field it rejects (`caps[0].limit`).
+        // `scope` and `missing` sit beside the item's own fields; take them
+        // out, then read the rest as a limit item, naming the field it
+        // rejects (`caps[0].limit`).
         let mut value = serde_json::Value::deserialize(d)?;
         let scope = match take(&mut value, "scope") {
             None => None,
-            Some(s) => Some(
-                Scope::deserialize(s)
-                    .map_err(|_| D::Error::custom("scope: must be \"user\" or \"campaign\""))?,
+            Some(serde_json::Value::String(s)) => {
+                Some(Scope::parse(&s).map_err(|e| D::Error::custom(format!("scope: {e}")))?)
+            }
+            Some(_) => return Err(D::Error::custom("scope: must be a string")),
+        };
+        let missing = match take(&mut value, "missing") {
+            None => None,
+            Some(m) => Some(
+                UnknownUser::deserialize(m)
+                    .map_err(|_| D::Error::custom("missing: must be \"deny\" or \"allow\""))?,
             ),
         };
         let limit = crate::model::nested_error(value, None)?;
-        Ok(CapDef { scope, limit })
+        Ok(CapDef {
+            scope,
+            missing,
+            limit,
+        })
     }
 }
 
@@ -83,10 +161,11 @@ impl JsonSchema for CapDef {
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
         let limit = generator.subschema_for::<LimitDef>();
         let scope = generator.subschema_for::<Scope>();
+        let missing = generator.subschema_for::<UnknownUser>();
         schemars::json_schema!({
-            "description": "A rate, gap or window item with an optional `scope` (default \"user\").",
+            "description": "A rate, gap or window item with an optional `scope` (default \"user\") and, for a cap scoped to another identity kind, `missing`: what a request without that identity gets (default \"deny\").",
             "allOf": [limit],
-            "properties": {"scope": scope}
+            "properties": {"scope": scope, "missing": missing}
         })
     }
 }
@@ -214,6 +293,9 @@ fn check_screen_rules(def: &CampaignDef) -> Result<(), DefinitionError> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompiledCap {
     pub scope: Scope,
+    /// For a [`Scope::Id`] cap: what a request without that identity gets
+    /// (`deny`, the default, denies by `unknown_<kind>`).
+    pub missing: UnknownUser,
     /// The reported name (`denied_by.cap`).
     pub name: String,
     pub item: Item,
@@ -308,9 +390,17 @@ impl CampaignDef {
                 ));
             }
             names.push(name.clone());
+            if cap.missing.is_some() && !matches!(cap.scope(), Scope::Id(_)) {
+                return Err(DefinitionError::new(
+                    format!("{path}.missing"),
+                    "only a cap scoped to an identity other than the user (\"household\", \
+                     \"device\") has `missing`; a user cap follows the campaign's unknown_user",
+                ));
+            }
             let item = def.compile(&path)?;
             items.push(CompiledCap {
                 scope: cap.scope(),
+                missing: cap.missing.unwrap_or_default(),
                 name,
                 classes: def.classes(&path, &item)?,
                 item,
@@ -320,7 +410,13 @@ impl CampaignDef {
         // Redundant or contradictory windows are judged per scope: a user cap and
         // a campaign cap of the same length count different things.
         let mut warnings = Vec::new();
-        for scope in [Scope::User, Scope::Campaign] {
+        let mut scopes: Vec<Scope> = Vec::new();
+        for c in &self.caps {
+            if !scopes.contains(&c.scope()) {
+                scopes.push(c.scope());
+            }
+        }
+        for scope in scopes {
             let same: Vec<(usize, &LimitDef)> = self
                 .caps
                 .iter()
@@ -346,6 +442,7 @@ impl CampaignDef {
             };
             items.push(CompiledCap {
                 scope: Scope::Campaign,
+                missing: UnknownUser::Deny,
                 name: "budget".into(),
                 classes: def.classes("budget", &item)?,
                 item,
@@ -361,6 +458,7 @@ impl CampaignDef {
             }
             items.push(CompiledCap {
                 scope: Scope::Campaign,
+                missing: UnknownUser::Deny,
                 name: "max_in_flight".into(),
                 item: Item::Concurrency(Concurrency { max }),
                 classes: None,

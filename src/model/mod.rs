@@ -4,12 +4,14 @@
 pub mod campaign;
 pub mod duration;
 pub mod error;
+pub mod identity;
 pub mod limit;
 mod raw;
 
 pub use campaign::{CampaignDef, CompiledCampaign, Scope, UnknownUser};
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
+pub use identity::Kind;
 pub use limit::{CompiledPolicy, LimitDef, Mode, PolicyDef};
 
 use serde::de::DeserializeOwned;

@@ -227,6 +227,7 @@ impl<'a> Runner<'a> {
         let screen = ScreenRequest {
             priority: Default::default(),
             user: Some(req.user_name.clone()),
+            ids: Vec::new(),
             candidates,
             reserve: true,
             ttl_ms: Some(self.opts.ttl_ms),
