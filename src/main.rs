@@ -55,6 +55,12 @@ enum Command {
     /// `freqcap simulate overload` runs limiters against an overloaded
     /// backend instead (docs/adaptive.md).
     Simulate(Box<SimulateCmd>),
+    /// Forecast each campaign's delivery per day (impressions, spend, unique
+    /// users and households, frequency) under all its caps and pacing, from
+    /// a traffic log or synthetic traffic, on a sample of users; with
+    /// --compare, against the whole traffic too. Writes forecast.json and
+    /// forecast.md into --out. See docs/forecast.md.
+    Forecast(Box<freqcap::simulate::ForecastArgs>),
     /// Write the JSON Schemas of the definitions into a folder.
     Schemas {
         /// The folder to write to.
@@ -575,6 +581,27 @@ fn run(cli: Cli) -> Result<(), String> {
                 s.wall_seconds,
                 s.requests_per_minute,
                 args.out.display()
+            );
+            Ok(())
+        }
+        Command::Forecast(args) => {
+            let r = freqcap::simulate::forecast_main(&args).map_err(|e| e.to_string())?;
+            let f = &r.forecast;
+            let _ = write!(
+                std::io::stdout(),
+                "{}",
+                freqcap::simulate::forecast::markdown(f, r.error.as_ref())
+            );
+            eprintln!(
+                "forecast: {} of {} requests decided in {:.2} s{}; report in {}",
+                f.sampled_requests,
+                f.requests,
+                f.wall_ms as f64 / 1000.0,
+                r.full.as_ref().map_or(String::new(), |full| format!(
+                    " (the whole traffic: {:.2} s)",
+                    full.wall_ms as f64 / 1000.0
+                )),
+                args.sim.out.display()
             );
             Ok(())
         }

@@ -1446,7 +1446,7 @@ fn bad_cases() -> Vec<Case> {
         case("missing parent", "PUT", "/v1/campaigns/orphan", r#"{"parent":"ghost"}"#, 400, inval, Some("parent")),
         case("unknown field in a campaign", "PUT", "/v1/campaigns/base", r#"{"colour":"red"}"#, 400, inval, Some("colour")),
         case("bad scope", "PUT", "/v1/campaigns/base",
-            r#"{"caps":[{"scope":"everyone","kind":"gap","min":"1s"}]}"#, 400, inval, Some("scope")),
+            r#"{"caps":[{"scope":"Everyone","kind":"gap","min":"1s"}]}"#, 400, inval, Some("scope")),
         case("budget of another kind", "PUT", "/v1/campaigns/base",
             r#"{"budget":{"kind":"rate","rate":1,"per":"1s"}}"#, 400, inval, Some("budget")),
         case("negative max_in_flight", "PUT", "/v1/campaigns/base", r#"{"max_in_flight":-1}"#, 400, inval, Some("max_in_flight")),

@@ -22,6 +22,7 @@ fn args(start: &str, days: u32, tz: &str, requests: f64) -> SimulateArgs {
         // Heavy users reach their 3-a-day cap early; a milder skew than 1.0
         // keeps the night's effective traffic above 3× what a budget needs.
         zipf: 0.8,
+        households: 0,
         candidates: 3,
         diurnal: None,
         seed: 42,

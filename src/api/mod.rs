@@ -7,6 +7,7 @@ mod check;
 mod definitions;
 pub mod error;
 mod events;
+pub mod forecast;
 pub mod guard;
 pub mod openapi;
 pub(crate) mod request;
@@ -31,8 +32,8 @@ use crate::model::{CampaignDef, PolicyDef};
 // `super::*`).
 #[allow(unused_imports)]
 use {
-    admin::*, check::*, definitions::*, events::*, request::*, screen::*, settle::*, timeline::*,
-    usage::*,
+    admin::*, check::*, definitions::*, events::*, forecast::*, request::*, screen::*, settle::*,
+    timeline::*, usage::*,
 };
 
 // The shared state and options, under the names the library's users (the
@@ -57,6 +58,7 @@ pub const ROUTES: &[&str] = &[
     "/v1/events",
     "/v1/users/{user}/campaigns/{id}",
     "/v1/ids/{kind}/{ident}/campaigns/{id}",
+    "/v1/forecast",
     "/v1/admin/checkpoint",
     "/metrics",
     "/healthz",
@@ -93,6 +95,7 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/v1/events" => post(events::<C>),
         "/v1/users/{user}/campaigns/{id}" => get(usage::<C>),
         "/v1/ids/{kind}/{ident}/campaigns/{id}" => get(identity_usage::<C>),
+        "/v1/forecast" => post(forecast_endpoint),
         "/v1/admin/checkpoint" => post(checkpoint::<C>),
         "/metrics" => get(metrics_text::<C>),
         "/healthz" => get(|| async { "ok" }),

@@ -441,6 +441,25 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         },
         Op {
             method: "post",
+            path: "/v1/forecast",
+            summary: "Forecast campaigns' delivery per day (impressions, spend, unique users and households, frequency) under all their caps and pacing, on modelled traffic, on a fresh engine and a virtual clock; at most 200 000 requests decided. The service's state is not read or changed.",
+            admin: false,
+            request: schema::<ForecastBody>(g),
+            responses: vec![
+                (
+                    200,
+                    "the forecast",
+                    schema::<crate::simulate::forecast::Forecast>(g),
+                ),
+                e(
+                    400,
+                    "an invalid field, or a forecast over the size one call decides, naming the field",
+                ),
+                e(503, "another forecast is running"),
+            ],
+        },
+        Op {
+            method: "post",
             path: "/v1/admin/checkpoint",
             summary: "Write a consistent copy of the data directory (a RocksDB checkpoint) into a new directory, for backups.",
             admin: true,

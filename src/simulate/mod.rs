@@ -9,6 +9,7 @@
 //!   pacing error, exhaustion, denials by cap; `summary.json` and `summary.md`.
 //! - [`plots`]: SVG pictures of the same.
 
+pub mod forecast;
 pub mod overload;
 pub mod plots;
 pub mod report;
@@ -268,6 +269,10 @@ pub struct SimulateArgs {
     /// Synthetic: Zipf exponent of user activity.
     #[arg(long, default_value_t = 1.0)]
     pub zipf: f64,
+    /// Synthetic: households the users live in (user rank modulo this,
+    /// named in each screen as `ids.household`); 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub households: u32,
     /// Synthetic: candidate campaigns per request.
     #[arg(long, default_value_t = 3)]
     pub candidates: usize,
@@ -303,6 +308,16 @@ fn parse_diurnal(text: &str) -> Result<[f64; 24], SimError> {
 
 /// Runs a simulation as the command does, without writing anything.
 pub fn simulate(args: &SimulateArgs, campaigns: &[SimCampaign]) -> Result<RunStats, SimError> {
+    let (traffic, opts) = traffic(args, campaigns)?;
+    Runner::new(campaigns, opts)?.run(traffic)
+}
+
+/// The requests a simulation runs (the log's, or the synthetic day's), and
+/// the options its runner takes.
+pub fn traffic(
+    args: &SimulateArgs,
+    campaigns: &[SimCampaign],
+) -> Result<(Box<dyn Iterator<Item = Request>>, RunOptions), SimError> {
     let tz =
         TimeZone::get(&args.tz).map_err(|_| SimError(format!("tz: unknown zone {:?}", args.tz)))?;
     if !(0.0..=1.0).contains(&args.lost_share) {
@@ -337,7 +352,7 @@ pub fn simulate(args: &SimulateArgs, campaigns: &[SimCampaign]) -> Result<RunSta
         };
         let day = Calendar::new(CalendarUnit::Day, tz);
         let (start, end) = (day.bounds(first.at).0, day.bounds(last.at).1);
-        return Runner::new(campaigns, opts(start, end))?.run(requests.into_iter());
+        return Ok((Box::new(requests.into_iter()), opts(start, end)));
     }
     if !args.synthetic {
         return Err(SimError("give --traffic FILE or --synthetic".into()));
@@ -355,12 +370,13 @@ pub fn simulate(args: &SimulateArgs, campaigns: &[SimCampaign]) -> Result<RunSta
         diurnal,
         users: args.users,
         zipf_s: args.zipf,
+        households: args.households,
         candidates: args.candidates,
         campaigns: campaigns.len(),
         seed: args.seed,
     })
     .map_err(SimError)?;
-    Runner::new(campaigns, opts(start, end))?.run(generator)
+    Ok((Box::new(generator), opts(start, end)))
 }
 
 /// `freqcap simulate`: reads the campaigns, runs, writes the report.
@@ -374,6 +390,69 @@ pub fn main(args: &SimulateArgs) -> Result<Summary, SimError> {
     let summary = report::summarize(&campaigns, &stats);
     write_report(&args.out, &campaigns, &stats, &summary)?;
     Ok(summary)
+}
+
+/// Options of `freqcap forecast`: a simulation's, and the sample.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ForecastArgs {
+    #[command(flatten)]
+    pub sim: SimulateArgs,
+    /// The share of users (households, when the traffic names them) to
+    /// decide, more than 0 and at most 1.
+    #[arg(long, default_value_t = 0.1)]
+    pub sample: f64,
+    /// Also run the whole traffic and report the forecast's error against it.
+    #[arg(long)]
+    pub compare: bool,
+}
+
+/// What `freqcap forecast` found: the forecast, and with `--compare` the
+/// full run and the error against it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ForecastReport {
+    pub forecast: forecast::Forecast,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub full: Option<forecast::Forecast>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<forecast::ForecastError>,
+}
+
+/// `freqcap forecast`: reads the campaigns, forecasts on a sample (and runs
+/// the whole traffic with `--compare`), writes forecast.json and
+/// forecast.md into `--out`.
+pub fn forecast_main(args: &ForecastArgs) -> Result<ForecastReport, SimError> {
+    forecast::check_sample("sample", args.sample)?;
+    let text = std::fs::read_to_string(&args.sim.campaigns)
+        .map_err(|e| SimError(format!("cannot read {}: {e}", args.sim.campaigns.display())))?;
+    let toml = args.sim.campaigns.extension().is_some_and(|e| e == "toml");
+    let campaigns = parse_campaigns(&text, toml)
+        .map_err(|e| SimError(format!("{}: {e}", args.sim.campaigns.display())))?;
+    let run = |rate: f64| {
+        let (requests, opts) = traffic(&args.sim, &campaigns)?;
+        forecast::forecast(&campaigns, requests, opts, rate, args.sim.seed)
+    };
+    let f = run(args.sample)?;
+    let full = if args.compare { Some(run(1.0)?) } else { None };
+    let error = full.as_ref().map(|full| forecast::error_against(&f, full));
+    let report = ForecastReport {
+        forecast: f,
+        full,
+        error,
+    };
+    let dir = &args.sim.out;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| SimError(format!("cannot create {}: {e}", dir.display())))?;
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|e| SimError(format!("cannot write {}: {e}", p.display())))
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| SimError(e.to_string()))?;
+    write("forecast.json", json + "\n")?;
+    write(
+        "forecast.md",
+        forecast::markdown(&report.forecast, report.error.as_ref()),
+    )?;
+    Ok(report)
 }
 
 /// Writes summary.json, summary.md and the pictures into `dir`.

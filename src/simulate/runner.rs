@@ -74,6 +74,9 @@ pub struct CampaignStats {
     pub hourly: BTreeMap<Nanos, u64>,
     /// Impressions per (user, local day start).
     pub per_user_day: HashMap<(u32, Nanos), u32>,
+    /// Impressions per (household, local day start), for traffic that
+    /// names households.
+    pub per_household_day: HashMap<(u32, Nanos), u32>,
 }
 
 /// What a run did.
@@ -100,6 +103,7 @@ struct Due {
     winner: u16,
     user: u32,
     user_name: String,
+    household: Option<u32>,
 }
 
 /// The simulation loop. One thread: the order of every step is fixed, so a
@@ -227,7 +231,11 @@ impl<'a> Runner<'a> {
         let screen = ScreenRequest {
             priority: Default::default(),
             user: Some(req.user_name.clone()),
-            ids: Vec::new(),
+            ids: req
+                .household
+                .iter()
+                .map(|(_, h)| ("household".to_owned(), h.clone()))
+                .collect(),
             candidates,
             reserve: true,
             ttl_ms: Some(self.opts.ttl_ms),
@@ -271,6 +279,7 @@ impl<'a> Runner<'a> {
             winner,
             user: req.user,
             user_name: req.user_name,
+            household: req.household.map(|(h, _)| h),
         });
         Ok(())
     }
@@ -323,6 +332,11 @@ impl<'a> Runner<'a> {
         *st.per_user_day
             .entry((d.user, c.day_of(d.reserved_at)))
             .or_insert(0) += 1;
+        if let Some(h) = d.household {
+            *st.per_household_day
+                .entry((h, c.day_of(d.reserved_at)))
+                .or_insert(0) += 1;
+        }
         Ok(())
     }
 }

@@ -21,6 +21,9 @@ pub struct Request {
     /// The user's number (dense, for tallies) and the id the engine sees.
     pub user: u32,
     pub user_name: String,
+    /// The user's household, if the traffic says (its number and id): a
+    /// screen names it (`ids.household`), so household caps apply.
+    pub household: Option<(u32, String)>,
     pub candidates: Vec<u16>,
 }
 
@@ -47,6 +50,8 @@ pub struct Synthetic {
     /// Distinct users; user ranks follow a Zipf law of exponent `zipf_s`.
     pub users: u32,
     pub zipf_s: f64,
+    /// Households the users live in (user rank modulo this); 0: none named.
+    pub households: u32,
     /// Candidates per request (at most the number of campaigns).
     pub candidates: usize,
     pub campaigns: usize,
@@ -198,10 +203,15 @@ impl Iterator for Generator {
             let j = self.rng.random_range(i..self.order.len());
             self.order.swap(i, j);
         }
+        let household = (self.cfg.households > 0).then(|| {
+            let h = user % self.cfg.households;
+            (h, format!("h{h}"))
+        });
         Some(Request {
             at: self.now,
             user,
             user_name: format!("u{user}"),
+            household,
             candidates: self.order[..k].to_vec(),
         })
     }
@@ -215,6 +225,9 @@ struct LogLine {
     at_ms: Option<u64>,
     time: Option<String>,
     user: String,
+    /// The user's household, if known.
+    #[serde(default)]
+    household: Option<String>,
     candidates: Vec<String>,
 }
 
@@ -227,6 +240,7 @@ pub struct LogReader<R> {
     last: Nanos,
     campaigns: std::collections::HashMap<String, u16>,
     users: std::collections::HashMap<String, u32>,
+    households: std::collections::HashMap<String, u32>,
     /// The first error met; the iterator stops there.
     pub error: Option<String>,
 }
@@ -243,6 +257,7 @@ impl<R: BufRead> LogReader<R> {
                 .map(|(i, n)| (n.clone(), i as u16))
                 .collect(),
             users: Default::default(),
+            households: Default::default(),
             error: None,
         }
     }
@@ -282,10 +297,15 @@ impl<R: BufRead> LogReader<R> {
         }
         let next = self.users.len() as u32;
         let user = *self.users.entry(line.user.clone()).or_insert(next);
+        let household = line.household.map(|h| {
+            let next = self.households.len() as u32;
+            (*self.households.entry(h.clone()).or_insert(next), h)
+        });
         Ok(Request {
             at,
             user,
             user_name: line.user,
+            household,
             candidates,
         })
     }
@@ -327,6 +347,7 @@ mod tests {
 
     fn day(seed: u64) -> Synthetic {
         Synthetic {
+            households: 0,
             start: 1_767_225_600 * SECOND, // 2026-01-01T00:00:00Z
             end: 1_767_225_600 * SECOND + 86_400 * SECOND,
             tz: TimeZone::UTC,
