@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use freqcap::PolicyDef;
-use freqcap::client::{Backoff, Builder, Check, Client, Commit, Error, Event, Screen};
+use freqcap::client::{
+    Backoff, Builder, Check, Client, Commit, Error, Event, ForecastCampaign, ForecastRequest,
+    ForecastTraffic, Screen,
+};
 use freqcap::engine::Priority;
 use freqcap::model::{CampaignDef, from_json};
 
@@ -50,6 +53,62 @@ async fn remaining(c: &Client, policy: &str, key: &str) -> u64 {
         .await
         .unwrap()
         .remaining
+}
+
+/// Identity scopes and forecasts through the client (issue 30 items 1, 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn households_and_forecasts() {
+    let s = memory_node();
+    let c = quiet(&[&s.addr]).build().unwrap();
+    let def = campaign(
+        r#"{"caps": [{"kind": "window", "limit": 1, "window": "1d", "name": "hh", "scope": "household"}]}"#,
+    );
+    c.put_campaign("c", &def).await.unwrap();
+    let screen = |u: &str| {
+        Screen::new(u, ["c"])
+            .identity("household", "h1")
+            .reserve(None)
+    };
+    let first = c.screen(&screen("u1")).await.unwrap();
+    assert!(first.results[0].eligible);
+    let id = first.reservation.clone().unwrap();
+    c.commit(&id, &Commit::default()).await.unwrap();
+    let second = c.screen(&screen("u2")).await.unwrap();
+    assert_eq!(second.results[0].denied_by.as_ref().unwrap().cap, "hh");
+    let u = c.identity_usage("household", "h1", "c").await.unwrap();
+    assert_eq!((u.kind.as_str(), u.caps[0].used), ("household", 1));
+    let ev = Event {
+        user: Some("u3".into()),
+        ids: [("household".to_owned(), "h2".to_owned())].into(),
+        campaign: "c".into(),
+        cost: 1,
+        event_id: Some("e-1".into()),
+    };
+    c.events(&[ev]).await.unwrap();
+    let u = c.identity_usage("household", "h2", "c").await.unwrap();
+    assert_eq!(u.caps[0].used, 1);
+    // A forecast of the same campaign on modelled traffic.
+    let f = c
+        .forecast(&ForecastRequest {
+            campaigns: vec![ForecastCampaign {
+                id: "c".into(),
+                cost: None,
+                campaign: def,
+            }],
+            traffic: ForecastTraffic {
+                requests: 5000.0,
+                users: 1000,
+                households: 400,
+                ..Default::default()
+            },
+            sample: None,
+        })
+        .await
+        .unwrap();
+    // One a day per household: at most the 400 households.
+    let hh = f.campaigns[0].households.unwrap();
+    assert!((1..=400).contains(&hh), "{f:?}");
+    assert_eq!(f.campaigns[0].impressions, hh);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -228,6 +228,50 @@ async fn household_caps_over_grpc() {
     assert!(e.message().contains("ids.House"), "{}", e.message());
     let e = c.screen(screen("u1", &[("user", "u2")])).await.unwrap_err();
     assert!(e.message().contains("ids.user"), "{}", e.message());
+    // A forecast of the campaign, as HTTP's (seeded: the same figures).
+    let traffic = pb::ForecastTraffic {
+        requests: 4000.0,
+        users: 800,
+        households: 300,
+        seed: Some(5),
+        ..Default::default()
+    };
+    let req = pb::ForecastRequest {
+        campaigns: vec![pb::ForecastCampaign {
+            id: "c1".into(),
+            cost: None,
+            campaign: Some(pb::Campaign {
+                caps: vec![pb::Limit {
+                    kind: "window".into(),
+                    name: Some("hh".into()),
+                    limit: Some(2),
+                    window: Some("1d".into()),
+                    scope: Some("household".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        }],
+        traffic: Some(traffic),
+        sample: None,
+    };
+    let f = c.forecast(req.clone()).await.unwrap().into_inner();
+    let body = json!({"campaigns": [{"id": "c1", "campaign": {"caps": [{"kind": "window",
+        "name": "hh", "limit": 2, "window": "1d", "scope": "household"}]}}],
+        "traffic": {"requests": 4000.0, "users": 800, "households": 300, "seed": 5}});
+    let (st, h) = http(&n, "POST", "/v1/forecast", Some(body));
+    assert_eq!(st, 200, "{h}");
+    assert_eq!(f.campaigns[0].impressions, h["campaigns"][0]["impressions"]);
+    assert_eq!(
+        f.campaigns[0].households,
+        h["campaigns"][0]["households"].as_u64()
+    );
+    assert!(f.campaigns[0].impressions <= 600, "two a household: {f:?}");
+    let mut bad = req;
+    bad.sample = Some(2.0);
+    let e = c.forecast(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("sample: must be"), "{}", e.message());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -653,6 +653,22 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/forecast`: campaigns' delivery on modelled traffic
+    /// (docs/forecast.md). Not retried: one forecast runs at a time, and a
+    /// retry would only queue behind it.
+    pub async fn forecast(&self, req: &ForecastRequest) -> Result<Forecast, Error> {
+        self.call(Call {
+            method: Method::POST,
+            path: "/v1/forecast".into(),
+            body: Some(json(req)?),
+            affinity: None,
+            retry: false,
+            ok: &[200],
+            opts: self.defaults,
+        })
+        .await
+    }
+
     /// `GET /v1/campaigns/{id}/delivery`.
     pub async fn delivery(&self, campaign: &str) -> Result<Delivery, Error> {
         self.get(format!("/v1/campaigns/{}/delivery", seg(campaign)), None)

@@ -378,3 +378,54 @@ pub struct Delivery {
     #[serde(default)]
     pub levers: Option<PacingLevers>,
 }
+
+pub use crate::simulate::forecast::{CampaignForecast, DayForecast, Forecast, FrequencyBucket};
+
+/// `POST /v1/forecast`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ForecastRequest {
+    /// Parents before their children.
+    pub campaigns: Vec<ForecastCampaign>,
+    pub traffic: ForecastTraffic,
+    /// The share of users (households) decided; absent: 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample: Option<f64>,
+}
+
+/// A campaign to forecast.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ForecastCampaign {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<u64>,
+    pub campaign: crate::model::CampaignDef,
+}
+
+/// Modelled traffic; the unset fields take the server's defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct ForecastTraffic {
+    pub requests: f64,
+    pub users: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub households: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub days: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zipf: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diurnal: Option<Vec<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_share: Option<f64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}

@@ -458,3 +458,101 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         pacing_levers: c.pacing_levers,
     }
 }
+
+/// A forecast request as the JSON body `POST /v1/forecast` takes, so the
+/// same checks name the same fields.
+pub fn forecast_request(
+    r: pb::ForecastRequest,
+) -> Result<crate::api::forecast::ForecastBody, FrontError> {
+    use serde_json::{Map, Value};
+    let mut campaigns = Vec::with_capacity(r.campaigns.len());
+    for (i, c) in r.campaigns.into_iter().enumerate() {
+        let def = match c.campaign {
+            Some(def) => campaign_def(def)?,
+            None => {
+                return Err(FrontError::invalid(
+                    &format!("campaigns[{i}].campaign"),
+                    "is required",
+                ));
+            }
+        };
+        let mut m = Map::new();
+        m.insert("id".into(), c.id.into());
+        if let Some(cost) = c.cost {
+            m.insert("cost".into(), cost.into());
+        }
+        m.insert(
+            "campaign".into(),
+            serde_json::to_value(def).map_err(FrontError::internal)?,
+        );
+        campaigns.push(Value::Object(m));
+    }
+    let t = r.traffic.unwrap_or_default();
+    let mut traffic = Map::new();
+    traffic.insert("requests".into(), t.requests.into());
+    traffic.insert("users".into(), t.users.into());
+    traffic.insert("households".into(), t.households.into());
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            traffic.insert(k.into(), v);
+        }
+    };
+    put("start", t.start.map(Value::from));
+    put("days", t.days.map(Value::from));
+    put("tz", t.tz.map(Value::from));
+    put("zipf", t.zipf.map(Value::from));
+    put("candidates", t.candidates.map(Value::from));
+    put(
+        "diurnal",
+        (!t.diurnal.is_empty()).then(|| Value::from(t.diurnal)),
+    );
+    put("seed", t.seed.map(Value::from));
+    put("lost_share", t.lost_share.map(Value::from));
+    let mut body = Map::new();
+    body.insert("campaigns".into(), Value::Array(campaigns));
+    body.insert("traffic".into(), Value::Object(traffic));
+    if let Some(s) = r.sample {
+        body.insert("sample".into(), s.into());
+    }
+    serde_json::from_value(Value::Object(body)).map_err(|e| FrontError::invalid("", e))
+}
+
+/// A forecast as its message.
+pub fn forecast(f: crate::simulate::forecast::Forecast) -> pb::Forecast {
+    pb::Forecast {
+        sample: f.sample,
+        requests: f.requests,
+        sampled_requests: f.sampled_requests,
+        wall_ms: f.wall_ms,
+        campaigns: f
+            .campaigns
+            .into_iter()
+            .map(|c| pb::CampaignForecast {
+                id: c.id,
+                impressions: c.impressions,
+                spend: c.spend,
+                users: c.users,
+                households: c.households,
+                days: c
+                    .days
+                    .into_iter()
+                    .map(|d| pb::ForecastDay {
+                        day: d.day,
+                        impressions: d.impressions,
+                        spend: d.spend,
+                        users: d.users,
+                        households: d.households,
+                    })
+                    .collect(),
+                frequency: c
+                    .frequency
+                    .into_iter()
+                    .map(|b| pb::FrequencyBucket {
+                        impressions: b.impressions,
+                        share: b.share,
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}

@@ -282,4 +282,17 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let pacing = crate::front::call::pacing_of(&self.state.engine, &r.campaign);
         Ok(Response::new(convert::delivery(d, pacing)))
     }
+
+    /// `Forecast`: `POST /v1/forecast`'s, on the same checks.
+    async fn forecast(
+        &self,
+        req: Request<pb::ForecastRequest>,
+    ) -> Result<Response<pb::Forecast>, Status> {
+        let _slot = self.enter(&req)?;
+        let body = convert::forecast_request(req.into_inner()).map_err(status)?;
+        let f = crate::api::forecast::run_forecast(body)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::forecast(f)))
+    }
 }

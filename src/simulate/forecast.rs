@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::clock::Nanos;
 use crate::model::campaign::{CampaignBudget, Scope};
@@ -33,7 +33,7 @@ use super::{SimCampaign, SimError};
 pub const FREQUENCY_BUCKETS: u32 = 10;
 
 /// What a campaign would deliver.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CampaignForecast {
     pub id: String,
     /// Over the whole span: impressions, budget spend, and the distinct
@@ -41,7 +41,7 @@ pub struct CampaignForecast {
     pub impressions: u64,
     pub spend: u64,
     pub users: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub households: Option<u64>,
     /// Per local day of the campaign's zone, in order.
     pub days: Vec<DayForecast>,
@@ -50,18 +50,18 @@ pub struct CampaignForecast {
     pub frequency: Vec<FrequencyBucket>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DayForecast {
     /// The local date, `YYYY-MM-DD`.
     pub day: String,
     pub impressions: u64,
     pub spend: u64,
     pub users: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub households: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FrequencyBucket {
     /// Impressions per user and day (the last bucket: this many or more).
     pub impressions: u32,
@@ -70,7 +70,7 @@ pub struct FrequencyBucket {
 }
 
 /// A forecast, and how it was made.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Forecast {
     /// The share of users (households) decided, 0 < sample ≤ 1.
     pub sample: f64,
@@ -85,7 +85,7 @@ pub struct Forecast {
 /// A forecast against a full run of the same traffic: the relative error
 /// of each campaign's impressions, spend and users (|forecast − full| /
 /// full; 0 when both are 0).
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ForecastError {
     pub campaigns: Vec<CampaignError>,
     /// The largest of the campaigns' impression errors, and the mean
@@ -97,7 +97,7 @@ pub struct ForecastError {
     pub max_users: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CampaignError {
     pub id: String,
     pub impressions: f64,
