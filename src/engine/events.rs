@@ -286,23 +286,10 @@ impl<C: Clock> Engine<C> {
                         // With a shared store, the record also remembers the id
                         // for a while: a retry after a write whose answer was
                         // lost (applied or not, nobody knows) counts it once.
-                        if let Some(h) = n.id.filter(|_| shared) {
-                            let res = h as u64;
-                            if rec
-                                .shared_meta()
-                                .is_some_and(|m| m.remembered.iter().any(|s| s.res == res))
-                            {
-                                return (Receipt::done(0), false);
-                            }
-                            let until = now.saturating_add(EVENT_RETRY_MEMORY);
-                            rec.shared_meta_mut().remembered.push(RememberedId {
-                                res,
-                                deadline: until,
-                                committed: true,
-                                campaigns: Vec::new(),
-                                final_cost: None,
-                            });
-                            rec.idle_at = rec.idle_at.max(until);
+                        if let Some(h) = n.id.filter(|_| shared)
+                            && !remember_event(rec, h as u64, now)
+                        {
+                            return (Receipt::done(0), false);
                         }
                         // With a shared store this may run again (the record
                         // moved under it): campaign records are counted once,
@@ -592,23 +579,11 @@ impl<C: Clock> Engine<C> {
             now,
             Reads::MayWait,
             |rec, now| {
-                if shared && let Some(m) = mark {
-                    let res = m as u64;
-                    if rec
-                        .shared_meta()
-                        .is_some_and(|x| x.remembered.iter().any(|s| s.res == res))
-                    {
-                        return None;
-                    }
-                    let until = now.saturating_add(EVENT_RETRY_MEMORY);
-                    rec.shared_meta_mut().remembered.push(RememberedId {
-                        res,
-                        deadline: until,
-                        committed: true,
-                        campaigns: Vec::new(),
-                        final_cost: None,
-                    });
-                    rec.idle_at = rec.idle_at.max(until);
+                if shared
+                    && let Some(m) = mark
+                    && !remember_event(rec, m as u64, now)
+                {
+                    return None;
                 }
                 for e in chain {
                     for (i, cap) in e.compiled.items.iter().enumerate() {
@@ -635,4 +610,26 @@ impl<C: Clock> Engine<C> {
             },
         )
     }
+}
+
+/// With a shared store, has `rec` remember event `res` for a while (a
+/// retry after a write whose answer was lost, applied or not, then counts
+/// it once); `false` if it remembers it already (counted before).
+fn remember_event(rec: &mut SubjectRecord, res: u64, now: Nanos) -> bool {
+    if rec
+        .shared_meta()
+        .is_some_and(|m| m.remembered.iter().any(|s| s.res == res))
+    {
+        return false;
+    }
+    let until = now.saturating_add(EVENT_RETRY_MEMORY);
+    rec.shared_meta_mut().remembered.push(RememberedId {
+        res,
+        deadline: until,
+        committed: true,
+        campaigns: Vec::new(),
+        final_cost: None,
+    });
+    rec.idle_at = rec.idle_at.max(until);
+    true
 }
