@@ -4,7 +4,9 @@
 
 mod support;
 
-use freqcap::simulate::forecast::{error_against, forecast, in_sample, scaled};
+use freqcap::simulate::forecast::{
+    LARGEST_UNIT_WARNING, error_against, forecast, in_sample, scaled,
+};
 use freqcap::simulate::{
     DEFAULT_DIURNAL, Generator, RunOptions, SimCampaign, Synthetic, local_days, parse_campaigns,
 };
@@ -75,6 +77,13 @@ fn a_sampled_forecast_is_within_its_sampling_error_of_the_whole_run() {
         assert!(c.impressions > 1000, "{c:?}");
         assert!(c.households.is_some() && c.users >= c.households.unwrap_or(0));
     }
+    // No household makes much of the traffic: the sample's error is its
+    // size's (docs/forecast.md, "Accuracy").
+    assert!(
+        f.largest_unit_share > 0.0 && f.largest_unit_share < LARGEST_UNIT_WARNING,
+        "{}",
+        f.largest_unit_share
+    );
     let err = error_against(&f, &full);
     assert!(err.weighted_impressions <= 0.05, "{err:?}");
     // Each campaign within three standard errors of a sample of its
@@ -146,6 +155,12 @@ fn the_command_writes_the_forecast_and_its_error() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(stdout.contains("| spring | 2026-01-05 |"), "{stdout}");
     assert!(stdout.contains("Against a full run"), "{stdout}");
+    // Zipf 1 over 4 000 households: the busiest makes several % of the
+    // sample's requests, and the forecast says so.
+    assert!(
+        stdout.contains("**Warning:** one household or user made"),
+        "{stdout}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("forecast.json")).unwrap()).unwrap();
     assert_eq!(report["forecast"]["sample"], 0.5);

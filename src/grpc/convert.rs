@@ -524,6 +524,7 @@ pub fn forecast(f: crate::simulate::forecast::Forecast) -> pb::Forecast {
         requests: f.requests,
         sampled_requests: f.sampled_requests,
         wall_ms: f.wall_ms,
+        largest_unit_share: f.largest_unit_share,
         campaigns: f
             .campaigns
             .into_iter()
