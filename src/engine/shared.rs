@@ -782,6 +782,49 @@ fn settle_in_record(
     Ok(InRecord::Done(how, names))
 }
 
+/// The other identities' records reservation `res` (id `id`) may hold on,
+/// as its holder's record `rec` lists them, and how `how` ends it there:
+/// `None` when it lists none or is settled already; an error (a commit
+/// naming a campaign it does not hold) before anything is settled.
+fn identities_ahead(
+    rec: &SubjectRecord,
+    res: u64,
+    id: &str,
+    how: Settlement<'_, [String]>,
+    reg: &Registry,
+) -> Result<Option<(Vec<u128>, RecordedEnd)>, EngineError> {
+    let Some(held) = rec
+        .shared_meta()
+        .and_then(|m| m.held.iter().find(|h| h.res == res))
+        .filter(|h| !h.ids.is_empty())
+    else {
+        return Ok(None);
+    };
+    let HeldKind::Screen { candidates } = &held.kind else {
+        return Ok(None);
+    };
+    let end = match how {
+        Settlement::Commit {
+            chosen: campaigns,
+            final_cost,
+        } => RecordedEnd {
+            outcome: Outcome::Committed,
+            campaigns: winners(candidates, campaigns, reg, id)?
+                .into_iter()
+                .filter(|&(_, _, won)| won)
+                .map(|(_, c, _)| c)
+                .collect(),
+            final_cost,
+        },
+        Settlement::Release => RecordedEnd {
+            outcome: Outcome::Released,
+            campaigns: Vec::new(),
+            final_cost: None,
+        },
+    };
+    Ok(Some((held.ids.clone(), end)))
+}
+
 /// Settles reservation `res` in another identity's record (`super::identities`)
 /// as its user's record says it ended (`end`): for each campaign committed,
 /// its first candidate held here not already chosen wins; the rest are
@@ -1436,9 +1479,41 @@ impl<C: Clock> Engine<C> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
-        let mut ids: Vec<u128> = Vec::new();
+        // The other identities' records the screen held on are settled
+        // first, as the holder's record says the reservation ends: then a
+        // failure (a conflict, Redis away) leaves the holder's record
+        // unsettled and the commit unacknowledged, and its retry settles
+        // the rest (an identity record already settled holds nothing of
+        // it). Reading the holder's copy writes nothing; a node that holds
+        // the user in memory reads nothing either.
+        let mut ahead: Result<Option<(Vec<u128>, RecordedEnd)>, EngineError> = Ok(None);
+        let read = self.with_shared_record(shared, key, now, false, |rec, _| {
+            ahead = identities_ahead(rec, res, id, how, &reg);
+        });
+        super::hot::waited(read)?;
+        let settle_ids = |ids: &[u128], end: &RecordedEnd| -> Result<(), EngineError> {
+            for k in ids {
+                let r = self.with_shared_record(
+                    shared,
+                    RecordKey::PolicyKey(*k),
+                    now,
+                    false,
+                    |rec, at| settle_identity_in_record(rec, res, end, at, &reg),
+                );
+                super::hot::waited(r)?;
+            }
+            Ok(())
+        };
+        let ahead = ahead?;
+        if let Some((ids, end)) = &ahead {
+            settle_ids(ids, end)?;
+        }
+        // The copy read above may have been stale (another node made the
+        // reservation since): the identities the settled copy lists, if
+        // not settled ahead, are settled after it.
+        let mut listed: Vec<u128> = Vec::new();
         let settled = self.with_shared_record(shared, key, now, false, |rec, at| {
-            ids = rec
+            listed = rec
                 .shared_meta()
                 .and_then(|m| m.held.iter().find(|h| h.res == res))
                 .map(|h| h.ids.clone())
@@ -1446,21 +1521,11 @@ impl<C: Clock> Engine<C> {
             settle_in_record(rec, res, id, how, sample, at, &reg)
         });
         let settled = super::hot::waited(settled)??;
-        // Then the other identities' records the screen held on, as this
-        // one says it ended. A repeat does not know them (the settled id
-        // keeps no list): should this node stop between the writes, their
-        // holds end at the deadline, released (docs/cluster.md).
-        if let InRecord::Done(end, _) = &settled {
-            for k in ids {
-                let r = self.with_shared_record(
-                    shared,
-                    RecordKey::PolicyKey(k),
-                    now,
-                    false,
-                    |rec, at| settle_identity_in_record(rec, res, end, at, &reg),
-                );
-                super::hot::waited(r)?;
-            }
+        if ahead.is_none()
+            && !listed.is_empty()
+            && let InRecord::Done(end, _) = &settled
+        {
+            settle_ids(&listed, end)?;
         }
         Ok(settled)
     }
