@@ -318,6 +318,9 @@ impl<C: Clock> Engine<C> {
         if dropped.is_empty() {
             return Ok(held);
         }
+        self.stats
+            .identity_rechecks
+            .fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let gone: Vec<&HeldCandidate> = candidates
             .iter()
             .filter(|c| dropped.iter().any(|(i, _)| *i == c.index))

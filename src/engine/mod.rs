@@ -314,6 +314,10 @@ pub struct EngineStats {
     /// Screens answered eligible without their user's record, which could
     /// not be reached (`fail_open`).
     pub failed_open: AtomicU64,
+    /// Candidates a screen found eligible and then denied when it held on
+    /// another identity's record (a household's), which another screen had
+    /// filled in between (`identities.rs`).
+    pub identity_rechecks: AtomicU64,
     /// Calls of the lease function (grants and spend reports).
     pub lease_calls: AtomicU64,
     /// With a shared store: decisions on a record whose own time was more

@@ -171,6 +171,7 @@ pub struct Figures {
     pub owner_claims: u64,
     pub owner_fenced: u64,
     pub failed_open: u64,
+    pub identity_rechecks: u64,
     /// Lease calls, and this node's grants now (count, units not yet spent).
     pub lease_calls: u64,
     /// Decisions on a record whose own time ran more than 1 s past the
@@ -502,6 +503,12 @@ impl Collector for EngineFigures {
             "freqcap_screens_failed_open",
             "Screens answered eligible because the user's record could not be reached (fail_open)",
             f.failed_open,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_identity_recheck_denials",
+            "Candidates denied when held on another identity's record (a household's) that another screen filled since it was read",
+            f.identity_rechecks,
         )?;
         counter(
             &mut e,

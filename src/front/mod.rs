@@ -171,6 +171,7 @@ fn figures<C: Clock + 'static>(
         owner_claims: get(&st.owner_claims),
         owner_fenced: get(&st.owner_fenced),
         failed_open: get(&st.failed_open),
+        identity_rechecks: get(&st.identity_rechecks),
         lease_calls: get(&st.lease_calls),
         record_time_capped: get(&st.record_time_capped),
         grants: engine.grants_outstanding().0 as u64,
