@@ -170,6 +170,7 @@ fn a_retried_late_commit_without_event_id_counts_once() {
         user: Some("u".into()),
         event_id: None,
         sample: None,
+        ids: Vec::new(),
     };
     for _ in 0..3 {
         assert_eq!(
@@ -226,6 +227,7 @@ fn late_commits_and_duplicate_events_count_once() {
         user: Some("u".into()),
         event_id: Some("imp-1".into()),
         sample: None,
+        ids: Vec::new(),
     };
     let o = e.commit("gone-123", &late).unwrap();
     assert_eq!(o.outcome, Outcome::LateCommit);
@@ -1185,6 +1187,7 @@ fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
         user: Some("uc".into()),
         event_id: None,
         sample: None,
+        ids: Vec::new(),
     };
     assert!(e.commit_in_memory("gone", &late).is_none());
     assert_eq!(

@@ -296,6 +296,33 @@ fn events_count_on_the_households_record_once_per_event_id() {
 }
 
 #[test]
+fn a_late_commit_counts_on_the_identities_it_names() {
+    let (e, clock) = one_node();
+    household_capped(&e);
+    let out = e
+        .screen(&screen(Some("u1"), &[("household", "h1")], &["c"]))
+        .unwrap();
+    let id = out.reservation.unwrap();
+    // The reservation expires; the impression happened anyway.
+    clock.advance(2 * SEC);
+    e.expire(clock.now());
+    assert_eq!(used(&e, "household", "h1", "hh_daily"), (0, 0));
+    let late = CommitRequest {
+        campaigns: vec!["c".into()],
+        cost: Some(1),
+        user: Some("u1".into()),
+        ids: vec![("household".into(), "h1".into())],
+        ..CommitRequest::default()
+    };
+    for _ in 0..2 {
+        assert_eq!(e.commit(&id, &late).unwrap().outcome, Outcome::LateCommit);
+    }
+    // Counted once, on the household as on the user.
+    assert_eq!(used(&e, "household", "h1", "hh_daily"), (1, 0));
+    assert_eq!(used(&e, "user", "u1", "user_daily"), (1, 0));
+}
+
+#[test]
 fn a_committed_household_count_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));

@@ -46,6 +46,11 @@ pub(crate) struct CommitBody {
     /// counted as a late commit.
     #[serde(default)]
     user: Option<String>,
+    /// A late commit's other identities of the viewer (`{"household":
+    /// "h7"}`), counted as an event's.
+    #[serde(default)]
+    #[schemars(extend("maxProperties" = 8))]
+    ids: std::collections::BTreeMap<String, String>,
     /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
     /// items (docs/adaptive.md); required with outcome `ok`.
     #[serde(default)]
@@ -87,7 +92,8 @@ pub(crate) async fn commit<C: Clock + 'static>(
 ) -> Result<Response, FrontError> {
     let bytes = b.map_err(rejected)?;
     let b: CommitBody = optional_body(Ok(bytes.clone()))?;
-    if let Some(r) = at_owner(&s, &id, b.user.as_deref(), &headers, &uri, bytes).await {
+    let (user, ids) = crate::engine::split_ids(b.user, b.ids)?;
+    if let Some(r) = at_owner(&s, &id, user.as_deref(), &headers, &uri, bytes).await {
         return r;
     }
     let req = CommitRequest {
@@ -98,7 +104,8 @@ pub(crate) async fn commit<C: Clock + 'static>(
         },
         cost: b.cost,
         event_id: b.event_id,
-        user: b.user,
+        user,
+        ids,
         sample: sample::of(b.latency_ms, b.outcome.as_deref())?,
     };
     Ok(Json(SettledBody::from(commit_reservation(&s, id, req).await?)).into_response())

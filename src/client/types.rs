@@ -263,6 +263,9 @@ pub struct Commit {
     /// whose id the caller chose.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// A late commit's other identities of the viewer (`household`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ids: BTreeMap<String, String>,
     /// What happened to the work the reservation admitted, for the
     /// policy's adaptive items.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]

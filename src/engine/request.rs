@@ -142,6 +142,10 @@ pub struct CommitRequest {
     /// With `campaigns` (one) and `cost`, makes a commit of an unknown or
     /// expired id a late commit.
     pub user: Option<String>,
+    /// A late commit's other identities of the viewer, counted as an
+    /// event's (docs/semantics.md §4.6); a commit of an open reservation
+    /// settles the identities it holds on and ignores these.
+    pub ids: Identities,
     /// What happened to the work a check's reservation admitted: an
     /// adaptive item of its stack learns from it (docs/adaptive.md).
     pub sample: Option<Sample>,

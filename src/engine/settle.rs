@@ -479,7 +479,7 @@ impl<C: Clock> Engine<C> {
             .unwrap_or_else(|| format!("late-commit:{id}"));
         self.events(&[Event {
             user: Some(user.clone()),
-            ids: Vec::new(),
+            ids: req.ids.clone(),
             campaign: campaign.clone(),
             cost,
             event_id: Some(event_id),

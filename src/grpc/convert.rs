@@ -150,11 +150,13 @@ fn denied_by(d: crate::engine::DeniedBy) -> pb::DeniedBy {
 /// one eligible candidate), the clearing price as `cost`, and, for a late
 /// commit, the user (docs/semantics.md §4.6).
 pub fn commit(r: &pb::CommitRequest) -> Result<CommitRequest, FrontError> {
+    let (user, ids) = crate::engine::split_ids(r.user.clone(), sorted(r.ids.clone()))?;
     Ok(CommitRequest {
         campaigns: r.campaign.clone(),
         cost: r.cost,
         event_id: r.event_id.clone(),
-        user: r.user.clone(),
+        user,
+        ids,
         sample: sample::of(r.latency_ms, r.outcome.as_deref())?,
     })
 }

@@ -103,7 +103,7 @@ struct Due {
     winner: u16,
     user: u32,
     user_name: String,
-    household: Option<u32>,
+    household: Option<(u32, String)>,
 }
 
 /// The simulation loop. One thread: the order of every step is fixed, so a
@@ -279,7 +279,7 @@ impl<'a> Runner<'a> {
             winner,
             user: req.user,
             user_name: req.user_name,
-            household: req.household.map(|(h, _)| h),
+            household: req.household,
         });
         Ok(())
     }
@@ -294,6 +294,11 @@ impl<'a> Runner<'a> {
             // With user, campaign and cost, a commit after the reservation
             // expired still counts, as a late commit (the impression happened).
             user: Some(d.user_name),
+            ids: d
+                .household
+                .iter()
+                .map(|(_, h)| ("household".to_owned(), h.clone()))
+                .collect(),
             sample: None,
         };
         match self.engine.commit(&d.id, &req) {
@@ -332,7 +337,7 @@ impl<'a> Runner<'a> {
         *st.per_user_day
             .entry((d.user, c.day_of(d.reserved_at)))
             .or_insert(0) += 1;
-        if let Some(h) = d.household {
+        if let Some((h, _)) = d.household {
             *st.per_household_day
                 .entry((h, c.day_of(d.reserved_at)))
                 .or_insert(0) += 1;
