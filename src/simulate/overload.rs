@@ -114,12 +114,12 @@ pub struct RunResult {
     /// deadline over requests made (a retried request counts once).
     pub availability: [f64; 5],
     /// After the capacity halves: seconds until the limit stays within 20 %
-    /// of where it settles at the new capacity (its mean over the second
-    /// half of that phase); `None` if it never does (or has no limit).
+    /// of the optimum at the new capacity ([`optimum`]); `None` if it never
+    /// does (or has no limit, or no optimum was given).
     pub recovery_s: Option<f64>,
-    /// That settled limit over the optimum, the workers the backend then
-    /// has (the concurrency that gives its full throughput with no queue):
-    /// how much queue the limiter keeps.
+    /// Where the limit settles at the halved capacity (its mean over the
+    /// second half of that phase) over that optimum: above 1, the queue
+    /// the limiter keeps.
     pub settled_over_optimum: Option<f64>,
     /// In the second half of each phase: the largest distance of the limit
     /// from its mean there, over the mean.
@@ -218,14 +218,45 @@ fn mix_of(v: &[f64]) -> Result<[f64; 5], SimError> {
     Ok(a.map(|x| x / sum))
 }
 
+/// The optimum concurrency limit of `workers` servers offered `load` ×
+/// the initial capacity (`args.workers`), capacity steady: the smallest
+/// static limit whose goodput is within 1 % of the best static limit's,
+/// swept from `workers / 2` to `4 × workers`. It is not the workers
+/// themselves: the classes below critical may use only their shares of a
+/// limit, so more than `workers` keeps every server busy (with the default
+/// shares and mix, 15 for 10 workers at 4×: docs/adaptive.md).
+pub fn optimum(args: &OverloadArgs, workers: u32, load: f64, span: Nanos) -> Result<u64, SimError> {
+    let a = OverloadArgs {
+        workers,
+        ..args.clone()
+    };
+    // The same offered rate in multiples of the smaller capacity.
+    let load = load * f64::from(args.workers) / f64::from(workers.max(1));
+    let mut sweep = Vec::new();
+    for l in u64::from(workers / 2).max(1)..=u64::from(workers) * 4 {
+        sweep.push((
+            l,
+            run(&a, Limiter::Static(l), load, span, false, None)?.goodput,
+        ));
+    }
+    let best = sweep.iter().map(|x| x.1).fold(0.0, f64::max);
+    Ok(sweep
+        .iter()
+        .find(|x| x.1 >= 0.99 * best)
+        .map_or(u64::from(workers), |x| x.0))
+}
+
 /// One run: `limiter` at `load` × the initial capacity for `span`, the
-/// capacity halved over the middle third when `step` is set.
+/// capacity halved over the middle third when `step` is set; the recovery
+/// and settled figures against `optimum`, the optimum at the halved
+/// capacity ([`optimum`]).
 pub fn run(
     args: &OverloadArgs,
     limiter: Limiter,
     load: f64,
     span: Nanos,
     step: bool,
+    optimum: Option<u64>,
 ) -> Result<RunResult, SimError> {
     let shares = shares_of(&args.shares)?;
     let mix = mix_of(&args.mix)?;
@@ -411,15 +442,12 @@ pub fn run(
     });
     let halved = (plant.phase_end[0], plant.phase_end[1]);
     let settled = settled_mean(&series, halved.0, halved.1);
-    let (recovery_s, oscillation) = match settled {
-        Some(m) if step => (
-            recovery(&series, halved.0, m, halved.1),
-            Some(oscillation_of(&series, &plant.phase_end)),
-        ),
-        Some(_) => (None, Some(oscillation_of(&series, &plant.phase_end))),
-        None => (None, None),
-    };
-    let settled_over_optimum = settled.map(|m| m / f64::from(plant.workers_at[1]));
+    let oscillation = settled.map(|_| oscillation_of(&series, &plant.phase_end));
+    let optimum = optimum.map(|o| o as f64).filter(|_| step);
+    let recovery_s = settled
+        .zip(optimum)
+        .and_then(|(_, o)| recovery(&series, halved.0, o, halved.1));
+    let settled_over_optimum = settled.zip(optimum).map(|(m, o)| m / o);
     Ok(RunResult {
         limiter: limiter.name(),
         load,
@@ -511,6 +539,14 @@ pub fn limiters(workers: u32) -> Vec<Limiter> {
     ]
 }
 
+/// The optimum limits of one load, at the initial and the halved capacity.
+#[derive(Debug, Clone, Serialize)]
+pub struct Optima {
+    pub load: f64,
+    pub full: u64,
+    pub halved: u64,
+}
+
 /// Everything the command reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct OverloadReport {
@@ -519,6 +555,8 @@ pub struct OverloadReport {
     /// p99 latency at 0.5× load with no limit and the capacity steady: the
     /// unloaded p99 the targets compare with.
     pub unloaded_p99_ms: f64,
+    /// The optimum limits ([`optimum`]) at each load.
+    pub optima: Vec<Optima>,
     pub runs: Vec<RunResult>,
     pub drift: Vec<DriftResult>,
 }
@@ -526,12 +564,20 @@ pub struct OverloadReport {
 /// Runs the table and the drift runs, writes the report into `--out`.
 pub fn main(args: &OverloadArgs) -> Result<OverloadReport, SimError> {
     let span = args.seconds.max(3) * SEC;
-    let unloaded = run(args, Limiter::None, 0.5, span, false)?;
+    let unloaded = run(args, Limiter::None, 0.5, span, false, None)?;
     let mut runs = Vec::new();
+    let mut optima = Vec::new();
     for &load in &args.loads {
+        // Each third of the run is a steady phase: the optimum of each.
+        let o = Optima {
+            load,
+            full: optimum(args, args.workers, load, span / 3)?,
+            halved: optimum(args, args.workers / 2, load, span / 3)?,
+        };
         for l in limiters(args.workers) {
-            runs.push(run(args, l, load, span, true)?);
+            runs.push(run(args, l, load, span, true, Some(o.halved))?);
         }
+        optima.push(o);
     }
     let mut drift = Vec::new();
     let long = args.drift_minutes.max(2) * 60 * SEC;
@@ -539,7 +585,7 @@ pub fn main(args: &OverloadArgs) -> Result<OverloadReport, SimError> {
         .into_iter()
         .filter(|l| matches!(l, Limiter::Adaptive(_)))
     {
-        let r = run(args, l, 4.0, long, false)?;
+        let r = run(args, l, 4.0, long, false, None)?;
         let mean = |a: f64, b: f64| {
             let v: Vec<f64> = r
                 .limit_series
@@ -562,6 +608,7 @@ pub fn main(args: &OverloadArgs) -> Result<OverloadReport, SimError> {
         workers: args.workers,
         capacity_per_s: capacity,
         unloaded_p99_ms: unloaded.admitted_p99_ms,
+        optima,
         runs,
         drift,
     };
@@ -583,7 +630,9 @@ fn write(args: &OverloadArgs, r: &OverloadReport) -> Result<(), SimError> {
     for &load in &args.loads {
         let picked: Vec<&RunResult> = r.runs.iter().filter(|x| x.load == load).collect();
         let sp = args.out.join(format!("limit-{load}x.svg"));
-        plot(&sp, load, args.workers, &picked)?;
+        if let Some(o) = r.optima.iter().find(|o| o.load == load) {
+            plot(&sp, o, &picked)?;
+        }
     }
     Ok(())
 }
@@ -594,7 +643,9 @@ pub fn markdown(args: &OverloadArgs, r: &OverloadReport) -> String {
         "Backend: {} workers, {} ms mean service (capacity {:.0}/s), deadline {} ms, {} retry; \
          capacity halved over the middle third of {} s; seed {}. Unloaded p99 \
          (0.5×, no limit, capacity steady): {:.1} ms.\n\n\
-         | load | limiter | goodput / C | admitted p50 ms | admitted p99 ms | critical | high | default | low | sheddable | settles in s | settled / optimum | oscillation |\n\
+         Optimum limits (the smallest static limit within 1 % of the best static goodput, \
+         each capacity steady), full / halved capacity: {}.\n\n\
+         | load | limiter | goodput / C | admitted p50 ms | admitted p99 ms | critical | high | default | low | sheddable | to optimum in s | settled / optimum | oscillation |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         args.workers,
         args.service_ms,
@@ -603,7 +654,12 @@ pub fn markdown(args: &OverloadArgs, r: &OverloadReport) -> String {
         args.retries,
         args.seconds,
         args.seed,
-        r.unloaded_p99_ms
+        r.unloaded_p99_ms,
+        r.optima
+            .iter()
+            .map(|o| format!("{}× {} / {}", o.load, o.full, o.halved))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let pc = |x: f64| format!("{:.1} %", x * 100.0);
     for x in &r.runs {
@@ -643,9 +699,10 @@ pub fn markdown(args: &OverloadArgs, r: &OverloadReport) -> String {
     s
 }
 
-/// The limit over time of each limiter at one load, with the optimum (the
-/// workers the backend has).
-fn plot(path: &Path, load: f64, workers: u32, runs: &[&RunResult]) -> Result<(), SimError> {
+/// The limit over time of each limiter at one load, with the optimum.
+fn plot(path: &Path, o: &Optima, runs: &[&RunResult]) -> Result<(), SimError> {
+    let load = o.load;
+    let (full, halved) = (o.full as f64, o.halved as f64);
     let fail = |e: &dyn std::fmt::Display| SimError(format!("cannot draw {}: {e}", path.display()));
     let span = runs
         .iter()
@@ -654,7 +711,7 @@ fn plot(path: &Path, load: f64, workers: u32, runs: &[&RunResult]) -> Result<(),
     let y_max = runs
         .iter()
         .flat_map(|r| r.limit_series.iter().map(|x| x.1))
-        .fold(f64::from(workers) * 1.5, f64::max)
+        .fold(full * 1.5, f64::max)
         * 1.1;
     let root = SVGBackend::new(path, (960, 440)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
@@ -679,17 +736,17 @@ fn plot(path: &Path, load: f64, workers: u32, runs: &[&RunResult]) -> Result<(),
         .map_err(|e| fail(&e))?;
     let third = span / 3.0;
     let opt = [
-        (0.0, f64::from(workers)),
-        (third, f64::from(workers)),
-        (third, f64::from(workers / 2)),
-        (2.0 * third, f64::from(workers / 2)),
-        (2.0 * third, f64::from(workers)),
-        (span, f64::from(workers)),
+        (0.0, full),
+        (third, full),
+        (third, halved),
+        (2.0 * third, halved),
+        (2.0 * third, full),
+        (span, full),
     ];
     chart
         .draw_series(LineSeries::new(opt, BLACK.stroke_width(1)))
         .map_err(|e| fail(&e))?
-        .label("optimum (workers)")
+        .label("optimum")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK));
     for (i, r) in runs.iter().enumerate() {
         if r.limit_series.is_empty() {
