@@ -362,6 +362,43 @@ fn past_max_in_flight_requests_are_shed_with_503() {
     );
 }
 
+/// Past `max_in_flight`, a request waits for a slot within its queue
+/// bound (docs/service.md, "Adaptive LIFO") instead of getting 503 at
+/// once: with the only slot held for ~2 s and a bound of 8 s, it is served
+/// when the slot comes back, and nothing is counted as shed.
+#[test]
+fn past_max_in_flight_a_request_waits_for_a_slot_within_its_bound() {
+    let options = ApiOptions {
+        max_in_flight: 1,
+        shed_queue_delay: Duration::from_secs(8),
+        ..ApiOptions::default()
+    };
+    let live = Arc::new(Live::start(memory(), options));
+    let sleeper = hold_a_slot(&live);
+    let waiter = {
+        let live = live.clone();
+        std::thread::spawn(move || live.send("GET", "/v1/policies/shaped", None, None).0)
+    };
+    // It waits while the sleeper holds the slot.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&live.metrics(), "freqcap_waiting_requests") != Some(1.0) {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !sleeper.is_finished(),
+        "the sleeper left before the waiter queued"
+    );
+    assert_eq!(waiter.join().unwrap(), 200);
+    assert_eq!(sleeper.join().unwrap().0, 200);
+    let m = live.metrics();
+    assert_eq!(sample(&m, "freqcap_waiting_requests"), Some(0.0));
+    assert_eq!(
+        sample(&m, "freqcap_overloaded_total{reason=\"in_flight\"}"),
+        Some(0.0)
+    );
+}
+
 /// A server on RocksDB in a temporary directory, with `backup_dir` inside
 /// it: the directory (kept while the test runs), the backups' path, the
 /// server.

@@ -156,9 +156,12 @@ async fn guarded<C: Clock + 'static>(
         Err(e) => return e.into_response(),
     };
     let _slot = match work {
-        shed::Work::Settle => InFlight::enter_to_settle(&s.metrics),
+        shed::Work::Settle => {
+            InFlight::enter_to_settle(&s.shed, &s.metrics, s.options.max_in_flight)
+        }
         shed::Work::Decide => {
-            match InFlight::try_enter_as(&s.metrics, s.options.max_in_flight, class) {
+            let waited = conn.as_ref().map(Conn::queue_delay).unwrap_or_default();
+            match shed::admit(&s.shed, &s.options, &s.metrics, class, waited).await {
                 Ok(slot) => slot,
                 Err(e) => return e.into_response(),
             }

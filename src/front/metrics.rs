@@ -126,6 +126,8 @@ pub struct Metrics {
     /// Requests being handled now. It is also the load-shedding counter: one
     /// atomic serves both, so the gauge is exactly what the guard compares.
     pub in_flight: Gauge,
+    /// Decisions waiting for an in-flight slot (`front::admission`).
+    pub waiting: Gauge,
     resp_commands: Family<CommandLabels, Counter>,
     /// The RESP listener's connections (`src/resp/mod.rs`).
     pub resp_connections: ConnCounters,
@@ -636,6 +638,7 @@ impl Metrics {
         }
         let queue_delay = Histogram::new(QUEUE_BUCKETS.iter().copied());
         let in_flight = Gauge::default();
+        let waiting = Gauge::default();
         registry.register(
             "freqcap_http_requests",
             "HTTP requests by route and status",
@@ -675,6 +678,11 @@ impl Metrics {
             "freqcap_in_flight_requests",
             "Requests being handled now",
             in_flight.clone(),
+        );
+        registry.register(
+            "freqcap_waiting_requests",
+            "Decisions waiting for an in-flight slot past max_in_flight (adaptive LIFO, docs/service.md)",
+            waiting.clone(),
         );
         let resp_commands = Family::<CommandLabels, Counter>::default();
         let resp_connections = ConnCounters::default();
@@ -781,6 +789,7 @@ impl Metrics {
             overloaded,
             queue_delay,
             in_flight,
+            waiting,
         }
     }
 

@@ -17,6 +17,7 @@
 //!   (owner mode: requests about other nodes' users go there).
 
 pub mod access;
+pub mod admission;
 pub mod body_budget;
 pub mod call;
 pub mod cpu;

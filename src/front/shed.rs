@@ -1,7 +1,9 @@
-//! Load shedding, the same for every front: a request past the in-flight
-//! cap, one whose connection waited past `shed_queue_delay` to be run, and
-//! one on a connection kept for probes only is answered `overloaded` at
-//! once (and counted by reason), before its message is decided.
+//! Load shedding, the same for every front: a request whose connection
+//! waited past `shed_queue_delay` to be run, and one on a connection kept
+//! for probes only, is answered `overloaded` at once (and counted by
+//! reason), before its message is decided; one past the in-flight cap
+//! waits for a slot within what is left of that bound, in the waiting room
+//! of [`super::admission`] (adaptive LIFO), and is shed when it runs out.
 //!
 //! The lowest classes are shed first (docs/service.md, "Shedding"): a
 //! request whose `x-freqcap-priority` header says `low` or `sheddable` may
@@ -17,9 +19,10 @@
 //! `shed_queue_delay` (20 ms); a queue in which every request for longer
 //! than [`INTERVAL`] (100 ms) waited past the target (a quarter of the
 //! bound, 5 ms) is standing, and then a request that waited past the
-//! target is shed. Serving the fresh requests of a standing queue
-//! is what adaptive LIFO is for; the runtime orders tasks here, so the old
-//! ones are shed instead of served last (docs/service.md).
+//! target is shed. The runtime orders the connections' tasks, so there the
+//! old requests are shed rather than served last; the waiting room, which
+//! the server orders, serves the newest first while it stands
+//! (docs/service.md, "Adaptive LIFO").
 //!
 //! A CPU guard ([`super::cpu`]) sheds `low` and `sheddable` requests while
 //! the process's CPUs are busier than `shed_cpu_permille`.
@@ -32,9 +35,9 @@
 //! were answered 503 `reservations` for holds that shed commits had left
 //! behind; none since.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::admission::{Codel, Room, Waited, Waiting};
 use super::cpu::CpuGuard;
 use super::metrics::Metrics;
 use super::{FrontError, FrontOptions};
@@ -74,48 +77,126 @@ pub(crate) fn claimed(headers: &axum::http::HeaderMap) -> Priority {
 
 /// An in-flight slot (every front counts into the same gauge), given back
 /// when the request ends, also when the client goes away and the handler's
-/// future is dropped mid-way.
+/// future is dropped mid-way; giving it back wakes a waiter
+/// ([`super::admission`]).
 pub(crate) struct InFlight<'a> {
     metrics: &'a Metrics,
+    /// The waiting room to wake, and the cap its classes' shares are of.
+    room: Option<(&'a Room, usize)>,
+}
+
+/// Whether a request of `class` fits under its share of `max` now.
+fn fits(metrics: &Metrics, max: usize, class: Priority) -> bool {
+    u64::try_from(metrics.in_flight.get()).unwrap_or(0) < scaled(max as u64, in_flight_share(class))
 }
 
 impl<'a> InFlight<'a> {
-    /// A slot, or 503 `overloaded` (counted) when `max` requests are in
-    /// flight already: the one load-shedding rule of HTTP, RESP and gRPC.
-    pub(crate) fn try_enter(metrics: &'a Metrics, max: usize) -> Result<Self, FrontError> {
-        Self::try_enter_as(metrics, max, Priority::Default)
-    }
-
-    /// [`InFlight::try_enter`] for a request of class `class`, which may
-    /// fill only its share of `max` ([`in_flight_share`]).
-    pub(crate) fn try_enter_as(
+    /// A slot for a request of `class` if its share of `max`
+    /// ([`in_flight_share`]) has room now; nothing is counted otherwise.
+    pub(crate) fn take(
         metrics: &'a Metrics,
+        room: Option<&'a Room>,
         max: usize,
         class: Priority,
-    ) -> Result<Self, FrontError> {
+    ) -> Option<Self> {
         let before = metrics.in_flight.inc();
-        let slot = InFlight { metrics };
-        let ceiling = scaled(max as u64, in_flight_share(class));
-        if u64::try_from(before).unwrap_or(u64::MAX) >= ceiling {
-            metrics.overloaded("in_flight");
-            return Err(FrontError::overloaded(
-                "too many requests in flight; retry shortly",
-            ));
+        if u64::try_from(before).unwrap_or(u64::MAX) >= scaled(max as u64, in_flight_share(class)) {
+            metrics.in_flight.dec();
+            return None;
         }
-        Ok(slot)
+        Some(InFlight {
+            metrics,
+            room: room.map(|r| (r, max)),
+        })
     }
 
     /// The slot of a settle (commit, release): counted with the others,
     /// never refused ([`Work::Settle`]).
-    pub(crate) fn enter_to_settle(metrics: &'a Metrics) -> Self {
+    pub(crate) fn enter_to_settle(shed: &'a Shedder, metrics: &'a Metrics, max: usize) -> Self {
         metrics.in_flight.inc();
-        InFlight { metrics }
+        InFlight {
+            metrics,
+            room: Some((&shed.room, max)),
+        }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.metrics.in_flight.dec();
+        if let Some((room, max)) = self.room {
+            room.wake(|c| fits(self.metrics, max, c));
+        }
+    }
+}
+
+/// One waiter in `freqcap_waiting_requests`, however its wait ends (its
+/// caller may go away mid-wait).
+struct Counted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Counted<'a> {
+    fn new(g: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        g.inc();
+        Counted(g)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// An in-flight slot for a decision of `class`, the one load-shedding rule
+/// of HTTP, gRPC, RLS and RESP: at once while its share of
+/// `max_in_flight` has room and no request of its class or a higher one
+/// waits; else it waits in the room ([`super::admission`]) for what is
+/// left of its queue bound ([`queue_bound`]) after `waited` (its
+/// connection's wait to be run), and is then answered 503 `overloaded`
+/// (counted as `in_flight`).
+pub(crate) async fn admit<'a>(
+    shed: &'a Shedder,
+    o: &FrontOptions,
+    metrics: &'a Metrics,
+    class: Priority,
+    waited: Duration,
+) -> Result<InFlight<'a>, FrontError> {
+    let (room, max) = (&shed.room, o.max_in_flight);
+    if !room.any_waiting_at_or_above(class)
+        && let Some(slot) = InFlight::take(metrics, Some(room), max, class)
+    {
+        return Ok(slot);
+    }
+    let standing = shed.queue.is_standing() || room.codel.is_standing();
+    let bound = queue_bound(o, standing, class).saturating_sub(waited);
+    let target = o.shed_queue_delay / 4;
+    let fits = |c| fits(metrics, max, c);
+    let mut w = Waiting::join(room, class, &fits);
+    let _counted = Counted::new(&metrics.waiting);
+    // A slot given back between the try above and joining woke nobody.
+    if let Some(slot) = InFlight::take(metrics, Some(room), max, class) {
+        return Ok(slot);
+    }
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        match w.wait(deadline).await {
+            Waited::Woken => match InFlight::take(metrics, Some(room), max, class) {
+                Some(slot) => {
+                    room.codel.standing(w.waited(), target);
+                    w.done();
+                    return Ok(slot);
+                }
+                None => w.requeue(),
+            },
+            Waited::TimedOut => {
+                room.codel.standing(w.waited(), target);
+                w.done();
+                metrics.overloaded("in_flight");
+                return Err(FrontError::overloaded(
+                    "too many requests in flight; retry shortly",
+                ));
+            }
+        }
     }
 }
 
@@ -144,54 +225,20 @@ pub(crate) fn probe_only(metrics: &Metrics, conn: Option<&Conn>) -> Result<(), F
 /// interval, 100 ms: a few scheduling rounds of a busy runtime).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// What shedding remembers between requests: since when every request
-/// waited past the target (CoDel), and the CPU guard.
+/// What shedding remembers between requests: whether the connections'
+/// queue stands (CoDel), the waiting room for in-flight slots, and the
+/// CPU guard.
+#[derive(Default)]
 pub struct Shedder {
-    epoch: Instant,
-    /// When the current run of requests over the target began, µs since
-    /// `epoch`; [`NO_RUN`] when the last request waited under it. A run,
-    /// not "when the queue last drained": an idle server has no queue,
-    /// and its first slow request must not read as a standing one.
-    above_since_us: AtomicU64,
+    queue: Codel,
+    room: Room,
     cpu: CpuGuard,
 }
 
-const NO_RUN: u64 = u64::MAX;
-
-impl Default for Shedder {
-    fn default() -> Self {
-        Shedder {
-            epoch: Instant::now(),
-            above_since_us: AtomicU64::new(NO_RUN),
-            cpu: CpuGuard::new(),
-        }
-    }
-}
-
 impl Shedder {
-    fn now_us(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
-    }
-
-    /// Notes a request that waited `delay` against the `target`; whether
-    /// the queue is standing: every request for longer than [`INTERVAL`]
-    /// waited past the target.
-    fn standing(&self, delay: Duration, target: Duration) -> bool {
-        if delay < target {
-            self.above_since_us.store(NO_RUN, Relaxed);
-            return false;
-        }
-        let now = self.now_us();
-        // The first request over the target starts the run (a racing one
-        // may have started it a moment earlier: either start will do).
-        let since = match self
-            .above_since_us
-            .compare_exchange(NO_RUN, now, Relaxed, Relaxed)
-        {
-            Ok(_) => now,
-            Err(started) => started,
-        };
-        now.saturating_sub(since) > INTERVAL.as_micros() as u64
+    /// How many decisions wait for an in-flight slot.
+    pub fn waiting(&self) -> usize {
+        self.room.waiting()
     }
 }
 
@@ -227,7 +274,7 @@ pub(crate) fn too_busy(
     }
     if let Some(c) = conn {
         let delay = c.queue_delay();
-        let standing = shed.standing(delay, o.shed_queue_delay / 4);
+        let standing = shed.queue.standing(delay, o.shed_queue_delay / 4);
         if delay > queue_bound(o, standing, class) {
             metrics.overloaded("queue_delay");
             return Err(FrontError::overloaded(
@@ -259,16 +306,14 @@ mod tests {
             super::super::metrics::EngineFigures(Box::new(Default::default)),
             &crate::server::ConnCounters::default(),
         );
-        let held: Vec<_> = (0..50)
-            .map(|_| InFlight::try_enter(&metrics, 100).unwrap())
-            .collect();
-        assert!(InFlight::try_enter_as(&metrics, 100, Priority::Sheddable).is_err());
-        assert!(InFlight::try_enter_as(&metrics, 100, Priority::Low).is_ok());
-        let more: Vec<_> = (0..25)
-            .map(|_| InFlight::try_enter(&metrics, 100).unwrap())
-            .collect();
-        assert!(InFlight::try_enter_as(&metrics, 100, Priority::Low).is_err());
-        assert!(InFlight::try_enter_as(&metrics, 100, Priority::Default).is_ok());
+        let take = |class| InFlight::take(&metrics, None, 100, class);
+        let held: Vec<_> = (0..50).map(|_| take(Priority::Default).unwrap()).collect();
+        assert!(take(Priority::Sheddable).is_none());
+        assert!(take(Priority::Low).is_some());
+        let more: Vec<_> = (0..25).map(|_| take(Priority::Default).unwrap()).collect();
+        assert!(take(Priority::Low).is_none());
+        assert!(take(Priority::Default).is_some());
+        assert_eq!(metrics.in_flight.get(), 75, "a refused take counts nothing");
         drop((held, more));
         let mut last = u32::MAX;
         for p in Priority::ALL {
@@ -285,7 +330,7 @@ mod tests {
     #[test]
     fn a_standing_queue_lowers_the_bound_to_the_target() {
         let o = FrontOptions::default();
-        let s = Shedder::default();
+        let s = Codel::default();
         let target = o.shed_queue_delay / 4;
         let ms = Duration::from_millis;
         // An idle server's first slow request is a burst, not a queue.
@@ -307,5 +352,117 @@ mod tests {
         // One request under the target: the queue drained; the bound is back.
         assert!(!s.standing(ms(2), target));
         assert!(!s.standing(ms(12), target));
+    }
+
+    fn metrics() -> Metrics {
+        Metrics::new(
+            super::super::metrics::EngineFigures(Box::new(Default::default)),
+            &crate::server::ConnCounters::default(),
+        )
+    }
+
+    /// One slot, held; options whose queue bound is `bound`.
+    fn room(bound: Duration) -> (&'static Shedder, &'static FrontOptions, &'static Metrics) {
+        let o = FrontOptions {
+            max_in_flight: 1,
+            shed_queue_delay: bound,
+            ..Default::default()
+        };
+        (
+            Box::leak(Box::default()),
+            Box::leak(Box::new(o)),
+            Box::leak(Box::new(metrics())),
+        )
+    }
+
+    /// Waiters of `classes`, queued in that order; each notes its index in
+    /// `order` when it gets a slot and gives the slot back at once.
+    async fn queue(
+        (shed, o, m): (&'static Shedder, &'static FrontOptions, &'static Metrics),
+        classes: &[Priority],
+        order: &std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        let mut tasks = Vec::new();
+        for (i, &class) in classes.iter().enumerate() {
+            let order = order.clone();
+            tasks.push(tokio::spawn(async move {
+                let slot = admit(shed, o, m, class, Duration::ZERO).await;
+                if slot.is_ok() {
+                    order.lock().unwrap().push(i);
+                }
+                slot.is_ok()
+            }));
+            for _ in 0..100 {
+                if shed.waiting() == i + 1 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(shed.waiting(), i + 1, "waiter {i} did not queue");
+        }
+        tasks
+    }
+
+    /// While the room drains (no standing queue), slots go to the oldest
+    /// waiter first; a higher class goes before all of a lower one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn waiters_are_served_oldest_first_and_by_class() {
+        let r = room(Duration::from_secs(4));
+        let first = InFlight::take(r.2, Some(&r.0.room), 1, Priority::Default).unwrap();
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        use Priority::{Critical, Default as Def, Sheddable};
+        let tasks = queue(r, &[Def, Sheddable, Def, Critical], &order).await;
+        drop(first);
+        for t in tasks {
+            assert!(t.await.unwrap());
+        }
+        assert_eq!(*order.lock().unwrap(), vec![3, 0, 2, 1]);
+        assert_eq!((r.0.waiting(), r.2.in_flight.get()), (0, 0));
+    }
+
+    /// Adaptive LIFO: while the room's queue stands, the newest waiter is
+    /// served first.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_standing_room_serves_the_newest_first() {
+        let r = room(Duration::from_secs(4));
+        let first = InFlight::take(r.2, Some(&r.0.room), 1, Priority::Default).unwrap();
+        // Every wait over the target for longer than the interval.
+        let codel = &r.0.room.codel;
+        assert!(!codel.standing(Duration::from_secs(2), Duration::from_secs(1)));
+        std::thread::sleep(INTERVAL + Duration::from_millis(20));
+        assert!(codel.standing(Duration::from_secs(2), Duration::from_secs(1)));
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tasks = queue(r, &[Priority::Default; 3], &order).await;
+        drop(first);
+        for t in tasks {
+            assert!(t.await.unwrap());
+        }
+        assert_eq!(order.lock().unwrap()[0], 2, "{:?}", order.lock().unwrap());
+    }
+
+    /// A waiter whose bound runs out is shed, counted, and leaves nothing
+    /// behind; one whose caller goes away after it was woken passes the
+    /// wake on to the next.
+    #[tokio::test(flavor = "current_thread")]
+    async fn timed_out_and_abandoned_waiters_leave_no_trace() {
+        let r = room(Duration::from_millis(20));
+        let first = InFlight::take(r.2, Some(&r.0.room), 1, Priority::Default).unwrap();
+        let shed_before = r.2.in_flight.get();
+        let e = admit(r.0, r.1, r.2, Priority::Default, Duration::ZERO).await;
+        assert!(e.is_err());
+        assert_eq!((r.0.waiting(), r.2.in_flight.get()), (0, shed_before));
+
+        let r = room(Duration::from_secs(4));
+        let first_again = InFlight::take(r.2, Some(&r.0.room), 1, Priority::Default).unwrap();
+        drop(first);
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = queue(r, &[Priority::Default; 2], &order).await;
+        // The slot goes back: waiter 0 is woken, and its caller goes away
+        // before it runs.
+        drop(first_again);
+        tasks[0].abort();
+        assert!(tasks.pop().unwrap().await.unwrap());
+        assert_eq!(*order.lock().unwrap(), vec![1]);
+        assert_eq!((r.0.waiting(), r.2.in_flight.get()), (0, 0));
     }
 }

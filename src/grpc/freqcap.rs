@@ -10,13 +10,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, pb};
 use crate::clock::Clock;
-use crate::engine::Engine;
+use crate::engine::{Engine, Priority};
 use crate::front::AppState;
 use crate::front::FrontError;
 use crate::front::call::{blocking, commit_reservation, count_events, in_memory_or_blocking};
 use crate::front::error::status;
 use crate::front::outcome::{self, Checked};
 use crate::front::shed::InFlight;
+use crate::server::Conn;
 
 /// RecordEvents counts its events in batches of this many.
 const BATCH: usize = 512;
@@ -46,21 +47,40 @@ impl<C: Clock + 'static> Service<C> {
 
     /// An in-flight slot for a call (its token was checked on its headers,
     /// src/grpc/guard.rs).
-    fn enter<T>(&self, req: &Request<T>) -> Result<InFlight<'_>, Status> {
+    async fn enter<T>(&self, req: &Request<T>) -> Result<InFlight<'_>, Status> {
         let class = crate::front::shed::claimed(req.metadata().as_ref());
-        InFlight::try_enter_as(&self.state.metrics, self.state.options.max_in_flight, class)
+        self.admit(req, class).await
+    }
+
+    /// A slot for a call of `class`, waiting for one as HTTP's requests do
+    /// (`front::shed::admit`).
+    async fn admit<T>(&self, req: &Request<T>, class: Priority) -> Result<InFlight<'_>, Status> {
+        let s = &self.state;
+        let waited = req
+            .extensions()
+            .get::<Conn>()
+            .map(Conn::queue_delay)
+            .unwrap_or_default();
+        crate::front::shed::admit(&s.shed, &s.options, &s.metrics, class, waited)
+            .await
             .map_err(status)
     }
 
     /// The slot of a commit or release: counted, never refused (settling
     /// is not shed, `front::shed::Work`).
     fn settle_slot(&self) -> InFlight<'_> {
-        InFlight::enter_to_settle(&self.state.metrics)
+        let s = &self.state;
+        InFlight::enter_to_settle(&s.shed, &s.metrics, s.options.max_in_flight)
     }
 
-    /// An in-flight slot: past the cap, UNAVAILABLE at once.
-    fn slot(&self) -> Result<InFlight<'_>, Status> {
-        InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight).map_err(status)
+    /// A slot for one batch of a stream, as a `default` call that waited
+    /// nothing yet.
+    async fn slot(&self) -> Result<InFlight<'_>, Status> {
+        let s = &self.state;
+        let class = Priority::Default;
+        crate::front::shed::admit(&s.shed, &s.options, &s.metrics, class, Default::default())
+            .await
+            .map_err(status)
     }
 
     /// An id over the length limit is INVALID_ARGUMENT naming it, as HTTP's
@@ -95,7 +115,7 @@ impl<C: Clock + 'static> Service<C> {
                 batch.push(convert::event(e?).map_err(status)?);
             }
             if (end && !batch.is_empty()) || batch.len() >= BATCH {
-                let _slot = self.slot()?;
+                let _slot = self.slot().await?;
                 let n = self.count(std::mem::take(&mut batch)).await?;
                 *counted += n.counted;
                 *duplicates += n.duplicates;
@@ -128,7 +148,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let header = priority_header(&req);
         let r = convert::check(req.into_inner(), header.as_deref()).map_err(status)?;
         let out = in_memory_or_blocking(&self.state, r, Engine::check_in_memory, Engine::check)
@@ -147,7 +167,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::ScreenRequest>,
     ) -> Result<Response<pb::ScreenResponse>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let header = priority_header(&req);
         let r = convert::screen(req.into_inner(), header.as_deref()).map_err(status)?;
         let out = in_memory_or_blocking(&self.state, r, Engine::screen_in_memory, Engine::screen)
@@ -200,7 +220,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::EventsRequest>,
     ) -> Result<Response<pb::EventsCounted>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let evs = req
             .into_inner()
             .events
@@ -253,7 +273,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
 
     /// `Usage`: a user's caps on a campaign, read without debiting.
     async fn usage(&self, req: Request<pb::UsageRequest>) -> Result<Response<pb::Usage>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let r = req.into_inner();
         self.id("user", &r.user)?;
         self.id("campaign", &r.campaign)?;
@@ -273,7 +293,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::DeliveryRequest>,
     ) -> Result<Response<pb::Delivery>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let r = req.into_inner();
         self.id("campaign", &r.campaign)?;
         let e = self.state.engine.clone();
@@ -288,7 +308,7 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         &self,
         req: Request<pb::ForecastRequest>,
     ) -> Result<Response<pb::Forecast>, Status> {
-        let _slot = self.enter(&req)?;
+        let _slot = self.enter(&req).await?;
         let body = convert::forecast_request(req.into_inner()).map_err(status)?;
         let f = crate::api::forecast::run_forecast(body)
             .await

@@ -35,7 +35,7 @@ use crate::front::call::in_memory_or_blocking;
 use crate::front::error::status;
 use crate::front::priority;
 use crate::front::ratelimit_fields::{sf_int, sf_string, window_ns};
-use crate::front::shed::InFlight;
+use crate::front::shed;
 use crate::front::{AppState, FrontError};
 use crate::limits::stack::Decision;
 
@@ -702,7 +702,15 @@ impl<C: Clock + 'static> pb::rate_limit_service_server::RateLimitService for Ser
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let answer = async {
-            let _slot = InFlight::try_enter(&self.state.metrics, self.state.options.max_in_flight)
+            let s = &self.state;
+            let waited = request
+                .extensions()
+                .get::<crate::server::Conn>()
+                .map(crate::server::Conn::queue_delay)
+                .unwrap_or_default();
+            let class = Default::default();
+            let _slot = shed::admit(&s.shed, &s.options, &s.metrics, class, waited)
+                .await
                 .map_err(status)?;
             // Envoy cannot set per-request metadata on its RLS call, but
             // other callers can; Envoy sends the class as a descriptor entry.

@@ -300,7 +300,7 @@ async fn dispatch<C: Clock + 'static>(
 /// Sheds as HTTP's `/v1/check` does: when the connection waited too long
 /// to run or too many requests are in flight (one counter with HTTP's).
 /// The slot is held until dropped.
-fn admit<'f, C: Clock + 'static>(
+async fn admit<'f, C: Clock + 'static>(
     front: &'f Front<C>,
     conn: Option<&Conn>,
 ) -> Result<InFlight<'f>, FrontError> {
@@ -318,7 +318,15 @@ fn admit<'f, C: Clock + 'static>(
         Default::default(),
         shed::Work::Decide,
     )?;
-    InFlight::try_enter(&st.metrics, st.options.max_in_flight)
+    let waited = conn.map(Conn::queue_delay).unwrap_or_default();
+    shed::admit(
+        &st.shed,
+        &st.options,
+        &st.metrics,
+        Default::default(),
+        waited,
+    )
+    .await
 }
 
 /// Decides a check: shed ([`admit`]), then on the executor if every record
@@ -330,7 +338,7 @@ async fn decide<C: Clock + 'static>(
     endpoint: Endpoint,
 ) -> Result<crate::engine::CheckOutcome, FrontError> {
     // Held for the decision, given back even if the future is dropped.
-    let _slot = admit(front, conn)?;
+    let _slot = admit(front, conn).await?;
     let st = &front.state;
     let out =
         crate::front::call::in_memory_or_blocking(st, req, Engine::check_in_memory, Engine::check)
@@ -346,7 +354,7 @@ async fn decide_throttle<C: Clock + 'static>(
     conn: Option<&Conn>,
     req: ThrottleRequest<'_>,
 ) -> Result<Throttled, FrontError> {
-    let _slot = admit(front, conn)?;
+    let _slot = admit(front, conn).await?;
     let engine = &front.state.engine;
     // `in_memory_or_blocking` unrolled: the request borrows its key from
     // the read buffer, which a blocking thread cannot borrow.
