@@ -370,27 +370,37 @@ fn the_command_writes_a_report() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--synthetic"));
 }
 
+/// `simulate overload`'s defaults (docs/adaptive.md) at 4×, on `workers`
+/// for `seconds`, seeded.
+fn overload_args(
+    workers: u32,
+    seconds: u64,
+    seed: u64,
+) -> freqcap::simulate::overload::OverloadArgs {
+    freqcap::simulate::overload::OverloadArgs {
+        out: "unused".into(),
+        workers,
+        service_ms: 10.0,
+        deadline_ms: 100,
+        retries: 1,
+        loads: vec![4.0],
+        seconds,
+        drift_minutes: 2,
+        mix: vec![0.05, 0.15, 0.3, 0.2, 0.3],
+        shares: vec![1.0, 0.7, 0.65, 0.6, 0.5],
+        tolerance: 1.5,
+        seed,
+    }
+}
+
 /// `freqcap simulate overload` (issue 29, item 5) on a small backend: one
 /// seed gives one answer, and at 4× overload an adaptive limit keeps the
 /// goodput that no limit loses, refusing sheddable traffic before critical.
 #[test]
 fn overload_runs_are_deterministic_and_a_limit_keeps_goodput() {
     use freqcap::limits::adaptive::Algorithm;
-    use freqcap::simulate::overload::{self, Limiter, OverloadArgs};
-    let a = OverloadArgs {
-        out: "unused".into(),
-        workers: 10,
-        service_ms: 10.0,
-        deadline_ms: 100,
-        retries: 1,
-        loads: vec![4.0],
-        seconds: 30,
-        drift_minutes: 2,
-        mix: vec![0.05, 0.15, 0.3, 0.2, 0.3],
-        shares: vec![1.0, 0.7, 0.65, 0.6, 0.5],
-        tolerance: 1.5,
-        seed: 7,
-    };
+    use freqcap::simulate::overload::{self, Limiter};
+    let a = overload_args(10, 30, 7);
     let span = 30 * SECOND;
     let g = Limiter::Adaptive(Algorithm::Gradient);
     let one = overload::run(&a, g, 4.0, span, true, None).unwrap();
@@ -423,20 +433,7 @@ fn overload_runs_are_deterministic_and_a_limit_keeps_goodput() {
 fn vegas_reaches_the_optimum_after_capacity_halves() {
     use freqcap::limits::adaptive::Algorithm;
     use freqcap::simulate::overload::{self, Limiter, OverloadArgs};
-    let a = OverloadArgs {
-        out: "unused".into(),
-        workers: 20,
-        service_ms: 10.0,
-        deadline_ms: 100,
-        retries: 1,
-        loads: vec![4.0],
-        seconds: 60,
-        drift_minutes: 2,
-        mix: vec![0.05, 0.15, 0.3, 0.2, 0.3],
-        shares: vec![1.0, 0.7, 0.65, 0.6, 0.5],
-        tolerance: 1.5,
-        seed: 3,
-    };
+    let a = overload_args(20, 60, 3);
     let span = 60 * SECOND;
     let halved = overload::optimum(&a, 10, 4.0, span / 3).unwrap();
     assert!((11..40).contains(&halved), "optimum {halved}");
