@@ -243,6 +243,11 @@ struct ServeArgs {
     /// requests get 503 at once (0: off; default 95).
     #[arg(long, env = "FREQCAP_SHED_CPU_PERCENT")]
     shed_cpu_percent: Option<u64>,
+    /// Past max_in_flight, a decision waits for a slot within its queue
+    /// bound (adaptive LIFO) instead of 503 at once
+    /// (`--in-flight-wait=false` overrides a file's `true`).
+    #[arg(long, env = "FREQCAP_IN_FLIGHT_WAIT", num_args = 0..=1, default_missing_value = "true")]
+    in_flight_wait: Option<bool>,
     /// Host names answered besides loopback ones (comma-separated).
     #[arg(long, env = "FREQCAP_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Option<Vec<String>>,
@@ -393,6 +398,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.shed_cpu_percent {
             c.shed_cpu_percent = v;
+        }
+        if let Some(v) = self.in_flight_wait {
+            c.in_flight_wait = v;
         }
         if let Some(v) = self.metrics_definitions {
             c.metrics_definitions = v;

@@ -146,6 +146,9 @@ pub struct ServeConfig {
     /// Past this percentage of the process's CPUs busy, `low` and
     /// `sheddable` requests get 503 at once; 0: off.
     pub shed_cpu_percent: u64,
+    /// Past `max_in_flight`, a decision waits for a slot within its queue
+    /// bound (adaptive LIFO, docs/service.md) instead of 503 at once.
+    pub in_flight_wait: bool,
     /// `Host` names answered besides loopback ones when listening on loopback
     /// (or, when set, whatever the listen address).
     pub allowed_hosts: Vec<String>,
@@ -209,6 +212,7 @@ impl Default for ServeConfig {
             drain_timeout_secs: c.drain_timeout.as_secs(),
             shed_queue_delay_ms: u64::try_from(a.shed_queue_delay.as_millis()).unwrap_or(u64::MAX),
             shed_cpu_percent: a.shed_cpu_permille / 10,
+            in_flight_wait: a.in_flight_wait,
             allowed_hosts: Vec::new(),
             backup_dir: None,
             metrics_definitions: Vec::new(),
@@ -550,6 +554,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
             sleep_on_wait: true,
             shed_queue_delay: Duration::from_millis(config.shed_queue_delay_ms),
             shed_cpu_permille: config.shed_cpu_percent.saturating_mul(10),
+            in_flight_wait: config.in_flight_wait,
             body_timeout: secs(config.body_timeout_secs),
             // A browser page can reach a loopback service through DNS
             // rebinding; on loopback only loopback names (and the

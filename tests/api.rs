@@ -371,6 +371,7 @@ fn past_max_in_flight_a_request_waits_for_a_slot_within_its_bound() {
     let options = ApiOptions {
         max_in_flight: 1,
         shed_queue_delay: Duration::from_secs(8),
+        in_flight_wait: true,
         ..ApiOptions::default()
     };
     let live = Arc::new(Live::start(memory(), options));

@@ -17,7 +17,8 @@
 //! A slot is never handed over: the one given back is counted down, and
 //! the woken waiter takes a slot as any request does. A waiter that loses
 //! the race to an arrival waits again at the head of its class; one that is
-//! woken but gone (its caller went away) passes the wake on.
+//! woken but gone (its caller went away), or run only after its bound, passes
+//! the wake on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -118,19 +119,6 @@ impl Room {
     /// How many requests wait for a slot.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Relaxed)
-    }
-
-    /// Whether a request of `class` or a higher one waits: an arrival of
-    /// `class` then waits too, behind it (lower classes waiting for their
-    /// share do not hold a higher one back).
-    pub(crate) fn any_waiting_at_or_above(&self, class: Priority) -> bool {
-        if self.waiting.load(Relaxed) == 0 {
-            return false;
-        }
-        let q = self.lock();
-        q.by_class[..=class_index(class)]
-            .iter()
-            .any(|l| !l.is_empty())
     }
 
     /// Queues a waiter of `class`: at the back, or at the front when it

@@ -74,6 +74,11 @@ pub struct FrontOptions {
     /// The CPU guard: past this many thousandths of the process's CPUs
     /// busy, `low` and `sheddable` requests are shed; 0: off.
     pub shed_cpu_permille: u64,
+    /// Past `max_in_flight`, a decision waits for a slot within its queue
+    /// bound ([`shed::admit`]: adaptive LIFO) instead of 503 at once. Off
+    /// by default: it helps callers that resend at once and costs CPU under
+    /// sustained open-loop overload (docs/service.md, "Adaptive LIFO").
+    pub in_flight_wait: bool,
     /// How long a request may take to send its body: past it, 408.
     pub body_timeout: std::time::Duration,
     /// `Some`: only these `Host` names (and loopback ones) are answered
@@ -101,6 +106,7 @@ impl Default for FrontOptions {
             sleep_on_wait: true,
             shed_queue_delay: std::time::Duration::from_millis(20),
             shed_cpu_permille: 950,
+            in_flight_wait: false,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             allowed_hosts: None,
             backup_dir: None,

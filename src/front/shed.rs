@@ -1,9 +1,10 @@
 //! Load shedding, the same for every front: a request whose connection
 //! waited past `shed_queue_delay` to be run, and one on a connection kept
 //! for probes only, is answered `overloaded` at once (and counted by
-//! reason), before its message is decided; one past the in-flight cap
-//! waits for a slot within what is left of that bound, in the waiting room
-//! of [`super::admission`] (adaptive LIFO), and is shed when it runs out.
+//! reason), before its message is decided; so is one past the in-flight
+//! cap, or, with `in_flight_wait`, it waits for a slot within what is left
+//! of that bound, in the waiting room of [`super::admission`] (adaptive
+//! LIFO), and is shed when it runs out.
 //!
 //! The lowest classes are shed first (docs/service.md, "Shedding"): a
 //! request whose `x-freqcap-priority` header says `low` or `sheddable` may
@@ -147,13 +148,22 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// The fewest waiters the room holds, whatever `max_in_flight`: a small
+/// cap still queues a burst.
+const MIN_ROOM: usize = 16;
+
 /// An in-flight slot for a decision of `class`, the one load-shedding rule
 /// of HTTP, gRPC, RLS and RESP: at once while its share of
-/// `max_in_flight` has room and no request of its class or a higher one
-/// waits; else it waits in the room ([`super::admission`]) for what is
-/// left of its queue bound ([`queue_bound`]) after `waited` (its
+/// `max_in_flight` has room (also when others wait: a slot given back is
+/// taken by whoever runs first, never left idle until a woken waiter is
+/// scheduled); else 503 `overloaded` at once, or, with `in_flight_wait`,
+/// it waits in the room ([`super::admission`]) for what
+/// is left of its queue bound ([`queue_bound`]) after `waited` (its
 /// connection's wait to be run), and is then answered 503 `overloaded`
-/// (counted as `in_flight`).
+/// (counted as `in_flight`). The room holds `max_in_flight` waiters (at
+/// least [`MIN_ROOM`]); past that an arrival is shed at once, since
+/// waiting costs CPU (a timer, wakes) that an overloaded server lacks
+/// (docs/service.md, "Adaptive LIFO", has the runs).
 pub(crate) async fn admit<'a>(
     shed: &'a Shedder,
     o: &FrontOptions,
@@ -162,10 +172,14 @@ pub(crate) async fn admit<'a>(
     waited: Duration,
 ) -> Result<InFlight<'a>, FrontError> {
     let (room, max) = (&shed.room, o.max_in_flight);
-    if !room.any_waiting_at_or_above(class)
-        && let Some(slot) = InFlight::take(metrics, Some(room), max, class)
-    {
+    if let Some(slot) = InFlight::take(metrics, Some(room), max, class) {
         return Ok(slot);
+    }
+    if !o.in_flight_wait || room.waiting() >= max.max(MIN_ROOM) {
+        metrics.overloaded("in_flight");
+        return Err(FrontError::overloaded(
+            "too many requests in flight; retry shortly",
+        ));
     }
     let standing = shed.queue.is_standing() || room.codel.is_standing();
     let bound = queue_bound(o, standing, class).saturating_sub(waited);
@@ -179,25 +193,29 @@ pub(crate) async fn admit<'a>(
     }
     let deadline = tokio::time::Instant::now() + bound;
     loop {
-        match w.wait(deadline).await {
-            Waited::Woken => match InFlight::take(metrics, Some(room), max, class) {
+        let waited = w.wait(deadline).await;
+        // Woken in time, but run past the bound (a busy runtime runs the
+        // woken task late): served now, it would be answered later than
+        // the bound promises, so it is shed and the slot goes to the next.
+        let late = tokio::time::Instant::now() > deadline;
+        room.codel.standing(w.waited(), target);
+        match waited {
+            Waited::Woken if !late => match InFlight::take(metrics, Some(room), max, class) {
                 Some(slot) => {
-                    room.codel.standing(w.waited(), target);
                     w.done();
                     return Ok(slot);
                 }
                 None => w.requeue(),
             },
-            Waited::TimedOut => {
-                room.codel.standing(w.waited(), target);
-                w.done();
-                metrics.overloaded("in_flight");
-                return Err(FrontError::overloaded(
-                    "too many requests in flight; retry shortly",
-                ));
-            }
+            // Dropped woken, it passes the wake on.
+            Waited::Woken => break drop(w),
+            Waited::TimedOut => break w.done(),
         }
     }
+    metrics.overloaded("in_flight");
+    Err(FrontError::overloaded(
+        "too many requests in flight; retry shortly",
+    ))
 }
 
 /// What a request does, for shedding: a decision takes new work on; a
@@ -366,6 +384,7 @@ mod tests {
         let o = FrontOptions {
             max_in_flight: 1,
             shed_queue_delay: bound,
+            in_flight_wait: true,
             ..Default::default()
         };
         (
@@ -464,5 +483,27 @@ mod tests {
         assert!(tasks.pop().unwrap().await.unwrap());
         assert_eq!(*order.lock().unwrap(), vec![1]);
         assert_eq!((r.0.waiting(), r.2.in_flight.get()), (0, 0));
+    }
+
+    /// The room holds `max_in_flight` waiters, at least [`MIN_ROOM`]: the
+    /// next arrival is shed at once, and those waiting are still served.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_room_sheds_an_arrival_at_once() {
+        let r = room(Duration::from_secs(4));
+        let first = InFlight::take(r.2, Some(&r.0.room), 1, Priority::Default).unwrap();
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let tasks = queue(r, &[Priority::Default; MIN_ROOM], &order).await;
+        let shed = r.2.in_flight.get();
+        assert!(
+            admit(r.0, r.1, r.2, Priority::Critical, Duration::ZERO)
+                .await
+                .is_err()
+        );
+        assert_eq!((r.0.waiting(), r.2.in_flight.get()), (MIN_ROOM, shed));
+        drop(first);
+        for t in tasks {
+            assert!(t.await.unwrap());
+        }
+        assert_eq!(order.lock().unwrap().len(), MIN_ROOM);
     }
 }
