@@ -188,6 +188,10 @@ struct ServeArgs {
     /// How long a record stays in memory once idle, in seconds.
     #[arg(long, env = "FREQCAP_IDLE_GRACE_SECS")]
     idle_grace_secs: Option<u64>,
+    /// How long a deleted policy or campaign is remembered, in seconds: one
+    /// re-created within it carries its counts on (0: a deletion is final).
+    #[arg(long, env = "FREQCAP_REDEFINE_GRACE_SECS")]
+    redefine_grace_secs: Option<u64>,
     /// Requests handled at once before 503 overloaded.
     #[arg(long, env = "FREQCAP_MAX_IN_FLIGHT")]
     max_in_flight: Option<usize>,
@@ -305,6 +309,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.idle_grace_secs {
             c.idle_grace_secs = v;
+        }
+        if let Some(v) = self.redefine_grace_secs {
+            c.redefine_grace_secs = v;
         }
         if let Some(v) = self.store {
             c.store = v;

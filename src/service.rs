@@ -114,6 +114,9 @@ pub struct ServeConfig {
     pub dedupe_horizon_secs: u64,
     /// How long an idle record stays in memory, seconds.
     pub idle_grace_secs: u64,
+    /// How long a deleted policy or campaign is remembered, seconds (one
+    /// re-created within it carries its counts on; 0: deletions are final).
+    pub redefine_grace_secs: u64,
     /// Open reservations at once; a reserving request past it gets 503.
     pub max_open_reservations: usize,
     /// RocksDB's block cache, bytes (shared by every column family).
@@ -197,6 +200,7 @@ impl Default for ServeConfig {
             max_in_flight: a.max_in_flight,
             dedupe_horizon_secs: e.dedupe_horizon / 1_000_000_000,
             idle_grace_secs: e.idle_grace / 1_000_000_000,
+            redefine_grace_secs: e.redefine_grace / 1_000_000_000,
             max_open_reservations: e.max_open_reservations,
             block_cache_bytes: r.block_cache_bytes,
             write_buffer_bytes: r.write_buffer_bytes,
@@ -467,6 +471,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         max_id_len: config.max_id_len,
         dedupe_horizon: config.dedupe_horizon_secs.saturating_mul(1_000_000_000),
         idle_grace: config.idle_grace_secs.saturating_mul(1_000_000_000),
+        redefine_grace: config.redefine_grace_secs.saturating_mul(1_000_000_000),
         max_open_reservations: config.max_open_reservations,
         fail_open: config.fail_open,
         shadow: config.shadow,

@@ -1206,3 +1206,182 @@ fn sheddable_requests_are_shed_before_default_ones() {
     // Free again: sheddable is served.
     assert_eq!(get(Some("sheddable")), 200);
 }
+
+/// Issue 45 over HTTP: the repro (a budget of 10 spent 3, raised to 12:
+/// spent 3, 9 more), `?reset=true`, a kind change's `Freqcap-Warning`,
+/// resetting one key, erasing a viewer, and a fractional `latency_ms`.
+#[test]
+fn edits_keep_counts_and_keys_and_viewers_can_be_reset_over_http() {
+    let live = Live::start(memory(), ApiOptions::default());
+    let put = |path: &str, body: Value| live.send("PUT", path, Some(body), None);
+    let budget = |n: u64| json!({"budget": {"amount": n, "per": "1d", "pacing": "asap"}});
+    // One impression for user `u`: screen, then commit the reservation.
+    let show = |u: &str| -> bool {
+        let screen = json!({"user": u, "candidates": [{"campaign": "c1"}], "reserve": true});
+        let (st, s, _) = live.send("POST", "/v1/screen", Some(screen), None);
+        assert_eq!(st, 200, "{s}");
+        let Some(id) = s["reservation"].as_str() else {
+            return false;
+        };
+        let path = format!("/v1/reservations/{id}/commit");
+        let (st, v, _) = live.send("POST", &path, Some(json!({"campaign": "c1"})), None);
+        assert_eq!(st, 200, "{v}");
+        true
+    };
+    assert_eq!(put("/v1/campaigns/c1", budget(10)).0, 200);
+    for u in ["a", "b", "c"] {
+        assert!(show(u));
+    }
+    assert_eq!(put("/v1/campaigns/c1", budget(12)).0, 200);
+    let (_, d, _) = live.send("GET", "/v1/campaigns/c1/delivery", None, None);
+    assert_eq!(
+        (d["spent"].as_u64(), d["amount"].as_u64()),
+        (Some(3), Some(12)),
+        "{d}"
+    );
+    let more = (0..15).filter(|i| show(&format!("u{i}"))).count();
+    assert_eq!(more, 9);
+    // A fresh start on purpose; a bad query is a 400 naming it.
+    let (st, _, _) = put("/v1/campaigns/c1?reset=true", budget(12));
+    assert_eq!(st, 200);
+    let (_, d, _) = live.send("GET", "/v1/campaigns/c1/delivery", None, None);
+    assert_eq!(d["spent"], 0, "{d}");
+    for (q, field) in [("reset=yes", "reset"), ("force=1", "force")] {
+        let (st, v, _) = put(&format!("/v1/campaigns/c1?{q}"), budget(12));
+        assert_eq!(st, 400, "{v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    }
+
+    // A user cap raised after 3 impressions: used 3, 2 more.
+    let cap = |n: u64| json!({"caps": [{"kind": "window", "limit": n, "window": "1d", "align": "calendar"}]});
+    assert_eq!(put("/v1/campaigns/c1", cap(3)).0, 200);
+    for _ in 0..3 {
+        assert!(show("v"));
+    }
+    assert!(!show("v"));
+    assert_eq!(put("/v1/campaigns/c1", cap(5)).0, 200);
+    let (_, u, _) = live.send("GET", "/v1/users/v/campaigns/c1", None, None);
+    assert_eq!(
+        (
+            u["caps"][0]["used"].as_u64(),
+            u["caps"][0]["remaining"].as_u64()
+        ),
+        (Some(3), Some(2)),
+        "{u}"
+    );
+    // Erasing the viewer: 204 (also for one never seen); the cap counts
+    // afresh; delivery is not personal and stays.
+    let (_, before, _) = live.send("GET", "/v1/campaigns/c1/delivery", None, None);
+    for path in [
+        "/v1/users/v",
+        "/v1/users/never-seen",
+        "/v1/ids/household/h7",
+    ] {
+        let (st, v, _) = live.send("DELETE", path, None, None);
+        assert_eq!(st, 204, "{path}: {v}");
+    }
+    let (_, u, _) = live.send("GET", "/v1/users/v/campaigns/c1", None, None);
+    assert_eq!(u["caps"][0]["used"], 0, "{u}");
+    let (_, after, _) = live.send("GET", "/v1/campaigns/c1/delivery", None, None);
+    assert_eq!(before, after);
+    let (st, v, _) = live.send("DELETE", "/v1/ids/Bad-Kind/x", None, None);
+    assert_eq!(
+        (st, v["error"]["field"].as_str()),
+        (400, Some("kind")),
+        "{v}"
+    );
+    let long = "x".repeat(257);
+    let (st, v, _) = live.send("DELETE", &format!("/v1/users/{long}"), None, None);
+    assert_eq!(
+        (st, v["error"]["field"].as_str()),
+        (400, Some("user")),
+        "{v}"
+    );
+    assert_eq!(sample(&live.metrics(), "freqcap_erasures_total"), Some(3.0));
+
+    // A kind change starts the item empty and says so.
+    let (st, _, h) = put(
+        "/v1/campaigns/c1",
+        json!({"caps": [{"kind": "rate", "rate": 5, "per": "1d"}]}),
+    );
+    assert_eq!(st, 200);
+    let warning = h
+        .get("freqcap-warning")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    assert!(
+        warning
+            .as_deref()
+            .is_some_and(|w| w.starts_with("caps[0]: ") && w.contains("start empty")),
+        "{warning:?}"
+    );
+
+    // A policy window raised from 10 to 20 after 10 checks: 10 left. One
+    // key reset, the other untouched.
+    let window = |n: u64| json!({"limits": [{"kind": "window", "limit": n, "window": "1h", "align": "fixed"}]});
+    assert_eq!(put("/v1/policies/api", window(10)).0, 200);
+    let check = |key: &str| {
+        let (st, v, _) = live.send(
+            "POST",
+            "/v1/check",
+            Some(json!({"policy": "api", "key": key})),
+            None,
+        );
+        (st, v["remaining"].as_u64())
+    };
+    for _ in 0..10 {
+        assert_eq!(check("k").0, 200);
+    }
+    assert_eq!(check("k").0, 429);
+    assert_eq!(check("k2").0, 200);
+    assert_eq!(put("/v1/policies/api", window(20)).0, 200);
+    assert_eq!(
+        check("k"),
+        (200, Some(9)),
+        "10 counted, then this one of 20"
+    );
+    let (st, _, _) = live.send("DELETE", "/v1/policies/api/keys/k", None, None);
+    assert_eq!(st, 204);
+    assert_eq!(check("k"), (200, Some(19)), "the reset key starts afresh");
+    assert_eq!(check("k2"), (200, Some(18)), "the other key is untouched");
+    let (st, v, _) = live.send("DELETE", "/v1/policies/nope/keys/k", None, None);
+    assert_eq!(st, 404, "{v}");
+    let (st, v, _) = live.send(
+        "DELETE",
+        &format!("/v1/policies/api/keys/{long}"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (st, v["error"]["field"].as_str()),
+        (400, Some("key")),
+        "{v}"
+    );
+
+    // A release's latency may be a fraction of a millisecond.
+    let adaptive = json!({"limits": [{"kind": "adaptive", "max": 10}]});
+    assert_eq!(put("/v1/policies/backend", adaptive).0, 200);
+    let (_, c, _) = live.send(
+        "POST",
+        "/v1/check",
+        Some(json!({"policy": "backend", "key": "b", "reserve": true})),
+        None,
+    );
+    let id = c["reservation"].as_str().unwrap().to_owned();
+    let path = format!("/v1/reservations/{id}/release");
+    let (st, v, _) = live.send("POST", &path, Some(json!({"latency_ms": 12.5})), None);
+    assert_eq!(st, 200, "{v}");
+    let (_, c, _) = live.send(
+        "POST",
+        "/v1/check",
+        Some(json!({"policy": "backend", "key": "b", "reserve": true})),
+        None,
+    );
+    let id = c["reservation"].as_str().unwrap().to_owned();
+    let path = format!("/v1/reservations/{id}/release");
+    let (st, v, _) = live.send("POST", &path, Some(json!({"latency_ms": -1})), None);
+    assert_eq!(
+        (st, v["error"]["field"].as_str()),
+        (400, Some("latency_ms")),
+        "{v}"
+    );
+}

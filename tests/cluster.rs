@@ -1777,3 +1777,117 @@ fn a_household_cap_is_exact_across_nodes() {
     let (_, out) = n[2].call_retrying("POST", "/v1/screen", Some(&s));
     assert_eq!(out["results"][0]["denied_by"]["cap"], "hh_daily", "{out}");
 }
+
+/// Waits (5 s at most) until every node serves campaign `camp` with
+/// `field` (a JSON pointer) equal to `want`: an edit reaches every node
+/// within a second.
+fn edit_reached(nodes: &[Node], camp: &str, field: &str, want: &Value) {
+    for n in nodes {
+        within(5, "the edit to reach every node", || {
+            let (st, d) = n.call("GET", &format!("/v1/campaigns/{camp}"), None);
+            st == 200 && d.pointer(field) == Some(want)
+        });
+    }
+}
+
+/// Issue 45 on a fleet (shared mode, three nodes): a raised budget keeps
+/// the fleet's spend and a raised user cap what the user saw, on every
+/// node; one policy key reset on one node is fresh on the others; a user
+/// erased on one node reads empty on all, while delivery stays.
+#[test]
+fn edits_resets_and_erasures_hold_on_a_fleet() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7900);
+    let n: Vec<Node> = (0..3)
+        .map(|i| {
+            Node::start(
+                &tmp.path().join(format!("n{i}")),
+                &redis.seeds,
+                &format!("n{i}"),
+            )
+        })
+        .collect();
+    let def = |amount: u64, cap: u64| {
+        json!({"budget": {"amount": amount, "per": "1d", "pacing": "asap"},
+               "caps": [{"kind": "window", "limit": cap, "window": "1d", "align": "calendar"}]})
+    };
+    let (st, body) = n[0].call_retrying("PUT", "/v1/campaigns/c1", Some(&def(10, 3)));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&n[1..], "/v1/campaigns/c1");
+    // 3 impressions of user v, then 3 of other users, across the nodes.
+    let mut shown = 0;
+    for i in 0..4 {
+        shown += u64::from(screen_and_commit(&n[i % 3], "v", "c1").0);
+    }
+    assert_eq!(shown, 3, "v's cap of 3");
+    for (i, u) in ["a", "b", "c"].iter().enumerate() {
+        assert!(screen_and_commit(&n[i], u, "c1").0);
+    }
+    let (st, body) = n[1].call_retrying("PUT", "/v1/campaigns/c1", Some(&def(12, 5)));
+    assert_eq!(st, 200, "{body}");
+    edit_reached(&n, "c1", "/budget/amount", &json!(12));
+    for node in &n {
+        within(5, "delivery to read the fleet's 6", || {
+            let (_, d) = node.call("GET", "/v1/campaigns/c1/delivery", None);
+            d["spent"] == 6 && d["amount"] == 12
+        });
+        assert_eq!(used(node, "v", "c1"), 3);
+    }
+    // v sees 2 more (5 - 3), the budget fits 12 - 6 - 2 = 4 more.
+    let more_v: u64 = (0..5)
+        .map(|i| u64::from(screen_and_commit(&n[i % 3], "v", "c1").0))
+        .sum();
+    assert_eq!(more_v, 2);
+    // Leased: a node may be refused while another holds units it has not
+    // spent, until they come back (seconds): a refusal is retried a
+    // little later, up to 30 tries.
+    let mut more = 0;
+    for i in 0..30 {
+        if screen_and_commit(&n[i % 3], &format!("w{i}"), "c1").0 {
+            more += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert_eq!(more, 4, "12 in all, not 12 more");
+    for node in &n {
+        within(5, "delivery to read 12", || {
+            node.call("GET", "/v1/campaigns/c1/delivery", None).1["spent"] == 12
+        });
+    }
+
+    // One policy key reset on one node: fresh on every node, the other
+    // key untouched.
+    let policy =
+        json!({"limits": [{"kind": "window", "limit": 3, "window": "1h", "align": "fixed"}]});
+    let (st, body) = n[0].call_retrying("PUT", "/v1/policies/api", Some(&policy));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&n[1..], "/v1/policies/api");
+    let check = |node: &Node, key: &str| {
+        let (st, v) = node.call_retrying(
+            "POST",
+            "/v1/check",
+            Some(&json!({"policy": "api", "key": key})),
+        );
+        (st, v["remaining"].as_u64())
+    };
+    for i in 0..3 {
+        assert_eq!(check(&n[i], "k").0, 200);
+    }
+    assert_eq!(check(&n[0], "k").0, 429);
+    assert_eq!(check(&n[0], "k2"), (200, Some(2)));
+    let (st, body) = n[2].call_retrying("DELETE", "/v1/policies/api/keys/k", None);
+    assert_eq!(st, 204, "{body}");
+    assert_eq!(check(&n[0], "k"), (200, Some(2)));
+    assert_eq!(check(&n[1], "k2"), (200, Some(1)));
+
+    // v erased on n1: every node reads v empty; delivery stays.
+    let (_, before) = n[0].call("GET", "/v1/campaigns/c1/delivery", None);
+    let (st, body) = n[1].call_retrying("DELETE", "/v1/users/v", None);
+    assert_eq!(st, 204, "{body}");
+    for node in &n {
+        assert_eq!(used(node, "v", "c1"), 0);
+        let (_, d) = node.call("GET", "/v1/campaigns/c1/delivery", None);
+        assert_eq!(d["spent"], before["spent"], "{d}");
+    }
+}

@@ -125,7 +125,7 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
         200
     );
 
-    // Counters of unchanged items carry over a reload, as over a PUT.
+    // Counters carry over a reload by item, as over a PUT.
     assert_eq!(remaining(&s, "api", "k"), 4);
     assert_eq!(remaining(&s, "api", "k"), 3);
     write(
@@ -144,6 +144,18 @@ fn files_are_loaded_read_only_and_reloaded_whole() {
         support::metric(&s.addr, "freqcap_definitions_reloads_total").unwrap_or(0.0),
         1.0
     );
+    // A raised limit keeps the count too (docs/semantics.md §5.3): 3
+    // counted, this one the 4th of 8.
+    write(
+        d,
+        "policies/api.json",
+        r#"{"limits": [{"kind": "window", "limit": 8, "window": "1h", "align": "fixed"},
+                       {"kind": "window", "limit": 100, "window": "1d", "align": "fixed"}]}"#,
+    );
+    eventually("the raised limit is applied", || {
+        support::http(&s.addr, "GET", "/v1/policies/api", None).1["limits"][0]["limit"] == 8
+    });
+    assert_eq!(remaining(&s, "api", "k"), 4);
 
     // A bad file beside a good change: nothing of it is applied.
     write(d, "policies/api.json", POLICY_5);

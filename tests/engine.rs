@@ -341,9 +341,9 @@ fn check_with_policies_reserve_and_idempotent_ids() {
 
 #[test]
 fn a_stack_of_more_than_64_items_is_refused() {
-    // An item's counter is tagged with its index in 8 bits: with 257 items,
-    // items 0 and 256 (same definition, same fingerprint) would share one
-    // counter, so two checks of a "2 per minute" stack would count 4.
+    // Stacks are bounded (docs/semantics.md §5.1); within the bound every
+    // item has its own counter, the two unnamed windows too (`window-0`
+    // and `window-<n-1>`).
     let clock = Arc::new(ManualClock::new(T0));
     let e = memory_engine(clock);
     let window = r#"{"kind": "window", "limit": 2, "window": "1m", "align": "fixed"}"#;

@@ -536,6 +536,7 @@ async fn admin_defines_what_http_reads() {
         max_delay_ms: None,
     };
     let put = pb::PutPolicyRequest {
+        reset: false,
         name: "api".into(),
         policy: Some(policy.clone()),
     };
@@ -567,6 +568,7 @@ async fn admin_defines_what_http_reads() {
     // A campaign with a scoped cap, a budget paced by a profile, a parent.
     admin
         .put_campaign(pb::PutCampaignRequest {
+            reset: false,
             id: "adv".into(),
             campaign: Some(pb::Campaign::default()),
         })
@@ -595,6 +597,7 @@ async fn admin_defines_what_http_reads() {
     };
     let stored = admin
         .put_campaign(pb::PutCampaignRequest {
+            reset: false,
             id: "c1".into(),
             campaign: Some(camp),
         })
@@ -638,6 +641,7 @@ async fn admin_defines_what_http_reads() {
     // Errors name the field, as HTTP's do.
     let bad = admin
         .put_campaign(pb::PutCampaignRequest {
+            reset: false,
             id: "c2".into(),
             campaign: Some(pb::Campaign {
                 exclusion_labels: vec!["auto".into(), "no spaces".into()],
@@ -655,6 +659,7 @@ async fn admin_defines_what_http_reads() {
     );
     let bad = admin
         .put_policy(pb::PutPolicyRequest {
+            reset: false,
             name: "bad".into(),
             policy: Some(pb::Policy {
                 limits: vec![pb::Limit {
@@ -671,6 +676,87 @@ async fn admin_defines_what_http_reads() {
         bad.message().contains("limits[0].rate"),
         "{}",
         bad.message()
+    );
+    // One key reset (ResetKey), and an edit that changes the item's kind
+    // answered with its warning (issue 45).
+    let check = |key: &str| -> Value {
+        let url = format!("http://{}/v1/check", n.s.addr);
+        ureq::post(&url)
+            .header("authorization", "Bearer dec")
+            .send_json(json!({"policy": "api", "key": key}))
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap()
+    };
+    check("k");
+    assert_eq!(check("k")["remaining"], 8);
+    assert_eq!(
+        reader
+            .reset_key(pb::ResetKeyRequest {
+                name: "api".into(),
+                key: "k".into()
+            })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::Unauthenticated
+    );
+    admin
+        .reset_key(pb::ResetKeyRequest {
+            name: "api".into(),
+            key: "k".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(check("k")["remaining"], 9);
+    let window = pb::Policy {
+        limits: vec![pb::Limit {
+            limit: Some(10),
+            window: Some("1s".into()),
+            name: Some("per-second".into()),
+            ..limit("window")
+        }],
+        ..Default::default()
+    };
+    let r = admin
+        .put_policy(pb::PutPolicyRequest {
+            reset: false,
+            name: "api".into(),
+            policy: Some(window),
+        })
+        .await
+        .unwrap();
+    let warning = r
+        .metadata()
+        .get("freqcap-warning")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    assert!(
+        warning
+            .as_deref()
+            .is_some_and(|w| w.starts_with("limits[0]: ")),
+        "{warning:?}"
+    );
+    // Erasing: a malformed kind names it; a user is erased.
+    let bad = admin
+        .erase_identity(pb::EraseIdentityRequest {
+            kind: "Bad Kind".into(),
+            id: "x".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("kind"), "{}", bad.message());
+    admin
+        .erase_identity(pb::EraseIdentityRequest {
+            kind: String::new(),
+            id: "u1".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        support::metric(&n.s.addr, "freqcap_erasures_total"),
+        Some(1.0)
     );
     // Deleted, then not found.
     admin
@@ -859,6 +945,7 @@ async fn malformed_messages_and_non_finite_doubles_are_invalid_arguments() {
         };
         let e = admin
             .put_campaign(pb::PutCampaignRequest {
+                reset: false,
                 id: "c".into(),
                 campaign: Some(pb::Campaign {
                     budget: Some(budget.clone()),

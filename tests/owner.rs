@@ -405,3 +405,51 @@ fn a_claim_that_ran_out_is_made_again_at_the_commit() {
         "the commit wrote the record"
     );
 }
+
+/// Issue 45 in owner mode: a user cap raised after 2 impressions keeps
+/// them (used 2, 1 more), on every node; the user erased through any node
+/// (forwarded to the owner) reads empty on every node and starts afresh.
+#[test]
+fn an_edit_keeps_counts_and_an_erasure_reaches_the_owner() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 7920);
+    let n: Vec<Node> = (0..3)
+        .map(|i| owner_node(tmp.path(), &redis, &format!("n{i}")))
+        .collect();
+    let nodes: Vec<&Node> = n.iter().collect();
+    campaign(&nodes, "c", 2);
+    fleet_ready(&nodes, "c");
+    let shown = (0..3)
+        .filter(|i| impression(&n[i % 3], "u", "c") == Some(true))
+        .count();
+    assert_eq!(shown, 2);
+    campaign(&nodes, "c", 3);
+    for node in &n {
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (st, u) = node.call_retrying("GET", "/v1/users/u/campaigns/c", None);
+            assert_eq!(st, 200, "{u}");
+            if u["caps"][0]["limit"] == 3 {
+                assert_eq!(u["caps"][0]["used"], 2, "{u}");
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the edit did not reach {}",
+                node.base
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert_eq!(impression(&n[1], "u", "c"), Some(true));
+    assert_eq!(impression(&n[2], "u", "c"), Some(false));
+    for (i, node) in n.iter().enumerate() {
+        let (st, body) = node.call_retrying("DELETE", "/v1/users/u", None);
+        assert_eq!(st, 204, "node {i}: {body}");
+        for other in &n {
+            let (st, u) = other.call_retrying("GET", "/v1/users/u/campaigns/c", None);
+            assert_eq!((st, &u["caps"][0]["used"]), (200, &json!(0)), "{u}");
+        }
+        assert_eq!(impression(&n[(i + 1) % 3], "u", "c"), Some(true));
+    }
+}

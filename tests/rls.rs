@@ -202,18 +202,31 @@ async fn sighup_reloads_whole_or_keeps_what_it_had() {
         }
     };
     assert_eq!(limit_of(&ask(&mut c).await), Some(5));
-    // A good change is applied.
+    // A good change is applied, and keeps the count (docs/semantics.md
+    // §5.3): every request asked so far counts against the new 7.
     std::fs::write(&file, rules(7)).unwrap();
     support::signal(&n.s.child, libc::SIGHUP);
     let mut seen = None;
+    // Requests counted: the first, and each answered OK since (an over
+    // limit answer debits nothing).
+    let mut counted = 1;
+    let mut remaining = None;
     for _ in 0..100 {
-        seen = limit_of(&ask(&mut c).await);
+        let r = ask(&mut c).await;
+        counted += u32::from(r.statuses[0].code == Code::Ok as i32);
+        seen = limit_of(&r);
+        remaining = Some(r.statuses[0].limit_remaining);
         if seen == Some(7) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(seen, Some(7));
+    assert_eq!(
+        remaining,
+        Some(7 - counted),
+        "the count carried over the reload"
+    );
     assert_eq!(
         support::metric(
             &n.s.addr,

@@ -2,9 +2,9 @@
 //! set of handlers for both kinds of definition.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -23,7 +23,13 @@ pub(crate) trait Definition: Serialize + DeserializeOwned + Clone + Send + 'stat
     const PARAM: &'static str;
     /// What it is, for "no policy named ..." errors.
     const WHAT: &'static str;
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError>;
+    /// Stores it; `fresh`: its counters start empty (`?reset=true`).
+    fn put<C: Clock>(
+        e: &Engine<C>,
+        name: &str,
+        def: Self,
+        fresh: bool,
+    ) -> Result<Vec<Warning>, EngineError>;
     fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self>;
     fn delete<C: Clock>(e: &Engine<C>, name: &str) -> Result<(), EngineError>;
 }
@@ -31,8 +37,13 @@ pub(crate) trait Definition: Serialize + DeserializeOwned + Clone + Send + 'stat
 impl Definition for PolicyDef {
     const PARAM: &'static str = "name";
     const WHAT: &'static str = "policy";
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
-        e.put_policy(name, def)
+    fn put<C: Clock>(
+        e: &Engine<C>,
+        name: &str,
+        def: Self,
+        fresh: bool,
+    ) -> Result<Vec<Warning>, EngineError> {
+        e.put_policy_as(name, def, fresh)
     }
     fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
         e.get_policy(name)
@@ -45,8 +56,13 @@ impl Definition for PolicyDef {
 impl Definition for CampaignDef {
     const PARAM: &'static str = "id";
     const WHAT: &'static str = "campaign";
-    fn put<C: Clock>(e: &Engine<C>, name: &str, def: Self) -> Result<Vec<Warning>, EngineError> {
-        e.put_campaign(name, def)
+    fn put<C: Clock>(
+        e: &Engine<C>,
+        name: &str,
+        def: Self,
+        fresh: bool,
+    ) -> Result<Vec<Warning>, EngineError> {
+        e.put_campaign_as(name, def, fresh)
     }
     fn get<C: Clock>(e: &Engine<C>, name: &str) -> Option<Self> {
         e.get_campaign(name)
@@ -56,13 +72,17 @@ impl Definition for CampaignDef {
     }
 }
 
-/// PUT: answers the stored definition (docs/semantics.md §8.4).
+/// PUT: answers the stored definition, its warnings in `Freqcap-Warning`
+/// headers (docs/semantics.md §8.4). `?reset=true` starts its counters
+/// empty (§5.3).
 pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
     State(s): St<C>,
     ApiPath(name): ApiPath<String>,
+    RawQuery(query): RawQuery,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Json<D>, FrontError> {
+) -> Result<(HeaderMap, Json<D>), FrontError> {
     id_param(&s, D::PARAM, &name)?;
+    let fresh = reset_param(query.as_deref())?;
     if let Ok(raw) = &b {
         crate::model::check_unique_members(&String::from_utf8_lossy(raw))
             .map_err(|e| FrontError::invalid(&e.field, e.message))?;
@@ -70,9 +90,50 @@ pub(crate) async fn put_def<C: Clock + 'static, D: Definition>(
     let def: D = body(b)?;
     let e = s.engine.clone();
     let stored = def.clone();
-    let warnings = blocking(move || D::put(&e, &name, def)).await?;
+    let warnings = blocking(move || D::put(&e, &name, def, fresh)).await?;
     log_warnings(&warnings);
-    Ok(Json(stored))
+    Ok((warning_headers(&warnings), Json(stored)))
+}
+
+/// `reset` of a PUT's query: `true` or `false` (the default); any other
+/// parameter or value is a 400 naming it.
+fn reset_param(query: Option<&str>) -> Result<bool, FrontError> {
+    let mut reset = false;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match (k, v) {
+            ("reset", "true") => reset = true,
+            ("reset", "false") => reset = false,
+            ("reset", _) => {
+                return Err(FrontError::invalid("reset", "must be true or false"));
+            }
+            _ => {
+                return Err(FrontError::invalid(
+                    k,
+                    "unknown query parameter (a PUT takes only reset=true|false)",
+                ));
+            }
+        }
+    }
+    Ok(reset)
+}
+
+/// A definition's warnings as `Freqcap-Warning: <field>: <message>`
+/// headers, one each (the body stays the definition as stored).
+pub(crate) fn warning_headers(warnings: &[Warning]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for w in warnings {
+        // Messages are ASCII text of ours; a value that is not a valid
+        // header is left out rather than failing the PUT.
+        if let Ok(v) = HeaderValue::from_str(&format!("{}: {}", w.field, w.message)) {
+            h.append("freqcap-warning", v);
+        }
+    }
+    h
 }
 
 pub(crate) async fn get_def<C: Clock + 'static, D: Definition>(

@@ -31,7 +31,14 @@ pub fn access(method: &Method, route: Option<&str>) -> Access {
         Some("/healthz" | "/readyz" | "/metrics" | "/openapi.json" | "/ui" | "/ui/{file}") => {
             Access::Public
         }
-        Some("/v1/admin/checkpoint") => Access::Admin,
+        // Resetting a key and erasing a viewer change state no decision
+        // would: an operator's calls.
+        Some(
+            "/v1/admin/checkpoint"
+            | "/v1/policies/{name}/keys/{key}"
+            | "/v1/users/{user}"
+            | "/v1/ids/{kind}/{ident}",
+        ) => Access::Admin,
         Some("/v1/policies/{name}" | "/v1/campaigns/{id}")
             if method != Method::GET && method != Method::HEAD =>
         {
@@ -374,6 +381,9 @@ mod tests {
             ("/v1/campaigns/{id}/delivery", Method::GET, Decision),
             ("/v1/campaigns/{id}/delivery", Method::PUT, Decision),
             ("/v1/admin/checkpoint", Method::POST, Admin),
+            ("/v1/policies/{name}/keys/{key}", Method::DELETE, Admin),
+            ("/v1/users/{user}", Method::DELETE, Admin),
+            ("/v1/ids/{kind}/{ident}", Method::DELETE, Admin),
             ("/v1/check", Method::POST, Decision),
             ("/healthz", Method::GET, Public),
             ("/metrics", Method::GET, Public),

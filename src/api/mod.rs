@@ -5,6 +5,7 @@
 mod admin;
 mod check;
 mod definitions;
+mod erase;
 pub mod error;
 mod events;
 pub mod forecast;
@@ -23,7 +24,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware;
-use axum::routing::{MethodRouter, get, post, put};
+use axum::routing::{MethodRouter, delete, get, post, put};
 
 use crate::clock::Clock;
 use crate::engine::Engine;
@@ -32,8 +33,8 @@ use crate::model::{CampaignDef, PolicyDef};
 // `super::*`).
 #[allow(unused_imports)]
 use {
-    admin::*, check::*, definitions::*, events::*, forecast::*, request::*, screen::*, settle::*,
-    timeline::*, usage::*,
+    admin::*, check::*, definitions::*, erase::*, events::*, forecast::*, request::*, screen::*,
+    settle::*, timeline::*, usage::*,
 };
 
 // The shared state and options, under the names the library's users (the
@@ -47,6 +48,7 @@ use crate::front::{FrontError, FrontOptions};
 /// document.
 pub const ROUTES: &[&str] = &[
     "/v1/policies/{name}",
+    "/v1/policies/{name}/keys/{key}",
     "/v1/check",
     "/v1/reservations/{id}/commit",
     "/v1/reservations/{id}/release",
@@ -56,7 +58,9 @@ pub const ROUTES: &[&str] = &[
     "/v1/campaigns/{id}/timeline",
     "/v1/screen",
     "/v1/events",
+    "/v1/users/{user}",
     "/v1/users/{user}/campaigns/{id}",
+    "/v1/ids/{kind}/{ident}",
     "/v1/ids/{kind}/{ident}/campaigns/{id}",
     "/v1/forecast",
     "/v1/admin/checkpoint",
@@ -82,6 +86,7 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/v1/policies/{name}" => put(put_def::<C, PolicyDef>)
             .get(get_def::<C, PolicyDef>)
             .delete(delete_def::<C, PolicyDef>),
+        "/v1/policies/{name}/keys/{key}" => delete(reset_key::<C>),
         "/v1/check" => post(check::<C>),
         "/v1/reservations/{id}/commit" => post(commit::<C>),
         "/v1/reservations/{id}/release" => post(release::<C>),
@@ -93,7 +98,9 @@ fn endpoint<C: Clock + 'static>(route: &str) -> Option<MethodRouter<Arc<AppState
         "/v1/campaigns/{id}/timeline" => get(timeline::<C>),
         "/v1/screen" => post(screen::<C>),
         "/v1/events" => post(events::<C>),
+        "/v1/users/{user}" => delete(erase_user::<C>),
         "/v1/users/{user}/campaigns/{id}" => get(usage::<C>),
+        "/v1/ids/{kind}/{ident}" => delete(erase_identity::<C>),
         "/v1/ids/{kind}/{ident}/campaigns/{id}" => get(identity_usage::<C>),
         "/v1/forecast" => post(forecast_endpoint),
         "/v1/admin/checkpoint" => post(checkpoint::<C>),

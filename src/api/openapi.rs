@@ -106,6 +106,18 @@ fn path_params(method: &str, path: &str) -> Vec<Value> {
                     id_schema(),
                     "The user (1–256 bytes by default: max_id_len).",
                 ),
+                ("key", _) => (
+                    id_schema(),
+                    "The key a check names (1–256 bytes by default: max_id_len).",
+                ),
+                ("kind", _) => (
+                    json!({"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"}),
+                    "The identity kind (user, household, device, ...).",
+                ),
+                ("ident", _) => (
+                    id_schema(),
+                    "The identity (1–256 bytes by default: max_id_len).",
+                ),
                 (_, p) if p.starts_with("/v1/reservations/") => (
                     reservation_id_schema(),
                     "The reservation id (1–128 of A-Z a-z 0-9 . _ : -).",
@@ -223,7 +235,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "put",
             path: "/v1/policies/{name}",
-            summary: "Define or redefine a named policy; answers the stored definition. Items whose definition is unchanged at the same index keep their state.",
+            summary: "Define or redefine a named policy; answers the stored definition. Items keep their counts by name across edits (docs/semantics.md §5.3); ?reset=true starts them empty.",
             admin: true,
             request: policy.clone(),
             responses: vec![
@@ -313,7 +325,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
         Op {
             method: "put",
             path: "/v1/campaigns/{id}",
-            summary: "Define or redefine a campaign (caps, budget, max_in_flight, parent, tz); answers the stored definition.",
+            summary: "Define or redefine a campaign (caps, budget, max_in_flight, parent, tz); answers the stored definition. Caps, budget and max_in_flight keep their counts and spend by name across edits (docs/semantics.md §5.3); ?reset=true starts them empty.",
             admin: true,
             request: campaign.clone(),
             responses: vec![
@@ -459,6 +471,43 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             ],
         },
         Op {
+            method: "delete",
+            path: "/v1/policies/{name}/keys/{key}",
+            summary: "Empty the policy's counters for one key: its next check is decided as a fresh key's; other keys are untouched (docs/semantics.md §5.3). Admin token.",
+            admin: true,
+            request: None,
+            responses: vec![
+                (204, "emptied (or it had none)", None),
+                e(400, "a key over max_id_len, naming it"),
+                e(404, "no policy of that name"),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/users/{user}",
+            summary: "Erase a user (right to erasure): every cap counted for them, their open reservations' debits and remembered ids; campaign delivery stays (docs/semantics.md §7.6). Admin token.",
+            admin: true,
+            request: None,
+            responses: vec![
+                (204, "erased (or there was nothing)", None),
+                e(400, "a user over max_id_len, naming it"),
+            ],
+        },
+        Op {
+            method: "delete",
+            path: "/v1/ids/{kind}/{ident}",
+            summary: "Erase an identity of any kind (a household, a device, ...), as DELETE /v1/users/{user} (docs/semantics.md §7.6). Admin token.",
+            admin: true,
+            request: None,
+            responses: vec![
+                (204, "erased (or there was nothing)", None),
+                e(
+                    400,
+                    "a malformed kind or an ident over max_id_len, naming it",
+                ),
+            ],
+        },
+        Op {
             method: "post",
             path: "/v1/admin/checkpoint",
             summary: "Write a consistent copy of the data directory (a RocksDB checkpoint) into a new directory, for backups.",
@@ -579,7 +628,22 @@ pub fn document() -> Value {
                 "operationId": operation_id(op.method, op.path),
                 "responses": responses,
             });
-            let params = path_params(op.method, op.path);
+            let mut params = path_params(op.method, op.path);
+            if op.method == "put" && matches!(op.path, "/v1/policies/{name}" | "/v1/campaigns/{id}")
+            {
+                params.push(json!({
+                    "name": "reset",
+                    "in": "query",
+                    "required": false,
+                    "description": "true: every counter of the definition starts empty (docs/semantics.md §5.3); by default its items keep their counts by name.",
+                    "schema": {"type": "boolean", "default": false},
+                }));
+                if let Some(ok) = responses.get_mut("200") {
+                    ok["headers"] = json!({
+                        "Freqcap-Warning": {"description": "One per warning: \"<field>: <message>\" (redundant windows, an item whose kind changed and starts empty).", "schema": {"type": "string"}},
+                    });
+                }
+            }
             if !params.is_empty() {
                 o["parameters"] = Value::Array(params);
             }

@@ -51,11 +51,12 @@ pub(crate) struct CommitBody {
     #[serde(default)]
     #[schemars(extend("maxProperties" = 8))]
     ids: std::collections::BTreeMap<String, String>,
-    /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
-    /// items (docs/adaptive.md); required with outcome `ok`.
+    /// The work's latency in ms, a number from 0 to 3 600 000 (fractions
+    /// too), for the stack's adaptive items (docs/adaptive.md); required
+    /// with outcome `ok`.
     #[serde(default)]
-    #[schemars(range(max = 3_600_000))]
-    latency_ms: Option<u64>,
+    #[schemars(range(min = 0, max = 3_600_000))]
+    latency_ms: Option<f64>,
     /// `ok` (default with a latency), `dropped` (timed out, overloaded:
     /// shrinks an adaptive limit) or `ignored` (not the backend's doing).
     #[serde(default)]
@@ -122,11 +123,12 @@ pub(crate) struct ReleaseBody {
     user: Option<String>,
     // The sample's two fields, as in CommitBody: written twice because
     // serde's `flatten` cannot go with `deny_unknown_fields`.
-    /// The work's latency in ms, 0–3 600 000, for the stack's adaptive
-    /// items (docs/adaptive.md); required with outcome `ok`.
+    /// The work's latency in ms, a number from 0 to 3 600 000 (fractions
+    /// too), for the stack's adaptive items (docs/adaptive.md); required
+    /// with outcome `ok`.
     #[serde(default)]
-    #[schemars(range(max = 3_600_000))]
-    latency_ms: Option<u64>,
+    #[schemars(range(min = 0, max = 3_600_000))]
+    latency_ms: Option<f64>,
     /// `ok` (default with a latency), `dropped` (timed out, overloaded:
     /// shrinks an adaptive limit) or `ignored` (not the backend's doing).
     #[serde(default)]

@@ -179,8 +179,9 @@ pub(crate) fn settle_entries(
         let Some(item) = defs.item(p.owner, p.tag) else {
             continue;
         };
-        // A counter redefined since the reservation was made started empty:
-        // there is nothing of this debit left in it to settle.
+        // A counter whose item changed kind since the reservation was made
+        // started empty (docs/semantics.md §5.3): nothing of this debit is
+        // left in it to settle.
         let Some(counter) = rec
             .counters
             .iter_mut()

@@ -63,11 +63,12 @@ enum ItemDelta {
     Concurrency(i64),
 }
 
-/// A counter's tag (`record::tag`): its item index, and its definition's
-/// fingerprint as the difference from the last tag of that index. Tags of
-/// one index are alike across campaigns with the same caps (the
-/// fingerprint hashes the definition), while consecutive tags alternate
-/// indexes: a difference from the previous tag took 9 bytes, this 2.
+/// A counter's tag (`limits::counter_tag`, or an older build's
+/// `record::legacy_tag`): its low byte, and the rest as the difference
+/// from the last tag of that low byte. Tags of one item name are alike
+/// across campaigns (a name hashes alike everywhere), so a record of many
+/// campaigns' `daily` caps codes each tag in 2 bytes (a difference from the
+/// previous tag took 9).
 #[derive(Debug, Serialize, Deserialize)]
 struct TagDelta {
     index: u8,

@@ -10,7 +10,7 @@
 //! carries them: an item whose definition is unchanged keeps its counts.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use crate::clock::Clock;
 use crate::model::CompiledCampaign;
@@ -18,10 +18,10 @@ use crate::model::campaign::CampaignDef;
 use crate::model::limit::{CompiledPolicy, PolicyDef};
 use crate::store::{DefsWrite, Op, Space, StoreError};
 
-use super::definitions::{campaign_tags, check_shareable_campaign, def_key, definition_op};
-use super::hot::RecordKey;
-use super::record::SubjectRecord;
-use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry, stack_tags};
+use super::definitions::{
+    DefKind, campaign_tags, check_shareable_campaign, def_key, definition_op,
+};
+use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry};
 use super::request::check_def_name;
 use super::{Engine, EngineError, invalid};
 
@@ -219,30 +219,30 @@ impl<C: Clock> Engine<C> {
             .filter(|p| p.source.is_some() && !policies.iter().any(|(f, _)| f.name == p.name))
             .map(|p| p.name.clone())
             .collect();
+        self.forget_deleted(&mut reg, &mut ops);
         for name in &gone {
-            reg.remove_policy(name);
-            ops.push(Op::Delete(Space::Definitions, def_key(b"p/", name)));
-            done.deleted += 1;
+            if let Some(p) = reg.remove_policy(name) {
+                ops.push(Op::Delete(Space::Definitions, def_key(b"p/", name)));
+                self.remember_deleted(&mut reg, DefKind::Policy, name, p.id, None, &mut ops);
+                done.deleted += 1;
+            }
         }
         for (f, compiled) in policies {
-            let id = match reg.policies.get(&f.name) {
+            let current = match reg.policies.get(&f.name) {
                 Some(p) if p.def == f.def && p.source.as_deref() == Some(f.source.as_str()) => {
                     done.unchanged += 1;
                     continue;
                 }
-                Some(p) => p.id,
-                None => {
-                    let id = self.new_definition_id(&reg)?;
-                    reg.max_id = reg.max_id.max(id);
-                    id
-                }
+                p => p.map(|p| p.id),
             };
+            let (id, _) =
+                self.definition_id(&mut reg, DefKind::Policy, &f.name, current, false, &mut ops)?;
             ops.push(definition_op(b"p/", &f.name, id, &f.def, Some(&f.source)));
             done.written += 1;
             reg.insert_policy(PolicyEntry {
                 id,
                 name: f.name,
-                tags: stack_tags(&f.def.limits),
+                tags: compiled.tags.clone(),
                 def: f.def,
                 stack: Arc::new(compiled.stack),
                 source: Some(Arc::from(f.source.as_str())),
@@ -260,14 +260,8 @@ impl<C: Clock> Engine<C> {
         for name in &gone {
             if let Some(e) = reg.remove_campaign(name) {
                 ops.push(Op::Delete(Space::Definitions, def_key(b"c/", name)));
-                ops.push(Op::Delete(
-                    Space::State,
-                    RecordKey::Campaign(e.id).disk_key(),
-                ));
-                ops.push(Op::Delete(
-                    Space::State,
-                    super::timeline::timeline_key(e.id),
-                ));
+                let kept = Some((e.record.clone(), e.timeline.clone()));
+                self.remember_deleted(&mut reg, DefKind::Campaign, name, e.id, kept, &mut ops);
                 done.deleted += 1;
             }
         }
@@ -290,14 +284,24 @@ impl<C: Clock> Engine<C> {
                 }
                 reg.chain_from(&f.name, f.def.parent.as_deref())
                     .map_err(|m| in_file(&f.source, invalid("parent", m)))?;
-                let id = match reg.campaigns.get(&f.name) {
+                let current = match reg.campaigns.get(&f.name) {
                     Some(c) if c.def == f.def && c.source.as_deref() == Some(f.source.as_str()) => {
                         done.unchanged += 1;
                         continue;
                     }
-                    Some(c) => c.id,
-                    None => self.new_definition_id(&reg)?,
+                    c => c.cloned(),
                 };
+                let (id, back) = self.definition_id(
+                    &mut reg,
+                    DefKind::Campaign,
+                    &f.name,
+                    current.as_ref().map(|c| c.id),
+                    false,
+                    &mut ops,
+                )?;
+                let (record, timeline) = self
+                    .carried_state(current.as_deref(), id, back)
+                    .map_err(|e| in_file(&f.source, e))?;
                 ops.push(definition_op(b"c/", &f.name, id, &f.def, Some(&f.source)));
                 done.written += 1;
                 reg.insert_campaign(CampaignEntry {
@@ -306,9 +310,9 @@ impl<C: Clock> Engine<C> {
                     tags: campaign_tags(&compiled),
                     def: f.def,
                     counts: CampaignCounts::new(compiled.items.len()),
-                    timeline: Arc::default(),
+                    timeline,
                     compiled,
-                    record: Arc::new(Mutex::new(SubjectRecord::default())),
+                    record,
                     chain: Vec::new(),
                     source: Some(Arc::from(f.source.as_str())),
                 });

@@ -7,8 +7,11 @@
 //! - [`screen`]: `POST /v1/screen`, candidates over their campaign chains.
 //! - [`settle`]: commit (and late commit), release, expiry at the deadline.
 //! - [`events`]: impressions without a reservation, deduplicated by id.
+//! - [`erase`]: a viewer's records removed (the right to erasure).
 //! - [`definitions`]: put, get and delete of policies and campaigns; loading
-//!   them at open.
+//!   them at open; deleted ones remembered for the redefinition grace.
+//! - [`migrate`]: counter tags of an older build's records, rewritten at open.
+//! - [`reset`]: one policy key's (or `CL.THROTTLE` key's) counters emptied.
 //! - [`file_definitions`]: the set a definitions directory defines, put in
 //!   place whole.
 //! - [`usage`]: a user's usage of a campaign's caps; a campaign's delivery.
@@ -42,6 +45,7 @@ mod check;
 mod check_all;
 mod compact_form;
 mod definitions;
+mod erase;
 mod events;
 mod exclusion;
 mod figures;
@@ -51,12 +55,14 @@ mod holds;
 mod hot;
 mod identities;
 mod leases;
+mod migrate;
 mod minutes;
 mod persist;
 pub(crate) mod record;
 pub(crate) mod registry;
 pub(crate) mod request;
 pub(crate) mod reservations;
+mod reset;
 mod screen;
 mod settle;
 mod shared;
@@ -143,6 +149,10 @@ pub struct EngineOptions {
     /// Every policy and campaign in shadow mode (`--shadow`; docs/semantics.md,
     /// "Shadow mode"), whatever its own `mode`.
     pub shadow: bool,
+    /// How long a deleted policy or campaign is remembered: re-created under
+    /// its name within it, it takes its id back and its counters carry on,
+    /// as an edit's do (docs/semantics.md §5.3). 0: a deletion is final.
+    pub redefine_grace: Nanos,
 }
 
 /// When spend on leased campaign state is reported to the shared store
@@ -194,6 +204,7 @@ impl Default for EngineOptions {
             spend_reports: SpendReports::Batched,
             record_layout: crate::store::codec::SHARED_FORMAT_VERSION,
             shadow: false,
+            redefine_grace: 24 * 3600 * 1_000_000_000,
         }
     }
 }
@@ -318,6 +329,8 @@ pub struct EngineStats {
     /// another identity's record (a household's), which another screen had
     /// filled in between (`identities.rs`).
     pub identity_rechecks: AtomicU64,
+    /// Viewers erased (`erase.rs`), whether or not they had records.
+    pub erasures: AtomicU64,
     /// Calls of the lease function (grants and spend reports).
     pub lease_calls: AtomicU64,
     /// With a shared store: decisions on a record whose own time was more
@@ -441,7 +454,18 @@ impl<C: Clock> Engine<C> {
             Some(s) => s.definitions_version()?,
             None => 0,
         };
-        let reg = definitions::load_registry(&*store, None)?;
+        let mut reg = definitions::load_registry(&*store, None)?;
+        // A data directory of an older build: its counters' tags become
+        // their items' names before anything is decided (`migrate`). A
+        // shared store's records are not migrated (docs/cluster.md,
+        // "Upgrades").
+        if store.shared().is_none() && !migrate::has_name_tags(&*store)? {
+            let n = migrate::migrate_tags(&*store, &reg)?;
+            if n > 0 {
+                tracing::info!(records = n, "counter tags migrated to item names");
+                reg = definitions::load_registry(&*store, None)?;
+            }
+        }
         let hot = ShardedMap::new(options.memory_budget, options.shards);
         let reservations = Reservations::new(
             options.max_open_reservations,

@@ -16,25 +16,16 @@ use crate::store::codec::{self, StoredCounter, StoredState};
 /// (see [`SubjectRecord`]'s `prune`): below it, the bytes to win are few.
 const PRUNE_MIN_COUNTERS: usize = 4;
 
-/// Low bits of a counter tag: the item's index in its owner's definition.
-const INDEX_BITS: u32 = 8;
-
-// Two items of one owner must never share a tag's index bits: validation caps
-// a stack at MAX_ITEMS items and a campaign at MAX_CAPS caps plus its budget
-// and max_in_flight.
-const _: () = assert!(crate::model::limit::MAX_ITEMS <= 1 << INDEX_BITS);
-const _: () = assert!(crate::model::campaign::MAX_CAPS + 2 <= 1 << INDEX_BITS);
-
-/// A counter's tag: the item index in the low byte, its definition's fingerprint
-/// above. A counter whose tag differs from the current definition's belongs to an
-/// older definition and reads as empty (docs/semantics.md §5.3: a changed item
-/// starts empty; an unchanged one at the same index keeps its state).
-pub fn tag(index: usize, fingerprint: u32) -> u32 {
-    (fingerprint << INDEX_BITS) | (index as u32 & ((1 << INDEX_BITS) - 1))
+/// The tag a counter had in records written before format 4 (data
+/// directories) or 5 (shared stores): the item's index in the low byte,
+/// a fingerprint of its definition as written above. Only the migration
+/// of older records reads it (`super::migrate`).
+pub fn legacy_tag(index: usize, fingerprint: u32) -> u32 {
+    (fingerprint << 8) | (index as u32 & 0xff)
 }
 
-/// One counter: the state of item `tag` of `owner` (a campaign's or policy's
-/// id; 0 for inline limits). 40 bytes.
+/// One counter: the state of item `tag` ([`crate::limits::counter_tag`]) of
+/// `owner` (a campaign's or policy's id; 0 for inline limits). 40 bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Counter {
     pub owner: u32,
@@ -349,25 +340,14 @@ impl SubjectRecord {
             .map(|s| &s.state)
     }
 
-    /// The state of `owner`'s item `tag`, made (empty) if absent; a counter of an
-    /// older definition of the same item index is reset.
+    /// The state of `owner`'s item `tag`, made (empty) if absent.
     pub fn state_mut(&mut self, owner: u32, tag: u32) -> &mut ItemState {
-        let index = tag & ((1 << INDEX_BITS) - 1);
         let pos = self
             .counters
             .iter()
-            .position(|s| s.owner == owner && s.tag & ((1 << INDEX_BITS) - 1) == index);
+            .position(|s| s.owner == owner && s.tag == tag);
         let pos = match pos {
-            Some(p) => {
-                if self.counters[p].tag != tag {
-                    self.counters[p] = Counter {
-                        owner,
-                        tag,
-                        state: ItemState::Fresh,
-                    };
-                }
-                p
-            }
+            Some(p) => p,
             None => {
                 let mut v = std::mem::take(&mut self.counters).into_vec();
                 v.reserve_exact(1);

@@ -10,7 +10,7 @@ use crate::limits::stack::Stack;
 use crate::model::campaign::{CampaignDef, CompiledCampaign, fingerprint};
 use crate::model::limit::PolicyDef;
 
-use super::record::{SubjectRecord, tag};
+use super::record::{SubjectRecord, legacy_tag};
 
 /// The deepest parent chain accepted. Chains are walked on every decision.
 pub const MAX_DEPTH: usize = 16;
@@ -69,7 +69,7 @@ pub struct PolicyEntry {
     pub name: String,
     pub def: PolicyDef,
     pub stack: Arc<Stack>,
-    /// Counter tag of each item (index and definition fingerprint).
+    /// Counter tag of each item ([`crate::limits::counter_tag`]).
     pub tags: Vec<u32>,
     /// The file of the definitions directory it comes from
     /// (`policies/api.json`); `None`: defined through the API.
@@ -113,9 +113,34 @@ pub type Chain = Arc<[Arc<CampaignEntry>]>;
 /// std's SipHash here and still seeded per process.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// A policy or campaign deleted less than the redefinition grace ago
+/// ([`super::EngineOptions::redefine_grace`]): re-created under its name
+/// within it, it takes this id back, so its counters carry on
+/// (docs/semantics.md §5.3). Stored as `dp/NAME` or `dc/NAME` beside the
+/// definitions.
+#[derive(Debug, Clone)]
+pub struct Deleted {
+    pub id: u32,
+    /// When it was deleted (engine clock).
+    pub at: crate::clock::Nanos,
+    /// A campaign's campaign-scope record and minutes as they were, while
+    /// this process has them (after a restart they are read back from the
+    /// store).
+    pub kept: Option<(
+        Arc<Mutex<SubjectRecord>>,
+        Arc<Mutex<super::minutes::Timeline>>,
+    )>,
+}
+
+/// Deleted definitions by name.
+pub type DeletedMap = Map<String, Deleted>;
+
 /// A snapshot of every definition.
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
+    /// Policies and campaigns deleted within the redefinition grace, by name.
+    pub deleted_policies: DeletedMap,
+    pub deleted_campaigns: DeletedMap,
     pub policies: Map<String, Arc<PolicyEntry>>,
     pub campaigns: Map<String, Arc<CampaignEntry>>,
     pub campaigns_by_id: Map<u32, Arc<CampaignEntry>>,
@@ -126,18 +151,25 @@ pub struct Registry {
     pub chains: Map<String, Chain>,
     /// Ids given so far: new definitions take the next one.
     pub max_id: u32,
+    /// The tags counters of the definitions in force had before counters
+    /// belonged to their items' names (`(owner, legacy tag)` → tag), made
+    /// at the first use after a change: a shared store's records written
+    /// by an older build are read through it ([`Registry::retag_legacy`]).
+    pub legacy: std::sync::OnceLock<Arc<Map<(u32, u32), u32>>>,
     /// Whether any campaign has `exclusion_labels` or `max_per_screen`:
     /// without, a screen skips them, and its candidates' chains are not
     /// walked twice more for rules no campaign has.
     pub screen_rules: bool,
 }
 
-/// Counter tags of a stack's items.
-pub fn stack_tags(stack_defs: &[crate::model::LimitDef]) -> Vec<u32> {
+/// The tags a stack's items' counters had before format 4
+/// ([`super::record::legacy_tag`]): only the migration of older records
+/// reads them.
+pub fn legacy_stack_tags(stack_defs: &[crate::model::LimitDef]) -> Vec<u32> {
     stack_defs
         .iter()
         .enumerate()
-        .map(|(i, d)| tag(i, fingerprint(d)))
+        .map(|(i, d)| legacy_tag(i, fingerprint(d)))
         .collect()
 }
 
@@ -152,6 +184,7 @@ impl Registry {
 
     /// Adds or replaces a policy, under its name and its id.
     pub fn insert_policy(&mut self, entry: PolicyEntry) {
+        self.legacy = Default::default();
         let e = Arc::new(entry);
         if let Some(old) = self.policies.insert(e.name.clone(), e.clone()) {
             self.policies_by_id.remove(&old.id);
@@ -160,6 +193,7 @@ impl Registry {
     }
 
     pub fn remove_policy(&mut self, name: &str) -> Option<Arc<PolicyEntry>> {
+        self.legacy = Default::default();
         let e = self.policies.remove(name)?;
         self.policies_by_id.remove(&e.id);
         Some(e)
@@ -190,11 +224,16 @@ impl Registry {
 
     /// Adds or replaces a campaign (already compiled and checked), recomputing
     /// the chains of its descendants.
+    /// An entry of the same name and id keeps its campaign-scope record and
+    /// minutes; one under a new id (a fresh start) replaces the old id.
     pub fn insert_campaign(&mut self, mut entry: CampaignEntry) {
         if let Some(old) = self.campaigns.get(&*entry.name) {
-            entry.record = old.record.clone();
-            entry.timeline = old.timeline.clone();
-            entry.id = old.id;
+            if old.id == entry.id {
+                entry.record = old.record.clone();
+                entry.timeline = old.timeline.clone();
+            } else {
+                self.campaigns_by_id.remove(&old.id);
+            }
         }
         self.max_id = self.max_id.max(entry.id);
         let e = Arc::new(entry);
@@ -204,11 +243,44 @@ impl Registry {
     }
 
     pub fn remove_campaign(&mut self, name: &str) -> Option<Arc<CampaignEntry>> {
+        self.legacy = Default::default();
         let e = self.campaigns.remove(name)?;
         self.campaigns_by_id.remove(&e.id);
         self.chains.remove(name);
         self.note_screen_rules();
         Some(e)
+    }
+
+    /// Gives counters of `rec` written by an older build (tagged by index
+    /// and definition fingerprint, [`super::record::legacy_tag`]) their
+    /// item's tag, for the definitions in force; a counter of a definition
+    /// since changed is left as it is, and so read as empty, as the older
+    /// build read it. One hash lookup per counter that is not its item's
+    /// already.
+    pub fn retag_legacy(&self, rec: &mut SubjectRecord) {
+        if rec.counters.is_empty() {
+            return;
+        }
+        let map = self.legacy.get_or_init(|| {
+            let mut m = Map::default();
+            for p in self.policies.values() {
+                for (old, new) in legacy_stack_tags(&p.def.limits).into_iter().zip(&p.tags) {
+                    m.insert((p.id, old), *new);
+                }
+            }
+            for c in self.campaigns.values() {
+                let old = super::definitions::legacy_campaign_tags(&c.compiled);
+                for (old, new) in old.into_iter().zip(&c.tags) {
+                    m.insert((c.id, old), *new);
+                }
+            }
+            Arc::new(m)
+        });
+        for c in rec.counters.iter_mut().filter(|c| c.owner != 0) {
+            if let Some(&new) = map.get(&(c.owner, c.tag)) {
+                c.tag = new;
+            }
+        }
     }
 
     /// The chain a candidate naming `name` is decided over.
@@ -226,6 +298,7 @@ impl Registry {
     /// Recomputes every campaign's chain (definitions change rarely; campaigns
     /// number in the thousands).
     pub fn rechain(&mut self) {
+        self.legacy = Default::default();
         self.note_screen_rules();
         let names: Vec<String> = self.campaigns.keys().cloned().collect();
         for name in names {
@@ -294,7 +367,7 @@ mod tests {
         PolicyEntry {
             id,
             name: name.to_owned(),
-            tags: stack_tags(&def.limits),
+            tags: compiled.tags.clone(),
             def,
             stack: Arc::new(compiled.stack),
             source: None,
@@ -315,5 +388,44 @@ mod tests {
         assert!(r.remove_policy("b").is_some());
         assert!(r.policy_by_id(2).is_none());
         assert_eq!(r.policies.len(), r.policies_by_id.len());
+    }
+
+    /// A record an older build wrote reads with its counters of the
+    /// definitions in force retagged; one of an older definition, and
+    /// inline limits' (owner 0), keep their tags.
+    #[test]
+    fn legacy_tags_of_the_definitions_in_force_are_retagged() {
+        use crate::engine::record::{Counter, legacy_tag};
+        use crate::limits::ItemState;
+        let mut reg = Registry::default();
+        let p = policy(3, "p");
+        let new = p.tags[0];
+        let old = legacy_stack_tags(&p.def.limits)[0];
+        assert_eq!(
+            old,
+            legacy_tag(0, crate::model::campaign::fingerprint(&p.def.limits[0]))
+        );
+        reg.insert_policy(p);
+        let counter = |owner, tag| Counter {
+            owner,
+            tag,
+            state: ItemState::Fresh,
+        };
+        let mut rec = SubjectRecord {
+            counters: vec![counter(3, old), counter(3, old ^ 0x100), counter(0, old)]
+                .into_boxed_slice(),
+            ..SubjectRecord::default()
+        };
+        reg.retag_legacy(&mut rec);
+        let tags: Vec<(u32, u32)> = rec.counters.iter().map(|c| (c.owner, c.tag)).collect();
+        assert_eq!(tags, vec![(3, new), (3, old ^ 0x100), (0, old)]);
+        // A change drops the map made for the definitions before it.
+        reg.remove_policy("p");
+        let mut again = SubjectRecord {
+            counters: vec![counter(3, old)].into_boxed_slice(),
+            ..SubjectRecord::default()
+        };
+        reg.retag_legacy(&mut again);
+        assert_eq!(again.counters[0].tag, old);
     }
 }

@@ -12,7 +12,6 @@ use crate::limits::priority::Priority;
 use crate::limits::stack::{Decision, Stack};
 use crate::model::limit::{LimitDef, compile_stack};
 
-use super::registry::stack_tags;
 use super::{EngineError, invalid};
 
 /// Default and largest reservation lifetimes (docs/semantics.md §4.1).
@@ -341,6 +340,6 @@ pub fn compile_limits_at(
     let c = compile_stack(path, limits, None, None)?;
     Ok(Arc::new(CompiledInline {
         stack: Arc::new(c.stack),
-        tags: stack_tags(limits),
+        tags: c.tags,
     }))
 }

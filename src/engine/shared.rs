@@ -976,6 +976,15 @@ impl<C: Clock> Engine<C> {
         Some(owners.owner(self.hash(b'u', 0, user), self.now()))
     }
 
+    /// Owner mode: who decides on identity `id` of `kind` (its record's
+    /// owner). `None`: not in owner mode, or a malformed kind (the call
+    /// itself then says what is wrong).
+    pub fn owner_of_identity(&self, kind: &str, id: &str) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        let k = crate::model::identity::Kind::parse(kind).ok()?;
+        Some(owners.owner(self.identity_key(k, id), self.now()))
+    }
+
     /// Owner mode: who decides on reservation `id` (`user`: the user a
     /// commit names): the owner of the user whose record holds it. `None`:
     /// not in owner mode, or a reservation any node settles (a user-less
@@ -1059,7 +1068,11 @@ impl<C: Clock> Engine<C> {
         value: &[u8],
         version: u64,
     ) -> Result<(SubjectRecord, Nanos), StoreError> {
-        decode(value, version).map_err(|m| corrupt(disk, m))
+        let (mut rec, t) = decode(value, version).map_err(|m| corrupt(disk, m))?;
+        // Written by an older build, its counters may carry their former
+        // tags (docs/cluster.md, "Record layout").
+        self.registry().retag_legacy(&mut rec);
+        Ok((rec, t))
     }
 
     /// The time to decide on a record at: `now`, or the record's own later

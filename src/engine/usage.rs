@@ -107,12 +107,15 @@ impl<C: Clock> Engine<C> {
                 let (remaining, reset_after) = cap.item.figures(st, now);
                 let limit = cap.item.limit();
                 let pending = rec.pending_on(e.id, t);
+                // A window's own count, which a lowered limit may leave
+                // above the limit; the other kinds' from their figures.
+                let here = cap
+                    .item
+                    .counted(st, now)
+                    .unwrap_or_else(|| limit.saturating_sub(remaining));
                 let (used, remaining) = match fleet[i] {
                     Some(used) => (used, limit.saturating_sub(used).saturating_sub(pending)),
-                    None => (
-                        limit.saturating_sub(remaining).saturating_sub(pending),
-                        remaining,
-                    ),
+                    None => (here.saturating_sub(pending), remaining),
                 };
                 out.push(CapUsage {
                     campaign: e.name.to_string(),

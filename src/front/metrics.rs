@@ -174,6 +174,8 @@ pub struct Figures {
     pub owner_fenced: u64,
     pub failed_open: u64,
     pub identity_rechecks: u64,
+    /// Viewers erased (`DELETE /v1/users/{user}`, `/v1/ids/{kind}/{id}`).
+    pub erasures: u64,
     /// Lease calls, and this node's grants now (count, units not yet spent).
     pub lease_calls: u64,
     /// Decisions on a record whose own time ran more than 1 s past the
@@ -511,6 +513,12 @@ impl Collector for EngineFigures {
             "freqcap_identity_recheck_denials",
             "Candidates denied when held on another identity's record (a household's) that another screen filled since it was read",
             f.identity_rechecks,
+        )?;
+        counter(
+            &mut e,
+            "freqcap_erasures",
+            "Viewers erased (DELETE /v1/users/{user} or /v1/ids/{kind}/{id}), whether or not they had records",
+            f.erasures,
         )?;
         counter(
             &mut e,

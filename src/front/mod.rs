@@ -179,6 +179,7 @@ fn figures<C: Clock + 'static>(
         owner_fenced: get(&st.owner_fenced),
         failed_open: get(&st.failed_open),
         identity_rechecks: get(&st.identity_rechecks),
+        erasures: get(&st.erasures),
         lease_calls: get(&st.lease_calls),
         record_time_capped: get(&st.record_time_capped),
         grants: engine.grants_outstanding().0 as u64,

@@ -14,8 +14,10 @@ pub const MAX_LATENCY_MS: u64 = 3_600_000;
 /// The sample of `latency_ms` and `outcome` as a request gave them, either
 /// of which may be absent: none of them is no sample; a latency alone is
 /// an `ok` one; `dropped` and `ignored` need no latency (it does not count);
-/// `ok` does. Errors name the field.
-pub fn of(latency_ms: Option<u64>, outcome: Option<&str>) -> Result<Option<Sample>, FrontError> {
+/// `ok` does. Errors name the field. A latency is a non-negative number of
+/// milliseconds, fractions too (a client that measures `12.5` sends it);
+/// it is kept to the nanosecond.
+pub fn of(latency_ms: Option<f64>, outcome: Option<&str>) -> Result<Option<Sample>, FrontError> {
     let outcome = outcome
         .map(|w| {
             Outcome::parse(w).ok_or_else(|| {
@@ -26,10 +28,12 @@ pub fn of(latency_ms: Option<u64>, outcome: Option<&str>) -> Result<Option<Sampl
             })
         })
         .transpose()?;
-    if let Some(ms) = latency_ms.filter(|&ms| ms > MAX_LATENCY_MS) {
+    if let Some(ms) = latency_ms.filter(|ms| !(0.0..=MAX_LATENCY_MS as f64).contains(ms)) {
         return Err(FrontError::invalid(
             "latency_ms",
-            format!("must be at most {MAX_LATENCY_MS} (an hour), got {ms}"),
+            format!(
+                "must be a number of milliseconds from 0 to {MAX_LATENCY_MS} (an hour), got {ms}"
+            ),
         ));
     }
     let outcome = match (latency_ms, outcome) {
@@ -43,7 +47,9 @@ pub fn of(latency_ms: Option<u64>, outcome: Option<&str>) -> Result<Option<Sampl
         (_, o) => o.unwrap_or(Outcome::Ok),
     };
     Ok(Some(Sample {
-        latency: latency_ms.unwrap_or(0).saturating_mul(crate::clock::MS),
+        // Within [0, an hour] (checked above): the product is exact to
+        // well under a nanosecond and fits.
+        latency: (latency_ms.unwrap_or(0.0) * crate::clock::MS as f64).round() as u64,
         outcome,
     }))
 }
@@ -55,17 +61,20 @@ mod tests {
     #[test]
     fn fields_alone_together_and_wrong() {
         assert_eq!(of(None, None).ok(), Some(None));
-        let ok = of(Some(12), None).ok().flatten();
+        let ok = of(Some(12.0), None).ok().flatten();
         assert_eq!(
             ok.map(|s| (s.latency, s.outcome)),
             Some((12_000_000, Outcome::Ok))
         );
         let dropped = of(None, Some("dropped")).ok().flatten();
         assert_eq!(dropped.map(|s| s.outcome), Some(Outcome::Dropped));
+        let frac = of(Some(12.5), None).ok().flatten();
+        assert_eq!(frac.map(|s| s.latency), Some(12_500_000));
         for (ms, o, field) in [
             (None, Some("ok"), "latency_ms"),
-            (Some(1), Some("fine"), "outcome"),
-            (Some(MAX_LATENCY_MS + 1), None, "latency_ms"),
+            (Some(1.0), Some("fine"), "outcome"),
+            (Some(MAX_LATENCY_MS as f64 + 0.5), None, "latency_ms"),
+            (Some(-0.5), None, "latency_ms"),
         ] {
             let e = of(ms, o).err().map(|e| e.message);
             assert!(e.as_deref().is_some_and(|m| m.starts_with(field)), "{e:?}");

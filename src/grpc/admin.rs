@@ -14,6 +14,17 @@ use crate::front::call::blocking;
 use crate::front::error::status;
 use crate::front::{AppState, FrontError};
 
+/// A definition's warnings as `freqcap-warning` metadata, one value each
+/// (`<field>: <message>`), as HTTP's `Freqcap-Warning` headers.
+fn with_warnings<T>(mut r: Response<T>, warnings: &[crate::model::Warning]) -> Response<T> {
+    for w in warnings {
+        if let Ok(v) = format!("{}: {}", w.field, w.message).parse() {
+            r.metadata_mut().append("freqcap-warning", v);
+        }
+    }
+    r
+}
+
 /// The Admin service over the one engine every front shares: definitions
 /// written here are the ones HTTP, RESP and RLS decide by at once.
 pub struct Service<C: Clock> {
@@ -50,11 +61,14 @@ impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
         let def = convert::policy_def(r.policy.unwrap_or_default()).map_err(status)?;
         let e = self.state.engine.clone();
         let stored = def.clone();
-        let warnings = blocking(move || e.put_policy(&r.name, def))
+        let warnings = blocking(move || e.put_policy_as(&r.name, def, r.reset))
             .await
             .map_err(status)?;
         crate::front::call::log_warnings(&warnings);
-        Ok(Response::new(convert::policy(&stored)))
+        Ok(with_warnings(
+            Response::new(convert::policy(&stored)),
+            &warnings,
+        ))
     }
 
     async fn get_policy(
@@ -82,6 +96,36 @@ impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
         Ok(Response::new(pb::Deleted {}))
     }
 
+    async fn reset_key(
+        &self,
+        req: Request<pb::ResetKeyRequest>,
+    ) -> Result<Response<pb::Deleted>, Status> {
+        let r = req.into_inner();
+        self.id("name", &r.name)?;
+        let e = self.state.engine.clone();
+        blocking(move || e.reset_key(&r.name, &r.key))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::Deleted {}))
+    }
+
+    async fn erase_identity(
+        &self,
+        req: Request<pb::EraseIdentityRequest>,
+    ) -> Result<Response<pb::Deleted>, Status> {
+        let r = req.into_inner();
+        let kind = if r.kind.is_empty() {
+            "user".to_owned()
+        } else {
+            r.kind
+        };
+        let e = self.state.engine.clone();
+        blocking(move || e.erase(&kind, &r.id))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::Deleted {}))
+    }
+
     async fn put_campaign(
         &self,
         req: Request<pb::PutCampaignRequest>,
@@ -91,11 +135,14 @@ impl<C: Clock + 'static> pb::admin_server::Admin for Service<C> {
         let def = convert::campaign_def(r.campaign.unwrap_or_default()).map_err(status)?;
         let e = self.state.engine.clone();
         let stored = def.clone();
-        let warnings = blocking(move || e.put_campaign(&r.id, def))
+        let warnings = blocking(move || e.put_campaign_as(&r.id, def, r.reset))
             .await
             .map_err(status)?;
         crate::front::call::log_warnings(&warnings);
-        Ok(Response::new(convert::campaign(&stored)))
+        Ok(with_warnings(
+            Response::new(convert::campaign(&stored)),
+            &warnings,
+        ))
     }
 
     async fn get_campaign(

@@ -157,7 +157,7 @@ pub fn commit(r: &pb::CommitRequest) -> Result<CommitRequest, FrontError> {
         event_id: r.event_id.clone(),
         user,
         ids,
-        sample: sample::of(r.latency_ms, r.outcome.as_deref())?,
+        sample: sample::of(r.latency_ms.map(|ms| ms as f64), r.outcome.as_deref())?,
     })
 }
 

@@ -206,7 +206,8 @@ impl<C: Clock + 'static> pb::freqcap_server::Freqcap for Service<C> {
         let r = req.into_inner();
         self.id("reservation", &r.reservation)?;
         let sample =
-            crate::front::sample::of(r.latency_ms, r.outcome.as_deref()).map_err(status)?;
+            crate::front::sample::of(r.latency_ms.map(|ms| ms as f64), r.outcome.as_deref())
+                .map_err(status)?;
         let e = self.state.engine.clone();
         let out = blocking(move || e.release_with(&r.reservation, r.user.as_deref(), sample))
             .await

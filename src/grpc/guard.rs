@@ -32,9 +32,7 @@ pub fn access(path: &str) -> Access {
         // As /healthz: a probe must reach an overloaded or misconfigured
         // service. Reflection serves the .proto's descriptors, no data.
         "grpc.health.v1.Health" | "grpc.reflection.v1.ServerReflection" => Access::Public,
-        "freqcap.v1.Admin" if method.starts_with("Put") || method.starts_with("Delete") => {
-            Access::Admin
-        }
+        "freqcap.v1.Admin" if !method.starts_with("Get") => Access::Admin,
         _ => Access::Decision,
     }
 }
@@ -126,6 +124,8 @@ mod tests {
             ("/freqcap.v1.Admin/GetPolicy", Access::Decision),
             ("/freqcap.v1.Admin/PutCampaign", Access::Admin),
             ("/freqcap.v1.Admin/DeletePolicy", Access::Admin),
+            ("/freqcap.v1.Admin/ResetKey", Access::Admin),
+            ("/freqcap.v1.Admin/EraseIdentity", Access::Admin),
             (
                 "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
                 Access::Decision,

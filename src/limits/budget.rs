@@ -266,6 +266,28 @@ impl Budget {
     /// a new plan here when the state has none or its slice has ended, so every
     /// step (probe, apply, commit, release) sees the same plan.
     pub fn current(&self, st: &BudgetState, now: Nanos) -> BudgetState {
+        // A period of an earlier definition (another period or time zone,
+        // docs/semantics.md §5.3) keeps its spend and holds in the carried
+        // bounds; its plan is made anew.
+        // As a window's (`Window::current_counter`): looked at while in
+        // progress (its bounds are cached), or, ended, if its length is not
+        // this calendar's.
+        let look = st.spent.saturating_add(st.pending) > 0
+            && (now < st.end || !self.calendar.plausible(st.start, st.end));
+        let bounds = look.then(|| self.calendar.bounds(st.start));
+        let carried = if let Some(bounds) = bounds.filter(|b| *b != (st.start, st.end)) {
+            let (start, end) = super::window::carried((st.start, st.end), bounds);
+            Some(BudgetState {
+                start,
+                end,
+                spent: st.spent,
+                pending: st.pending,
+                ..BudgetState::default()
+            })
+        } else {
+            None
+        };
+        let st = carried.as_ref().unwrap_or(st);
         let mut cur = if now < st.end {
             *st
         } else {

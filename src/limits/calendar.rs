@@ -50,6 +50,25 @@ impl PartialEq for Calendar {
     }
 }
 
+impl Calendar {
+    /// Whether `[start, end)` could be one of this calendar's periods by its
+    /// length alone: an hour is 30 to 90 minutes (a half-hour daylight
+    /// saving shift), a day 22 to 26 hours, a week and a month within 2
+    /// hours of 7 days and of 28 to 31 days. The ranges are disjoint, so a
+    /// period of another unit is told without a time-zone computation.
+    pub fn plausible(&self, start: Nanos, end: Nanos) -> bool {
+        const H: Nanos = 3_600 * crate::clock::SECOND;
+        let len = end.saturating_sub(start);
+        let range = match self.unit {
+            CalendarUnit::Hour => H / 2..=3 * H / 2,
+            CalendarUnit::Day => 22 * H..=26 * H,
+            CalendarUnit::Week => 7 * 24 * H - 2 * H..=7 * 24 * H + 2 * H,
+            CalendarUnit::Month => 28 * 24 * H - 2 * H..=31 * 24 * H + 2 * H,
+        };
+        range.contains(&len)
+    }
+}
+
 /// Nominal length of a unit, used only where a rough length is meaningful (e.g.
 /// comparing a calendar window with a fixed one when validating a stack).
 pub fn nominal_nanos(unit: CalendarUnit) -> Nanos {

@@ -255,7 +255,52 @@ fn adaptive_ref(st: &ItemState) -> &AdaptiveState {
     }
 }
 
+/// A counter's tag: a hash of the item's name (explicit, or `<kind>-<index>`)
+/// and of what its state means ([`Item::state_class`]). The counter belongs
+/// to the item, not to its definition as written (docs/semantics.md §5.3): a
+/// changed limit, amount, length or time zone keeps it, and the item's own
+/// reading converts what must be; adding, removing or moving another item
+/// leaves it where it is. A change of kind (or of a window's algorithm)
+/// gives another tag, so the item starts empty. Two items of one owner never
+/// share a tag: compiling refuses a definition where they would.
+pub fn counter_tag(name: &str, item: &Item) -> u32 {
+    let class = item.state_class();
+    fnv1a(class.bytes().chain([0]).chain(name.bytes()))
+}
+
+/// 32-bit FNV-1a. Not for security: it only tells one item from another
+/// within one owner's definition.
+pub fn fnv1a(bytes: impl Iterator<Item = u8>) -> u32 {
+    bytes.fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 impl Item {
+    /// What this item's counter holds, as far as its meaning goes: a rate's
+    /// or a gap's theoretical arrival time, a fixed or calendar window's
+    /// count, an exact rolling log, an approximate window's buckets of one
+    /// length, a budget's period, open slots. An edit that keeps the class
+    /// keeps the counter (converted where it must be, docs/semantics.md
+    /// §5.3); one that changes it starts the item empty.
+    pub fn state_class(&self) -> std::borrow::Cow<'static, str> {
+        use std::borrow::Cow;
+        match self {
+            Item::Rate { kind, .. } => Cow::Borrowed(kind.as_str()),
+            Item::Window(w) => match &w.layout {
+                // Both count units in one window; their bounds convert.
+                Layout::Fixed { .. } | Layout::Calendar(_) => Cow::Borrowed("window/count"),
+                Layout::Rolling { .. } => Cow::Borrowed("window/log"),
+                // Buckets of another length cannot be re-cut: the length is
+                // part of what the state means.
+                Layout::Approximate { w } => Cow::Owned(format!("window/approximate/{w}")),
+            },
+            Item::Budget(_) => Cow::Borrowed("budget"),
+            Item::Concurrency(_) => Cow::Borrowed("concurrency"),
+            Item::Adaptive(_) => Cow::Borrowed("adaptive"),
+        }
+    }
+
     pub fn kind(&self) -> Kind {
         match self {
             Item::Rate { kind, .. } => *kind,
@@ -343,6 +388,14 @@ impl Item {
                 plain(a.slots(s).allows(&s.slots, now))
             }
         }
+    }
+
+    /// Units a window item counts at `now` (pending and committed), which
+    /// may be more than its limit after the limit was lowered
+    /// (docs/semantics.md §5.3); `None` for the other kinds, whose use is
+    /// read from their figures.
+    pub fn counted(&self, st: &ItemState, now: Nanos) -> Option<u64> {
+        matches!(self, Item::Window(_)).then(|| self.used(st, now))
     }
 
     /// Units counted by a window item at `now` (pending and committed).
@@ -516,7 +569,7 @@ impl Item {
             (Item::Budget(b), PendingItem::Budget { period_start }) => {
                 let s = budget_mut(st);
                 *s = b.current(s, now);
-                if s.start == *period_start {
+                if charged_in(s.start, s.end, *period_start) {
                     s.pending = s.pending.saturating_sub(n);
                 }
             }
@@ -553,7 +606,7 @@ impl Item {
             (Item::Budget(b), PendingItem::Budget { period_start }) => {
                 let s = budget_mut(st);
                 *s = b.current(s, now);
-                if s.start == *period_start {
+                if charged_in(s.start, s.end, *period_start) {
                     s.pending = s.pending.saturating_sub(n);
                     s.spent = s.spent.saturating_add(final_cost);
                 }
@@ -578,7 +631,7 @@ impl Item {
             PendingItem::Counter { window_start } => {
                 let s = counter_mut(st);
                 *s = w.current_counter(s, now);
-                if s.start == window_start {
+                if charged_in(s.start, s.end, window_start) {
                     s.used = (i128::from(s.used) + delta).clamp(0, i128::from(u64::MAX)) as u64;
                 }
             }
@@ -623,6 +676,15 @@ impl Item {
             _ => 0,
         }
     }
+}
+
+/// Whether a debit charged in the window or period starting at `at` is
+/// counted in `[start, end)`: the same window, or one an edit converted it
+/// into (docs/semantics.md §5.3: a longer window that contains it). A debit
+/// of an earlier window, or of a longer one an edit shortened, is not: its
+/// release or commit changes nothing there, which keeps the units counted.
+fn charged_in(start: Nanos, end: Nanos, at: Nanos) -> bool {
+    start <= at && at < end
 }
 
 fn window_len(w: &Window) -> Nanos {

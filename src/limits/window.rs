@@ -31,6 +31,17 @@ pub struct Window {
     pub layout: Layout,
 }
 
+/// The bounds a window or period of an earlier definition keeps its count
+/// in (docs/semantics.md §5.3): `old`, its own bounds, widened to the
+/// current definition's window containing its start, `new`. A longer
+/// window takes the count in whole; a shorter one cannot tell when in the
+/// old window the units were counted, so they stay counted until the old
+/// window would have ended. Neither depends on when the state is read,
+/// and a state so carried is carried the same again.
+pub fn carried(old: (Nanos, Nanos), new: (Nanos, Nanos)) -> (Nanos, Nanos) {
+    (new.0.min(old.0), new.1.max(old.1))
+}
+
 /// State of a fixed or calendar window: the current window and its count.
 /// 24 bytes. Holding `end` saves a time-zone computation on every decision.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,24 +95,61 @@ impl Window {
     /// another one rolled the window, then took the lock after it) counts in the
     /// stored window: per record, time never goes back. A fresh state has `end`
     /// 0, so it never matches.
+    ///
+    /// A window of an earlier definition of the item (another length,
+    /// alignment or time zone: its bounds are not this layout's) keeps its
+    /// count in [`carried`] bounds (docs/semantics.md §5.3). Telling costs a
+    /// comparison: a calendar layout's bounds of the window in progress are
+    /// cached, and a window that has ended is looked at again only if its
+    /// length is not this layout's (a change of alignment or time zone
+    /// alone carries it no further than its own end, give or take a
+    /// daylight saving hour).
     pub fn current_counter(&self, st: &CounterState, now: Nanos) -> CounterState {
+        let look = st.used > 0
+            && if now < st.end {
+                true
+            } else {
+                !self.plausible(st.start, st.end)
+            };
+        let st = &match look.then(|| self.bounds(st.start)) {
+            Some(b) if b != (st.start, st.end) => {
+                let (start, end) = carried((st.start, st.end), b);
+                CounterState { start, end, ..*st }
+            }
+            _ => *st,
+        };
         if now < st.end {
             return *st;
         }
-        let (start, end) = match &self.layout {
-            Layout::Fixed { w } => {
-                let start = now / w * w;
-                (start, start.saturating_add(*w))
-            }
-            Layout::Calendar(cal) => cal.bounds(now),
-            // Counter states only belong to fixed and calendar layouts; treat any
-            // other as a window that has always just started.
-            _ => (now, now.saturating_add(1)),
-        };
+        let (start, end) = self.bounds(now);
         CounterState {
             start,
             end,
             used: 0,
+        }
+    }
+
+    /// Whether `[start, end)` could be one of this layout's windows by its
+    /// length alone.
+    fn plausible(&self, start: Nanos, end: Nanos) -> bool {
+        match &self.layout {
+            Layout::Fixed { w } => end.saturating_sub(start) == *w && start % w == 0,
+            Layout::Calendar(cal) => cal.plausible(start, end),
+            _ => true,
+        }
+    }
+
+    /// `[start, end)` of the fixed or calendar window containing `at`.
+    fn bounds(&self, at: Nanos) -> (Nanos, Nanos) {
+        match &self.layout {
+            Layout::Fixed { w } => {
+                let start = at / w * w;
+                (start, start.saturating_add(*w))
+            }
+            Layout::Calendar(cal) => cal.bounds(at),
+            // Counter states only belong to fixed and calendar layouts; treat any
+            // other as a window that has always just started.
+            _ => (at, at.saturating_add(1)),
         }
     }
 

@@ -5,12 +5,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::MAX_EXACT;
-use crate::limits::Item;
 use crate::limits::concurrency::Concurrency;
 use crate::limits::priority::Classes;
+use crate::limits::{Item, counter_tag};
 use crate::model::error::{DefinitionError, Warning};
 use crate::model::identity::Kind;
-use crate::model::limit::{LimitDef, MAX_ITEMS, check_windows_among};
+use crate::model::limit::{LimitDef, MAX_ITEMS, check_tags, check_windows_among};
 
 /// The most caps one campaign may have: as many as a policy's items
 /// ([`MAX_ITEMS`]). A campaign's items are its caps, then its budget and
@@ -301,8 +301,12 @@ pub struct CompiledCap {
     pub item: Item,
     /// The item as each priority class sees it (`None`: all see `item`).
     pub classes: Option<Classes>,
-    /// A hash of the item's definition: a counter whose stored fingerprint
-    /// differs belongs to an older definition and starts empty (docs/semantics.md §5.3).
+    /// Its counter's tag ([`crate::limits::counter_tag`]): its name and
+    /// the class of its state, so an edit keeps its counts (docs/semantics.md
+    /// §5.3).
+    pub tag: u32,
+    /// A hash of the item's definition as written: the low bits of the tag
+    /// its counters had before format 4, read only to migrate older records.
     pub fingerprint: u32,
 }
 
@@ -316,19 +320,27 @@ pub struct CompiledCampaign {
     pub warnings: Vec<Warning>,
 }
 
-/// A 32-bit FNV-1a hash of an item's canonical JSON. Not for security: it only
-/// tells a changed definition from an unchanged one.
-/// Priorities are left out: a class's share decides who may use the counts,
-/// not what they count, so changing it keeps them.
+/// A 32-bit FNV-1a hash of an item's canonical JSON, priorities left out:
+/// what counters were tagged by before format 4 (docs/semantics.md §5.3 then
+/// said a changed item starts empty). Only the migration of older records
+/// reads it.
 pub fn fingerprint(def: &LimitDef) -> u32 {
     let def = match def.priorities() {
         Some(_) => std::borrow::Cow::Owned(def.without_priorities()),
         None => std::borrow::Cow::Borrowed(def),
     };
     let text = serde_json::to_string(&*def).unwrap_or_default();
-    text.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
+    crate::limits::fnv1a(text.bytes())
+}
+
+/// The field naming compiled item `i` of `def` (caps, then the budget, then
+/// max_in_flight).
+fn cap_path(def: &CampaignDef, i: usize) -> String {
+    match i.checked_sub(def.caps.len()) {
+        None => format!("caps[{i}].name"),
+        Some(0) if def.budget.is_some() => "budget".to_owned(),
+        Some(_) => "max_in_flight".to_owned(),
+    }
 }
 
 /// Gives a calendar window or budget without its own `tz` the campaign's.
@@ -401,8 +413,9 @@ impl CampaignDef {
             items.push(CompiledCap {
                 scope: cap.scope(),
                 missing: cap.missing.unwrap_or_default(),
-                name,
                 classes: def.classes(&path, &item)?,
+                tag: counter_tag(&name, &item),
+                name,
                 item,
                 fingerprint: fingerprint(&def),
             });
@@ -445,6 +458,7 @@ impl CampaignDef {
                 missing: UnknownUser::Deny,
                 name: "budget".into(),
                 classes: def.classes("budget", &item)?,
+                tag: counter_tag("budget", &item),
                 item,
                 fingerprint: fingerprint(&def),
             });
@@ -456,16 +470,24 @@ impl CampaignDef {
                     format!("must be an integer from 1 to 2^53 - 1, got {max}"),
                 ));
             }
+            let item = Item::Concurrency(Concurrency { max });
             items.push(CompiledCap {
                 scope: Scope::Campaign,
                 missing: UnknownUser::Deny,
                 name: "max_in_flight".into(),
-                item: Item::Concurrency(Concurrency { max }),
+                tag: counter_tag("max_in_flight", &item),
+                item,
                 classes: None,
                 // The definition is the number itself.
                 fingerprint: (max as u32) ^ ((max >> 32) as u32) ^ 0x6d69_6621,
             });
         }
+        check_tags(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (cap_path(self, i), c.tag)),
+        )?;
         Ok(CompiledCampaign {
             items,
             unknown_user: self.unknown_user.unwrap_or_default(),

@@ -24,9 +24,8 @@ use crate::model::duration::Duration;
 use crate::model::error::{DefinitionError, Warning};
 
 /// The most items one stack (a policy, or the inline limits of a check) may
-/// have. An item's index is kept in the low byte of its counter's tag
-/// (`crate::engine::record::tag`), so two items of one stack must never share
-/// an index modulo 256; 64 leaves room and is far more than a real policy needs.
+/// have: every item is looked up by tag on each decision, and 64 is far
+/// more than a real policy needs.
 pub const MAX_ITEMS: usize = 64;
 
 /// The longest item name; names appear in HTTP headers.
@@ -1034,7 +1033,30 @@ fn window_of(l: Option<&LimitDef>) -> String {
 #[derive(Debug, Clone)]
 pub struct CompiledPolicy {
     pub stack: Stack,
+    /// Each item's counter tag ([`crate::limits::counter_tag`]).
+    pub tags: Vec<u32>,
     pub warnings: Vec<Warning>,
+}
+
+/// Refuses a definition two of whose items would share a counter tag
+/// (`(field naming the item, tag)` in order): their names differ, but
+/// their 32-bit hashes agree, about once in 4 × 10^9 pairs. Renaming one
+/// item is the way out, and the error says so.
+pub fn check_tags(items: impl Iterator<Item = (String, u32)>) -> Result<()> {
+    let mut seen: Vec<(String, u32)> = Vec::new();
+    for (field, tag) in items {
+        if let Some((other, _)) = seen.iter().find(|(_, t)| *t == tag) {
+            return Err(err(
+                field,
+                format!(
+                    "this item's counter would share an id with {other}'s (a hash collision \
+                     of their names): rename one of them"
+                ),
+            ));
+        }
+        seen.push((field, tag));
+    }
+    Ok(())
 }
 
 impl PolicyDef {
@@ -1065,12 +1087,17 @@ pub fn compile_stack(
     let mut items = Vec::with_capacity(limits.len());
     let mut classes = Vec::with_capacity(limits.len());
     let mut names: Vec<String> = Vec::with_capacity(limits.len());
+    let mut tags = Vec::with_capacity(limits.len());
     for (i, l) in limits.iter().enumerate() {
         let p = format!("{path}[{i}]");
         let item = l.compile(&p)?;
         classes.push(l.classes(&p, &item)?);
-        items.push(item);
         let name = l.reported_name(i);
+        tags.push((
+            format!("{p}.name"),
+            crate::limits::counter_tag(&name, &item),
+        ));
+        items.push(item);
         if names.contains(&name) {
             return Err(err(
                 format!("{p}.name"),
@@ -1104,8 +1131,10 @@ pub fn compile_stack(
             CompiledOnLimit::Delay { max_delay: ms * MS }
         }
     };
+    check_tags(tags.iter().cloned())?;
     Ok(CompiledPolicy {
         stack: Stack::new(items, names, on_limit).with_classes(classes),
+        tags: tags.into_iter().map(|(_, t)| t).collect(),
         warnings,
     })
 }

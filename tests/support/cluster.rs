@@ -174,6 +174,7 @@ impl Node {
         let url = format!("{}{path}", self.base);
         let r = match (method, body) {
             ("GET", _) => self.agent.get(&url).call(),
+            ("DELETE", _) => self.agent.delete(&url).call(),
             ("PUT", Some(b)) => self
                 .agent
                 .put(&url)

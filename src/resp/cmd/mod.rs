@@ -115,6 +115,7 @@ const fn cmd(
 pub const COMMANDS: &[CommandInfo] = &[
     cmd("cl.throttle", -5, &["write", "fast"], 1),
     cmd("fc.check", -3, &["write", "fast"], 2),
+    cmd("del", -2, &["write"], 1),
     cmd("hello", -1, &["fast", "no_auth"], 0),
     cmd("auth", -2, &["fast", "no_auth"], 0),
     cmd("ping", -1, &["fast"], 0),
@@ -264,6 +265,8 @@ async fn dispatch<C: Clock + 'static>(
                 Err(e) => api_error(&e),
             },
         }),
+        "del" if args.is_empty() => go(arity("del")),
+        "del" => go(delete_throttles(front, args).await),
         "hello" | "auth" => {
             let reply = if label == "auth" {
                 connection::auth(s, args, &front.tokens)
@@ -345,6 +348,26 @@ async fn decide<C: Clock + 'static>(
             .await?;
     front.counters.decisions[endpoint as usize][Checked::of_check(&out).index()].inc();
     Ok(out)
+}
+
+/// `DEL key [key ...]`: empties each `CL.THROTTLE` key's state, as
+/// redis-cell documents a reset (docs/resp.md); answers how many had any,
+/// as Redis's `DEL` answers how many it removed.
+async fn delete_throttles<C: Clock + 'static>(front: &Front<C>, keys: &[&[u8]]) -> Reply {
+    let e = front.state.engine.clone();
+    let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    let out = crate::front::call::blocking(move || {
+        let mut n = 0;
+        for k in &keys {
+            n += i64::from(e.reset_throttle(k)?);
+        }
+        Ok(n)
+    })
+    .await;
+    match out {
+        Ok(n) => Reply::Int(n),
+        Err(e) => api_error(&e),
+    }
 }
 
 /// Decides a `CL.THROTTLE` as [`decide`] does a check; the key is copied

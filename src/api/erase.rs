@@ -1,0 +1,73 @@
+//! `DELETE /v1/policies/{name}/keys/{key}` (one key's counters emptied) and
+//! `DELETE /v1/users/{user}`, `DELETE /v1/ids/{kind}/{ident}` (a viewer
+//! erased): docs/semantics.md §5.3 and §7.6. Admin calls; each answers 204
+//! once durable.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+
+use super::St;
+use super::request::*;
+use crate::clock::Clock;
+use crate::front::FrontError;
+use crate::front::call::*;
+
+/// Empties policy `name`'s counters for `key`: 204, whether or not the key
+/// had any; 404 for an unknown policy.
+pub(crate) async fn reset_key<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath((name, key)): ApiPath<(String, String)>,
+) -> Result<StatusCode, FrontError> {
+    id_param(&s, "name", &name)?;
+    id_param(&s, "key", &key)?;
+    let e = s.engine.clone();
+    blocking(move || e.reset_key(&name, &key)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Erases a user: 204, whether or not it had records. In owner mode the
+/// user's owner erases it (the request is forwarded there), since its
+/// memory holds the record.
+pub(crate) async fn erase_user<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath(user): ApiPath<String>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, FrontError> {
+    id_param(&s, "user", &user)?;
+    let owner = s.engine.owner_of_user(&user);
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::DELETE, uri.path(), &headers, Bytes::new())
+        .await
+    {
+        return r;
+    }
+    let e = s.engine.clone();
+    blocking(move || e.erase_user(&user)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Erases an identity of any kind: 204, whether or not it had records;
+/// forwarded to its owner in owner mode, as a user's erasure.
+pub(crate) async fn erase_identity<C: Clock + 'static>(
+    State(s): St<C>,
+    ApiPath((kind, ident)): ApiPath<(String, String)>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, FrontError> {
+    id_param(&s, "ident", &ident)?;
+    let owner = s.engine.owner_of_identity(&kind, &ident);
+    if let Some(r) = s
+        .forwarder
+        .to_owner(owner, Method::DELETE, uri.path(), &headers, Bytes::new())
+        .await
+    {
+        return r;
+    }
+    let e = s.engine.clone();
+    blocking(move || e.erase(&kind, &ident)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,84 @@
+//! Resetting one key (docs/semantics.md §5.3, "Reset a key"): `DELETE
+//! /v1/policies/{name}/keys/{key}` empties every counter the policy keeps
+//! for that key, and RESP's `DEL` a `CL.THROTTLE` key's, as redis-cell
+//! documents for a reset. Other keys, and the policy itself, are untouched.
+
+use crate::clock::Clock;
+
+use super::chain::Defs;
+use super::hot::{Reads, RecordKey, waited};
+use super::persist::{Ack, Changes};
+use super::record::SubjectRecord;
+use super::{Engine, EngineError};
+
+impl<C: Clock> Engine<C> {
+    /// Empties policy `policy`'s counters for `key`: its next check is
+    /// decided as a fresh key's. Returns whether it had any. Reservations
+    /// open on the key stay open; settling them finds nothing to undo. A
+    /// missing policy is 404; the key is checked as a check's.
+    pub fn reset_key(&self, policy: &str, key: &str) -> Result<bool, EngineError> {
+        self.check_id("key", key)?;
+        let id = self
+            .registry()
+            .policies
+            .get(policy)
+            .map(|p| p.id)
+            .ok_or_else(|| EngineError::NotFound(format!("no policy named {policy:?}")))?;
+        let record = RecordKey::PolicyKey(self.hash(b'p', id, key));
+        self.empty_counters(record, id)
+    }
+
+    /// Empties the `CL.THROTTLE` state of `key` (RESP `DEL`). Returns
+    /// whether it had any.
+    pub fn reset_throttle(&self, key: &[u8]) -> Result<bool, EngineError> {
+        let record = RecordKey::PolicyKey(self.hash_bytes(b'c', 0, key));
+        self.empty_counters(record, 0)
+    }
+
+    /// Drops every counter of `owner` in `record`, durably: written and
+    /// acknowledged before the answer (on a shared store, by its
+    /// compare-and-set).
+    fn empty_counters(&self, record: RecordKey, owner: u32) -> Result<bool, EngineError> {
+        let now = self.now();
+        let shared = self.shared().is_some();
+        let receipt = self.with_record(record, now, Reads::MayWait, |rec, now| {
+            if !drop_owner(rec, owner) {
+                return None;
+            }
+            if shared {
+                return Some(None);
+            }
+            let mut changes = Changes::new();
+            changes.record(record, rec);
+            Some(Some(self.persist(
+                changes,
+                Defs::Chain(&[]),
+                now,
+                Ack::Durable,
+            )))
+        });
+        match waited(receipt)? {
+            None => Ok(false),
+            Some(None) => Ok(true),
+            Some(Some(r)) => {
+                r.wait()?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Removes `owner`'s counters from `rec`; whether it had any.
+fn drop_owner(rec: &mut SubjectRecord, owner: u32) -> bool {
+    let before = rec.counters.len();
+    if !rec.counters.iter().any(|c| c.owner == owner) {
+        return false;
+    }
+    let kept: Vec<_> = std::mem::take(&mut rec.counters)
+        .into_vec()
+        .into_iter()
+        .filter(|c| c.owner != owner)
+        .collect();
+    rec.counters = kept.into_boxed_slice();
+    before != rec.counters.len()
+}
