@@ -368,6 +368,23 @@ fn redis_cells_readme_and_e2e_examples() {
     assert_eq!(c.cmd(&k), ints(&[1, 1, 0, 1, 1]));
 }
 
+/// `DEL` resets `CL.THROTTLE` keys, as redis-cell documents (issue 45):
+/// the answer counts the keys that had state, other keys keep theirs.
+#[test]
+fn del_resets_throttled_keys() {
+    let f = front();
+    let mut c = f.client();
+    let a = ["CL.THROTTLE", "a", "1", "1", "60"];
+    let b = ["CL.THROTTLE", "b", "1", "1", "60"];
+    assert_eq!(c.cmd(&a), ints(&[0, 2, 1, -1, 60]));
+    assert_eq!(c.cmd(&a), ints(&[0, 2, 0, -1, 120]));
+    assert_eq!(c.cmd(&b), ints(&[0, 2, 1, -1, 60]));
+    assert!(matches!(c.cmd(&["DEL", "a", "never-used"]), V::Int(1)));
+    assert_eq!(c.cmd(&a), ints(&[0, 2, 1, -1, 60]), "a starts full");
+    assert_eq!(c.cmd(&b), ints(&[0, 2, 0, -1, 120]), "b kept its state");
+    assert!(err_text(&c.cmd(&["DEL"])).starts_with("ERR wrong number of arguments"));
+}
+
 #[test]
 fn argument_errors_in_redis_cells_words_keep_the_connection() {
     let f = front();
@@ -542,7 +559,7 @@ fn hello_switches_protocols_and_client_commands_answer() {
         "NOPROTO unsupported protocol version"
     );
     assert!(matches!(c.cmd(&["COMMAND", "DOCS"]), V::Map(m) if m.is_empty()));
-    assert!(matches!(c.cmd(&["COMMAND", "COUNT"]), V::Int(13)));
+    assert!(matches!(c.cmd(&["COMMAND", "COUNT"]), V::Int(14)));
     assert!(matches!(c.cmd(&["CONFIG", "GET", "save"]), V::Map(m) if m.is_empty()));
     assert!(err_text(&c.cmd(&["CONFIG", "SET", "save", ""])).contains("not supported"));
     let V::Bulk(info) = c.cmd(&["INFO"]) else {

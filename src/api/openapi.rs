@@ -111,7 +111,7 @@ fn path_params(method: &str, path: &str) -> Vec<Value> {
                     "The key a check names (1–256 bytes by default: max_id_len).",
                 ),
                 ("kind", _) => (
-                    json!({"type": "string", "pattern": "^[a-z][a-z0-9_]{0,31}$"}),
+                    json!({"type": "string", "minLength": 1, "maxLength": 16, "pattern": "^[a-z][a-z0-9_]{0,15}$"}),
                     "The identity kind (user, household, device, ...).",
                 ),
                 ("ident", _) => (

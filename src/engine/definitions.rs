@@ -417,18 +417,20 @@ impl<C: Clock> Engine<C> {
         };
         let mut warnings = compiled.warnings.clone();
         if let Some(old) = reg.policies.get(name).filter(|_| !fresh) {
+            let slots = |l: &[crate::model::LimitDef]| -> Vec<String> {
+                l.iter()
+                    .enumerate()
+                    .map(|(i, d)| slot(d.name(), i))
+                    .collect()
+            };
             warnings.extend(restarted(
-                old.def
-                    .limits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| d.reported_name(i))
+                slots(&old.def.limits)
+                    .into_iter()
                     .zip(old.tags.iter().copied()),
-                def.limits
-                    .iter()
+                slots(&def.limits)
+                    .into_iter()
                     .enumerate()
-                    .map(|(i, d)| (format!("limits[{i}]"), d.reported_name(i)))
-                    .zip(compiled.tags.iter().copied()),
+                    .map(|(i, s)| ((format!("limits[{i}]"), s), compiled.tags[i])),
             ));
         }
         let mut ops = Vec::new();
@@ -510,13 +512,22 @@ impl<C: Clock> Engine<C> {
         let mut warnings = compiled.warnings.clone();
         let current = reg.campaigns.get(name).cloned();
         if let Some(old) = current.as_ref().filter(|_| !fresh) {
-            warnings.extend(restarted(
-                old.compiled.items.iter().map(|c| (c.name.clone(), c.tag)),
-                compiled
-                    .items
+            let slots = |d: &CampaignDef, c: &CompiledCampaign| -> Vec<(String, u32)> {
+                c.items
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| ((item_field(&def, i), c.name.clone()), c.tag)),
+                    .map(|(i, x)| match d.caps.get(i) {
+                        Some(cap) => (slot(cap.limit.name(), i), x.tag),
+                        None => (x.name.clone(), x.tag),
+                    })
+                    .collect()
+            };
+            warnings.extend(restarted(
+                slots(&old.def, &old.compiled).into_iter(),
+                slots(&def, &compiled)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (s, t))| ((item_field(&def, i), s), t)),
             ));
         }
         let mut ops = Vec::new();
@@ -602,25 +613,34 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-/// Warnings for the items of a redefinition that keep their name but not
-/// their counter (a change of kind, or of a window's algorithm or an
-/// approximate window's length, docs/semantics.md §5.3): they start empty.
-/// `old`: (name, tag) of the definition replaced; `new`: ((field, name),
-/// tag) of its replacement.
+/// Where an item stands for [`restarted`]: its name, or for an unnamed one
+/// its position (whose generated name `<kind>-<i>` changes with its kind).
+fn slot(name: Option<&str>, i: usize) -> String {
+    match name {
+        Some(n) => n.to_owned(),
+        None => format!("#{i}"),
+    }
+}
+
+/// Warnings for the items of a redefinition that stand where an item of the
+/// replaced one stood (the same name, or unnamed at the same position) but
+/// do not take its counter (a change of kind, or of a window's algorithm or
+/// an approximate window's length, docs/semantics.md §5.3): they start
+/// empty. `old`: (slot, tag) of the definition replaced; `new`: ((field,
+/// slot), tag) of its replacement.
 pub(crate) fn restarted(
     old: impl Iterator<Item = (String, u32)>,
     new: impl Iterator<Item = ((String, String), u32)>,
 ) -> Vec<Warning> {
     let old: Vec<(String, u32)> = old.collect();
-    new.filter_map(|((field, name), tag)| {
+    new.filter_map(|((field, slot), tag)| {
         old.iter()
-            .find(|(n, t)| *n == name && *t != tag)
+            .find(|(s, t)| *s == slot && *t != tag)
             .map(|_| Warning {
                 field,
-                message: format!(
-                    "{name:?} changed kind (or window algorithm or approximate length): its \
-                     counts start empty"
-                ),
+                message: "its kind (or window algorithm, or approximate window length) changed: \
+                          its counts start empty"
+                    .to_owned(),
             })
     })
     .collect()

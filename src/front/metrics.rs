@@ -474,6 +474,12 @@ impl Collector for EngineFigures {
             "RocksDB's estimate of keys of state (0 in memory)",
             f.rocksdb_estimated_keys,
         )?;
+        counter(
+            &mut e,
+            "freqcap_erasures",
+            "Viewers erased (DELETE /v1/users/{user} or /v1/ids/{kind}/{id}), whether or not they had records",
+            f.erasures,
+        )?;
         definitions(&mut e, &f.definitions)?;
         let Some(r) = f.redis else {
             return Ok(());
@@ -513,12 +519,6 @@ impl Collector for EngineFigures {
             "freqcap_identity_recheck_denials",
             "Candidates denied when held on another identity's record (a household's) that another screen filled since it was read",
             f.identity_rechecks,
-        )?;
-        counter(
-            &mut e,
-            "freqcap_erasures",
-            "Viewers erased (DELETE /v1/users/{user} or /v1/ids/{kind}/{id}), whether or not they had records",
-            f.erasures,
         )?;
         counter(
             &mut e,
