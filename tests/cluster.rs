@@ -1882,8 +1882,8 @@ fn edits_resets_and_erasures_hold_on_a_fleet() {
         );
         (st, v["remaining"].as_u64())
     };
-    for i in 0..3 {
-        assert_eq!(check(&n[i], "k").0, 200);
+    for node in &n {
+        assert_eq!(check(node, "k").0, 200);
     }
     assert_eq!(check(&n[0], "k").0, 429);
     assert_eq!(check(&n[0], "k2"), (200, Some(2)));

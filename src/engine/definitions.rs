@@ -16,7 +16,9 @@ use super::hot::RecordKey;
 use super::leases::leasable;
 use super::minutes::Timeline;
 use super::record::{SubjectRecord, legacy_tag};
-use super::registry::{CampaignCounts, CampaignEntry, Deleted, PolicyEntry, Registry};
+use super::registry::{
+    CampaignCounts, CampaignEntry, CampaignState, Deleted, PolicyEntry, Registry,
+};
 use super::request::check_def_name;
 use super::timeline::timeline_key;
 use super::{Conflict, Engine, EngineError, corrupt, invalid};
@@ -123,10 +125,7 @@ pub(crate) fn load_registry(
 /// A campaign's campaign-scope record and minutes as the store has them
 /// (empty if it has none). An unreadable copy of the minutes only blanks
 /// the ad-ops page's history; an unreadable record is an error.
-fn campaign_state(
-    store: &dyn Store,
-    id: u32,
-) -> Result<(Arc<Mutex<SubjectRecord>>, Arc<Mutex<Timeline>>), StoreError> {
+fn campaign_state(store: &dyn Store, id: u32) -> Result<CampaignState, StoreError> {
     let key = RecordKey::Campaign(id).disk_key();
     let record = match store.get(Space::State, &key)? {
         Some(v) => SubjectRecord::from_stored(&v).map_err(|m| corrupt(&key, m))?,
@@ -372,7 +371,7 @@ impl<C: Clock> Engine<C> {
         kind: DefKind,
         name: &str,
         id: u32,
-        kept: Option<(Arc<Mutex<SubjectRecord>>, Arc<Mutex<Timeline>>)>,
+        kept: Option<CampaignState>,
         ops: &mut Vec<Op>,
     ) {
         if self.options.redefine_grace == 0 {
@@ -603,7 +602,7 @@ impl<C: Clock> Engine<C> {
         current: Option<&CampaignEntry>,
         id: u32,
         back: Option<Deleted>,
-    ) -> Result<(Arc<Mutex<SubjectRecord>>, Arc<Mutex<Timeline>>), EngineError> {
+    ) -> Result<CampaignState, EngineError> {
         Ok(match (current, back) {
             (Some(c), _) if c.id == id => (c.record.clone(), c.timeline.clone()),
             (_, Some(Deleted { kept: Some(k), .. })) => k,

@@ -113,6 +113,13 @@ pub type Chain = Arc<[Arc<CampaignEntry>]>;
 /// std's SipHash here and still seeded per process.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// A campaign's campaign-scope record and its minutes, which carry over
+/// its redefinitions.
+pub type CampaignState = (
+    Arc<Mutex<SubjectRecord>>,
+    Arc<Mutex<super::minutes::Timeline>>,
+);
+
 /// A policy or campaign deleted less than the redefinition grace ago
 /// ([`super::EngineOptions::redefine_grace`]): re-created under its name
 /// within it, it takes this id back, so its counters carry on
@@ -126,10 +133,7 @@ pub struct Deleted {
     /// A campaign's campaign-scope record and minutes as they were, while
     /// this process has them (after a restart they are read back from the
     /// store).
-    pub kept: Option<(
-        Arc<Mutex<SubjectRecord>>,
-        Arc<Mutex<super::minutes::Timeline>>,
-    )>,
+    pub kept: Option<CampaignState>,
 }
 
 /// Deleted definitions by name.

@@ -133,7 +133,7 @@ impl Window {
     /// length alone.
     fn plausible(&self, start: Nanos, end: Nanos) -> bool {
         match &self.layout {
-            Layout::Fixed { w } => end.saturating_sub(start) == *w && start % w == 0,
+            Layout::Fixed { w } => end.saturating_sub(start) == *w && start.is_multiple_of(*w),
             Layout::Calendar(cal) => cal.plausible(start, end),
             _ => true,
         }
