@@ -8,11 +8,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
+use std::sync::Arc;
+
 use super::St;
 use super::request::*;
 use crate::clock::Clock;
-use crate::front::FrontError;
 use crate::front::call::*;
+use crate::front::{AppState, FrontError};
 
 /// Empties policy `name`'s counters for `key`: 204, whether or not the key
 /// had any; 404 for an unknown policy.
@@ -37,17 +39,7 @@ pub(crate) async fn erase_user<C: Clock + 'static>(
     uri: Uri,
 ) -> Result<Response, FrontError> {
     id_param(&s, "user", &user)?;
-    let owner = s.engine.owner_of_user(&user);
-    if let Some(r) = s
-        .forwarder
-        .to_owner(owner, Method::DELETE, uri.path(), &headers, Bytes::new())
-        .await
-    {
-        return r;
-    }
-    let e = s.engine.clone();
-    blocking(move || e.erase_user(&user)).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    erase_at_owner(&s, ("user".to_owned(), user), &headers, &uri).await
 }
 
 /// Erases an identity of any kind: 204, whether or not it had records;
@@ -59,15 +51,26 @@ pub(crate) async fn erase_identity<C: Clock + 'static>(
     uri: Uri,
 ) -> Result<Response, FrontError> {
     id_param(&s, "ident", &ident)?;
-    let owner = s.engine.owner_of_identity(&kind, &ident);
+    erase_at_owner(&s, (kind, ident), &headers, &uri).await
+}
+
+/// Erases identity (kind, id) here, or forwards the request to its owner
+/// in owner mode.
+async fn erase_at_owner<C: Clock + 'static>(
+    s: &Arc<AppState<C>>,
+    (kind, id): (String, String),
+    headers: &HeaderMap,
+    uri: &Uri,
+) -> Result<Response, FrontError> {
+    let owner = s.engine.owner_of_identity(&kind, &id);
     if let Some(r) = s
         .forwarder
-        .to_owner(owner, Method::DELETE, uri.path(), &headers, Bytes::new())
+        .to_owner(owner, Method::DELETE, uri.path(), headers, Bytes::new())
         .await
     {
         return r;
     }
     let e = s.engine.clone();
-    blocking(move || e.erase(&kind, &ident)).await?;
+    blocking(move || e.erase(&kind, &id)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
