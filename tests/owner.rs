@@ -427,7 +427,7 @@ fn an_edit_keeps_counts_and_an_erasure_reaches_the_owner() {
     campaign(&nodes, "c", 2);
     fleet_ready(&nodes, "c");
     let shown = (0..3)
-        .filter(|i| impression(&n[i % 3], "u", "c") == Some(true))
+        .filter(|i| impression_retrying(&n[i % 3], "u", "c") == Some(true))
         .count();
     assert_eq!(shown, 2);
     campaign(&nodes, "c", 3);
@@ -448,8 +448,8 @@ fn an_edit_keeps_counts_and_an_erasure_reaches_the_owner() {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-    assert_eq!(impression(&n[1], "u", "c"), Some(true));
-    assert_eq!(impression(&n[2], "u", "c"), Some(false));
+    assert_eq!(impression_retrying(&n[1], "u", "c"), Some(true));
+    assert_eq!(impression_retrying(&n[2], "u", "c"), Some(false));
     for (i, node) in n.iter().enumerate() {
         let (st, body) = node.call_retrying("DELETE", "/v1/users/u", None);
         assert_eq!(st, 204, "node {i}: {body}");
@@ -457,6 +457,6 @@ fn an_edit_keeps_counts_and_an_erasure_reaches_the_owner() {
             let (st, u) = other.call_retrying("GET", "/v1/users/u/campaigns/c", None);
             assert_eq!((st, &u["caps"][0]["used"]), (200, &json!(0)), "{u}");
         }
-        assert_eq!(impression(&n[(i + 1) % 3], "u", "c"), Some(true));
+        assert_eq!(impression_retrying(&n[(i + 1) % 3], "u", "c"), Some(true));
     }
 }
