@@ -194,6 +194,7 @@ end
 -- Lease hash layout (one hash per leased quantity), per node name N:
 --   s:N  cumulative units N has spent (absolute; only ever raised)
 --   g:N  cumulative units granted to N (absolute); N's headroom = g - s
+--        (less r:N, below)
 --   w:N  N's last want
 --   e:N  N's grant expiry, Redis server time in ms
 --   x:N  N's open holds may be committed until then (Redis time, ms)
@@ -202,7 +203,12 @@ end
 --        it are counted as spent (N may have committed that much
 --        unreported; 1, from builds before the bound: all of it), and the
 --        rest goes back to the pool
---   ~S   the spent of holders folded away (fold_dead), in sum
+--   o:N  cumulative units N committed of other holders' holds (a
+--        reservation made on another node, committed on N; absolute):
+--        counted as spent, not taken from N's headroom (issue 47)
+--   r:N  cumulative units of N's holds other holders committed (and
+--        reported in their o:); N's headroom = g - s - r
+--   ~S   the spent of holders folded away (fold_dead), in sum (s + o)
 -- Node names may contain any bytes, ':' included: a field is split after its
 -- two-byte prefix only.
 -------------------------------------------------------------------------------
@@ -214,11 +220,12 @@ local function load_lease(L)
     local p = string.sub(f, 1, 2)
     if f == '~S' then
       folded = tonumber(flat[i + 1]) or 0
-    elseif p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' or p == 'u:' then
+    elseif p == 's:' or p == 'g:' or p == 'w:' or p == 'e:' or p == 'x:' or p == 'u:'
+        or p == 'o:' or p == 'r:' then
       local name = string.sub(f, 3)
       local n = nodes[name]
       if not n then
-        n = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0}
+        n = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0, o = 0, r = 0}
         nodes[name] = n
         names[#names + 1] = name
       end
@@ -240,7 +247,7 @@ end
 -- reported each commit (u = 0), all of it if it reported later with no bound
 -- (u = 1, builds before the bound), else at most its bound u - 1.
 local function unreported_taken(n)
-  local headroom = math.max(0, n.g - n.s)
+  local headroom = math.max(0, n.g - n.s - n.r)
   if n.u == 0 then return 0 end
   if n.u == 1 then return headroom end
   return math.min(headroom, n.u - 1)
@@ -263,10 +270,10 @@ local function fold_dead(L, nodes, names, folded, node, now)
   for _, name in ipairs(names) do
     local n = nodes[name]
     if name ~= node and reclaim_at(n) + FOLD_AFTER_MS < now then
-      folded = folded + n.s
+      folded = folded + n.s + n.o
       nodes[name] = nil
       redis.call('HDEL', L, 's:' .. name, 'g:' .. name, 'w:' .. name, 'e:' .. name,
-        'x:' .. name, 'u:' .. name)
+        'x:' .. name, 'u:' .. name, 'o:' .. name, 'r:' .. name)
     else
       kept[#kept + 1] = name
     end
@@ -314,7 +321,7 @@ end
 -- nodes whose exact shares are fractions; the cap by what is free keeps the
 -- invariant.
 --
--- Invariant: Σ s + Σ max(0, g - s) <= total, provided every call had S <= the
+-- Invariant: Σ (s + o) + Σ max(0, g - s - r) <= total, provided every call had S <= the
 -- caller's g and total never decreased. A call that breaks either premise
 -- (S above its grant; a smaller total) cannot restore it, since grants are
 -- not revoked, but it grants nothing new while the sum is over total.
@@ -329,21 +336,24 @@ local function lease_grant(L, node, v, now, open)
 
   local me = nodes[node]
   if not me then
-    me = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0}
+    me = {s = 0, g = 0, w = 0, e = 0, x = 0, u = 0, o = 0, r = 0}
     nodes[node] = me
     names[#names + 1] = node
   end
   -- Spent only rises (a replayed older report must not lower it); a grant
   -- below spent (a node spent past its grant) is lifted to spent so headroom
-  -- is never negative.
+  -- is never negative. Others' holds committed here (o) and this holder's
+  -- committed elsewhere (r) only rise too.
   me.s = math.max(me.s, v.spent)
-  me.g = math.max(me.g, me.s)
+  me.o = math.max(me.o, v.foreign or 0)
+  me.r = math.max(me.r, v.given or 0)
+  me.g = math.max(me.g, me.s + me.r)
 
   local spent, held_others = folded, 0
   local live = {} -- wants of live nodes, the caller's included
   for _, name in ipairs(names) do
     local n = nodes[name]
-    spent = spent + n.s
+    spent = spent + n.s + n.o
     if name ~= node then
       if reclaim_at(n) < now then
         -- Reclaimed: unspent headroom returns to the pool, or, from a
@@ -351,15 +361,15 @@ local function lease_grant(L, node, v, now, open)
         -- (it may have spent it: a budget is never exceeded, and what it
         -- had not spent is not delivered). Written only when it changes, so
         -- a long-dead node costs no write per call.
-        if n.g > n.s then
+        if n.g > n.s + n.r then
           local taken = unreported_taken(n)
           spent = spent + taken
           n.s = n.s + taken
-          n.g = n.s
+          n.g = n.s + n.r
           redis.call('HSET', L, 's:' .. name, istr(n.s), 'g:' .. name, istr(n.g))
         end
       else
-        held_others = held_others + math.max(0, n.g - n.s)
+        held_others = held_others + math.max(0, n.g - n.s - n.r)
         live[#live + 1] = n.w
       end
     end
@@ -369,12 +379,12 @@ local function lease_grant(L, node, v, now, open)
   local share = fair_share(live, math.max(0, v.total - spent), v.want)
   if not open then share = 0 end
 
-  local headroom = me.g - me.s
+  local headroom = me.g - me.s - me.r
   local free = math.max(0, v.total - spent - held_others)
   local new_headroom = math.max(headroom, math.min(share, free))
   -- Outside the period Redis is in, nothing may be spent on it.
   if not open then new_headroom = 0 end
-  me.g = me.s + new_headroom
+  me.g = me.s + me.r + new_headroom
 
   redis.call('HSET', L,
     's:' .. node, istr(me.s),
@@ -383,6 +393,8 @@ local function lease_grant(L, node, v, now, open)
     'e:' .. node, istr(now + v.ttl_ms),
     'x:' .. node, istr(now + v.grace_ms))
   if (v.later or 0) >= 1 and me.u ~= v.later then redis.call('HSET', L, 'u:' .. node, istr(v.later)) end
+  if me.o > 0 then redis.call('HSET', L, 'o:' .. node, istr(me.o)) end
+  if me.r > 0 then redis.call('HSET', L, 'r:' .. node, istr(me.r)) end
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
@@ -405,7 +417,8 @@ end
 --
 --   FCALL fc_lease_v2 1 L node spent want ttl_ms grace_ms key_expire_ms
 --                         start_ms end_ms rule amount allowance look_ms total
---                         [reports_later segments_id segments]
+--                         [reports_later segments_id segments
+--                          [foreign given]]
 --
 --   start_ms, end_ms  the lease's period [start, end), unix ms. Redis's time
 --                     outside it grants no headroom (a node whose clock runs
@@ -440,6 +453,15 @@ end
 --                     sent; a call may send "" for segments when the stored
 --                     id is segments_id. Otherwise nothing is granted and
 --                     need_segments is 1: call again with them.
+--   foreign           the caller's cumulative units committed of other
+--                     holders' holds (stored as o:<node>; counted as spent,
+--                     not taken from its headroom). Reported before such a
+--                     commit is acknowledged, so a holder that dies with
+--                     holds another node committed cannot have them spent
+--                     again once its headroom is reclaimed (issue 47)
+--   given             the caller's cumulative units of its own holds that
+--                     other holders committed (r:<node>): its headroom is
+--                     g - s - r
 --
 -- Reply: [g_node, s_node, spent_total, total, now_ms, usable_ms,
 -- need_segments]: usable_ms is how long the grant may be used, min(ttl_ms,
@@ -482,9 +504,9 @@ end
 
 local function fc_lease_v2(keys, args)
   local F = 'fc_lease_v2'
-  local extra = {'0', '', ''}
-  if #args == 16 then
-    extra = {args[14], args[15], args[16]}
+  local extra = {'0', '', '', '0', '0'}
+  if #args == 16 or #args == 18 then
+    extra = {args[14], args[15], args[16], args[17] or '0', args[18] or '0'}
     args = {unpack(args, 1, 13)}
   end
   local node, v = holder_args(F, keys, args,
@@ -497,6 +519,11 @@ local function fc_lease_v2(keys, args)
   local later, err = uint_arg(extra[1], F, 'reports_later')
   if not later then return err end
   v.later = later
+  local foreign, ferr = uint_arg(extra[4], F, 'foreign')
+  if not foreign then return ferr end
+  local given, gerr = uint_arg(extra[5], F, 'given')
+  if not given then return gerr end
+  v.foreign, v.given = foreign, given
   if v.rule >= 3 and extra[2] == '' then
     return redis.error_reply('ERR ' .. F .. ': rules 3 and 4 need segments_id and segments')
   end

@@ -59,6 +59,12 @@ const DEFS_WRITER: &str = "fc:{defs}:writer";
 /// Owner mode's members and their leases (`fc_member_v1`).
 const MEMBERS_KEY: &str = "fc:{members}";
 /// The campaigns' activity on a UTC day, for `/metrics`' most active ones.
+/// The mailbox of the node of process nonce `nonce`: notices of its
+/// reservations other nodes settled.
+fn mailbox_key(nonce: u32) -> String {
+    format!("fc:{{m:{nonce:08x}}}")
+}
+
 fn tops_key(day: u64) -> String {
     format!("fc:{{tops}}:{day}")
 }
@@ -832,6 +838,33 @@ impl Shared for RedisStore {
         Ok(int(&v).unwrap_or(0))
     }
 
+    /// `RPUSH` to the node's mailbox (`fc:{m:<nonce>}`, a list) with its
+    /// expiry an hour on: one call per commit of a reservation another
+    /// node made (affinity routing makes them rare).
+    fn notify(&self, nonce: u32, notice: &[u8]) -> Result<(), StoreError> {
+        let key = mailbox_key(nonce);
+        let mut p = redis::pipe();
+        p.cmd("RPUSH").arg(&key).arg(notice).ignore();
+        p.cmd("PEXPIRE").arg(&key).arg(3_600_000).ignore();
+        self.pipe("RPUSH notice", p).map(drop)
+    }
+
+    /// `LPOP key count` (Redis 6.2): one call per sweep, answered nil
+    /// when the mailbox is empty.
+    fn take_notices(&self, nonce: u32, most: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut c = redis::cmd("LPOP");
+        c.arg(mailbox_key(nonce)).arg(most.max(1));
+        let v = self.query("LPOP notices", c)?;
+        match v {
+            Value::Nil => Ok(Vec::new()),
+            Value::Array(items) => Ok(items
+                .iter()
+                .filter_map(bytes)
+                .collect()),
+            other => Err(unexpected("LPOP notices", &other)),
+        }
+    }
+
     /// One HGETALL of the lease hash, the `s:<holder>` fields summed: a read
     /// for a delivery or usage answer, never on a decision's path.
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
@@ -852,8 +885,11 @@ impl Shared for RedisStore {
         };
         let mut spent = 0u64;
         for (f, n) in pairs {
-            // Every holder's spent, and the folded holders' in sum (`~S`).
-            if bytes(f).is_some_and(|f| f.starts_with(b"s:") || f == b"~S") {
+            // Every holder's spent, the units it committed of others'
+            // holds (`o:`), and the folded holders' in sum (`~S`).
+            if bytes(f)
+                .is_some_and(|f| f.starts_with(b"s:") || f.starts_with(b"o:") || f == b"~S")
+            {
                 let n = int(n).ok_or_else(|| unexpected("HGETALL lease", &v))?;
                 spent = spent.saturating_add(n);
             }
@@ -900,6 +936,7 @@ impl Shared for RedisStore {
                 c.arg("").arg("");
             }
         }
+        c.arg(req.foreign).arg(req.given);
         // Lease calls are rare: they wait for a replica whenever writes do,
         // so a failover does not hand out a grant twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;

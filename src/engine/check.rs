@@ -196,6 +196,8 @@ impl<C: Clock> Engine<C> {
                         body,
                         inline: inline.clone(),
                         ids: Vec::new(),
+                        costs: Vec::new(),
+                        maker: 0,
                     });
                     if req.reservation_id.is_some() {
                         last_held = Some(decision.clone());

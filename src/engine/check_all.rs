@@ -487,6 +487,8 @@ fn decide_group(
             body: 0,
             inline: None,
             ids: Vec::new(),
+            costs: Vec::new(),
+            maker: 0,
         });
     }
     (decisions, allows, held)

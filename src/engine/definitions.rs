@@ -265,6 +265,8 @@ impl<C: Clock> Engine<C> {
         if r.is_ok() {
             self.shared_ok_at.fetch_max(self.now(), Ordering::AcqRel);
         }
+        // Before the renewal, so that holds given up are reported with it.
+        self.read_notices();
         self.renew_leases();
         self.refresh_fleet_top();
         self.drop_unowned(self.now());

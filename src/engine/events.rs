@@ -629,6 +629,7 @@ fn remember_event(rec: &mut SubjectRecord, res: u64, now: Nanos) -> bool {
         committed: true,
         campaigns: Vec::new(),
         final_cost: None,
+        charged: false,
     });
     rec.idle_at = rec.idle_at.max(until);
     true

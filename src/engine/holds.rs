@@ -60,6 +60,18 @@ pub(crate) struct Held {
     /// after this record. Stored after the inline limits, as they are.
     #[serde(skip)]
     pub ids: Vec<u128>,
+    /// A screen's candidates' costs other than 1, by index: a node that
+    /// commits the reservation without having made it charges the
+    /// winners' campaign-side spend itself (docs/cluster.md, "Spend is
+    /// reported"). Stored after the ids, as they are.
+    #[serde(skip)]
+    pub costs: Vec<(u32, u64)>,
+    /// The process nonce of the node that made it, when its id does not
+    /// say (a client-chosen id; 0 otherwise): a node that commits it tells
+    /// that node at once ([`crate::store::Shared::notify`]). Stored with
+    /// the costs.
+    #[serde(skip)]
+    pub maker: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,4 +97,10 @@ pub(crate) struct RememberedId {
     pub campaigns: Vec<u32>,
     /// A commit's final cost, if it named one.
     pub final_cost: Option<u64>,
+    /// A commit made on another node than the reservation's, which charged
+    /// the winners' campaign-side spend itself (reported before it was
+    /// acknowledged): the node that made the reservation gives its holds
+    /// up rather than charging them. Stored after the held costs.
+    #[serde(skip)]
+    pub charged: bool,
 }

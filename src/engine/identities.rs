@@ -252,6 +252,8 @@ impl<C: Clock> Engine<C> {
                     body,
                     inline: None,
                     ids: Vec::new(),
+                    costs: Vec::new(),
+                    maker: 0,
                 });
             }
             true

@@ -147,6 +147,18 @@ struct Grant {
     /// A budget with pacing levers: its controller, run on the fleet's
     /// spend (docs/pacing.md, "Levers").
     pacer: BudgetState,
+    /// Units this node committed of other nodes' holds (a reservation made
+    /// elsewhere, committed here): reported, as the store's `o:`, before
+    /// such a commit is acknowledged; spent, but not out of this grant.
+    foreign: u64,
+    /// Units of this node's holds other nodes committed (and reported as
+    /// their `foreign`): taken out of this grant, never spent here (`r:`).
+    given: u64,
+    /// `given` as last reported.
+    given_reported: u64,
+    /// `foreign` and `given` reported under earlier holder names (as `base`
+    /// is for spend).
+    moved_base: (u64, u64),
 }
 
 /// This node's grants.
@@ -199,6 +211,24 @@ pub(crate) struct Line {
     pub look_us: u64,
     /// burst·T in ms, rounded up: the lease key outlives an idle line by it.
     pub refill_ms: u64,
+}
+
+/// Whether item `i` of campaign `e` is leased in units of a period (a
+/// budget, a fixed or calendar campaign-scope window): the items whose
+/// holds another node's commit charges ([`Engine::charge_foreign`]).
+pub(crate) fn leased_in_units(e: &CampaignEntry, tag: u32) -> bool {
+    e.tags.iter().zip(&e.compiled.items).any(|(&t, cap)| {
+        t == tag
+            && cap.scope == Scope::Campaign
+            && match &cap.item {
+                Item::Budget(_) => true,
+                Item::Window(w) => !matches!(
+                    w.layout,
+                    Layout::Rolling { .. } | Layout::Approximate { .. }
+                ),
+                _ => false,
+            }
+    })
 }
 
 /// Whether an item is leased with a shared store: a campaign-scope window
@@ -384,7 +414,7 @@ impl Leases {
         } else {
             v.committed
         };
-        let ok = now < g.usable_until && committed + v.pending + n <= g.granted;
+        let ok = now < g.usable_until && committed + g.given + v.pending + n <= g.granted;
         if ok {
             g.used_at = now;
         }
@@ -518,20 +548,27 @@ impl<C: Clock> Engine<C> {
     /// reported under earlier names: a name whose last call is
     /// [`REHOLD_AFTER`] old is left for a new one, reporting from what was
     /// confirmed under the old (a call applied whose answer was lost then
-    /// counts twice: fewer units granted, never more).
-    fn units_holder(&self, key: GrantKey, now: Nanos) -> (String, u64) {
+    /// counts twice: fewer units granted, never more). Also: the units
+    /// committed of others' holds and given to others, as they are to be
+    /// reported under that name (less what earlier names reported).
+    fn units_holder(&self, key: GrantKey, now: Nanos) -> (String, u64, (u64, u64)) {
         let mut grants = self.leases.lock();
         let g = grants.entry(key).or_default();
         if g.called_at != 0 && now >= g.called_at.saturating_add(REHOLD_AFTER) {
             g.holder_epoch += 1;
             g.base = g.reported;
+            g.moved_base = (g.foreign, g.given_reported);
             g.called_at = 0;
         }
         let name = match g.holder_epoch {
             0 => self.lease_holder(),
             n => format!("{}/{n}", self.lease_holder()),
         };
-        (name, g.base)
+        let moved = (
+            g.foreign.saturating_sub(g.moved_base.0),
+            g.given.saturating_sub(g.moved_base.1),
+        );
+        (name, g.base, moved)
     }
 
     /// What the fleet has committed on item `i` of campaign `e` in its
@@ -619,7 +656,7 @@ impl<C: Clock> Engine<C> {
         let grace_ms = (self.reservations.latest_deadline().saturating_sub(now) / 1_000_000
             + 1_000)
             .min(MAX_TTL_MS);
-        let (holder, base) = self.units_holder(key, now);
+        let (holder, base, (foreign, given)) = self.units_holder(key, now);
         // Once reclaimed, up to its bound of its headroom counts as spent:
         // with batched reports a node killed leaves that much unreported,
         // which the fleet spent again before (issue 25, R7).
@@ -722,6 +759,8 @@ impl<C: Clock> Engine<C> {
             rule,
             segments,
             reports_later,
+            foreign,
+            given,
         };
         let mut grant = shared.lease(&request(segments.as_ref().map(|(s, sent)| (&**s, !sent))))?;
         if let Some((seg, _)) = &segments {
@@ -734,7 +773,17 @@ impl<C: Clock> Engine<C> {
                 self.leases.segments_stored(key);
             }
         }
-        grant.granted = base.saturating_add(grant.granted);
+        // The store's grant covers what this name spent and gave; the
+        // node's counts include what earlier names did.
+        let moved_base = self.leases.lock().get(&key).map_or(0, |g| g.moved_base.1);
+        grant.granted = base
+            .saturating_add(moved_base)
+            .saturating_add(grant.granted);
+        {
+            let mut grants = self.leases.lock();
+            let g = grants.entry(key).or_default();
+            g.given_reported = g.given_reported.max(given.saturating_add(g.moved_base.1));
+        }
         self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
         if let Item::Budget(b) = item
             && b.has_levers()
@@ -822,7 +871,7 @@ impl<C: Clock> Engine<C> {
         g.slots = v.slots;
         // Asked for more and got nothing: the total is used up (or held by
         // others) for now.
-        if want > 0 && granted <= v.committed + v.pending {
+        if want > 0 && granted <= v.committed + g.given + v.pending {
             g.quiet_until = match v.line {
                 // A line has nothing before its next unit: no call till
                 // then (one call per allowed impression of a gap), but one
@@ -883,7 +932,8 @@ impl<C: Clock> Engine<C> {
                     let grants = self.leases.lock();
                     match grants.get(&key) {
                         Some(g) => {
-                            (now < g.usable_until && v.committed + v.pending + n <= g.granted)
+                            (now < g.usable_until
+                                && v.committed + g.given + v.pending + n <= g.granted)
                                 || now < g.quiet_until
                         }
                         None => false,
@@ -978,16 +1028,23 @@ impl<C: Clock> Engine<C> {
             return None;
         }
         let (key, v) = campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots)?;
-        let (reported, granted) = {
+        let (reported, granted, given) = {
             let grants = self.leases.lock();
-            grants.get(&key).map_or((0, 0), |g| (g.reported, g.granted))
+            grants
+                .get(&key)
+                .map_or((0, 0, 0), |g| (g.reported, g.granted, g.given))
         };
         let may_leave = match self.options.spend_reports {
             SpendReports::Batched => unreported_bound(&cap.item),
             SpendReports::Commit => 0,
         };
-        (v.committed.saturating_sub(reported) > may_leave)
-            .then(|| (key, v, granted.saturating_sub(v.committed)))
+        (v.committed.saturating_sub(reported) > may_leave).then(|| {
+            (
+                key,
+                v,
+                granted.saturating_sub(v.committed).saturating_sub(given),
+            )
+        })
     }
 
     /// The sweeper's part (every 250 ms): renews the grants in use,
@@ -1029,8 +1086,11 @@ impl<C: Clock> Engine<C> {
                     || (g.granted > v.pending + u64::from(in_use)
                         && now >= g.called_at.saturating_add(REPORT_EVERY))
             } else {
+                // Units given to other nodes are reported as spend is: until
+                // then the store counts them twice (fewer granted, never
+                // more).
                 (lapsing && in_use)
-                    || (g.reported < v.committed
+                    || ((g.reported < v.committed || g.given_reported < g.given)
                         && (lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
             };
             if !due {
@@ -1048,6 +1108,95 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// Charges the campaign-side spend of `winners`, committed here of a
+    /// reservation another node made (its holds are in that node's grants):
+    /// each leased item's units are reported at once as this node's
+    /// `foreign` (spent, not out of its grant), so they count even if that
+    /// node dies before its deadline; it gives its holds up when it learns
+    /// of the commit ([`Engine::give_up_hold`]). An error: nothing more is
+    /// reported, and the commit is not acknowledged (a report applied whose
+    /// answer was lost counts the units twice: fewer granted, never more).
+    pub(crate) fn charge_foreign(
+        &self,
+        winners: &[super::shared::ForeignWinner],
+        final_cost: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let Some(shared) = self.shared() else {
+            return Ok(());
+        };
+        let reg = self.registry();
+        let _one = self
+            .leases
+            .reporting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = self.now();
+        for w in winners {
+            let Some(chain) = reg
+                .campaign_by_id(w.campaign)
+                .and_then(|e| reg.chain(&e.name))
+            else {
+                continue;
+            };
+            // Budgets are charged the final cost, else what was reserved
+            // (docs/semantics.md §6.5); caps the impression.
+            let cost = final_cost.unwrap_or(w.cost);
+            for e in chain.iter() {
+                for (i, cap) in e.compiled.items.iter().enumerate() {
+                    if cap.scope != Scope::Campaign || !leasable(&cap.item) {
+                        continue;
+                    }
+                    let Some((key, v)) = campaign_view(&self.leases, e, i, now)
+                        .filter(|(_, v)| !v.slots && v.line.is_none())
+                    else {
+                        continue;
+                    };
+                    let n = super::chain::units(&cap.item, cost);
+                    let want = {
+                        let mut grants = self.leases.lock();
+                        let g = grants.entry(key).or_default();
+                        g.foreign += n;
+                        g.granted
+                            .saturating_sub(v.committed)
+                            .saturating_sub(g.given)
+                    };
+                    if let Err(err) = self.lease_call(shared, key, &cap.item, &v, want, now) {
+                        let mut grants = self.leases.lock();
+                        let g = grants.entry(key).or_default();
+                        g.foreign = g.foreign.saturating_sub(n);
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives up `n` units this node holds on item `tag` of campaign `e`
+    /// (its state `st`, as of `at`), committed and charged by another node
+    /// ([`Engine::charge_foreign`]): out of this node's grant, never spent
+    /// here. Reported with the grant's next renewal.
+    pub(crate) fn give_up_hold(
+        &self,
+        e: &CampaignEntry,
+        tag: u32,
+        st: &ItemState,
+        n: u64,
+        at: Nanos,
+    ) {
+        let Some(i) = e.tags.iter().position(|&t| t == tag) else {
+            return;
+        };
+        let Some(v) = view(&e.compiled.items[i].item, st, 0, at) else {
+            return;
+        };
+        self.leases
+            .lock()
+            .entry((e.id, tag, v.start))
+            .or_default()
+            .given += n;
+    }
+
     /// This node's grants now (figures): how many, and units held beyond
     /// what was reported spent.
     pub fn grants_outstanding(&self) -> (usize, u64) {
@@ -1055,7 +1204,7 @@ impl<C: Clock> Engine<C> {
         (
             g.len(),
             g.values()
-                .map(|g| g.granted.saturating_sub(g.reported))
+                .map(|g| g.granted.saturating_sub(g.reported).saturating_sub(g.given))
                 .sum(),
         )
     }

@@ -213,6 +213,18 @@ impl<C: Clock> Engine<C> {
                         // Those it may hold on, known before they are
                         // asked: no second write of this record after.
                         ids: idents.iter().map(|i| i.key).collect(),
+                        // What another node that commits it charges.
+                        costs: held
+                            .iter()
+                            .filter_map(|c| {
+                                let cost = req.candidates.get(c.index as usize)?.cost?;
+                                (cost != 1).then_some((c.index, cost))
+                            })
+                            .collect(),
+                        maker: match req.reservation_id {
+                            Some(_) => self.id_nonce,
+                            None => 0,
+                        },
                     });
                     if !of_user {
                         // Kept until its deadline, and its settled id a

@@ -598,7 +598,7 @@ impl<C: Clock> Engine<C> {
     /// its campaign-side holds as its record says it was settled, forgets
     /// it, and reports the spend (an error: the commit is not acknowledged,
     /// and its repeat reports again).
-    fn settle_campaign_side(&self, id: &str, how: &RecordedEnd) -> Result<(), EngineError> {
+    pub(crate) fn settle_campaign_side(&self, id: &str, how: &RecordedEnd) -> Result<(), EngineError> {
         if let Some(reserved) = self.reservations.reserved(id) {
             if let Reserved::Screen { candidates, .. } = &*reserved {
                 let now = self.now();
@@ -618,6 +618,42 @@ impl<C: Clock> Engine<C> {
             self.report_spend(chains.iter())?;
         }
         Ok(())
+    }
+
+    /// Counts a commit this node made of another node's reservation, whose
+    /// campaign side it charged ([`Engine::charge_foreign`]): the winners'
+    /// commits and timelines, as the node that made it would have.
+    pub(crate) fn count_foreign(
+        &self,
+        winners: &[super::shared::ForeignWinner],
+        final_cost: Option<u64>,
+        now: Nanos,
+    ) {
+        let reg = self.registry();
+        for w in winners {
+            let Some(chain) = reg
+                .campaign_by_id(w.campaign)
+                .and_then(|e| reg.chain(&e.name))
+            else {
+                continue;
+            };
+            chain[0].counts.commits.fetch_add(1, Ordering::Relaxed);
+            for (depth, e) in chain.iter().enumerate() {
+                let budget = e.compiled.items.iter().any(|cap| {
+                    cap.scope == crate::model::Scope::Campaign
+                        && matches!(cap.item, crate::limits::Item::Budget(_))
+                });
+                let spend = if budget {
+                    final_cost.unwrap_or(w.cost)
+                } else {
+                    0
+                };
+                e.timeline
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .add(now, spend, u64::from(depth == 0), 0);
+            }
+        }
     }
 
     /// Settles the campaign-side holds of `candidates` (reservation `seq`)
@@ -648,7 +684,18 @@ impl<C: Clock> Engine<C> {
         let now = self.now();
         // In a shared store this writes no record (campaign records are this
         // node's; `persist` submits nothing for them).
-        let _ = self.settle_candidates(None, None, candidates, seq, settlement, at, now);
+        // Committed on another node that charged the campaign side: the
+        // winners' leased holds are given up, not charged here.
+        let _ = self.settle_candidates(
+            None,
+            None,
+            candidates,
+            seq,
+            settlement,
+            at,
+            now,
+            how.charged,
+        );
     }
 
     /// With a shared store, the record holding reservation `id`: named in a
@@ -729,7 +776,7 @@ impl<C: Clock> Engine<C> {
                     self.settle_identity(*key, candidates, seq, how, at, reads)?;
                 }
                 let settle = |user_rec: Option<&mut SubjectRecord>| {
-                    self.settle_candidates(*user, user_rec, candidates, seq, how, at, now)
+                    self.settle_candidates(*user, user_rec, candidates, seq, how, at, now, false)
                 };
                 match user {
                     Some(k) => match self
@@ -751,6 +798,10 @@ impl<C: Clock> Engine<C> {
     /// Settles a screen's candidates, under the user's record lock: the
     /// winners' debits committed, the others released; then writes, in one
     /// batch, every campaign record of a winner's chain and the user's.
+    /// `given_up`: the winners were committed on another node, which
+    /// charged their leased items and counted the commit
+    /// ([`Engine::charge_foreign`]): their holds on those items are given up
+    /// ([`Engine::give_up_hold`]) and the commit is not counted here.
     #[allow(clippy::too_many_arguments)]
     fn settle_candidates(
         &self,
@@ -761,6 +812,7 @@ impl<C: Clock> Engine<C> {
         how: Settlement<'_, [u32]>,
         at: Nanos,
         now: Nanos,
+        given_up: bool,
     ) -> Option<Receipt> {
         let (winners, final_cost) = match how {
             Settlement::Commit { chosen, final_cost } => (chosen, final_cost),
@@ -793,7 +845,7 @@ impl<C: Clock> Engine<C> {
         let mut next = 0;
         for c in candidates {
             let win = winners.contains(&c.index);
-            if win {
+            if win && !given_up {
                 c.chain[0]
                     .counts
                     .commits
@@ -809,8 +861,19 @@ impl<C: Clock> Engine<C> {
             for (depth, e) in c.chain.iter().enumerate() {
                 let mut spend = 0;
                 if let Some(g) = guard_of(&mut guards, e.id) {
-                    let entries = g.take_pending(seq, Some(c.index));
-                    if win {
+                    let mut entries = g.take_pending(seq, Some(c.index));
+                    if win && given_up {
+                        let (moved, kept): (SmallVec<[_; 4]>, SmallVec<[_; 4]>) = entries
+                            .into_iter()
+                            .partition(|p| super::leases::leased_in_units(e, p.tag));
+                        for p in &moved {
+                            let st = g.state(e.id, p.tag).unwrap_or(&super::chain::FRESH);
+                            self.give_up_hold(e, p.tag, st, p.n, at);
+                        }
+                        settle_entries(g, moved, defs, PendingEnd::Release, at, None);
+                        entries = kept;
+                    }
+                    if win && !given_up {
                         self.commit_lines(e, &entries);
                         // The budget's spend: the final cost, else what was
                         // reserved (docs/semantics.md §6.5).
@@ -822,7 +885,7 @@ impl<C: Clock> Engine<C> {
                     }
                     settle_entries(g, entries, defs, settling(win), at, None);
                 }
-                if win {
+                if win && !given_up {
                     e.timeline
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -909,5 +972,6 @@ fn released() -> RecordedEnd {
         outcome: Outcome::Released,
         campaigns: Vec::new(),
         final_cost: None,
+        charged: false,
     }
 }

@@ -81,6 +81,18 @@ pub(crate) struct RecordedEnd {
     /// The committed campaigns (ids); a release lists its candidates.
     pub campaigns: Vec<u32>,
     pub final_cost: Option<u64>,
+    /// Committed on another node than the reservation's, which charged the
+    /// winners' campaign-side spend ([`RememberedId::charged`]).
+    pub charged: bool,
+}
+
+/// What a node that committed another node's reservation (and charged its
+/// campaign side) tells that node ([`Engine::read_notices`]).
+#[derive(Serialize, Deserialize)]
+struct Notice {
+    id: String,
+    campaigns: Vec<u32>,
+    final_cost: Option<u64>,
 }
 
 /// How long past its deadline a settled id stays in its record: the node
@@ -368,16 +380,22 @@ fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
         .filter(|h| !h.ids.is_empty())
         .map(|h| (h.res, &h.ids[..]))
         .collect();
-    if !bodies.is_empty() || !inline.is_empty() || !ids.is_empty() {
+    let moved = moved_spend(rec);
+    let more = !moved.0.is_empty() || !moved.1.is_empty();
+    if !bodies.is_empty() || !inline.is_empty() || !ids.is_empty() || more {
         out.extend_from_slice(&codec::encode(&bodies));
     }
     // After the bodies, likewise (see [`Held::inline`]).
-    if !inline.is_empty() || !ids.is_empty() {
+    if !inline.is_empty() || !ids.is_empty() || more {
         out.extend_from_slice(&codec::encode(&inline));
     }
     // After the inline limits (see [`Held::ids`]).
-    if !ids.is_empty() {
+    if !ids.is_empty() || more {
         out.extend_from_slice(&codec::encode(&ids));
+    }
+    // After the ids (see [`Held::costs`], [`RememberedId::charged`]).
+    if more {
+        out.extend_from_slice(&codec::encode(&moved));
     }
     out
 }
@@ -437,6 +455,29 @@ fn owned_payload(rec: &SubjectRecord, last: Nanos, at: Nanos, reg: &Registry) ->
             .collect(),
     };
     codec::encode_sized(&form, 64 + 8 * form.counters.len())
+}
+
+/// What a record keeps for a commit made on another node than the
+/// reservation's: its holds' costs other than 1, and the settled ids whose
+/// committer charged the campaign side (issue 47). Appended after the ids.
+type MovedSpend = (Vec<(u64, u32, Vec<(u32, u64)>)>, Vec<u64>);
+
+fn moved_spend(rec: &SubjectRecord) -> MovedSpend {
+    let Some(m) = rec.shared_meta() else {
+        return Default::default();
+    };
+    (
+        m.held
+            .iter()
+            .filter(|h| !h.costs.is_empty() || h.maker != 0)
+            .map(|h| (h.res, h.maker, h.costs.clone()))
+            .collect(),
+        m.remembered
+            .iter()
+            .filter(|r| r.charged)
+            .map(|r| r.res)
+            .collect(),
+    )
 }
 
 /// The counters of `rec` a shared record keeps. Empty ones (a window at
@@ -545,6 +586,7 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
     let mut bodies: Vec<(u64, u64)> = Vec::new();
     let mut inline: InlineSpecs = Vec::new();
     let mut ids: Vec<(u64, Vec<u128>)> = Vec::new();
+    let mut moved: MovedSpend = Default::default();
     if let Some(rest) = payload.get(used..).filter(|r| !r.is_empty()) {
         let more;
         (bodies, more) = codec::decode_prefix(rest)?;
@@ -552,7 +594,11 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
             let more;
             (inline, more) = codec::decode_prefix(rest)?;
             if let Some(rest) = rest.get(more..).filter(|r| !r.is_empty()) {
-                ids = codec::decode(rest)?;
+                let more;
+                (ids, more) = codec::decode_prefix(rest)?;
+                if let Some(rest) = rest.get(more..).filter(|r| !r.is_empty()) {
+                    (moved, _) = codec::decode_prefix(rest)?;
+                }
             }
         }
     }
@@ -617,6 +663,17 @@ pub(crate) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
                 h.ids = keys;
             }
         }
+        for (res, maker, costs) in moved.0 {
+            if let Some(h) = meta.held.iter_mut().find(|h| h.res == res) {
+                h.costs = costs;
+                h.maker = maker;
+            }
+        }
+        for res in moved.1 {
+            if let Some(r) = meta.remembered.iter_mut().find(|r| r.res == res) {
+                r.charged = true;
+            }
+        }
     }
     Ok((rec, form.last))
 }
@@ -675,7 +732,11 @@ fn names(reg: &Registry, ids: &[u32]) -> Vec<Arc<str>> {
 }
 
 /// Settles reservation `res` (id `id`) in `rec`, as of `at`. An error
-/// leaves the record unchanged.
+/// leaves the record unchanged. `charged`: the candidates (indexes) whose
+/// campaign-side spend this node reported as committed of another node's
+/// holds ([`ForeignWinner`]); if they are exactly the winners, the record
+/// says so ([`RememberedId::charged`]).
+#[allow(clippy::too_many_arguments)]
 fn settle_in_record(
     rec: &mut SubjectRecord,
     res: u64,
@@ -684,6 +745,7 @@ fn settle_in_record(
     sample: Option<Sample>,
     at: Nanos,
     reg: &Registry,
+    charged: Option<&[u32]>,
 ) -> Result<InRecord, EngineError> {
     let meta = rec.shared_meta();
     if let Some(s) = meta.and_then(|m| m.remembered.iter().find(|s| s.res == res)) {
@@ -699,6 +761,7 @@ fn settle_in_record(
                     outcome,
                     campaigns: s.campaigns.clone(),
                     final_cost: s.final_cost,
+                    charged: s.charged,
                 };
                 Ok(InRecord::Repeat(how, names))
             }
@@ -758,6 +821,14 @@ fn settle_in_record(
             .map(|&(_, c, _)| c)
             .collect(),
     };
+    let charged = committed
+        && charged.is_some_and(|c| {
+            let mut won: Vec<u32> = chosen.iter().filter(|w| w.2).map(|w| w.0).collect();
+            let mut reported = c.to_vec();
+            won.sort_unstable();
+            reported.sort_unstable();
+            won == reported
+        });
     let meta = rec.shared_meta_mut();
     meta.held.retain(|h| h.res != res);
     meta.remembered.push(RememberedId {
@@ -766,6 +837,7 @@ fn settle_in_record(
         committed,
         campaigns: shown.clone(),
         final_cost,
+        charged,
     });
     rec.idle_at = rec.idle_at.max(held.deadline + SETTLED_GRACE);
     let outcome = if committed {
@@ -778,6 +850,7 @@ fn settle_in_record(
         outcome,
         campaigns: shown,
         final_cost,
+        charged,
     };
     Ok(InRecord::Done(how, names))
 }
@@ -815,14 +888,62 @@ fn identities_ahead(
                 .map(|(_, c, _)| c)
                 .collect(),
             final_cost,
+            charged: false,
         },
         Settlement::Release => RecordedEnd {
             outcome: Outcome::Released,
             campaigns: Vec::new(),
             final_cost: None,
+            charged: false,
         },
     };
     Ok(Some((held.ids.clone(), end)))
+}
+
+/// A winner of a commit made on another node than the reservation's: its
+/// candidate index, campaign id and reserved cost. The committing node
+/// charges its campaign-side spend ([`Engine::charge_foreign`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForeignWinner {
+    pub cand: u32,
+    pub campaign: u32,
+    pub cost: u64,
+}
+
+/// The winners a commit `how` of reservation `res` would have as `rec`
+/// holds it now (empty: not held there, or a release), and the process
+/// nonce of the node that made it if the record knows it ([`Held::maker`]).
+fn foreign_winners(
+    rec: &SubjectRecord,
+    res: u64,
+    id: &str,
+    how: Settlement<'_, [String]>,
+    reg: &Registry,
+) -> Result<(Vec<ForeignWinner>, u32), EngineError> {
+    let (Some(held), Settlement::Commit { chosen, .. }) = (
+        rec.shared_meta()
+            .and_then(|m| m.held.iter().find(|h| h.res == res)),
+        how,
+    ) else {
+        return Ok((Vec::new(), 0));
+    };
+    let HeldKind::Screen { candidates } = &held.kind else {
+        return Ok((Vec::new(), 0));
+    };
+    let won = winners(candidates, chosen, reg, id)?
+        .into_iter()
+        .filter(|w| w.2)
+        .map(|(cand, campaign, _)| ForeignWinner {
+            cand,
+            campaign,
+            cost: held
+                .costs
+                .iter()
+                .find(|c| c.0 == cand)
+                .map_or(1, |c| c.1),
+        })
+        .collect();
+    Ok((won, held.maker))
 }
 
 /// Settles reservation `res` in another identity's record (`super::identities`)
@@ -1030,6 +1151,56 @@ impl<C: Clock> Engine<C> {
             "u" => Some(RecordKey::User(h)),
             "k" => Some(RecordKey::PolicyKey(h)),
             _ => None,
+        }
+    }
+
+    /// The process nonce in a node-made reservation id
+    /// (`r-<nonce>-<seq>-<record>`, [`Engine::new_reservation_id`]).
+    pub(crate) fn maker_in_id(id: &str) -> Option<u32> {
+        let mut parts = id.split('-');
+        let (Some("r"), Some(nonce), Some(_), Some(_), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return None;
+        };
+        (nonce.len() == 8)
+            .then(|| u32::from_str_radix(nonce, 16).ok())
+            .flatten()
+    }
+
+    /// Takes the notices other nodes left this one ([`Notice`]) and gives
+    /// up the holds of the reservations they committed, at once rather than
+    /// at their deadline. A few hundred a sweep at most (the rest wait for
+    /// the next).
+    pub(crate) fn read_notices(&self) {
+        let Some(shared) = self.shared() else {
+            return;
+        };
+        const MOST: usize = 256;
+        let notices = match shared.take_notices(self.id_nonce, MOST) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("cannot read this node's notices: {e}");
+                return;
+            }
+        };
+        for raw in notices {
+            let Ok(n) = codec::decode::<Notice>(&raw) else {
+                continue;
+            };
+            let how = RecordedEnd {
+                outcome: Outcome::Committed,
+                campaigns: n.campaigns,
+                final_cost: n.final_cost,
+                charged: true,
+            };
+            if let Err(e) = self.settle_campaign_side(&n.id, &how) {
+                tracing::debug!("a notice of {}: {e}", n.id);
+            }
         }
     }
 
@@ -1492,6 +1663,14 @@ impl<C: Clock> Engine<C> {
         let res = self.res_of(id);
         let reg = self.registry();
         let now = self.now();
+        // A commit of a reservation another node made: this node charges
+        // the winners' campaign-side spend, reported before the record says
+        // so (and before the commit is acknowledged), so the spend counts
+        // even if that node dies before the deadline at which it would have
+        // charged it (issue 47: 1 259 of a budget of 1 200 before).
+        let charge = matches!(how, Settlement::Commit { .. })
+            && self.reservations.reserved(id).is_none();
+        let mut foreign: Result<(Vec<ForeignWinner>, u32), EngineError> = Ok((Vec::new(), 0));
         // The other identities' records the screen held on are settled
         // first, as the holder's record says the reservation ends: then a
         // failure (a conflict, Redis away) leaves the holder's record
@@ -1502,6 +1681,9 @@ impl<C: Clock> Engine<C> {
         let mut ahead: Result<Option<(Vec<u128>, RecordedEnd)>, EngineError> = Ok(None);
         let read = self.with_shared_record(shared, key, now, false, |rec, _| {
             ahead = identities_ahead(rec, res, id, how, &reg);
+            if charge {
+                foreign = foreign_winners(rec, res, id, how, &reg);
+            }
         });
         super::hot::waited(read)?;
         let settle_ids = |ids: &[u128], end: &RecordedEnd| -> Result<(), EngineError> {
@@ -1518,6 +1700,18 @@ impl<C: Clock> Engine<C> {
             Ok(())
         };
         let ahead = ahead?;
+        let (foreign, maker) = foreign?;
+        let final_cost = match how {
+            Settlement::Commit { final_cost, .. } => final_cost,
+            Settlement::Release => None,
+        };
+        let reported: Option<Vec<u32>> = match foreign.is_empty() {
+            true => None,
+            false => {
+                self.charge_foreign(&foreign, final_cost)?;
+                Some(foreign.iter().map(|w| w.cand).collect())
+            }
+        };
         if let Some((ids, end)) = &ahead {
             settle_ids(ids, end)?;
         }
@@ -1531,9 +1725,29 @@ impl<C: Clock> Engine<C> {
                 .and_then(|m| m.held.iter().find(|h| h.res == res))
                 .map(|h| h.ids.clone())
                 .unwrap_or_default();
-            settle_in_record(rec, res, id, how, sample, at, &reg)
+            settle_in_record(rec, res, id, how, sample, at, &reg, reported.as_deref())
         });
         let settled = super::hot::waited(settled)??;
+        if let InRecord::Done(end, _) = &settled
+            && end.charged
+        {
+            self.count_foreign(&foreign, final_cost, now);
+            // The node that made it gives its holds up at once, not at
+            // the deadline: until it does, the store counts them twice
+            // (fewer units granted). Best effort: failing, it learns at
+            // the deadline.
+            let maker = Self::maker_in_id(id).unwrap_or(maker);
+            if maker != 0 {
+                let notice = Notice {
+                    id: id.to_owned(),
+                    campaigns: end.campaigns.clone(),
+                    final_cost: end.final_cost,
+                };
+                if let Err(e) = shared.notify(maker, &codec::encode(&notice)) {
+                    tracing::debug!("cannot tell node {maker:08x} of a commit: {e}");
+                }
+            }
+        }
         if ahead.is_none()
             && !listed.is_empty()
             && let InRecord::Done(end, _) = &settled
@@ -1557,6 +1771,7 @@ impl<C: Clock> Engine<C> {
             .shared_meta()
             .and_then(|m| m.remembered.iter().find(|s| s.res == res))
             .map(|s| RecordedEnd {
+                charged: s.charged,
                 outcome: if s.committed {
                     Outcome::Committed
                 } else {

@@ -118,6 +118,15 @@ pub struct LeaseRequest<'a> {
     /// as spent, since it may have spent it unreported, and the rest goes
     /// back. `None`: it reports each commit before acknowledging it.
     pub reports_later: Option<u64>,
+    /// The holder's cumulative units committed of other holders' holds (a
+    /// reservation another node made, committed on this one): counted as
+    /// spent, not taken from its headroom. Reported before such a commit
+    /// is acknowledged (`o:` in `fc_lease_v2`; issue 47).
+    pub foreign: u64,
+    /// The holder's cumulative units of its own holds that other holders
+    /// committed (and reported as their `foreign`): its headroom is
+    /// granted − spent − given (`r:`).
+    pub given: u64,
 }
 
 /// `reports_later` as the functions take it: 0 for `None`, b + 1 for at
@@ -568,6 +577,15 @@ pub trait Shared: Send + Sync {
     /// lease no one holds): the fleet's spend on a campaign item in a period,
     /// which delivery and usage answer on every node.
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError>;
+
+    /// Leaves `notice` for the node whose process nonce is `nonce` (a
+    /// reservation it made, settled by another node: docs/cluster.md,
+    /// "Spend is reported"). Kept an hour, the longest reservation.
+    fn notify(&self, nonce: u32, notice: &[u8]) -> Result<(), StoreError>;
+
+    /// Takes up to `most` notices left for the node of `nonce`, oldest
+    /// first.
+    fn take_notices(&self, nonce: u32, most: usize) -> Result<Vec<Vec<u8>>, StoreError>;
 }
 
 /// One holder of a lease in [`SharedMemory`] (as `fc_lease_v1` keeps it).
@@ -583,12 +601,23 @@ struct LeaseHolder {
     /// It reports its spend later than it commits, with at most this
     /// many units unreported ([`reports_later_arg`]'s form).
     reports_later: u64,
+    /// Units of others' holds it committed (`o:`): spent, not headroom.
+    foreign: u64,
+    /// Units of its holds others committed (`r:`).
+    given: u64,
 }
 
 impl LeaseHolder {
     /// Whether its headroom may go back to the pool at `now`.
     fn reclaimable(&self, now: u64) -> bool {
         self.expires.max(self.holds_until) < now
+    }
+
+    /// Its unspent headroom: granted − spent − given.
+    fn headroom(&self) -> u64 {
+        self.granted
+            .saturating_sub(self.spent)
+            .saturating_sub(self.given)
     }
 }
 
@@ -613,7 +642,7 @@ impl Holders {
         self.by_name.retain(|name, h| {
             let keep = name == me || h.expires.max(h.holds_until) + FOLD_AFTER_MS >= now;
             if !keep {
-                *folded += h.spent;
+                *folded += h.spent + h.foreign;
             }
             keep
         });
@@ -651,6 +680,8 @@ pub struct SharedMemory {
     leases: Mutex<HashMap<Vec<u8>, Holders>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
+    /// Notices by node nonce ([`Shared::notify`]).
+    notices: Mutex<HashMap<u32, std::collections::VecDeque<Vec<u8>>>>,
     definitions: AtomicU64,
     /// Held while definitions are checked and written, so a batch is one
     /// step (as `fc_defs_v1` is in Redis).
@@ -917,7 +948,9 @@ impl Shared for SharedMemory {
         let holders = &mut state.by_name;
         let me = holders.entry(req.holder.to_owned()).or_default();
         me.spent = me.spent.max(req.spent);
-        me.granted = me.granted.max(me.spent);
+        me.foreign = me.foreign.max(req.foreign);
+        me.given = me.given.max(req.given);
+        me.granted = me.granted.max(me.spent + me.given);
         me.want = req.want;
         me.expires = now + req.ttl_ms;
         me.holds_until = now + req.grace_ms;
@@ -929,11 +962,15 @@ impl Shared for SharedMemory {
                 // As fc_lease_v2: a holder that reports later may have spent
                 // up to its bound of its headroom unreported; the rest
                 // goes back.
-                h.spent += unreported_taken(h.reports_later, h.granted.saturating_sub(h.spent));
-                h.granted = h.spent;
+                h.spent += unreported_taken(h.reports_later, h.headroom());
+                h.granted = h.spent + h.given;
             }
         }
-        let spent: u64 = state.folded + holders.values().map(|h| h.spent).sum::<u64>();
+        let spent: u64 = state.folded
+            + holders
+                .values()
+                .map(|h| h.spent + h.foreign)
+                .sum::<u64>();
         let live: Vec<(&String, &LeaseHolder)> = holders
             .iter()
             .filter(|(n, h)| *n == req.holder || !h.reclaimable(now))
@@ -941,7 +978,7 @@ impl Shared for SharedMemory {
         let held_others: u64 = live
             .iter()
             .filter(|(n, _)| *n != req.holder)
-            .map(|(_, h)| h.granted - h.spent)
+            .map(|(_, h)| h.headroom())
             .sum();
         // Max-min fair share of what is left, by water-filling the wants.
         let mut wants: Vec<u64> = live.iter().map(|(_, h)| h.want).collect();
@@ -958,7 +995,7 @@ impl Shared for SharedMemory {
         }
         let share = share.min(req.want);
         let me = holders.get_mut(req.holder).ok_or(StoreError::Closed)?;
-        let headroom = me.granted - me.spent;
+        let headroom = me.headroom();
         let free = req.total.saturating_sub(spent).saturating_sub(held_others);
         // Outside the period the store's time is in, nothing may be spent.
         let new = if open {
@@ -966,7 +1003,7 @@ impl Shared for SharedMemory {
         } else {
             0
         };
-        me.granted = me.spent + new;
+        me.granted = me.spent + me.given + new;
         let usable_ms = match (open, &self.clock) {
             (false, _) => 0,
             (true, Some(_)) => req.ttl_ms.min(req.period_ms.1.saturating_sub(now)),
@@ -1072,10 +1109,29 @@ impl Shared for SharedMemory {
         Ok((req.anchor_ms, base))
     }
 
+    fn notify(&self, nonce: u32, notice: &[u8]) -> Result<(), StoreError> {
+        let mut m = self.notices.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entry(nonce).or_default().push_back(notice.to_vec());
+        Ok(())
+    }
+
+    fn take_notices(&self, nonce: u32, most: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut m = self.notices.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(q) = m.get_mut(&nonce) else {
+            return Ok(Vec::new());
+        };
+        let n = q.len().min(most);
+        Ok(q.drain(..n).collect())
+    }
+
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
         let leases = self.leases.lock().map_err(|_| StoreError::Closed)?;
         Ok(leases.get(key).map_or(0, |h| {
-            h.folded + h.by_name.values().map(|h| h.spent).sum::<u64>()
+            h.folded
+                + h.by_name
+                    .values()
+                    .map(|h| h.spent + h.foreign)
+                    .sum::<u64>()
         }))
     }
 
