@@ -1902,3 +1902,154 @@ fn edits_resets_and_erasures_hold_on_a_fleet() {
         assert_eq!(d["spent"], before["spent"], "{d}");
     }
 }
+
+/// Issue 47, item 0: a budget is never exceeded, and ≥ 99 % of it is
+/// delivered, through a node's `kill -9`, run 10 times: budgets of 1 200
+/// (above 1 000, so spend is reported in batches), demand three times the
+/// budget, routing alternately spread (each commit on another node than its
+/// screen) and affine (screen and commit on one node). In each run the
+/// victim holds 30 open reservations when it is killed; the client commits
+/// them on the other nodes, and each acknowledged one counts. Before, those
+/// commits were charged only by the dead node at their deadline, so never:
+/// 1 259 of a budget of 1 200 in `tests/shared.rs`, +3.3 % in the issue's
+/// load run. Every node's delivery then reads what was acknowledged (plus
+/// at most the unit the dead node may have committed unreported).
+#[test]
+fn budgets_hold_through_repeated_node_kills() {
+    kill_runs(7940, &[], 10);
+}
+
+/// The same in owner mode, 4 runs: a commit sent to another node is
+/// forwarded to the user's owner, so a dead owner's open reservations are
+/// not committed elsewhere (404), and its headroom comes back as a shared
+/// node's does.
+#[test]
+fn budgets_hold_through_node_kills_in_owner_mode() {
+    kill_runs(7960, &["--reservations", "owner"], 4);
+}
+
+/// `runs` runs of [`budgets_hold_through_repeated_node_kills`] on a Redis
+/// Cluster at `base_port`, the nodes started with `extra` arguments.
+fn kill_runs(base_port: u16, extra: &[&str], runs: usize) {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), base_port);
+    let start = |i: usize, run: usize| {
+        Node::start_with(
+            &tmp.path().join(format!("n{i}-{run}")),
+            &redis.seeds,
+            &format!("n{i}"),
+            &[],
+            extra,
+        )
+    };
+    let mut nodes: Vec<Node> = (0..3).map(|i| start(i, 0)).collect();
+    const BUDGET: u64 = 1200;
+    let mut report = Vec::new();
+    for run in 0..runs {
+        let spread = run % 2 == 0;
+        let camp = format!("k{run}");
+        let def = json!({"budget": {"amount": BUDGET, "per": "1d", "pacing": "asap"}});
+        let path = format!("/v1/campaigns/{camp}");
+        let (st, body) = nodes[0].call_retrying("PUT", &path, Some(&def));
+        assert_eq!(st, 200, "{body}");
+        definition_reached(&nodes[1..], &path);
+        // A screen on node `on` (reservations of 2 s): its id if eligible.
+        let screen = |nodes: &[Node], on: usize, i: usize| -> Option<String> {
+            let body = json!({"user": format!("{camp}-{i}"), "candidates": [{"campaign": camp, "cost": 1}], "reserve": true, "ttl_ms": 2000});
+            let (st, out) = nodes[on].call("POST", "/v1/screen", Some(&body));
+            (st == 200 && out["results"][0]["eligible"] == true)
+                .then(|| out["reservation"].as_str().map(str::to_owned))
+                .flatten()
+        };
+        let commit = |nodes: &[Node], on: usize, id: &str| -> bool {
+            let path = format!("/v1/reservations/{id}/commit");
+            nodes[on].call_retrying("POST", &path, Some(&json!({}))).0 == 200
+        };
+        let serve = |nodes: &[Node], i: usize| -> u64 {
+            let on = i % 3;
+            let Some(id) = screen(nodes, on, i) else {
+                return 0;
+            };
+            u64::from(commit(nodes, if spread { (on + 1) % 3 } else { on }, &id))
+        };
+        // Demand of 3 × the budget at 300 requests a second (12 s): a
+        // steady stream, as an ad server's, not a burst that ends before a
+        // dead node's grant and holds (2 s each) can end.
+        let began = Instant::now();
+        let pace = |i: usize| {
+            let due = began + Duration::from_micros(i as u64 * 1_000_000 / 300);
+            if let Some(d) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+        };
+        let (mut acked, mut i) = (0u64, 0usize);
+        while acked < BUDGET / 3 && i < 3 * BUDGET as usize {
+            pace(i);
+            acked += serve(&nodes, i);
+            i += 1;
+        }
+        // The victim holds 30 reservations, and dies.
+        let victim = run % 3;
+        let held: Vec<String> = (0..30)
+            .filter_map(|k| screen(&nodes, victim, 100_000 + k))
+            .collect();
+        nodes[victim].kill9();
+        // The client commits them on the others: each acknowledged counts.
+        // (In owner mode they go to the dead owner: not acknowledged. A
+        // few tries each, not a client's patience: 30 of them.)
+        for (k, id) in held.iter().enumerate() {
+            let on = (victim + 1 + k % 2) % 3;
+            let path = format!("/v1/reservations/{id}/commit");
+            for _ in 0..3 {
+                match nodes[on].call("POST", &path, Some(&json!({}))).0 {
+                    200 => {
+                        acked += 1;
+                        break;
+                    }
+                    503 => std::thread::sleep(Duration::from_millis(100)),
+                    _ => break,
+                }
+            }
+        }
+        nodes[victim] = start(victim, run + 1);
+        // Demand goes on to three times the budget, for 30 s at most.
+        let until = Instant::now() + Duration::from_secs(30);
+        while acked < BUDGET && i < 3 * BUDGET as usize && Instant::now() < until {
+            pace(i);
+            acked += serve(&nodes, i);
+            i += 1;
+        }
+        // Every node reads the fleet's delivery within 2 s.
+        let mut reads = Vec::new();
+        for n in &nodes {
+            let mut spent = 0;
+            for _ in 0..20 {
+                let (st, d) = n.call("GET", &format!("/v1/campaigns/{camp}/delivery"), None);
+                spent = d["spent"].as_u64().unwrap_or(0);
+                if st == 200 && spent >= acked {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            reads.push(spent);
+        }
+        eprintln!(
+            "run {run} ({}): {} held by the victim, {acked} of {BUDGET} acknowledged over {i} requests; delivery read {reads:?}",
+            if spread { "spread" } else { "affinity" },
+            held.len()
+        );
+        report.push((run, acked, reads.clone()));
+        assert!(acked <= BUDGET, "run {run}: over the budget: {acked}");
+        assert!(
+            acked * 100 >= BUDGET * 99,
+            "run {run}: under-delivered: {acked} of {BUDGET}"
+        );
+        for r in reads {
+            assert!(
+                (acked..=acked + 1).contains(&r),
+                "run {run}: delivery read {r} for {acked} acknowledged"
+            );
+        }
+    }
+    eprintln!("repeated kills: {report:?}");
+}

@@ -857,10 +857,7 @@ impl Shared for RedisStore {
         let v = self.query("LPOP notices", c)?;
         match v {
             Value::Nil => Ok(Vec::new()),
-            Value::Array(items) => Ok(items
-                .iter()
-                .filter_map(bytes)
-                .collect()),
+            Value::Array(items) => Ok(items.iter().filter_map(bytes).collect()),
             other => Err(unexpected("LPOP notices", &other)),
         }
     }
@@ -887,8 +884,7 @@ impl Shared for RedisStore {
         for (f, n) in pairs {
             // Every holder's spent, the units it committed of others'
             // holds (`o:`), and the folded holders' in sum (`~S`).
-            if bytes(f)
-                .is_some_and(|f| f.starts_with(b"s:") || f.starts_with(b"o:") || f == b"~S")
+            if bytes(f).is_some_and(|f| f.starts_with(b"s:") || f.starts_with(b"o:") || f == b"~S")
             {
                 let n = int(n).ok_or_else(|| unexpected("HGETALL lease", &v))?;
                 spent = spent.saturating_add(n);

@@ -889,14 +889,18 @@ impl<C: Clock> Engine<C> {
         let mut grants = self.leases.lock();
         let g = grants.entry(key).or_default();
         let (at, before) = g.rate_mark;
+        // What its grant was used for: units committed here, and holds
+        // other nodes committed (with spread routing, most of them: counted
+        // without them, a node asked for 1 unit at a time).
+        let used = v.committed + g.given;
         let recent = if at == 0 || now <= at {
             0
         } else {
-            let spent = v.committed.saturating_sub(before);
+            let spent = used.saturating_sub(before);
             (u128::from(spent) * u128::from(LEASE_TTL) / u128::from(now - at)) as u64
         };
         if at == 0 || now.saturating_sub(at) >= LEASE_TTL {
-            g.rate_mark = (now, v.committed);
+            g.rate_mark = (now, used);
         }
         recent.max(n).max(1).min((v.total / 4).max(n).max(1))
     }

@@ -226,11 +226,13 @@ impl<C: Clock> Engine<C> {
                             None => 0,
                         },
                     });
-                    if !of_user {
-                        // Kept until its deadline, and its settled id a
-                        // grace after, as a user record's holds keep it.
-                        rec.idle_at = rec.idle_at.max(r.deadline);
-                    }
+                    // Kept until its deadline, and its settled id a grace
+                    // after. A user record whose screen held campaign-side
+                    // only (a budget, no user cap) had no debit to keep it:
+                    // in owner mode, where the copy in memory is the only
+                    // one, the hot tier dropped it at once, and its commit
+                    // and release answered 404 (issue 47's kill test).
+                    rec.idle_at = rec.idle_at.max(r.deadline);
                     if req.reservation_id.is_some() {
                         last_held = Some((results.clone(), held.clone()));
                     }

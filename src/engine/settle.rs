@@ -598,7 +598,11 @@ impl<C: Clock> Engine<C> {
     /// its campaign-side holds as its record says it was settled, forgets
     /// it, and reports the spend (an error: the commit is not acknowledged,
     /// and its repeat reports again).
-    pub(crate) fn settle_campaign_side(&self, id: &str, how: &RecordedEnd) -> Result<(), EngineError> {
+    pub(crate) fn settle_campaign_side(
+        &self,
+        id: &str,
+        how: &RecordedEnd,
+    ) -> Result<(), EngineError> {
         if let Some(reserved) = self.reservations.reserved(id) {
             if let Reserved::Screen { candidates, .. } = &*reserved {
                 let now = self.now();

@@ -936,11 +936,7 @@ fn foreign_winners(
         .map(|(cand, campaign, _)| ForeignWinner {
             cand,
             campaign,
-            cost: held
-                .costs
-                .iter()
-                .find(|c| c.0 == cand)
-                .map_or(1, |c| c.1),
+            cost: held.costs.iter().find(|c| c.0 == cand).map_or(1, |c| c.1),
         })
         .collect();
     Ok((won, held.maker))
@@ -1668,8 +1664,8 @@ impl<C: Clock> Engine<C> {
         // so (and before the commit is acknowledged), so the spend counts
         // even if that node dies before the deadline at which it would have
         // charged it (issue 47: 1 259 of a budget of 1 200 before).
-        let charge = matches!(how, Settlement::Commit { .. })
-            && self.reservations.reserved(id).is_none();
+        let charge =
+            matches!(how, Settlement::Commit { .. }) && self.reservations.reserved(id).is_none();
         let mut foreign: Result<(Vec<ForeignWinner>, u32), EngineError> = Ok((Vec::new(), 0));
         // The other identities' records the screen held on are settled
         // first, as the holder's record says the reservation ends: then a

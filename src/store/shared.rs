@@ -966,11 +966,7 @@ impl Shared for SharedMemory {
                 h.granted = h.spent + h.given;
             }
         }
-        let spent: u64 = state.folded
-            + holders
-                .values()
-                .map(|h| h.spent + h.foreign)
-                .sum::<u64>();
+        let spent: u64 = state.folded + holders.values().map(|h| h.spent + h.foreign).sum::<u64>();
         let live: Vec<(&String, &LeaseHolder)> = holders
             .iter()
             .filter(|(n, h)| *n == req.holder || !h.reclaimable(now))
@@ -1127,11 +1123,7 @@ impl Shared for SharedMemory {
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {
         let leases = self.leases.lock().map_err(|_| StoreError::Closed)?;
         Ok(leases.get(key).map_or(0, |h| {
-            h.folded
-                + h.by_name
-                    .values()
-                    .map(|h| h.spent + h.foreign)
-                    .sum::<u64>()
+            h.folded + h.by_name.values().map(|h| h.spent + h.foreign).sum::<u64>()
         }))
     }
 
