@@ -592,6 +592,25 @@ expect "fc_line_v1: reports_later is a number" \
   '(error) ERR fc_line_v1: reports_later must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_line_v1 1 "$LUL" a 0 1 1 1 1000000000 0 60000 0 0 x)"
 ###############################################################################
+echo "== others' holds committed: o: counts as spent, r: comes out of the holder's headroom"
+LO='fc:{l:moved-test}'
+NOWMS=$(now_ms)
+# m holds 10 (nothing spent) until well after now; a commits 3 of m's holds
+# (foreign 3) and asks for nothing.
+raw HSET "$LO" s:m 0 g:m 10 w:m 10 e:m $(( NOWMS + 60000 )) x:m $(( NOWMS + 60000 )) >/dev/null
+out=$(rc FCALL fc_lease_v2 1 "$LO" a 0 0 60000 0 0 "$S" "$E" 1 100 0 0 0 0 '' '' 3 0 | ints)
+expect "a's foreign 3 counts in the fleet's spend" '3' "$(awk '{print $3}' <<<"$out")"
+expect "o:a stored" '3' "$(raw HGET "$LO" o:a)"
+# m learns of it and reports given 3, wanting its 10 again: its headroom is
+# g - s - r, so it holds 7 more of the pool and is granted up to 10 headroom
+# out of 100 - 3 spent - a's 0.
+out=$(rc FCALL fc_lease_v2 1 "$LO" m 0 10 60000 60000 0 "$S" "$E" 1 100 0 0 0 0 '' '' 0 3 | ints)
+expect "m's grant covers its given 3 and its headroom 10" '13 0 3' "$(awk '{print $1, $2, $3}' <<<"$out")"
+expect "r:m stored" '3' "$(raw HGET "$LO" r:m)"
+expect "foreign is a number" \
+  '(error) ERR fc_lease_v2: foreign must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_lease_v2 1 "$LO" a 0 0 60000 0 0 "$S" "$E" 1 100 0 0 0 0 '' '' x 0)"
+###############################################################################
 echo "== owner mode: fc_own_v1, fc_cas_v2, fc_member_v1"
 KO='fc:{u:owned}'
 out=$(rc FCALL fc_own_v1 1 "$KO" 5 60000 | ints)

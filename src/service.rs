@@ -772,6 +772,9 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         }
     }
     tracing::info!("draining done; flushing the writer");
+    // Spend committed here and not reported yet: the fleet reads it at once
+    // (docs/cluster.md, "Spend is reported").
+    engine.report_all_spend();
     // The campaigns' minutes (the ad-ops page) go with the last batch.
     engine.flush_timelines(true);
     if config.definitions.is_some() {

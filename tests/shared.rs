@@ -1744,3 +1744,52 @@ fn spread_commits_deliver_a_budget_exactly_and_read_at_once() {
     }
     assert_eq!(acknowledged + more, AMOUNT, "the whole budget, once");
 }
+
+/// Issue 47, item 1: with a budget far above 1 000 units (so spend is
+/// reported in batches), what one node counted reaches every node within a
+/// second, whether or not its grant is still in use: an event counted on
+/// a node that holds no grant of the budget, and commits on a campaign that
+/// then goes idle. Before, the renewal reported only grants the node knew,
+/// so the event's 7 units were never reported (delivery read 7 on the node
+/// that counted it, 0 on the others, for good).
+#[test]
+fn an_idle_campaigns_spend_reaches_every_node_within_a_second() {
+    let clock = Arc::new(ManualClock::new(DAY0 + 3600 * SEC));
+    let c = clock.clone();
+    let store = Arc::new(SharedMemory::with_clock(move || c.now() / 1000));
+    let options = EngineOptions {
+        spend_reports: freqcap::engine::SpendReports::Batched,
+        ..EngineOptions::default()
+    };
+    let a = Engine::open(store.clone(), clock.clone(), options.clone()).unwrap();
+    let b = Engine::open(store.clone(), clock.clone(), options).unwrap();
+    a.put_campaign(
+        "big",
+        campaign(
+            r#"{"budget": {"amount": 1000000000000, "per": "1d", "pacing": "asap"},
+                "caps": [{"kind": "window", "limit": 1000000000, "window": "1d", "align": "fixed", "scope": "campaign"}]}"#,
+        ),
+    )
+    .unwrap();
+    b.refresh_definitions().unwrap();
+    let ev = Event {
+        user: None,
+        ids: Vec::new(),
+        campaign: "big".into(),
+        cost: 7,
+        event_id: Some("imp-big".into()),
+    };
+    assert_eq!(a.events(std::slice::from_ref(&ev)).unwrap(), 1);
+    // Three commits on a, then nothing more.
+    assert_eq!(deliver(&[&a], "big", 3), 3);
+    assert!(a.unreported_units() > 0, "batched: not reported yet");
+    assert_eq!(b.delivery("big").unwrap().spent, 0, "b has not heard yet");
+    // A second later a's sweeper reports it all; b reads it.
+    clock.advance(1100 * 1_000_000);
+    a.cluster_tick().unwrap();
+    assert_eq!(a.unreported_units(), 0);
+    for n in [&a, &b] {
+        assert_eq!(n.delivery("big").unwrap().spent, 10, "7 + 3");
+        assert_eq!(n.user_usage("u0", "big").unwrap()[0].used, 4);
+    }
+}

@@ -398,6 +398,13 @@ fn lease_key(k: GrantKey) -> Vec<u8> {
 }
 
 impl Leases {
+    /// Reports one at a time ([`Leases::reporting`]).
+    fn one_report(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reporting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GrantKey, Grant>> {
         self.grants.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -1002,11 +1009,7 @@ impl<C: Clock> Engine<C> {
             // wait on the reporting lock, which is held across round trips.
             return Ok(());
         }
-        let _one = self
-            .leases
-            .reporting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _one = self.leases.one_report();
         let now = self.now();
         for (e, i) in due {
             // Again under the lock: a report made meanwhile may have
@@ -1033,7 +1036,17 @@ impl<C: Clock> Engine<C> {
         }
         let (key, v) = campaign_view(&self.leases, e, i, now).filter(|(_, v)| !v.slots)?;
         let (reported, granted, given) = {
-            let grants = self.leases.lock();
+            let mut grants = self.leases.lock();
+            if v.committed > grants.get(&key).map_or(0, |g| g.reported) {
+                // Spend the renewal must report within a second, even on an
+                // item this node holds no grant of (an event counted here):
+                // it renews only the grants it knows. Before, an event's
+                // spend on a budget above 1 000 units was never reported
+                // (delivery read 7 on the node that counted it, 0 on the
+                // others, for good).
+                let g = grants.entry(key).or_default();
+                g.end = g.end.max(v.end);
+            }
             grants
                 .get(&key)
                 .map_or((0, 0, 0), |g| (g.reported, g.granted, g.given))
@@ -1054,6 +1067,45 @@ impl<C: Clock> Engine<C> {
     /// The sweeper's part (every 250 ms): renews the grants in use,
     /// reporting their spend, and forgets ended periods.
     pub(crate) fn renew_leases(&self) {
+        self.renew_leases_as(false);
+    }
+
+    /// At a clean shutdown: reports every unit committed and not reported
+    /// yet, and every hold given up, so the fleet reads them at once and
+    /// counts no headroom of this node as spent once it is reclaimed.
+    pub fn report_all_spend(&self) {
+        self.renew_leases_as(true);
+    }
+
+    /// Units committed on this node and not reported to the store yet, over
+    /// every leased item: what other nodes' delivery, usage and timelines
+    /// lack now (`freqcap_unreported_units`; each is reported within a
+    /// second of its commit, docs/cluster.md).
+    pub fn unreported_units(&self) -> u64 {
+        if self.shared().is_none() {
+            return 0;
+        }
+        let now = self.now();
+        let keys: Vec<(GrantKey, u64)> = self
+            .leases
+            .lock()
+            .iter()
+            .filter(|(_, g)| !g.slots)
+            .map(|(k, g)| (*k, g.reported))
+            .collect();
+        let reg = self.registry();
+        keys.into_iter()
+            .filter_map(|(key, reported)| {
+                let e = reg.campaign_by_id(key.0)?;
+                let i = e.tags.iter().position(|&t| t == key.1)?;
+                let (_, v) = campaign_view(&self.leases, e, i, now)
+                    .filter(|(k, v)| *k == key && v.line.is_none())?;
+                Some(v.committed.saturating_sub(reported))
+            })
+            .sum()
+    }
+
+    fn renew_leases_as(&self, all: bool) {
         let Some(shared) = self.shared() else {
             return;
         };
@@ -1093,9 +1145,10 @@ impl<C: Clock> Engine<C> {
                 // Units given to other nodes are reported as spend is: until
                 // then the store counts them twice (fewer granted, never
                 // more).
+                let unreported = g.reported < v.committed || g.given_reported < g.given;
                 (lapsing && in_use)
-                    || ((g.reported < v.committed || g.given_reported < g.given)
-                        && (lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
+                    || (unreported
+                        && (all || lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
             };
             if !due {
                 continue;
@@ -1129,17 +1182,10 @@ impl<C: Clock> Engine<C> {
             return Ok(());
         };
         let reg = self.registry();
-        let _one = self
-            .leases
-            .reporting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _one = self.leases.one_report();
         let now = self.now();
         for w in winners {
-            let Some(chain) = reg
-                .campaign_by_id(w.campaign)
-                .and_then(|e| reg.chain(&e.name))
-            else {
+            let Some(chain) = reg.chain_by_id(w.campaign) else {
                 continue;
             };
             // Budgets are charged the final cost, else what was reserved

@@ -292,6 +292,11 @@ impl Registry {
         self.chains.get(name)
     }
 
+    /// The chain of the campaign of id `id`.
+    pub fn chain_by_id(&self, id: u32) -> Option<&Chain> {
+        self.chain(&self.campaign_by_id(id)?.name)
+    }
+
     fn note_screen_rules(&mut self) {
         self.screen_rules = self
             .campaigns

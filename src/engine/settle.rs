@@ -615,8 +615,7 @@ impl<C: Clock> Engine<C> {
             let chains: Vec<Arc<super::registry::CampaignEntry>> = how
                 .campaigns
                 .iter()
-                .filter_map(|c| reg.campaign_by_id(*c))
-                .filter_map(|e| reg.chain(&e.name))
+                .filter_map(|c| reg.chain_by_id(*c))
                 .flat_map(|chain| chain.iter().cloned())
                 .collect();
             self.report_spend(chains.iter())?;
@@ -635,10 +634,7 @@ impl<C: Clock> Engine<C> {
     ) {
         let reg = self.registry();
         for w in winners {
-            let Some(chain) = reg
-                .campaign_by_id(w.campaign)
-                .and_then(|e| reg.chain(&e.name))
-            else {
+            let Some(chain) = reg.chain_by_id(w.campaign) else {
                 continue;
             };
             chain[0].counts.commits.fetch_add(1, Ordering::Relaxed);

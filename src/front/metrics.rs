@@ -182,6 +182,8 @@ pub struct Figures {
     /// cluster's (written by a node on its own wrong clock), held up by 1 s.
     pub record_time_capped: u64,
     pub grants: u64,
+    /// Units committed here and not reported yet (a shared store).
+    pub unreported_units: u64,
     pub grant_units: u64,
     /// Reservations past their deadline whose record could not be read yet
     /// (their campaign-side holds stay until it is).
@@ -554,6 +556,12 @@ impl Collector for EngineFigures {
             "freqcap_grant_units_outstanding",
             "Units granted to this node and not reported spent",
             f.grant_units,
+        )?;
+        gauge(
+            &mut e,
+            "freqcap_unreported_units",
+            "Units committed on this node and not yet reported to the fleet (other nodes' delivery, usage and timelines lack them); each is reported within a second of its commit",
+            f.unreported_units,
         )?;
         gauge(
             &mut e,

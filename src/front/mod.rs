@@ -184,6 +184,7 @@ fn figures<C: Clock + 'static>(
         record_time_capped: get(&st.record_time_capped),
         grants: engine.grants_outstanding().0 as u64,
         grant_units: engine.grants_outstanding().1,
+        unreported_units: engine.unreported_units(),
         unsettled: engine.unsettled_reservations() as u64,
         redis: engine.store().redis_stats().map(|r| metrics::RedisFigures {
             calls: get(&r.calls),
