@@ -1782,8 +1782,9 @@ fn an_idle_campaigns_spend_reaches_every_node_within_a_second() {
     assert_eq!(a.events(std::slice::from_ref(&ev)).unwrap(), 1);
     // Three commits on a, then nothing more.
     assert_eq!(deliver(&[&a], "big", 3), 3);
-    assert!(a.unreported_units() > 0, "batched: not reported yet");
-    assert_eq!(b.delivery("big").unwrap().spent, 0, "b has not heard yet");
+    // (A grant refresh on the way may have reported part of it already.)
+    assert!(a.unreported_units() > 0, "batched: not all reported yet");
+    assert!(b.delivery("big").unwrap().spent < 10, "b has not heard all");
     // A second later a's sweeper reports it all; b reads it.
     clock.advance(1100 * 1_000_000);
     a.cluster_tick().unwrap();
