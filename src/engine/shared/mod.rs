@@ -1,0 +1,257 @@
+//! The engine on a shared store (docs/cluster.md): user and policy-key
+//! records are read from, and written to, the store several nodes share, by
+//! compare-and-set on a version. Reservations live in the records
+//! themselves (their pending debits with the deadline, and the ids settled
+//! until their deadline), so any node commits, releases or expires them.
+//!
+//! A decision runs on the node's cached copy of the record (the hot tier
+//! holds the version it equals); if another node wrote since, the store
+//! answers with the current copy and the decision runs again on it, at most
+//! [`MAX_TRIES`] times. Decisions are the same code as on one node: only
+//! where the record comes from and goes to differs.
+//!
+//! Where each part lives:
+//! - [`form`]: the stored form of a record (pure: encode and decode).
+//! - [`cas`]: shared mode, a decision on a copy written back by
+//!   compare-and-set.
+//! - [`owned`]: owner mode, a decision on the owner's copy in memory.
+//! - [`in_record`]: reservations kept in a record (holds, settled ids,
+//!   who wins a commit) and their settlement across nodes.
+
+mod cas;
+mod form;
+mod in_record;
+mod owned;
+
+use crate::clock::{Clock, Nanos};
+use crate::cluster::owners::{Owner, Owners};
+use crate::engine::hot::{Halt, RecordKey};
+use crate::engine::record::SubjectRecord;
+use crate::engine::{Engine, EngineError, invalid};
+use crate::store::{Shared, StoreError};
+use std::sync::Arc;
+
+pub(crate) use in_record::{ForeignWinner, InRecord, RecordedEnd, SeenHere, seen_in_record};
+
+/// Tries of a decision whose write met other nodes' writes before it gives
+/// up with 503 (docs/cluster.md: with affinity, conflicts measured ~0).
+pub(crate) const MAX_TRIES: usize = 3;
+
+/// The version of a cached record whose shared copy is unknown (a write
+/// that failed may have been applied): it is read again before any decision.
+pub(crate) const STALE: u64 = u64::MAX;
+
+/// How long the shared copy outlives the record's idle instant: node clocks
+/// differ by milliseconds, and a record that is dropped early would forget
+/// debits still counting on a node whose clock is behind.
+const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
+
+/// How far a record's own time may hold a decision on it past this node's
+/// time. Nodes decide at the cluster's time (Redis's, measured to within half
+/// a round trip: under a millisecond), so a record is ahead by that much at
+/// most; one further ahead was written by a node deciding at its own wrong
+/// clock (an older release, or one that could not read Redis's time), and
+/// following it would roll this record's windows early. Decisions on it are
+/// held up by this much only, and counted (`record_time_capped`).
+pub(crate) const MAX_RECORD_AHEAD: Nanos = 1_000_000_000;
+
+/// The error a request gets where this node does not decide.
+fn unavailable(message: String) -> Halt {
+    EngineError::Store(StoreError::Unavailable(message)).into()
+}
+
+impl<C: Clock> Engine<C> {
+    /// Refuses a check a shared store cannot hold: a reservation of inline
+    /// limits (no node but this one knows their items, so no other could
+    /// expire it).
+    pub(crate) fn check_shareable(
+        &self,
+        owner: u32,
+        reserving: bool,
+        inline: bool,
+    ) -> Result<(), EngineError> {
+        // Inline limits reserve when the request carries them (kept with
+        // the hold, [`Held::inline`]); limits compiled by a front (RESP's
+        // `CL.THROTTLE`, Envoy's rules) never reserve.
+        if reserving && owner == 0 && !inline {
+            return Err(invalid(
+                "reserve",
+                "with a shared (redis-cluster) store, only a named policy's or inline limits' check can reserve",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The shared side of the store, if several nodes share it.
+    pub(crate) fn shared(&self) -> Option<&dyn Shared> {
+        self.store.shared()
+    }
+
+    /// This node's name among the nodes of a cluster.
+    pub fn node_id(&self) -> &str {
+        &self.options.node_id
+    }
+
+    /// Owner mode: this node's membership, set once it has joined.
+    pub fn set_owners(&self, owners: Arc<Owners>) {
+        let _ = self.owners.set(owners);
+    }
+
+    /// Owner mode: renews this node's lease and reads the members
+    /// ([`Owners::renew`]); nothing in shared mode.
+    pub fn renew_membership(&self) -> Result<(), EngineError> {
+        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+            return Ok(());
+        };
+        owners.renew(shared).map_err(Into::into)
+    }
+
+    /// Owner mode: ends this node's membership lease now (at shutdown,
+    /// after the last request); nothing in shared mode.
+    pub fn leave_membership(&self) -> Result<(), EngineError> {
+        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+            return Ok(());
+        };
+        owners.leave(shared).map_err(Into::into)
+    }
+
+    /// Whether this node runs owner mode.
+    pub(crate) fn in_owner_mode(&self) -> bool {
+        self.owners.get().is_some()
+    }
+
+    /// Owner mode: who decides on `user` now (`None`: not in owner mode).
+    pub fn owner_of_user(&self, user: &str) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        Some(owners.owner(self.hash(b'u', 0, user), self.now()))
+    }
+
+    /// Owner mode: who decides on identity `id` of `kind` (its record's
+    /// owner). `None`: not in owner mode, or a malformed kind (the call
+    /// itself then says what is wrong).
+    pub fn owner_of_identity(&self, kind: &str, id: &str) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        let k = crate::model::identity::Kind::parse(kind).ok()?;
+        Some(owners.owner(self.identity_key(k, id), self.now()))
+    }
+
+    /// Owner mode: who decides on reservation `id` (`user`: the user a
+    /// commit names): the owner of the user whose record holds it. `None`:
+    /// not in owner mode, or a reservation any node settles (a user-less
+    /// screen's, a policy key's).
+    pub fn owner_of_reservation(&self, id: &str, user: Option<&str>) -> Option<Owner> {
+        let owners = self.owners.get()?;
+        let h = match Self::record_in_id(id) {
+            Some(RecordKey::User(h)) => h,
+            Some(_) => return None,
+            None => match self.reservations.reserved(id).as_deref() {
+                Some(crate::engine::reservations::Reserved::Screen { user: Some(u), .. }) => *u,
+                Some(_) => return None,
+                None => self.hash(b'u', 0, user?),
+            },
+        };
+        Some(owners.owner(h, self.now()))
+    }
+
+    /// A reservation id's hash: the `res` of its pending debits in a shared
+    /// record (and the local table's number for it), the same on every node.
+    pub(crate) fn res_of(&self, id: &str) -> u64 {
+        self.hash(b'r', 0, id) as u64
+    }
+
+    /// The record of user-less screen reservation `seq` with a shared store:
+    /// it holds the reservation only (its holds are campaign-side, the
+    /// reserving node's), so that any node commits or releases it and the
+    /// reserving node learns there, at the deadline, how it was settled.
+    pub(crate) fn userless_record(&self, seq: u64) -> RecordKey {
+        RecordKey::PolicyKey(self.hash(b'n', 0, &format!("{seq:016x}")))
+    }
+
+    /// The record a node-made reservation id names (its last part), if it
+    /// names one: `u<32 hex>` a user's, `k<32 hex>` a policy key's.
+    pub(crate) fn record_in_id(id: &str) -> Option<RecordKey> {
+        let last = id.rsplit('-').next()?;
+        let (kind, hex) = last.split_at_checked(1)?;
+        if hex.len() != 32 {
+            return None;
+        }
+        let h = u128::from_str_radix(hex, 16).ok()?;
+        match kind {
+            "u" => Some(RecordKey::User(h)),
+            "k" => Some(RecordKey::PolicyKey(h)),
+            _ => None,
+        }
+    }
+
+    /// The process nonce in a node-made reservation id
+    /// (`r-<nonce>-<seq>-<record>`, [`Engine::new_reservation_id`]).
+    pub(crate) fn maker_in_id(id: &str) -> Option<u32> {
+        let mut parts = id.split('-');
+        let (Some("r"), Some(nonce), Some(_), Some(_), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return None;
+        };
+        (nonce.len() == 8)
+            .then(|| u32::from_str_radix(nonce, 16).ok())
+            .flatten()
+    }
+
+    /// The suffix a node-made reservation id carries with a shared store:
+    /// the record holding it, so that any node finds it.
+    pub(crate) fn id_suffix(key: RecordKey) -> String {
+        match key {
+            RecordKey::User(h) => format!("-u{h:032x}"),
+            RecordKey::PolicyKey(h) => format!("-k{h:032x}"),
+            RecordKey::Campaign(_) => String::new(),
+        }
+    }
+
+    /// Takes the cached copy of a record out of the hot tier, if it has a
+    /// current one; a placeholder marked STALE stays, so anything that reads
+    /// it without the gate reads the store instead.
+    pub(super) fn take_copy(&self, hot_key: [u64; 2], now: Nanos) -> Option<SubjectRecord> {
+        self.hot
+            .try_with(
+                &hot_key,
+                now,
+                &u64::MAX,
+                || Err(()),
+                |rec| {
+                    (rec.write_seq != STALE).then(|| {
+                        std::mem::replace(
+                            rec,
+                            SubjectRecord {
+                                write_seq: STALE,
+                                ..SubjectRecord::default()
+                            },
+                        )
+                    })
+                },
+            )
+            .ok()
+            .flatten()
+    }
+
+    /// Puts `rec`, as decided and written (or found current), back in the
+    /// hot tier under its shard's lock; this record's gate is held, so no
+    /// other decision of this node replaced it meanwhile.
+    pub(super) fn keep_copy(&self, hot_key: [u64; 2], now: Nanos, rec: SubjectRecord) {
+        let slot = std::cell::Cell::new(Some(rec));
+        let _ = self.hot.try_with(
+            &hot_key,
+            now,
+            &u64::MAX,
+            || Ok::<_, ()>(slot.take().unwrap_or_default()),
+            |cached| {
+                if let Some(rec) = slot.take() {
+                    *cached = rec;
+                }
+            },
+        );
+    }
+}
