@@ -1002,7 +1002,7 @@ fn campaign_names(n: &Node) -> Vec<String> {
 /// file names the file and field and changes nothing.
 #[test]
 fn one_writer_applies_its_directory_whole() {
-    use freqcap::store::{DefsWrite, Op, Shared, Space};
+    use freqcap::store::{Catalog, DefsWrite, Op, Space};
     let (store, a, b, _, _) = two_nodes();
     assert!(a.claim_definitions_writer().unwrap().unwrap().0);
     let (mine, holder) = b.claim_definitions_writer().unwrap().unwrap();

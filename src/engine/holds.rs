@@ -68,7 +68,7 @@ pub(crate) struct Held {
     pub costs: Vec<(u32, u64)>,
     /// The process nonce of the node that made it, when its id does not
     /// say (a client-chosen id; 0 otherwise): a node that commits it tells
-    /// that node at once ([`crate::store::Shared::notify`]). Stored with
+    /// that node at once ([`crate::store::LeaseCalls::notify`]). Stored with
     /// the costs.
     #[serde(skip)]
     pub maker: u32,

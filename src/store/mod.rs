@@ -10,18 +10,25 @@
 //! needs no change to decision code.
 
 pub mod codec;
+pub mod lease_args;
 pub mod memory;
 pub mod rocks;
 pub mod shared;
+mod shared_memory;
 
 use std::path::PathBuf;
 
+pub use lease_args::{
+    LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, Segments, SlotsRequest,
+    TotalRule, reports_later_arg,
+};
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
-    Cas, DefsWrite, LeaseGrant, LeaseRequest, LineGrant, LineRequest, Membership, MinuteCounts,
-    Owned, PlanRequest, Segments, Shared, SharedMemory, SlotsRequest, TotalRule, reports_later_arg,
+    Cas, Catalog, DefsWrite, LeaseCalls, Membership, MinuteCounts, Owned, OwnedRecords, Records,
+    Shared,
 };
+pub use shared_memory::SharedMemory;
 
 /// The key spaces (RocksDB column families).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
