@@ -162,6 +162,51 @@ pub enum Ending {
     Release,
 }
 
+/// Who wins a commit (docs/semantics.md §6.5, "Naming the winners"): for each
+/// campaign named, in order, the first candidate of that campaign not
+/// already chosen (a campaign listed twice in a screen can win twice). Each
+/// name gets its winner's index, or `None` when no candidate is left for
+/// it. The one rule, whatever keeps the reservation: this node's table,
+/// a shared record, another identity's record or the campaign side (`K`:
+/// campaign names or ids, as each keeps them).
+pub(crate) fn winners<K: PartialEq>(
+    candidates: &[(u32, K)],
+    named: impl IntoIterator<Item = K>,
+) -> Vec<Option<u32>> {
+    let mut chosen: Vec<u32> = Vec::new();
+    named
+        .into_iter()
+        .map(|name| {
+            let won = candidates
+                .iter()
+                .find(|(i, c)| *c == name && !chosen.contains(i))
+                .map(|(i, _)| *i);
+            chosen.extend(won);
+            won
+        })
+        .collect()
+}
+
+/// [`winners`] for a commit as a client asks it: every candidate when it
+/// names none; else each of `campaigns` (as `key` makes it) must win one,
+/// or the commit is refused naming the first that fits none (nothing is
+/// settled). The winners' indexes, in the order named.
+pub(crate) fn commit_winners<'c, K: PartialEq>(
+    candidates: &[(u32, K)],
+    campaigns: &'c [String],
+    key: impl Fn(&'c str) -> K,
+    id: &str,
+) -> Result<Vec<u32>, EngineError> {
+    if campaigns.is_empty() {
+        return Ok(candidates.iter().map(|(i, _)| *i).collect());
+    }
+    winners(candidates, campaigns.iter().map(|n| key(n)))
+        .into_iter()
+        .enumerate()
+        .map(|(n, won)| won.ok_or_else(|| super::request::not_a_winner(campaigns, n, id)))
+        .collect()
+}
+
 /// How a reservation is settled, with what a commit chose: a screen's
 /// winning candidate indexes on this node (`[u32]`), or the campaign names
 /// a commit gave, settled in a shared record (`[String]`, `shared/in_record.rs`).
@@ -647,5 +692,42 @@ impl Reservations {
         let next = t.deadlines.first().map_or(u64::MAX, |d| d.0);
         self.next_deadline.store(next, Ordering::Release);
         due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HELD: [(u32, &str); 4] = [(0, "a"), (2, "b"), (3, "a"), (5, "c")];
+
+    #[test]
+    fn each_name_wins_its_first_candidate_not_chosen() {
+        assert_eq!(winners(&HELD, ["a", "a", "c"]), [Some(0), Some(3), Some(5)]);
+        assert_eq!(winners(&HELD, ["b", "a"]), [Some(2), Some(0)]);
+        // A third "a" fits none; the names after it still win.
+        assert_eq!(
+            winners(&HELD, ["a", "a", "a", "b"]),
+            [Some(0), Some(3), None, Some(2)]
+        );
+        assert_eq!(winners(&HELD, ["z"]), [None]);
+        assert!(winners(&HELD, std::iter::empty()).is_empty());
+    }
+
+    #[test]
+    fn a_commit_naming_none_wins_all_and_a_name_fitting_none_is_refused() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            commit_winners(&HELD, &[], |n| n, "r").expect("all"),
+            [0, 2, 3, 5]
+        );
+        let two_a = names(&["a", "c", "a"]);
+        assert_eq!(
+            commit_winners(&HELD, &two_a, |n| n, "r").expect("named"),
+            [0, 5, 3]
+        );
+        let three_b = names(&["b", "b"]);
+        let e = commit_winners(&HELD, &three_b, |n| n, "r").expect_err("b once");
+        assert!(e.to_string().contains("campaign[1]"), "{e}");
     }
 }

@@ -17,9 +17,11 @@ use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
 use super::request::{
-    CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id, not_a_winner,
+    CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
 };
-use super::reservations::{Due, Ending, FirstResult, HeldCandidate, Reserved, Settle, Settlement};
+use super::reservations::{
+    Due, Ending, FirstResult, HeldCandidate, Reserved, Settle, Settlement, commit_winners,
+};
 use super::shared::{InRecord, RecordedEnd};
 use super::{Engine, EngineError};
 use crate::store::Shared;
@@ -663,15 +665,18 @@ impl<C: Clock> Engine<C> {
         let mut winners: Vec<u32> = Vec::new();
         if how.outcome == Outcome::Committed {
             let reg = self.registry();
-            for id in &how.campaigns {
-                let name = reg.campaign_by_id(*id).map(|e| e.name.clone());
-                if let Some(c) = candidates
-                    .iter()
-                    .find(|c| Some(&c.campaign) == name.as_ref() && !winners.contains(&c.index))
-                {
-                    winners.push(c.index);
-                }
-            }
+            let named: Vec<(u32, &str)> =
+                candidates.iter().map(|c| (c.index, &*c.campaign)).collect();
+            // A campaign deleted since is no one's winner.
+            let names: Vec<Arc<str>> = how
+                .campaigns
+                .iter()
+                .filter_map(|id| reg.campaign_by_id(*id).map(|e| e.name.clone()))
+                .collect();
+            winners = super::reservations::winners(&named, names.iter().map(|n| &**n))
+                .into_iter()
+                .flatten()
+                .collect();
         }
         let settlement = if how.outcome == Outcome::Committed {
             Settlement::Commit {
@@ -931,10 +936,8 @@ fn holds_campaign_side(chain: &[Arc<super::registry::CampaignEntry>]) -> bool {
     })
 }
 
-/// The candidates a commit naming `campaigns` commits: for each name, the first
-/// eligible candidate of that campaign not already chosen (a campaign listed
-/// twice in a screen can win twice); every eligible one when none is named.
-/// Returns their indexes and names, or which name fits none.
+/// The candidates a commit naming `campaigns` commits
+/// ([`super::reservations::commit_winners`]): their indexes and names.
 fn winners(
     reserved: &Reserved,
     campaigns: &[String],
@@ -943,26 +946,13 @@ fn winners(
     let Reserved::Screen { candidates, .. } = reserved else {
         return Ok((Vec::new(), Vec::new()));
     };
-    if campaigns.is_empty() {
-        return Ok(candidates
-            .iter()
-            .map(|c| (c.index, c.campaign.clone()))
-            .unzip());
-    }
-    let mut chosen = Vec::with_capacity(campaigns.len());
-    let mut names = Vec::with_capacity(campaigns.len());
-    for (i, name) in campaigns.iter().enumerate() {
-        match candidates
-            .iter()
-            .find(|c| *c.campaign == **name && !chosen.contains(&c.index))
-        {
-            Some(c) => {
-                chosen.push(c.index);
-                names.push(c.campaign.clone());
-            }
-            None => return Err(not_a_winner(campaigns, i, id)),
-        }
-    }
+    let named: Vec<(u32, &str)> = candidates.iter().map(|c| (c.index, &*c.campaign)).collect();
+    let chosen = commit_winners(&named, campaigns, |n| n, id)?;
+    let names = chosen
+        .iter()
+        .filter_map(|i| candidates.iter().find(|c| c.index == *i))
+        .map(|c| c.campaign.clone())
+        .collect();
     Ok((chosen, names))
 }
 

@@ -12,7 +12,7 @@ use crate::engine::registry::Registry;
 use crate::engine::request::CompiledInline;
 use crate::engine::request::Outcome;
 use crate::engine::request::compile_inline;
-use crate::engine::reservations::Settlement;
+use crate::engine::reservations::{Settlement, commit_winners};
 use crate::engine::{Conflict, Engine, EngineError};
 use crate::limits::adaptive::Sample;
 use crate::model::LimitDef;
@@ -383,17 +383,15 @@ pub(super) fn settle_identity_in_record(
     else {
         return;
     };
-    let mut chosen: Vec<u32> = Vec::new();
-    if let (HeldKind::Screen { candidates }, Outcome::Committed) = (&held.kind, end.outcome) {
-        for c in &end.campaigns {
-            if let Some(&(i, _)) = candidates
-                .iter()
-                .find(|(i, x)| x == c && !chosen.contains(i))
-            {
-                chosen.push(i);
-            }
+    let chosen: Vec<u32> = match (&held.kind, end.outcome) {
+        (HeldKind::Screen { candidates }, Outcome::Committed) => {
+            crate::engine::reservations::winners(candidates, end.campaigns.iter().copied())
+                .into_iter()
+                .flatten()
+                .collect()
         }
-    }
+        _ => Vec::new(),
+    };
     let compiled = held.compiled();
     for e in rec.take_pending(res, None) {
         let settling = match chosen.contains(&e.cand) {
@@ -418,18 +416,18 @@ pub(super) fn winners(
     reg: &Registry,
     id: &str,
 ) -> Result<Vec<(u32, u32, bool)>, EngineError> {
-    let mut out: Vec<(u32, u32, bool)> = candidates
+    // By id; a name no campaign has fits no candidate.
+    let by_id: Vec<(u32, Option<u32>)> = candidates.iter().map(|&(i, c)| (i, Some(c))).collect();
+    let won = commit_winners(
+        &by_id,
+        campaigns,
+        |n| reg.campaigns.get(n).map(|e| e.id),
+        id,
+    )?;
+    Ok(candidates
         .iter()
-        .map(|&(i, c)| (i, c, campaigns.is_empty()))
-        .collect();
-    for (n, name) in campaigns.iter().enumerate() {
-        let cid = reg.campaigns.get(name).map(|e| e.id);
-        match out.iter_mut().find(|(_, c, won)| Some(*c) == cid && !*won) {
-            Some(c) => c.2 = true,
-            None => return Err(crate::engine::request::not_a_winner(campaigns, n, id)),
-        }
-    }
-    Ok(out)
+        .map(|&(i, c)| (i, c, won.contains(&i)))
+        .collect())
 }
 
 impl<C: Clock> Engine<C> {
