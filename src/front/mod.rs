@@ -12,7 +12,9 @@
 //! - [`call`]: the engine calls, in memory or on a blocking thread;
 //! - [`outcome`]: the one label of a decision in `freqcap_decisions_total`;
 //! - [`report`]: a check's figures as every front reports them;
-//! - [`metrics`], [`body_budget`], [`request_id`], [`ratelimit_fields`] (the
+//! - [`metrics`] (the counters kept as requests happen) and
+//!   [`figures`](mod@figures) (what `/metrics` reads from the engine at
+//!   scrape time), [`body_budget`], [`request_id`], [`ratelimit_fields`] (the
 //!   `RateLimit` header fields HTTP, tower and RLS answer) and [`forward`]
 //!   (owner mode: requests about other nodes' users go there).
 
@@ -22,6 +24,7 @@ pub mod body_budget;
 pub mod call;
 pub mod cpu;
 pub mod error;
+pub mod figures;
 pub mod forward;
 pub mod metrics;
 pub mod outcome;
@@ -150,11 +153,11 @@ fn figures<C: Clock + 'static>(
     engine: &Engine<C>,
     allow: &[String],
     top: usize,
-) -> metrics::Figures {
+) -> figures::Figures {
     let st = &engine.stats;
     let store = engine.store().stats();
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    metrics::Figures {
+    figures::Figures {
         reservations_open: engine.open_reservations() as u64,
         reservations_expired: get(&st.expired),
         commits: get(&st.commits),
@@ -186,7 +189,7 @@ fn figures<C: Clock + 'static>(
         grant_units: engine.grants_outstanding().1,
         unreported_units: engine.unreported_units(),
         unsettled: engine.unsettled_reservations() as u64,
-        redis: engine.store().redis_stats().map(|r| metrics::RedisFigures {
+        redis: engine.store().redis_stats().map(|r| figures::RedisFigures {
             calls: get(&r.calls),
             errors: get(&r.errors),
             timeouts: get(&r.timeouts),
@@ -212,7 +215,7 @@ pub fn app_state<C: Clock + 'static>(
     let (allow, top) = (options.metrics_definitions.clone(), options.metrics_top);
     engine.set_metrics_top(top, allow.len());
     let metrics = Metrics::new(
-        metrics::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
+        figures::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,
     );
     // Room for one largest body and its head whatever was configured.

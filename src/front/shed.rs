@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn lower_classes_are_shed_first() {
         let metrics = Metrics::new(
-            super::super::metrics::EngineFigures(Box::new(Default::default)),
+            super::super::figures::EngineFigures(Box::new(Default::default)),
             &crate::server::ConnCounters::default(),
         );
         let take = |class| InFlight::take(&metrics, None, 100, class);
@@ -374,7 +374,7 @@ mod tests {
 
     fn metrics() -> Metrics {
         Metrics::new(
-            super::super::metrics::EngineFigures(Box::new(Default::default)),
+            super::super::figures::EngineFigures(Box::new(Default::default)),
             &crate::server::ConnCounters::default(),
         )
     }

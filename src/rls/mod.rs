@@ -19,8 +19,8 @@
 //!
 //! [`RulesHandle`] holds the rules in force; a reload (SIGHUP) swaps them
 //! whole, or keeps them whole when a file is bad. The rules are read at
-//! start too: a bad directory then stops `freqcap serve` (`src/service.rs`),
-//! since there are no rules in force to keep.
+//! start too: a bad directory then stops `freqcap serve`
+//! (`src/service/run.rs`), since there are no rules in force to keep.
 
 pub mod config;
 pub mod matching;
