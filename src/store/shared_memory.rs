@@ -1,6 +1,14 @@
 //! [`SharedMemory`]: the shared store's contract in one process, the Rust
-//! twin of each function of src/cluster/functions.lua, for tests of the
+//! twin of each function of src/cluster/functions.lua, owner mode's
+//! (`fc_own_v1`, `fc_cas_v2`, `fc_member_v1`) included, for tests of the
 //! engine's shared path without a Redis.
+//!
+//! Where the twin differs from Redis: a record written by compare-and-set
+//! keeps no expiry (its `expire_at` is not held: this store is for tests),
+//! and plain [`Records::cas`] numbers versions current + 1 where `fc_cas_v1`
+//! takes max(current + 1, the store's µs time); owner mode's functions take
+//! the latter, as Redis does. An owner's claim of an absent record does
+//! expire, after its `absent_ttl`, on the store's clock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,8 +109,90 @@ struct LineState {
     holders: Holders,
 }
 
-/// Records by key: (version, value).
-type Versioned = HashMap<Vec<u8>, (u64, Vec<u8>)>;
+/// One record, as the Redis hash of src/cluster/functions.lua holds it.
+#[derive(Debug, Clone, Default)]
+struct Record {
+    /// `v`: its version.
+    version: u64,
+    /// `b`: its value (`None`: an owner's claim of a user with no record
+    /// yet, `fc_own_v1`).
+    value: Option<Vec<u8>>,
+    /// `e`: the epoch of the owner that last claimed or wrote it (0: none).
+    epoch: u64,
+    /// When it goes, ms of the store's clock: an owner's claim of an absent
+    /// record, `absent_ttl` after it unless written (Redis's `PEXPIRE`).
+    expires_ms: Option<u64>,
+}
+
+impl Record {
+    /// Whether it is gone at `now_ms` (Redis: a key is expired once its time
+    /// is past).
+    fn expired(&self, now_ms: u64) -> bool {
+        self.expires_ms.is_some_and(|t| now_ms > t)
+    }
+}
+
+/// Records by key.
+type Versioned = HashMap<Vec<u8>, Record>;
+
+/// The record under `key` at `now_ms`: one whose time ran out is taken away
+/// first, as Redis expires a key.
+fn live<'a>(m: &'a mut Versioned, key: &[u8], now_ms: u64) -> Option<&'a mut Record> {
+    if m.get(key).is_some_and(|r| r.expired(now_ms)) {
+        m.remove(key);
+    }
+    m.get_mut(key)
+}
+
+/// The largest integer a Lua number (a double) holds exactly: the bound of
+/// every argument and version of src/cluster/functions.lua (`MAX_INT`).
+const MAX_INT: u64 = (1 << 53) - 1;
+
+/// `uint_arg` of src/cluster/functions.lua: `v` if a Lua function takes it,
+/// else its error.
+fn uint_arg(f: &str, name: &str, v: u64) -> Result<u64, StoreError> {
+    if v > MAX_INT {
+        return Err(StoreError::Io(format!(
+            "{f}: {name} must be a non-negative integer <= 2^53-1"
+        )));
+    }
+    Ok(v)
+}
+
+/// One member's lease in [`SharedMemory`] (`n:<node>` of `fc_member_v1`).
+#[derive(Debug, Clone)]
+struct MemberLease {
+    epoch: u64,
+    /// From when it owns users (unix ms, the store's time).
+    from_ms: u64,
+    /// When its lease ends (same clock).
+    expiry_ms: u64,
+    addr: String,
+}
+
+impl MemberLease {
+    /// As the members hash stores it: "epoch active_from_ms expiry_ms addr".
+    fn text(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.epoch, self.from_ms, self.expiry_ms, self.addr
+        )
+    }
+}
+
+/// Owner mode's members hash (`fc:{members}`, `fc_member_v1`).
+#[derive(Debug, Default)]
+struct Members {
+    /// `#epoch`: the last epoch given out (only grows).
+    last_epoch: u64,
+    /// By node name, in name order (Redis's `HGETALL` has an order of its
+    /// own; no caller depends on it).
+    by_node: std::collections::BTreeMap<String, MemberLease>,
+}
+
+/// How long after its lease ended a member is removed from the members
+/// (`fc_member_v1`: "over a minute ago").
+const MEMBER_GONE_AFTER_MS: u64 = 60_000;
 
 /// [`Shared`] in one process: several engines on one `Arc<SharedMemory>`
 /// behave as nodes on one cluster.
@@ -111,6 +201,8 @@ pub struct SharedMemory {
     /// Definitions, meta and dedupe ids, as [`MemoryStore`] keeps them.
     plain: MemoryStore,
     records: Mutex<Versioned>,
+    /// Owner mode's members (`fc_member_v1`).
+    members: Mutex<Members>,
     leases: Mutex<HashMap<Vec<u8>, Holders>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
@@ -166,7 +258,9 @@ impl SharedMemory {
     /// The bytes of every record the store holds: for tests.
     pub fn record_bytes(&self) -> usize {
         let m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        m.values().map(|(_, v)| v.len()).sum()
+        m.values()
+            .map(|r| r.value.as_ref().map_or(0, Vec::len))
+            .sum()
     }
 
     /// How many holders the store keeps, over all its leases and token
@@ -196,6 +290,44 @@ impl SharedMemory {
                 .get_or_init(std::time::Instant::now)
                 .elapsed()
                 .as_micros() as u64,
+        }
+    }
+
+    /// The members' time, unix ms: the store's clock if it has one
+    /// (`with_clock`), else the system's. Unlike the lease functions' times,
+    /// which the store only compares with each other, members' times go out
+    /// ([`Membership`]) and are read as the cluster's time, which without a
+    /// clock offset is the node's own.
+    fn unix_ms(&self) -> u64 {
+        match &self.clock {
+            Some(_) => self.now_ms(),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    /// A compare-and-set that wrote `version`: answered `Written`, or, while
+    /// `unconfirmed_writes` is above 0, as a write no replica confirmed.
+    fn written(&self, version: u64) -> Result<Cas, StoreError> {
+        let unconfirmed =
+            self.unconfirmed_writes
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if unconfirmed.is_ok() {
+            return Err(StoreError::Unavailable(
+                "the write was not confirmed by a replica in time (unconfirmed_writes)".into(),
+            ));
+        }
+        Ok(Cas::Written(version))
+    }
+
+    /// A compare-and-set that found record `rec` (`None`: absent) at
+    /// another version: its version and value, as `fc_cas_v1` answers.
+    fn conflict(&self, rec: Option<&Record>) -> Cas {
+        self.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+        Cas::Conflict {
+            version: rec.map_or(0, |r| r.version),
+            value: rec.and_then(|r| r.value.clone()),
         }
     }
 }
@@ -284,8 +416,27 @@ impl Records for SharedMemory {
         if self.fail_reads.load(Ordering::Acquire) {
             return Err(StoreError::Io("read refused: fail_reads is set".into()));
         }
-        let m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(m.get(key).cloned())
+        let now = self.now_ms();
+        let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        // An owner's claim with no value reads as absent (`HMGET v b`).
+        Ok(live(&mut m, key, now).and_then(|r| Some((r.version, r.value.clone()?))))
+    }
+
+    /// `fc_peek_v1`: `None` while the record is at `version` (0: absent),
+    /// which an owner's claim with no value is at too, else what
+    /// [`Records::read`] gives.
+    fn peek(&self, key: &[u8], version: u64) -> Result<Option<Option<(u64, Vec<u8>)>>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if self.fail_reads.load(Ordering::Acquire) {
+            return Err(StoreError::Io("read refused: fail_reads is set".into()));
+        }
+        let now = self.now_ms();
+        let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let rec = live(&mut m, key, now);
+        if rec.as_ref().map_or(0, |r| r.version) == version {
+            return Ok(None);
+        }
+        Ok(Some(rec.and_then(|r| Some((r.version, r.value.clone()?)))))
     }
 
     fn cas(
@@ -296,26 +447,19 @@ impl Records for SharedMemory {
         _expire_at: Nanos,
     ) -> Result<Cas, StoreError> {
         self.cas_calls.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
         let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = m.get(key).map_or(0, |(v, _)| *v);
+        let current = live(&mut m, key, now).map_or(0, |r| r.version);
         if current != expected {
-            self.cas_conflicts.fetch_add(1, Ordering::Relaxed);
-            return Ok(Cas::Conflict {
-                version: current,
-                value: m.get(key).map(|(_, b)| b.clone()),
-            });
+            return Ok(self.conflict(m.get(key)));
         }
-        let version = current + 1;
-        m.insert(key.to_vec(), (version, value.to_vec()));
-        let unconfirmed =
-            self.unconfirmed_writes
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if unconfirmed.is_ok() {
-            return Err(StoreError::Unavailable(
-                "the write was not confirmed by a replica in time (unconfirmed_writes)".into(),
-            ));
-        }
-        Ok(Cas::Written(version))
+        // The owner's epoch stays (`fc_cas_v1` sets `v` and `b` only); the
+        // write's expiry replaces a claim's (here: none).
+        let rec = m.entry(key.to_vec()).or_default();
+        rec.version = current + 1;
+        rec.value = Some(value.to_vec());
+        rec.expires_ms = None;
+        self.written(current + 1)
     }
 
     fn claim(&self, key: &[u8], _expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {
@@ -334,8 +478,166 @@ impl Records for SharedMemory {
     }
 }
 
-/// Owner mode: not yet here (the defaults answer `Unsupported`).
-impl OwnedRecords for SharedMemory {}
+/// Owner mode: `fc_own_v1`, `fc_cas_v2` and `fc_member_v1`
+/// (src/cluster/functions.lua) step for step, with the same replies and
+/// errors (a Lua error reply is a [`StoreError::Io`] naming the function);
+/// their tests against Redis are ops/test-functions.sh's, mirrored in this
+/// file's. Versions are Redis's: max(current + 1, the store's µs time).
+impl OwnedRecords for SharedMemory {
+    /// `fc_own_v1`: an owner's claim raises the record's epoch `e` to
+    /// `epoch` and moves its version, so no write made on an older copy
+    /// lands; one by an earlier epoch than `e` is [`Owned::Fenced`], one by
+    /// `e` itself changes nothing. An absent record is created with no value,
+    /// to go `absent_ttl` (whole ms) after the claim unless written.
+    fn own(&self, key: &[u8], epoch: u64, absent_ttl: Nanos) -> Result<Owned, StoreError> {
+        const F: &str = "fc_own_v1";
+        let epoch = uint_arg(F, "epoch", epoch)?;
+        let ttl = uint_arg(F, "absent_ttl_ms", absent_ttl / 1_000_000)?;
+        if epoch == 0 {
+            return Err(StoreError::Io(format!("{F}: epoch must be at least 1")));
+        }
+        let now_us = self.now_us();
+        let now = now_us / 1000;
+        let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let (e, current, value) =
+            live(&mut m, key, now).map_or((0, 0, None), |r| (r.epoch, r.version, r.value.clone()));
+        if e > epoch {
+            return Ok(Owned::Fenced(e));
+        }
+        if e == epoch {
+            return Ok(Owned::Claimed {
+                version: current,
+                value,
+            });
+        }
+        let version = (current + 1).max(now_us);
+        if version > MAX_INT {
+            return Err(StoreError::Io(format!("{F}: version would exceed 2^53-1")));
+        }
+        let rec = m.entry(key.to_vec()).or_default();
+        rec.version = version;
+        rec.epoch = epoch;
+        if rec.value.is_none() && ttl > 0 {
+            rec.expires_ms = Some(now.saturating_add(ttl));
+        }
+        Ok(Owned::Claimed { version, value })
+    }
+
+    /// `fc_cas_v2`: [`Cas::Fenced`] if a later owner claimed the record
+    /// (nothing written, whatever version `expected` names), else
+    /// `fc_cas_v1`, a write leaving the record's epoch at max(its, `epoch`).
+    fn cas_owned(
+        &self,
+        key: &[u8],
+        expected: u64,
+        value: &[u8],
+        _expire_at: Nanos,
+        epoch: u64,
+    ) -> Result<Cas, StoreError> {
+        let epoch = uint_arg("fc_cas_v2", "epoch", epoch)?;
+        self.cas_calls.fetch_add(1, Ordering::Relaxed);
+        let now_us = self.now_us();
+        let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = live(&mut m, key, now_us / 1000).map_or(0, |r| r.epoch);
+        if e > epoch {
+            return Ok(Cas::Fenced(e));
+        }
+        // From here on it is fc_cas_v1, which names itself in its errors.
+        const F: &str = "fc_cas_v1";
+        let expected = uint_arg(F, "expected_version", expected)?;
+        let current = m.get(key).map_or(0, |r| r.version);
+        if current != expected {
+            return Ok(self.conflict(m.get(key)));
+        }
+        let version = (current + 1).max(now_us);
+        if version > MAX_INT {
+            return Err(StoreError::Io(format!("{F}: version would exceed 2^53-1")));
+        }
+        let rec = m.entry(key.to_vec()).or_default();
+        rec.version = version;
+        rec.value = Some(value.to_vec());
+        rec.expires_ms = None;
+        rec.epoch = rec.epoch.max(epoch);
+        self.written(version)
+    }
+
+    /// `fc_member_v1`: `epoch` 0 joins with the next epoch, owning nothing
+    /// for one lease (`ttl_ms`), or until an earlier process of the same
+    /// name's lease ends if that is later; otherwise renews the lease of
+    /// that epoch to at least now + `ttl_ms` (0: ends it now), or answers
+    /// [`Membership::Gone`] if it is not this node's or ran out. Members
+    /// whose lease ended over a minute ago are removed.
+    fn member(
+        &self,
+        node: &str,
+        addr: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<Membership, StoreError> {
+        const F: &str = "fc_member_v1";
+        if node.is_empty() || node.len() > 128 || node.contains(' ') {
+            return Err(StoreError::Io(format!(
+                "{F}: node must be 1 to 128 bytes without spaces"
+            )));
+        }
+        if addr.is_empty() || addr.len() > 256 || addr.contains(' ') {
+            return Err(StoreError::Io(format!(
+                "{F}: addr must be 1 to 256 bytes without spaces"
+            )));
+        }
+        let epoch = uint_arg(F, "epoch", epoch)?;
+        let ttl = uint_arg(F, "ttl_ms", ttl_ms)?;
+        if ttl == 0 && epoch == 0 {
+            return Err(StoreError::Io(format!(
+                "{F}: ttl_ms must be at least 1 to join"
+            )));
+        }
+        let now = self.unix_ms();
+        let mut all = self.members.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = all.by_node.get(node).cloned();
+        let lease = if epoch == 0 {
+            all.last_epoch += 1;
+            let mut from_ms = now.saturating_add(ttl);
+            if let Some(c) = &current
+                && c.expiry_ms > now
+            {
+                from_ms = from_ms.max(c.expiry_ms);
+            }
+            MemberLease {
+                epoch: all.last_epoch,
+                from_ms,
+                expiry_ms: from_ms.saturating_add(ttl),
+                addr: addr.to_owned(),
+            }
+        } else {
+            let Some(c) = current.filter(|c| c.epoch == epoch && c.expiry_ms > now) else {
+                return Ok(Membership::Gone { now_ms: now });
+            };
+            let expiry_ms = match ttl {
+                0 => now,
+                _ => c.expiry_ms.max(now.saturating_add(ttl)),
+            };
+            MemberLease {
+                expiry_ms,
+                addr: addr.to_owned(),
+                ..c
+            }
+        };
+        let epoch = lease.epoch;
+        all.by_node.insert(node.to_owned(), lease);
+        all.by_node
+            .retain(|_, m| m.expiry_ms.saturating_add(MEMBER_GONE_AFTER_MS) >= now);
+        Ok(Membership::Lease {
+            epoch,
+            now_ms: now,
+            members: all
+                .by_node
+                .iter()
+                .map(|(n, m)| (n.clone(), m.text()))
+                .collect(),
+        })
+    }
+}
 
 impl LeaseCalls for SharedMemory {
     /// The arithmetic of `fc_lease_v1` (src/cluster/functions.lua), for
@@ -727,5 +1029,361 @@ impl Catalog for SharedMemory {
             }
         }
         Ok(by_activity(sums))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Owner mode's functions, as ops/test-functions.sh tests them against
+    //! Redis ("owner mode: fc_own_v1, fc_cas_v2, fc_member_v1"), on a store
+    //! whose clock the test moves.
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::{Clock, MS, ManualClock};
+
+    /// The store's time at the start: unix ns (µs on the store's clock).
+    const T0: Nanos = 1_800_000_000_000 * MS;
+    const KO: &[u8] = b"u-owned";
+    const TTL: Nanos = 60_000 * MS;
+
+    fn store() -> (SharedMemory, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(T0));
+        let c = clock.clone();
+        (SharedMemory::with_clock(move || c.now() / 1000), clock)
+    }
+
+    fn claimed(o: Owned) -> (u64, Option<Vec<u8>>) {
+        match o {
+            Owned::Claimed { version, value } => (version, value),
+            other => panic!("not claimed: {other:?}"),
+        }
+    }
+
+    fn written(c: Cas) -> u64 {
+        match c {
+            Cas::Written(v) => v,
+            other => panic!("not written: {other:?}"),
+        }
+    }
+
+    fn lease(m: Membership) -> (u64, u64, Vec<(String, String)>) {
+        match m {
+            Membership::Lease {
+                epoch,
+                now_ms,
+                members,
+            } => (epoch, now_ms, members),
+            other => panic!("no lease: {other:?}"),
+        }
+    }
+
+    /// A member's (epoch, active_from_ms, expiry_ms, addr), as
+    /// `Owners` parses it.
+    fn entry(members: &[(String, String)], node: &str) -> Option<(u64, u64, u64, String)> {
+        let (_, v) = members.iter().find(|(n, _)| n == node)?;
+        let mut p = v.splitn(4, ' ');
+        Some((
+            p.next()?.parse().ok()?,
+            p.next()?.parse().ok()?,
+            p.next()?.parse().ok()?,
+            p.next()?.to_owned(),
+        ))
+    }
+
+    fn io_error(r: Result<impl std::fmt::Debug, StoreError>) -> String {
+        match r {
+            Err(StoreError::Io(m)) => m,
+            other => panic!("not an Io error: {other:?}"),
+        }
+    }
+
+    /// "claim of an absent record: claimed, no blob": the claim has a
+    /// version and no value, reads as absent, peeks as current, and a claim
+    /// again by the same owner changes nothing.
+    #[test]
+    fn a_claim_of_an_absent_record_has_a_version_and_no_value() {
+        let (s, _) = store();
+        let (v, value) = claimed(s.own(KO, 5, TTL).unwrap());
+        assert_eq!(value, None);
+        assert!(
+            v >= T0 / 1000,
+            "a claim's version is the store's µs time: {v}"
+        );
+        assert_eq!(claimed(s.own(KO, 5, TTL).unwrap()), (v, None));
+        assert_eq!(s.read(KO).unwrap(), None);
+        assert_eq!(s.peek(KO, v).unwrap(), None, "at the claim's version");
+        assert_eq!(s.peek(KO, 0).unwrap(), Some(None), "moved, no value");
+        // A write against "absent" is refused: the claim stands.
+        assert_eq!(
+            s.cas_owned(KO, 0, b"x", 0, 5).unwrap(),
+            Cas::Conflict {
+                version: v,
+                value: None
+            }
+        );
+        assert_eq!(
+            s.cas(KO, 0, b"x", 0).unwrap(),
+            Cas::Conflict {
+                version: v,
+                value: None
+            }
+        );
+        assert_eq!(s.record_bytes(), 0);
+    }
+
+    /// The rest of the script's owner-mode cases: the owner writes, a later
+    /// owner claims and reads the value with a moved version, the deposed
+    /// owner can neither write (even at the current version) nor claim it
+    /// back, the new owner writes; epoch 0 is refused.
+    #[test]
+    fn a_later_owners_claim_fences_the_earlier_owner() {
+        let (s, clock) = store();
+        let (vo, _) = claimed(s.own(KO, 5, TTL).unwrap());
+        let vw = written(s.cas_owned(KO, vo, b"mine", 0, 5).unwrap());
+        assert!(vw > vo);
+        let (vn, value) = claimed(s.own(KO, 6, TTL).unwrap());
+        assert_eq!(value.as_deref(), Some(&b"mine"[..]));
+        assert!(vn > vw, "the claim moved the version ({vw} < {vn})");
+        assert_eq!(s.cas_owned(KO, vn, b"stale", 0, 5).unwrap(), Cas::Fenced(6));
+        assert_eq!(s.own(KO, 5, TTL).unwrap(), Owned::Fenced(6));
+        assert_eq!(s.read(KO).unwrap(), Some((vn, b"mine".to_vec())));
+        clock.advance(MS);
+        let v = written(s.cas_owned(KO, vn, b"new", 0, 6).unwrap());
+        assert!(v > vn);
+        assert_eq!(s.read(KO).unwrap(), Some((v, b"new".to_vec())));
+        assert_eq!(
+            io_error(s.own(KO, 0, TTL)),
+            "fc_own_v1: epoch must be at least 1"
+        );
+        assert_eq!(
+            io_error(s.own(KO, MAX_INT + 1, TTL)),
+            "fc_own_v1: epoch must be a non-negative integer <= 2^53-1"
+        );
+    }
+
+    /// "A write leaves `e` at max(e, epoch)": a write by a later epoch than
+    /// the claim's fences the claimer; a plain compare-and-set keeps the
+    /// epoch, and a fenced write changes nothing, counted as a call and no
+    /// conflict.
+    #[test]
+    fn a_write_raises_the_records_epoch_and_a_plain_cas_keeps_it() {
+        let (s, _) = store();
+        let (v, _) = claimed(s.own(KO, 5, TTL).unwrap());
+        let v = written(s.cas_owned(KO, v, b"a", 0, 7).unwrap());
+        assert_eq!(s.own(KO, 6, TTL).unwrap(), Owned::Fenced(7));
+        let v = written(s.cas(KO, v, b"b", 0).unwrap());
+        assert_eq!(s.own(KO, 6, TTL).unwrap(), Owned::Fenced(7));
+        assert_eq!(s.cas_owned(KO, v, b"c", 0, 6).unwrap(), Cas::Fenced(7));
+        assert_eq!(s.cas_calls.load(Ordering::Relaxed), 3);
+        assert_eq!(s.cas_conflicts.load(Ordering::Relaxed), 0);
+        assert_eq!(s.read(KO).unwrap(), Some((v, b"b".to_vec())));
+        // A stale version is a conflict, with the current record.
+        assert_eq!(
+            s.cas_owned(KO, v - 1, b"c", 0, 7).unwrap(),
+            Cas::Conflict {
+                version: v,
+                value: Some(b"b".to_vec())
+            }
+        );
+        assert_eq!(s.cas_conflicts.load(Ordering::Relaxed), 1);
+    }
+
+    /// Versions only grow across claims and writes, also on a clock that
+    /// stands still, and a claim by the record's own epoch moves nothing.
+    #[test]
+    fn versions_only_grow_across_claims() {
+        let (s, _) = store();
+        let mut last = 0;
+        let mut seen = |v: u64| {
+            assert!(v > last, "{v} after {last}");
+            last = v;
+        };
+        let (v, _) = claimed(s.own(KO, 1, TTL).unwrap());
+        seen(v);
+        let mut v = written(s.cas_owned(KO, v, b"1", 0, 1).unwrap());
+        seen(v);
+        for epoch in 2..6 {
+            let (c, value) = claimed(s.own(KO, epoch, TTL).unwrap());
+            seen(c);
+            assert!(value.is_some());
+            assert_eq!(claimed(s.own(KO, epoch, TTL).unwrap()).0, c);
+            v = written(s.cas_owned(KO, c, b"w", 0, epoch).unwrap());
+            seen(v);
+            v = written(s.cas(KO, v, b"p", 0).unwrap());
+            seen(v);
+        }
+        assert_eq!(s.read(KO).unwrap().map(|(v, _)| v), Some(v));
+    }
+
+    /// "the claim stands for a while (absent_ttl_ms)": a claim of an absent
+    /// record goes after its ttl unless written; then the owner's write
+    /// against it conflicts with "absent" and a new claim has a higher
+    /// version. A written claim, or one made with no ttl, stays.
+    #[test]
+    fn a_claim_of_an_absent_record_runs_out_unless_written() {
+        let (s, clock) = store();
+        let (v, _) = claimed(s.own(KO, 5, 1_000 * MS).unwrap());
+        clock.advance(1_000 * MS);
+        assert_eq!(s.peek(KO, v).unwrap(), None, "still there at its ttl");
+        clock.advance(MS);
+        assert_eq!(s.peek(KO, v).unwrap(), Some(None), "gone just after");
+        assert_eq!(s.read(KO).unwrap(), None);
+        assert_eq!(
+            s.cas_owned(KO, v, b"late", 0, 5).unwrap(),
+            Cas::Conflict {
+                version: 0,
+                value: None
+            }
+        );
+        // Its epoch went with it: an earlier owner may claim it now.
+        let (again, value) = claimed(s.own(KO, 4, 1_000 * MS).unwrap());
+        assert_eq!(value, None);
+        assert!(again > v);
+        // A later claim of the still-absent record sets its ttl afresh.
+        clock.advance(900 * MS);
+        let (c, _) = claimed(s.own(KO, 5, 1_000 * MS).unwrap());
+        clock.advance(900 * MS);
+        assert_eq!(
+            s.peek(KO, c).unwrap(),
+            None,
+            "the ttl counts from the later claim"
+        );
+        // Written, it stays.
+        written(s.cas_owned(KO, c, b"mine", 0, 5).unwrap());
+        clock.advance(10 * TTL);
+        assert_eq!(s.read(KO).unwrap().map(|(_, b)| b), Some(b"mine".to_vec()));
+        // A claim with no ttl stays too.
+        let (k, _) = claimed(s.own(b"u-other", 5, 0).unwrap());
+        clock.advance(10 * TTL);
+        assert_eq!(s.peek(b"u-other", k).unwrap(), None);
+    }
+
+    /// The script's `fc_member_v1` cases, and what it says without a test
+    /// there: a join gets the next epoch and owns nothing for a lease; a
+    /// renewal of that epoch holds, another's is gone; leaving ends the lease
+    /// at the call, after which a renewal is gone; a lease that ran out is
+    /// gone; a restarted process waits for its predecessor's lease; members
+    /// gone over a minute are removed; epochs only grow.
+    #[test]
+    fn members_join_renew_leave_and_run_out() {
+        let (s, clock) = store();
+        let now = || clock.now() / MS;
+        let (e1, at, members) = lease(s.member("n1", "127.0.0.1:1", 0, 2_000).unwrap());
+        assert_eq!((e1, at), (1, now()), "a join gets the first epoch");
+        assert_eq!(
+            entry(&members, "n1"),
+            Some((1, now() + 2_000, now() + 4_000, "127.0.0.1:1".into())),
+            "a member owns nothing for a lease after it joined"
+        );
+        clock.advance(500 * MS);
+        let (e, _, members) = lease(s.member("n1", "127.0.0.1:1", 1, 2_000).unwrap());
+        assert_eq!(e, 1, "a renewal of that epoch holds");
+        assert_eq!(
+            entry(&members, "n1").map(|m| (m.1, m.2)),
+            Some((T0 / MS + 2_000, T0 / MS + 4_000)),
+            "a renewal never shortens the lease, nor moves its start"
+        );
+        assert_eq!(
+            s.member("n1", "127.0.0.1:1", 7, 2_000).unwrap(),
+            Membership::Gone { now_ms: now() },
+            "a renewal of another epoch is gone: join again"
+        );
+        let (e2, _, members) = lease(s.member("n2", "127.0.0.1:2", 0, 2_000).unwrap());
+        assert_eq!(e2, 2, "a second member gets the next epoch");
+        assert_eq!(members.len(), 2);
+        assert!(entry(&members, "n2").is_some_and(|m| m.1 >= now() + 2_000));
+        clock.advance(3_000 * MS);
+        let (_, _, members) = lease(s.member("n1", "127.0.0.1:1", 1, 2_000).unwrap());
+        assert_eq!(
+            entry(&members, "n1").map(|m| m.2),
+            Some(now() + 2_000),
+            "renewed to now + ttl"
+        );
+        let (e, _, members) = lease(s.member("n1", "127.0.0.1:1", 1, 0).unwrap());
+        assert_eq!(e, 1, "n1 leaves: answered with its lease");
+        assert_eq!(
+            entry(&members, "n1").map(|m| m.2),
+            Some(now()),
+            "its lease ended at the call"
+        );
+        assert!(matches!(
+            s.member("n1", "127.0.0.1:1", 1, 2_000).unwrap(),
+            Membership::Gone { .. }
+        ));
+        // n2's lease (to join + 4 s) runs out unrenewed.
+        clock.advance(2_000 * MS);
+        assert_eq!(
+            s.member("n2", "127.0.0.1:2", 2, 2_000).unwrap(),
+            Membership::Gone { now_ms: now() }
+        );
+        // A process of n2's name restarted while a lease of n2 runs waits
+        // for it: n3 joins, then n3 restarts at once.
+        let (e3, _, members) = lease(s.member("n3", "127.0.0.1:3", 0, 2_000).unwrap());
+        assert_eq!(e3, 3);
+        let (_, _, expiry, _) = entry(&members, "n3").unwrap();
+        clock.advance(100 * MS);
+        let (e4, _, members) = lease(s.member("n3", "127.0.0.1:30", 0, 2_000).unwrap());
+        assert_eq!(e4, 4, "epochs only grow");
+        assert_eq!(
+            entry(&members, "n3"),
+            Some((4, expiry, expiry + 2_000, "127.0.0.1:30".into())),
+            "from the end of its predecessor's lease"
+        );
+        assert!(matches!(
+            s.member("n3", "127.0.0.1:3", 3, 2_000).unwrap(),
+            Membership::Gone { .. }
+        ));
+        // n1 and n2 ended; over a minute later they are removed.
+        let n2_end = T0 / MS + 500 + 4_000;
+        clock.set((n2_end + MEMBER_GONE_AFTER_MS) * MS);
+        let (_, _, members) = lease(s.member("n3", "127.0.0.1:30", 0, 2_000).unwrap());
+        assert!(
+            entry(&members, "n2").is_some(),
+            "a minute after its end: kept"
+        );
+        clock.advance(MS);
+        let (e, _, members) = lease(s.member("n5", "127.0.0.1:5", 0, 2_000).unwrap());
+        assert_eq!(e, 6);
+        let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["n3", "n5"]);
+    }
+
+    /// The arguments `fc_member_v1` refuses.
+    #[test]
+    fn members_refuse_bad_arguments() {
+        let (s, _) = store();
+        assert_eq!(
+            io_error(s.member("n4", "127.0.0.1:4", 0, 0)),
+            "fc_member_v1: ttl_ms must be at least 1 to join"
+        );
+        assert_eq!(
+            io_error(s.member("n 3", "127.0.0.1:3", 0, 2_000)),
+            "fc_member_v1: node must be 1 to 128 bytes without spaces"
+        );
+        assert_eq!(
+            io_error(s.member("", "127.0.0.1:3", 0, 2_000)),
+            "fc_member_v1: node must be 1 to 128 bytes without spaces"
+        );
+        assert_eq!(
+            io_error(s.member("n3", "", 0, 2_000)),
+            "fc_member_v1: addr must be 1 to 256 bytes without spaces"
+        );
+        assert_eq!(
+            io_error(s.member("n3", "127.0.0.1:3", 0, MAX_INT + 1)),
+            "fc_member_v1: ttl_ms must be a non-negative integer <= 2^53-1"
+        );
+        // Refused calls gave out no epoch.
+        assert_eq!(lease(s.member("n3", "a:1", 0, 2_000).unwrap()).0, 1);
+    }
+
+    /// Without a clock of its own, members' times are unix ms.
+    #[test]
+    fn members_times_are_unix_ms_without_a_clock() {
+        let s = SharedMemory::new();
+        let before = crate::clock::SystemClock::new().now() / MS;
+        let (_, now_ms, _) = lease(s.member("n1", "a:1", 0, 2_000).unwrap());
+        assert!(now_ms + 1_000 >= before && now_ms < before + 60_000);
     }
 }
