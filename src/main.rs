@@ -152,7 +152,7 @@ struct ServeArgs {
     /// With a redis-cluster store: where users' open reservations live,
     /// shared (in Redis, the default) or owner (in one owner node's memory).
     #[arg(long, env = "FREQCAP_RESERVATIONS")]
-    reservations: Option<freqcap::cluster::owners::Mode>,
+    reservations: Option<freqcap::cluster::owners::FleetMode>,
     /// Owner mode: host:port other nodes reach this node's HTTP API at
     /// (default: the listen address).
     #[arg(long, env = "FREQCAP_ADVERTISE")]

@@ -28,7 +28,7 @@ use crate::store::{Membership, Shared, StoreError};
 /// docs/cluster.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub enum FleetMode {
     /// In the user's record in Redis: any node decides on any user, each
     /// decision a compare-and-set (a screen and a commit: ~2 calls an ad).
     #[default]
@@ -39,12 +39,12 @@ pub enum Mode {
     Owner,
 }
 
-impl std::str::FromStr for Mode {
+impl std::str::FromStr for FleetMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "shared" => Ok(Mode::Shared),
-            "owner" => Ok(Mode::Owner),
+            "shared" => Ok(FleetMode::Shared),
+            "owner" => Ok(FleetMode::Owner),
             _ => Err(format!("reservations must be shared or owner, got {s:?}")),
         }
     }
@@ -297,6 +297,11 @@ impl Owners {
 
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// Where other nodes forward this node's users (its HTTP address).
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     /// The current copy of the members.

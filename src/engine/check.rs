@@ -13,13 +13,13 @@ use super::chain::Defs;
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
+use super::placement::{SeenHere, seen_in_record};
 use super::record::PendingEntry;
 use super::request::{
     CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id,
     check_ttl, compile_inline,
 };
 use super::reservations::{Answer, Begin, Claim, Reserved, footprint};
-use super::shared::{SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind};
 use crate::store::StoreError;
 

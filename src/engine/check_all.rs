@@ -267,7 +267,7 @@ impl<C: Clock> Engine<C> {
 /// (conservative: never an over-limit allow).
 const BETWEEN_STEPS: Nanos = 10_000_000_000;
 
-/// Rounds of tries (each of up to `shared::MAX_TRIES` writes) of the second
+/// Rounds of tries (each of up to `placement::MAX_TRIES` writes) of the second
 /// step on one record before the call fails (its holds then count until
 /// [`BETWEEN_STEPS`]).
 const SETTLE_ROUNDS: usize = 4;

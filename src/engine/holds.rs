@@ -1,7 +1,7 @@
 //! What a record remembers of the reservations that touched it, with a
 //! shared store (docs/cluster.md): the open ones whose debits it holds and
 //! the settled ones, until their deadlines. Plain data, a leaf of the engine:
-//! `record.rs` keeps it, `shared/` reads and writes it (and says how a
+//! `record.rs` keeps it, `placement/` reads and writes it (and says how a
 //! held reservation's definitions are found, `impl Held` there).
 
 use std::sync::Arc;
@@ -44,7 +44,7 @@ pub(crate) struct Held {
     /// The hash of the request that made it ([`super::request::body_hash`];
     /// 0 for a node-made id): a repeat under a caller's id on any node is
     /// the same reservation only with the same body. Stored after the
-    /// rest of the record (`shared/form.rs`, `SharedForm`'s `bodies`), so records written
+    /// rest of the record (`placement/form.rs`, `SharedForm`'s `bodies`), so records written
     /// before it existed still decode, and nodes that do not know it still
     /// read newer records.
     #[serde(skip)]
@@ -86,7 +86,7 @@ pub(crate) enum HeldKind {
 /// is answered as the first call was: a settled reservation's (how it
 /// settled), or a counted event's (`committed`, no campaigns, no final
 /// cost: `events.rs`), both keyed by the hash of their id. One type for
-/// both because a record encodes them in one list (`shared/form.rs`,
+/// both because a record encodes them in one list (`placement/form.rs`,
 /// `SharedForm`): a second list would change the stored layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RememberedId {

@@ -1,15 +1,13 @@
-//! The hot tier: user and policy-key records in memory, loaded from the
-//! store on a miss, and how a read may go ([`Reads`]): an async server
+//! The hot tier's words: a record's key ([`RecordKey`], in memory and on
+//! disk), how far a read may go on a miss ([`Reads`]: an async server
 //! decides on its executor what it can decide from memory, and moves only
-//! the rest to a blocking thread.
+//! the rest to a blocking thread), and how a decision stops short
+//! ([`Halt`]). Where a record is then found and decided on is
+//! `super::placement` ([`crate::engine::Engine::with_record`]).
 
-use std::sync::atomic::Ordering;
+use crate::store::StoreError;
 
-use crate::clock::{Clock, Nanos};
-use crate::store::{Space, StoreError};
-
-use super::record::SubjectRecord;
-use super::{Engine, EngineError, corrupt};
+use super::EngineError;
 
 /// How far a record lookup may go on a hot-tier miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,81 +110,5 @@ impl RecordKey {
             RecordKey::Campaign(id) => u128::from(id),
         };
         [h as u64, (h >> 64) as u64]
-    }
-}
-
-impl<C: Clock> Engine<C> {
-    /// Runs `f` on the hot-tier record `key` (a user or policy key) under its
-    /// shard's lock, loading it from the store on a miss as `reads` allows.
-    /// A record that cannot be loaded is not decided on: `f` is not called.
-    ///
-    /// `f` gets the record and the time to decide at: `now`, or on a shared
-    /// store the record's last decision if that is later (see
-    /// [`super::shared`], where `f` may run again after a conflict).
-    pub(crate) fn with_record<R>(
-        &self,
-        key: RecordKey,
-        now: Nanos,
-        reads: Reads,
-        mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
-    ) -> Result<R, Halt> {
-        if let Some(shared) = self.shared() {
-            // Every shared read and write is a network call: never on the
-            // executor (the API moves such calls to a blocking thread).
-            // Owner mode decides a screen on a user it owns and holds in
-            // memory with none (`super::shared`).
-            let memory_only = reads == Reads::MemoryOnly;
-            if memory_only && !(self.in_owner_mode() && matches!(key, RecordKey::User(_))) {
-                return Err(Halt::NotInMemory);
-            }
-            return self.with_shared_record(shared, key, now, memory_only, f);
-        }
-        let written = self.store.written_seq();
-        let load = || self.load_record(key, reads);
-        self.hot
-            .try_with(&key.hot_key(), now, &written, load, |rec| {
-                let r = f(rec, now);
-                // Until its last batch is written, the copy on disk is older: keep
-                // the record at least until then (see `SubjectRecord::write_seq`).
-                if rec.write_seq > written {
-                    rec.idle_at = rec.idle_at.max(now + 1);
-                }
-                r
-            })
-    }
-
-    /// A record read from the store (a fresh one if it has none).
-    pub(crate) fn load_record(&self, key: RecordKey, reads: Reads) -> Result<SubjectRecord, Halt> {
-        let disk = key.disk_key();
-        let read = match reads {
-            Reads::MemoryOnly => self
-                .store
-                .get_cached(Space::State, &disk)
-                .ok_or(Halt::NotInMemory)?,
-            Reads::MayWait => self.store.get(Space::State, &disk),
-        };
-        self.stats.hot_misses.fetch_add(1, Ordering::Relaxed);
-        match read? {
-            Some(v) => Ok(SubjectRecord::from_stored(&v).map_err(|m| corrupt(&disk, m))?),
-            None => Ok(SubjectRecord::default()),
-        }
-    }
-
-    /// A copy of record `key` for reading figures, from the hot tier if it is
-    /// there (kept there only if it is), else from the store.
-    pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
-        if let Some(shared) = self.shared() {
-            if let Some(r) = self.owned_figures(key) {
-                return Ok(r);
-            }
-            return self.shared_figures(shared, key);
-        }
-        if let Some(r) = self.hot.get(&key.hot_key(), SubjectRecord::figures_copy) {
-            return Ok(r);
-        }
-        match self.store.get(Space::State, &key.disk_key())? {
-            Some(v) => Ok(SubjectRecord::from_stored(&v).map_err(|m| corrupt(b"user", m))?),
-            None => Ok(SubjectRecord::default()),
-        }
     }
 }

@@ -1181,7 +1181,7 @@ impl<C: Clock> Engine<C> {
     /// answer was lost counts the units twice: fewer granted, never more).
     pub(crate) fn charge_foreign(
         &self,
-        winners: &[super::shared::ForeignWinner],
+        winners: &[super::placement::ForeignWinner],
         final_cost: Option<u64>,
     ) -> Result<(), StoreError> {
         let Some(shared) = self.shared() else {

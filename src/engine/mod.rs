@@ -58,6 +58,7 @@ mod leases;
 mod migrate;
 mod minutes;
 mod persist;
+mod placement;
 pub(crate) mod record;
 pub(crate) mod registry;
 pub(crate) mod request;
@@ -65,7 +66,6 @@ pub(crate) mod reservations;
 mod reset;
 mod screen;
 mod settle;
-mod shared;
 mod throttle;
 mod timeline;
 mod usage;
@@ -153,6 +153,22 @@ pub struct EngineOptions {
     /// its name within it, it takes its id back and its counters carry on,
     /// as an edit's do (docs/semantics.md §5.3). 0: a deletion is final.
     pub redefine_grace: Nanos,
+    /// How a fleet of nodes on a shared store keeps its users' records
+    /// (docs/cluster.md, "Owner mode"); ignored on one node's store.
+    pub fleet: Fleet,
+}
+
+/// How a fleet keeps its users' records, fixed when the engine opens
+/// ([`Engine::open`] makes it the engine's [`placement::Placement`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Fleet {
+    /// Shared mode: in the shared store, any node deciding on any user by
+    /// compare-and-set.
+    #[default]
+    Shared,
+    /// Owner mode: in the memory of the user's owner; `advertise` is where
+    /// other nodes forward this node's users (its HTTP address).
+    Owner { advertise: String },
 }
 
 /// When spend on leased campaign state is reported to the shared store
@@ -205,6 +221,7 @@ impl Default for EngineOptions {
             record_layout: crate::store::codec::SHARED_FORMAT_VERSION,
             shadow: false,
             redefine_grace: 24 * 3600 * 1_000_000_000,
+            fleet: Fleet::Shared,
         }
     }
 }
@@ -334,7 +351,7 @@ pub struct EngineStats {
     /// Calls of the lease function (grants and spend reports).
     pub lease_calls: AtomicU64,
     /// With a shared store: decisions on a record whose own time was more
-    /// than [`shared::MAX_RECORD_AHEAD`] past this node's (written by a node
+    /// than [`placement::MAX_RECORD_AHEAD`] past this node's (written by a node
     /// whose clock ran ahead), held up by that much only.
     pub record_time_capped: AtomicU64,
 }
@@ -390,9 +407,9 @@ pub struct Engine<C: Clock> {
     /// With a shared store, the records being decided (one decision at a
     /// time per record, no lock across a Redis call).
     gates: gate::Gates,
-    /// Owner mode (docs/cluster.md, "Owner mode"): who owns which user. Set
-    /// once, after the node joined the fleet.
-    owners: std::sync::OnceLock<Arc<crate::cluster::owners::Owners>>,
+    /// Where records live: this node's store, a shared store by
+    /// compare-and-set, or the owner's memory (owner mode). Fixed at open.
+    placement: placement::Placement,
     /// When the campaigns' timelines were last written (engine time).
     timelines_flushed_at: AtomicU64,
     /// With a shared store: the fleet's most active campaigns, which
@@ -473,6 +490,7 @@ impl<C: Clock> Engine<C> {
             hot.outside(),
         );
         let started = cluster_time(clock.now(), &*store);
+        let placement = placement::Placement::of(&*store, &options)?;
         Ok(Engine {
             last_now: AtomicU64::new(started),
             clock,
@@ -488,7 +506,7 @@ impl<C: Clock> Engine<C> {
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),
             gates: gate::Gates::default(),
-            owners: std::sync::OnceLock::new(),
+            placement,
             timelines_flushed_at: AtomicU64::new(0),
             fleet_top: figures::FleetTop::default(),
             hash_key,

@@ -68,7 +68,7 @@ impl<C: Clock> Engine<C> {
         let Changes { mut records, ops } = changes;
         if self.shared().is_some() {
             // A shared store's records were written by compare-and-set as
-            // they were decided (`super::shared`); campaign records hold
+            // they were decided (`super::placement`); campaign records hold
             // nothing there (their state is leased, docs/cluster.md).
             return self.store.submit(ops, ack == Ack::Durable);
         }

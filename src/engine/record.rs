@@ -135,7 +135,7 @@ pub struct PendingSet {
     spilled: usize,
     /// With a shared store only: the reservations these debits belong to
     /// and the ids settled here, which other nodes must see
-    /// (`super::shared`).
+    /// (`super::placement`).
     pub(crate) shared: Option<Box<super::holds::SharedMeta>>,
 }
 
@@ -325,9 +325,9 @@ pub struct SubjectRecord {
     pub idle_at: Nanos,
     /// Sequence number of the last store batch holding this record: until the
     /// store has written it, the copy on disk is older and the record must not
-    /// be evicted. With a shared store (`super::shared`), records are never
+    /// be evicted. With a shared store (`super::placement`), records are never
     /// queued; this is then the version of the shared copy this one equals
-    /// (`super::shared::STALE`: unknown, read it again before deciding).
+    /// (`super::placement::STALE`: unknown, read it again before deciding).
     pub write_seq: u64,
 }
 
@@ -410,7 +410,7 @@ impl SubjectRecord {
         }
     }
 
-    /// The shared-store metadata of this record (`super::shared`), if any.
+    /// The shared-store metadata of this record (`super::placement`), if any.
     pub(crate) fn shared_meta(&self) -> Option<&super::holds::SharedMeta> {
         self.pending.as_ref().and_then(|p| p.shared.as_deref())
     }

@@ -209,7 +209,7 @@ pub(crate) fn commit_winners<'c, K: PartialEq>(
 
 /// How a reservation is settled, with what a commit chose: a screen's
 /// winning candidate indexes on this node (`[u32]`), or the campaign names
-/// a commit gave, settled in a shared record (`[String]`, `shared/in_record.rs`).
+/// a commit gave, settled in a shared record (`[String]`, `placement/in_record.rs`).
 #[derive(Debug)]
 pub(crate) enum Settlement<'a, C: ?Sized> {
     /// Committed: `chosen` (for a check, empty: its debits), at the final

@@ -20,6 +20,7 @@ use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::identities::{IdCopy, missing_identity, passes_missing};
 use super::leases::{Leases, view};
+use super::placement::{SeenHere, seen_in_record};
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Registry};
 use super::request::{
@@ -27,7 +28,6 @@ use super::request::{
     check_reservation_id, check_ttl,
 };
 use super::reservations::{Answer, Begin, Claim, HeldCandidate, Reserved, footprint};
-use super::shared::{SeenHere, seen_in_record};
 use super::{Conflict, Engine, EngineError, ReservationKind, invalid};
 
 /// The retry_after of a denial by a node's exhausted grant: its next
@@ -60,7 +60,7 @@ impl<C: Clock> Engine<C> {
         // the executor; but in owner mode a user's screen is decided from
         // the owner's memory, calling nothing while its copy is there and
         // its grants last (issue 26: no blocking hop for it).
-        if self.shared().is_some() && !(self.in_owner_mode() && req.user.is_some()) {
+        if !self.placement.in_memory(req.user.is_some()) {
             return None;
         }
         // Other identities' records are read, then written, one after the

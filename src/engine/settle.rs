@@ -15,6 +15,7 @@ use super::chain::{
 };
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
+use super::placement::{InRecord, RecordedEnd};
 use super::record::SubjectRecord;
 use super::request::{
     CommitOutcome, CommitRequest, Event, Outcome, check_cost, check_reservation_id,
@@ -22,7 +23,6 @@ use super::request::{
 use super::reservations::{
     Due, Ending, FirstResult, HeldCandidate, Reserved, Settle, Settlement, commit_winners,
 };
-use super::shared::{InRecord, RecordedEnd};
 use super::{Engine, EngineError};
 use crate::store::Shared;
 
@@ -201,7 +201,7 @@ impl<C: Clock> Engine<C> {
     pub(crate) fn expire_step(&self, now: Nanos, reads: Reads) -> usize {
         // With a shared store, expiring may read records: left to the
         // sweeper and to decisions off the executor.
-        if reads == Reads::MemoryOnly && self.shared().is_some() {
+        if reads == Reads::MemoryOnly && !self.placement.in_memory(false) {
             return 0;
         }
         self.expire_up_to(now, EXPIRE_BATCH, reads)
@@ -249,7 +249,7 @@ impl<C: Clock> Engine<C> {
     fn expire_due(&self, due: Due, reads: Reads) {
         // With a shared store, a reservation's user-side debits are in its
         // record, and whichever node next touches it releases them as of the
-        // deadline (`super::shared`). Its campaign-side holds are this
+        // deadline (`super::placement`). Its campaign-side holds are this
         // node's: another node may have settled it, and the record says how.
         if let Some(shared) = self.shared()
             && let Reserved::Screen {
@@ -344,9 +344,9 @@ impl<C: Clock> Engine<C> {
         id: &str,
         req: &CommitRequest,
     ) -> Option<Result<PendingCommit<'_>, EngineError>> {
-        // With a shared store every decision calls the network: never on
-        // the executor.
-        if self.shared().is_some() {
+        // With a shared store every commit calls the network (owner mode's
+        // too: it writes what it commits): never on the executor.
+        if !self.placement.is_local() {
             return None;
         }
         if_in_memory(self.commit_with(id, req, Reads::MemoryOnly))
@@ -630,7 +630,7 @@ impl<C: Clock> Engine<C> {
     /// commits and timelines, as the node that made it would have.
     pub(crate) fn count_foreign(
         &self,
-        winners: &[super::shared::ForeignWinner],
+        winners: &[super::placement::ForeignWinner],
         final_cost: Option<u64>,
         now: Nanos,
     ) {

@@ -84,7 +84,7 @@ pub struct ServeConfig {
     /// With a redis-cluster store: where a user's open reservations live,
     /// `shared` (default: in Redis, any node decides) or `owner` (in one
     /// owner node's memory; docs/cluster.md, "Owner mode").
-    pub reservations: crate::cluster::owners::Mode,
+    pub reservations: crate::cluster::owners::FleetMode,
     /// Owner mode: the `host:port` other nodes reach this node's HTTP API
     /// at, to forward requests for the users it owns; default the listen
     /// address (which must then not be a wildcard such as 0.0.0.0).
@@ -184,7 +184,7 @@ impl Default for ServeConfig {
             redis_timeout_ms: 100,
             spend_reports: e.spend_reports,
             record_layout: e.record_layout,
-            reservations: crate::cluster::owners::Mode::Shared,
+            reservations: crate::cluster::owners::FleetMode::Shared,
             advertise: None,
             durability: Durability::Wal,
             log_format: LogFormat::Text,
@@ -233,8 +233,8 @@ impl ServeConfig {
     /// (`None` in shared mode; port 0: the port the listener got); errors
     /// name the option.
     pub fn advertised(&self) -> Result<Option<SocketAddr>, String> {
-        use crate::cluster::owners::Mode;
-        if self.reservations == Mode::Shared {
+        use crate::cluster::owners::FleetMode;
+        if self.reservations == FleetMode::Shared {
             return Ok(None);
         }
         if !self.store.starts_with("redis-cluster://") {

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use super::ServeConfig;
 use crate::api::{self, AppState};
 use crate::clock::SystemClock;
-use crate::engine::{Engine, EngineOptions};
+use crate::engine::{Engine, EngineOptions, Fleet};
 use crate::front::FrontOptions;
 use crate::rls::RulesHandle;
 use crate::server::ConnCounters;
@@ -38,15 +38,18 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
         tracing::warn!("{w}");
     }
     let node_id = node_id(&config);
+    // Bound first: in owner mode the engine opens knowing the address other
+    // nodes forward its users to, the listener's when `listen` asks for any
+    // port. Nothing is accepted before the "listening" line below.
+    let (listener, addr) = bind(&config).await?;
     let store = open_store(&config, &node_id).await?;
-    let engine = open_engine(&config, store, &node_id).await?;
+    let engine = open_engine(&config, store, &node_id, fleet(&config, addr)?).await?;
     let definitions_seen = load_definitions(&config, &engine).await?;
     let front = open_front(&config, &engine);
     watch_definitions(&config, &engine, &front.state, definitions_seen);
     let rls = open_rls(&config, &front.state)?;
     let limits = conn_limits(&config)?;
-    let (listener, addr) = bind(&config).await?;
-    let membership = join_fleet(&config, &engine, &node_id, addr).await?;
+    let membership = join_fleet(&engine).await?;
     let others = bind_other_fronts(&config).await?;
     tracing::info!(%addr, node_id, store = %config.store, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.http.max_connections, "freqcap listening on {addr}");
     let sweeper = spawn_sweeper(&engine);
@@ -108,6 +111,7 @@ async fn open_engine(
     config: &ServeConfig,
     store: Arc<dyn Store>,
     node_id: &str,
+    fleet: Fleet,
 ) -> Result<SharedEngine, String> {
     let options = EngineOptions {
         memory_budget: config.memory_budget,
@@ -122,6 +126,7 @@ async fn open_engine(
         node_id: node_id.to_owned(),
         spend_reports: config.spend_reports,
         record_layout: config.record_layout,
+        fleet,
         ..EngineOptions::default()
     };
     // Opening reads definitions, which a shared store holds over the network:
@@ -348,37 +353,32 @@ async fn bind(config: &ServeConfig) -> Result<(TcpListener, SocketAddr), String>
     Ok((listener, addr))
 }
 
+/// How the fleet keeps its users' records (`reservations`): in owner mode,
+/// with the address other nodes forward this node's users to (`addr`, the
+/// HTTP listener's, when the configured port is 0).
+fn fleet(config: &ServeConfig, addr: SocketAddr) -> Result<Fleet, String> {
+    Ok(match config.advertised()? {
+        None => Fleet::Shared,
+        Some(at) => Fleet::Owner {
+            advertise: if at.port() == 0 { addr } else { at }.to_string(),
+        },
+    })
+}
+
 /// Owner mode: joins the fleet before serving, and starts renewing the
 /// membership lease. The node owns no user until its lease is active (a
 /// lease after joining); meanwhile its requests go to the other members.
-/// `addr` is the HTTP listener's, advertised when the configured port is 0.
-async fn join_fleet(
-    config: &ServeConfig,
-    engine: &SharedEngine,
-    node_id: &str,
-    addr: SocketAddr,
-) -> Result<Option<Membership>, String> {
-    let membership = match config.advertised()? {
-        None => None,
-        Some(at) => {
-            let at = if at.port() == 0 { addr } else { at };
-            let owners = Arc::new(crate::cluster::owners::Owners::new(
-                node_id,
-                &at.to_string(),
-            ));
-            engine.set_owners(owners);
-            let e = engine.clone();
-            tokio::task::spawn_blocking(move || e.renew_membership())
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| {
-                    format!("reservations: cannot join the fleet's members in Redis: {e}")
-                })?;
-            tracing::info!(%at, "owner mode: joined the fleet; forwarded requests reach this node at {at}");
-            Some(membership_renewer(engine.clone()))
-        }
+async fn join_fleet(engine: &SharedEngine) -> Result<Option<Membership>, String> {
+    let Some(at) = engine.advertised().map(str::to_owned) else {
+        return Ok(None);
     };
-    Ok(membership)
+    let e = engine.clone();
+    tokio::task::spawn_blocking(move || e.renew_membership())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("reservations: cannot join the fleet's members in Redis: {e}"))?;
+    tracing::info!(%at, "owner mode: joined the fleet; forwarded requests reach this node at {at}");
+    Ok(Some(membership_renewer(engine.clone())))
 }
 
 /// The RESP and gRPC listeners, each `None` when that front is off.

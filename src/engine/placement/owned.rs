@@ -28,7 +28,7 @@ impl<C: Clock> Engine<C> {
     /// user now and has it in memory (holds included, which the shared
     /// copy lacks); `None` otherwise.
     pub(crate) fn owned_figures(&self, key: RecordKey) -> Option<SubjectRecord> {
-        let (owners, RecordKey::User(h)) = (self.owners.get()?, key) else {
+        let (owners, RecordKey::User(h)) = (self.owners()?, key) else {
             return None;
         };
         if !matches!(owners.owner(h, self.now()), Owner::Me { .. }) {
@@ -195,7 +195,7 @@ impl<C: Clock> Engine<C> {
     /// owning since it last did ([`Owners::drop_plan`]). Called by the
     /// periodic tick and before each decision.
     pub(crate) fn drop_unowned(&self, now: Nanos) {
-        let Some(owners) = self.owners.get() else {
+        let Some(owners) = self.owners() else {
             return;
         };
         if let Some(plan) = owners.drop_plan(now) {

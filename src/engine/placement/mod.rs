@@ -21,15 +21,16 @@
 mod cas;
 mod form;
 mod in_record;
+mod local;
 mod owned;
 
 use crate::clock::{Clock, Nanos};
 use crate::cluster::owners::{Owner, Owners};
-use crate::engine::hot::{Halt, RecordKey};
+use crate::engine::hot::{Halt, Reads, RecordKey};
 use crate::engine::record::SubjectRecord;
-use crate::engine::{Engine, EngineError, invalid};
+use crate::engine::{Engine, EngineError, EngineOptions, Fleet, invalid};
+use crate::store::Store;
 use crate::store::{Shared, StoreError};
-use std::sync::Arc;
 
 pub(crate) use in_record::{ForeignWinner, InRecord, RecordedEnd, SeenHere, seen_in_record};
 
@@ -55,12 +56,102 @@ const EXPIRY_MARGIN: Nanos = 60 * 1_000_000_000;
 /// held up by this much only, and counted (`record_time_capped`).
 pub(crate) const MAX_RECORD_AHEAD: Nanos = 1_000_000_000;
 
+/// Where an engine's records live (docs/cluster.md), fixed when it opens:
+/// the one value the engine's operations ask instead of the store's kind.
+#[derive(Debug)]
+pub(crate) enum Placement {
+    /// In this node's own store (memory or RocksDB): one node.
+    Local,
+    /// In a shared store, each decision written by compare-and-set
+    /// ([`cas`]): shared mode.
+    Shared,
+    /// A user's record in its owner's memory, its committed state in the
+    /// shared store ([`owned`]): owner mode. Policy keys' and other
+    /// identities' records stay shared.
+    Owned(Owners),
+}
+
+impl Placement {
+    /// One node's own store.
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self, Placement::Local)
+    }
+
+    /// Whether a decision on a user's record (`of_user`), or on any other
+    /// (a policy key's, a user-less reservation's), can be made on the
+    /// executor, from memory, with no call to a shared store: always on one
+    /// node (a cold record is then read from the store's cache or not at
+    /// all, [`Reads`]); in owner mode on a user's record, the owner's copy;
+    /// never on a record a shared store keeps.
+    pub(crate) fn in_memory(&self, of_user: bool) -> bool {
+        match self {
+            Placement::Local => true,
+            Placement::Shared => false,
+            Placement::Owned(_) => of_user,
+        }
+    }
+    /// The placement `options` ask for on `store`; owner mode needs a
+    /// shared store.
+    pub(crate) fn of(store: &dyn Store, options: &EngineOptions) -> Result<Placement, EngineError> {
+        match (store.shared(), &options.fleet) {
+            (None, Fleet::Shared) => Ok(Placement::Local),
+            (None, Fleet::Owner { .. }) => Err(invalid(
+                "reservations",
+                "owner mode needs a shared (redis-cluster) store",
+            )),
+            (Some(_), Fleet::Shared) => Ok(Placement::Shared),
+            (Some(_), Fleet::Owner { advertise }) => {
+                Ok(Placement::Owned(Owners::new(&options.node_id, advertise)))
+            }
+        }
+    }
+}
+
 /// The error a request gets where this node does not decide.
 fn unavailable(message: String) -> Halt {
     EngineError::Store(StoreError::Unavailable(message)).into()
 }
 
 impl<C: Clock> Engine<C> {
+    /// Runs `f` on record `key` (a user or policy key) wherever it lives
+    /// ([`Placement`]): the one place a decision learns that. A record that
+    /// cannot be loaded is not decided on: `f` is not called.
+    ///
+    /// `f` gets the record and the time to decide at: `now`, or on a shared
+    /// store the record's last decision if that is later ([`cas`], where
+    /// `f` may run again after a conflict).
+    pub(crate) fn with_record<R>(
+        &self,
+        key: RecordKey,
+        now: Nanos,
+        reads: Reads,
+        f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
+    ) -> Result<R, Halt> {
+        let Some(shared) = self.shared().filter(|_| !self.placement.is_local()) else {
+            return self.with_local_record(key, now, reads, f);
+        };
+        // Every shared read and write is a network call: never on the
+        // executor (the API moves such calls to a blocking thread). Owner
+        // mode decides a screen on a user it owns and holds in memory with
+        // none ([`owned`]).
+        let memory_only = reads == Reads::MemoryOnly;
+        if memory_only && !self.placement.in_memory(matches!(key, RecordKey::User(_))) {
+            return Err(Halt::NotInMemory);
+        }
+        self.with_shared_record(shared, key, now, memory_only, f)
+    }
+
+    /// A copy of record `key` for reading figures, wherever it lives.
+    pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
+        let Some(shared) = self.shared().filter(|_| !self.placement.is_local()) else {
+            return self.local_figures(key);
+        };
+        if let Some(r) = self.owned_figures(key) {
+            return Ok(r);
+        }
+        self.shared_figures(shared, key)
+    }
+
     /// Refuses a check a shared store cannot hold: a reservation of inline
     /// limits (no node but this one knows their items, so no other could
     /// expire it).
@@ -92,15 +183,10 @@ impl<C: Clock> Engine<C> {
         &self.options.node_id
     }
 
-    /// Owner mode: this node's membership, set once it has joined.
-    pub fn set_owners(&self, owners: Arc<Owners>) {
-        let _ = self.owners.set(owners);
-    }
-
     /// Owner mode: renews this node's lease and reads the members
     /// ([`Owners::renew`]); nothing in shared mode.
     pub fn renew_membership(&self) -> Result<(), EngineError> {
-        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+        let (Some(owners), Some(shared)) = (self.owners(), self.shared()) else {
             return Ok(());
         };
         owners.renew(shared).map_err(Into::into)
@@ -109,7 +195,7 @@ impl<C: Clock> Engine<C> {
     /// Owner mode: ends this node's membership lease now (at shutdown,
     /// after the last request); nothing in shared mode.
     pub fn leave_membership(&self) -> Result<(), EngineError> {
-        let (Some(owners), Some(shared)) = (self.owners.get(), self.shared()) else {
+        let (Some(owners), Some(shared)) = (self.owners(), self.shared()) else {
             return Ok(());
         };
         owners.leave(shared).map_err(Into::into)
@@ -117,12 +203,26 @@ impl<C: Clock> Engine<C> {
 
     /// Whether this node runs owner mode.
     pub(crate) fn in_owner_mode(&self) -> bool {
-        self.owners.get().is_some()
+        self.owners().is_some()
+    }
+
+    /// Owner mode: where other nodes forward this node's users (`None` in
+    /// any other placement).
+    pub fn advertised(&self) -> Option<&str> {
+        self.owners().map(Owners::addr)
+    }
+
+    /// Owner mode: who owns which user (`None` in any other placement).
+    pub(crate) fn owners(&self) -> Option<&Owners> {
+        match &self.placement {
+            Placement::Owned(owners) => Some(owners),
+            Placement::Local | Placement::Shared => None,
+        }
     }
 
     /// Owner mode: who decides on `user` now (`None`: not in owner mode).
     pub fn owner_of_user(&self, user: &str) -> Option<Owner> {
-        let owners = self.owners.get()?;
+        let owners = self.owners()?;
         Some(owners.owner(self.hash(b'u', 0, user), self.now()))
     }
 
@@ -130,7 +230,7 @@ impl<C: Clock> Engine<C> {
     /// owner). `None`: not in owner mode, or a malformed kind (the call
     /// itself then says what is wrong).
     pub fn owner_of_identity(&self, kind: &str, id: &str) -> Option<Owner> {
-        let owners = self.owners.get()?;
+        let owners = self.owners()?;
         let k = crate::model::identity::Kind::parse(kind).ok()?;
         Some(owners.owner(self.identity_key(k, id), self.now()))
     }
@@ -140,7 +240,7 @@ impl<C: Clock> Engine<C> {
     /// not in owner mode, or a reservation any node settles (a user-less
     /// screen's, a policy key's).
     pub fn owner_of_reservation(&self, id: &str, user: Option<&str>) -> Option<Owner> {
-        let owners = self.owners.get()?;
+        let owners = self.owners()?;
         let h = match Self::record_in_id(id) {
             Some(RecordKey::User(h)) => h,
             Some(_) => return None,

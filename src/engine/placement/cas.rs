@@ -87,7 +87,7 @@ impl<C: Clock> Engine<C> {
         memory_only: bool,
         mut f: impl FnMut(&mut SubjectRecord, Nanos) -> R,
     ) -> Result<R, Halt> {
-        if let (Some(owners), RecordKey::User(h)) = (self.owners.get(), key) {
+        if let (Some(owners), RecordKey::User(h)) = (self.owners(), key) {
             return match owners.owner(h, now) {
                 Owner::Me { epoch } => {
                     self.with_owned_record(shared, owners, key, now, epoch, memory_only, f)
