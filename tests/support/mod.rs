@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod engines;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
