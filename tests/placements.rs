@@ -12,32 +12,22 @@ use support::engines::{Fleet, KINDS, SEC, commit, screen};
 /// A scenario: its name, and what it does and checks on a fleet.
 type Scenario = (&'static str, fn(&Fleet));
 
-const SCENARIOS: &[Scenario] = &[
-    (
-        "a_user_cap_binds_at_its_limit",
-        a_user_cap_binds_at_its_limit,
-    ),
-    (
-        "released_and_expired_holds_come_back",
-        released_and_expired_holds_come_back,
-    ),
-    (
-        "a_campaign_cap_binds_across_users",
-        a_campaign_cap_binds_across_users,
-    ),
-    ("events_count_once_per_id", events_count_once_per_id),
-    (
-        "a_raised_cap_keeps_what_was_counted",
-        a_raised_cap_keeps_what_was_counted,
-    ),
-    (
-        "a_repeated_screen_is_the_same_reservation",
-        a_repeated_screen_is_the_same_reservation,
-    ),
-    (
-        "a_parent_cap_and_winners_by_name",
-        a_parent_cap_and_winners_by_name,
-    ),
+/// Each scenario with its name.
+macro_rules! scenarios {
+    ($($f:ident),* $(,)?) => { &[$((stringify!($f), $f as fn(&Fleet))),*] };
+}
+
+const SCENARIOS: &[Scenario] = scenarios![
+    a_user_cap_binds_at_its_limit,
+    released_and_expired_holds_come_back,
+    a_campaign_cap_binds_across_users,
+    events_count_once_per_id,
+    a_raised_cap_keeps_what_was_counted,
+    a_repeated_screen_is_the_same_reservation,
+    a_parent_cap_and_winners_by_name,
+    a_budget_delivers_its_amount,
+    a_household_cap_counts_its_members,
+    exclusion_labels_admit_one,
 ];
 
 #[test]
@@ -240,4 +230,76 @@ fn a_parent_cap_and_winners_by_name(f: &Fleet) {
     // The parent's 3 bind before a's own 2.
     assert!(show(f, "u1", "b"));
     assert!(!show(f, "u1", "a"), "adv: 3 of 3");
+}
+
+fn a_budget_delivers_its_amount(f: &Fleet) {
+    f.campaign(
+        "c",
+        r#"{"budget": {"amount": 6, "per": "1d", "pacing": "asap"}}"#,
+    );
+    let mut shown = 0;
+    for u in 0..12 {
+        f.tick();
+        shown += usize::from(show(f, &format!("u{u}"), "c"));
+    }
+    assert_eq!(shown, 6, "a budget of 6 over 12 users");
+    f.tick();
+    for n in &f.nodes {
+        let d = n.delivery("c").expect("delivery");
+        assert_eq!((d.spent, d.pending), (6, 0), "{}", n.node_id());
+    }
+}
+
+fn a_household_cap_counts_its_members(f: &Fleet) {
+    f.campaign(
+        "c",
+        r#"{"caps": [
+            {"name": "hh_daily", "kind": "window", "limit": 2, "window": "1d", "scope": "household"},
+            {"name": "user_daily", "kind": "window", "limit": 5, "window": "1d"}]}"#,
+    );
+    let shown = |user: &str| {
+        let mut req = screen(user, &["c"]);
+        req.ids = vec![("household".into(), "h1".into())];
+        let s = f.node(user).screen(&req).expect("screen");
+        match s.reservation {
+            Some(id) => {
+                f.node(user).commit(&id, &commit("c")).expect("commit");
+                None
+            }
+            None => s.results[0].denied_by.as_ref().map(|d| d.cap.clone()),
+        }
+    };
+    assert_eq!(shown("u1"), None);
+    assert_eq!(shown("u2"), None);
+    assert_eq!(
+        shown("u3").as_deref(),
+        Some("hh_daily"),
+        "2 a day per household"
+    );
+    let hh = f
+        .node("u1")
+        .identity_usage("household", "h1", "c")
+        .expect("usage");
+    let cap = hh
+        .iter()
+        .find(|c| c.name == "hh_daily")
+        .expect("the household cap");
+    assert_eq!((cap.used, cap.pending), (2, 0));
+}
+
+fn exclusion_labels_admit_one(f: &Fleet) {
+    f.campaign(
+        "autos",
+        r#"{"exclusion_labels": ["auto"], "max_per_screen": 1}"#,
+    );
+    f.campaign("maker-a", r#"{"parent": "autos"}"#);
+    f.campaign("rival", r#"{"exclusion_labels": ["auto"]}"#);
+    let s = f
+        .node("u1")
+        .screen(&screen("u1", &["maker-a", "rival"]))
+        .expect("screen");
+    let eligible: Vec<bool> = s.results.iter().map(|r| r.eligible).collect();
+    assert_eq!(eligible, [true, false]);
+    let d = s.results[1].denied_by.as_ref().expect("denied");
+    assert_eq!(d.cap, "exclusion:auto");
 }
