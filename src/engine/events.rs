@@ -1,17 +1,15 @@
 //! `POST /v1/events`: impressions that happened without a reservation,
 //! counted unchecked and deduplicated by event id within a horizon.
 
-use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::{Hold, Item, Kind};
+use crate::limits::{Hold, Kind};
 use crate::model::Scope;
-use crate::store::{Op, Receipt, Space, codec};
+use crate::store::{Op, Receipt};
 
 use super::chain::{Defs, Locking, guard_of, lock_chain, units};
-use super::holds::RememberedId;
 use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
@@ -19,88 +17,12 @@ use super::registry::{CampaignEntry, Registry};
 use super::request::{Event, check_cost};
 use super::{Engine, EngineError};
 
-/// Event ids claimed whose write may not be on disk yet. The ids seen
-/// within the horizon live in the store's dedupe space, each written in the
-/// same batch as the event it counts, and are looked up there when an id
-/// comes (RocksDB's bloom filters answer a new id from memory): nothing is
-/// loaded at open, and memory holds only the ids between their claim and
-/// their write, a writer queue's worth. (Kept in memory for the whole
-/// horizon, ids cost 76 bytes each of RSS — 612 MB after 30 s of unique-id
-/// batches — and a restart with 5 million of them spent 7.7 s loading them
-/// before it listened.)
-///
-/// Sharded by the id's hash, so lookups of different ids rarely wait on
-/// each other; a lookup reads the store under its shard's lock, so of two
-/// batches claiming the same id, exactly one finds it free.
-pub(crate) struct Dedupe {
-    shards: Box<[Mutex<DedupeShard>]>,
-}
-
-/// Claimed ids not yet known written: by hash, the sequence of the batch
-/// that writes it ([`UNSUBMITTED`] until submitted), and in that order.
-#[derive(Default)]
-struct DedupeShard {
-    claimed: HashMap<u128, u64>,
-    order: VecDeque<(u64, u128)>,
-}
-
-/// The batch sequence of an id claimed but not yet submitted.
-const UNSUBMITTED: u64 = u64::MAX;
-
-/// How long a shared record remembers an event id it counted, so that a
-/// retry of a write whose answer was lost does not count it again (the
-/// cluster-wide claim holds it for the whole horizon, but is given back
-/// when the count fails).
-const EVENT_RETRY_MEMORY: Nanos = 5 * 60 * 1_000_000_000;
-
 /// Which records an event is counted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sides {
     User,
     Campaign,
     Both,
-}
-
-/// An event id's key in a shared store.
-fn event_key(h: u128) -> Vec<u8> {
-    let mut k = Vec::with_capacity(17);
-    k.push(b'e');
-    k.extend_from_slice(&h.to_be_bytes());
-    k
-}
-
-/// Shards of [`Dedupe`].
-const DEDUPE_SHARDS: usize = 64;
-
-impl Dedupe {
-    pub(crate) fn new() -> Self {
-        Dedupe {
-            shards: (0..DEDUPE_SHARDS)
-                .map(|_| Mutex::new(DedupeShard::default()))
-                .collect(),
-        }
-    }
-
-    fn shard(&self, h: u128) -> std::sync::MutexGuard<'_, DedupeShard> {
-        self.shards[(h as usize) % DEDUPE_SHARDS]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl DedupeShard {
-    /// Forgets claims whose batch is written: from now on the store has them.
-    fn prune(&mut self, written: u64) {
-        while let Some(&(seq, h)) = self.order.front() {
-            if seq > written {
-                break;
-            }
-            self.order.pop_front();
-            if self.claimed.get(&h) == Some(&seq) {
-                self.claimed.remove(&h);
-            }
-        }
-    }
 }
 
 /// Events counted in memory whose writes are queued
@@ -139,6 +61,11 @@ impl PendingEvents<'_> {
     }
 }
 
+/// The ids of `new`'s events that have one.
+fn ids<'a>(new: &'a [NewEvent<'_>]) -> impl Iterator<Item = u128> + 'a {
+    new.iter().filter_map(|n| n.id)
+}
+
 /// An event of a batch that is not a duplicate: its user's hash, and its
 /// id's hash if it has an id (claimed).
 struct NewEvent<'a> {
@@ -175,7 +102,7 @@ impl<C: Clock> Engine<C> {
         // the executor.
         // Other identities' records are written one after the other
         // (`super::identities`): not from memory only.
-        if self.shared().is_some() || events.iter().any(|e| !e.ids.is_empty()) {
+        if !self.placement.is_local() || events.iter().any(|e| !e.ids.is_empty()) {
             return None;
         }
         if_in_memory(self.events_with(events, Reads::MemoryOnly))
@@ -221,7 +148,7 @@ impl<C: Clock> Engine<C> {
                 }),
                 Ok(false) => duplicates += 1,
                 Err(err) => {
-                    self.unclaim_event_ids(&new);
+                    self.unclaim_event_ids(ids(&new));
                     return Err(err);
                 }
             }
@@ -234,22 +161,19 @@ impl<C: Clock> Engine<C> {
         // kept), and reading it anew, from memory as it just was, is better
         // than stopping with half the batch applied.
         let reads = Reads::MayWait;
-        let shared = self.shared().is_some();
+        // A decision on a shared record may run again (another node wrote
+        // it meanwhile): campaign records are then counted once, after.
+        let again = self.placement.may_decide_again();
         let mut receipts = Vec::with_capacity(new.len());
         let mut already = 0;
         for (i, n) in new.iter().enumerate() {
             let Some(chain) = reg.chain(&n.event.campaign) else {
-                self.unclaim_event_ids(&new[i..=i]);
+                self.unclaim_event_ids(ids(&new[i..=i]));
                 continue;
             };
-            // A shared store claimed the id already, cluster-wide.
-            let dedupe = n.id.filter(|_| !shared).map(|h| {
-                Op::Put(
-                    Space::Dedupe,
-                    h.to_be_bytes().to_vec(),
-                    codec::frame(expiry, &[]),
-                )
-            });
+            // Remembered beside the records it counts in (one node), or
+            // claimed already, fleet-wide (a shared store).
+            let dedupe = n.id.and_then(|h| self.event_id_write(h, expiry));
             let cost = n.event.cost;
             // The other identities' records first, each in its own batch
             // that remembers the event: a retry after a crash between them
@@ -257,7 +181,7 @@ impl<C: Clock> Engine<C> {
             let idents = match self.identities("", &n.event.ids) {
                 Ok(ids) => ids,
                 Err(e) => {
-                    self.unclaim_event_ids(&new[i..]);
+                    self.unclaim_event_ids(ids(&new[i..]));
                     return Err(e.into());
                 }
             };
@@ -275,7 +199,7 @@ impl<C: Clock> Engine<C> {
                     Ok(Some(r)) => receipts.push(r),
                     Ok(None) => {}
                     Err(err) => {
-                        self.unclaim_event_ids(&new[i..]);
+                        self.unclaim_event_ids(ids(&new[i..]));
                         return Err(err);
                     }
                 }
@@ -286,15 +210,15 @@ impl<C: Clock> Engine<C> {
                         // With a shared store, the record also remembers the id
                         // for a while: a retry after a write whose answer was
                         // lost (applied or not, nobody knows) counts it once.
-                        if let Some(h) = n.id.filter(|_| shared)
-                            && !remember_event(rec, h as u64, now)
+                        if let Some(h) = n.id
+                            && !self.remember_event_in(rec, h as u64, now)
                         {
                             return (Receipt::done(0), false);
                         }
                         // With a shared store this may run again (the record
                         // moved under it): campaign records are counted once,
                         // after the user record is written.
-                        let sides = if shared { Sides::User } else { Sides::Both };
+                        let sides = if again { Sides::User } else { Sides::Both };
                         let r = self.count_event(
                             &reg,
                             chain,
@@ -307,7 +231,7 @@ impl<C: Clock> Engine<C> {
                         (r, true)
                     })
                     .map(|(r, counted)| {
-                        if shared && counted {
+                        if again && counted {
                             self.count_event(&reg, chain, None, cost, now, None, Sides::Campaign);
                         }
                         if !counted {
@@ -327,23 +251,20 @@ impl<C: Clock> Engine<C> {
                     receipts.push(r);
                 }
                 Err(err) => {
-                    self.unclaim_event_ids(&new[i..]);
+                    self.unclaim_event_ids(ids(&new[i..]));
                     return Err(err);
                 }
             }
         }
-        if shared {
-            // Leased campaign state: report the spend now if more is
-            // unreported than may be; should it fail, the next renewal
-            // reports it (counters are absolute).
-            let chains: Vec<Arc<CampaignEntry>> = new
-                .iter()
-                .filter_map(|n| reg.chain(&n.event.campaign))
-                .flat_map(|c| c.iter().cloned())
-                .collect();
-            if let Err(e) = self.report_spend(chains.iter()) {
-                tracing::debug!("spend report after events failed: {e}");
-            }
+        // Leased campaign state (a shared store): report the spend now if
+        // more is unreported than may be; should it fail, the next renewal
+        // reports it (counters are absolute).
+        let chains = new
+            .iter()
+            .filter_map(|n| reg.chain(&n.event.campaign))
+            .flat_map(|c| c.iter());
+        if let Err(e) = self.report_spend(chains) {
+            tracing::debug!("spend report after events failed: {e}");
         }
         self.stats
             .duplicate_events
@@ -384,97 +305,6 @@ impl<C: Clock> Engine<C> {
             }
         }
         Ok(())
-    }
-
-    /// Claims event id `h` unless it was seen within the horizon (`false`:
-    /// a duplicate): claimed by a batch not yet written, or in the store.
-    /// Under [`Reads::MemoryOnly`], stops where the store would have to read
-    /// the disk to tell.
-    fn claim_event_id(
-        &self,
-        h: u128,
-        event: &Event,
-        now: Nanos,
-        reads: Reads,
-    ) -> Result<bool, Halt> {
-        if let Some(shared) = self.shared() {
-            // Cluster-wide: set if absent, expiring with the horizon; a
-            // claim already there is a duplicate, whichever node made it
-            // (the claim is the count: a user-less event is counted on this
-            // node's leased campaign state, which no other node can see).
-            // The value, what the event says, is there for whoever reads
-            // Redis.
-            if reads == Reads::MemoryOnly {
-                return Err(Halt::NotInMemory);
-            }
-            let expiry = now.saturating_add(self.options.dedupe_horizon);
-            let token = self
-                .hash(
-                    b'E',
-                    0,
-                    &format!(
-                        "{}\u{0}{}\u{0}{}",
-                        event.user.as_deref().unwrap_or(""),
-                        event.campaign,
-                        event.cost
-                    ),
-                )
-                .to_be_bytes();
-            return Ok(shared.claim(&event_key(h), expiry, &token)?);
-        }
-        let mut shard = self.dedupe.shard(h);
-        // Pruned only once written, so what leaves here is in the store.
-        shard.prune(self.store.written_seq());
-        if shard.claimed.contains_key(&h) {
-            return Ok(false);
-        }
-        let key = h.to_be_bytes();
-        let stored = match reads {
-            Reads::MemoryOnly => self
-                .store
-                .get_cached(Space::Dedupe, &key)
-                .ok_or(Halt::NotInMemory)??,
-            Reads::MayWait => self.store.get(Space::Dedupe, &key)?,
-        };
-        // Compaction drops expired ids when it passes them; until then they
-        // are still read, and are past their horizon.
-        if stored
-            .and_then(|v| codec::expiry_of(&v))
-            .is_some_and(|exp| exp > now)
-        {
-            return Ok(false);
-        }
-        shard.claimed.insert(h, UNSUBMITTED);
-        Ok(true)
-    }
-
-    /// Notes the batch that writes claimed id `h`: once it is written, the
-    /// store answers for the id.
-    fn submitted_event_id(&self, h: u128, seq: u64) {
-        let mut guard = self.dedupe.shard(h);
-        let shard = &mut *guard;
-        if let Some(s) = shard.claimed.get_mut(&h) {
-            *s = seq;
-            shard.order.push_back((seq, h));
-        }
-    }
-
-    /// Gives back the claims of events that were not submitted.
-    fn unclaim_event_ids(&self, new: &[NewEvent<'_>]) {
-        if let Some(shared) = self.shared() {
-            for h in new.iter().filter_map(|n| n.id) {
-                // Best effort: a claim left behind makes a retry of an event
-                // that was not counted a duplicate (docs/cluster.md).
-                let _ = shared.unclaim(&event_key(h));
-            }
-            return;
-        }
-        for h in new.iter().filter_map(|n| n.id) {
-            let mut shard = self.dedupe.shard(h);
-            if shard.claimed.get(&h) == Some(&UNSUBMITTED) {
-                shard.claimed.remove(&h);
-            }
-        }
     }
 
     /// Debits one impression on every item of a chain, unchecked, and writes
@@ -524,13 +354,7 @@ impl<C: Clock> Engine<C> {
                 let st = rec.state_mut(e.id, t);
                 cap.item
                     .apply(st, now, units(&cap.item, cost), Hold::Immediate);
-                if cap.scope == Scope::Campaign && self.shared().is_some() {
-                    // A token line counts this node's spend itself.
-                    if let Item::Rate { .. } = cap.item {
-                        self.leases
-                            .commit_line((e.id, t, 0), units(&cap.item, cost));
-                    }
-                }
+                self.count_on_line(e, t, units(&cap.item, cost));
                 rec.touch(e.id, t, &cap.item);
             }
         }
@@ -561,15 +385,9 @@ impl<C: Clock> Engine<C> {
         id: Option<u128>,
         expiry: Nanos,
     ) -> Result<Option<Receipt>, Halt> {
-        let shared = self.shared().is_some();
         let mark = id.map(|h| self.hash_bytes(b'e', 1, &(h ^ ident.key).to_be_bytes()));
-        if !shared
-            && let Some(m) = mark
-            && self
-                .store
-                .get(Space::Dedupe, &m.to_be_bytes())?
-                .and_then(|v| codec::expiry_of(&v))
-                .is_some_and(|exp| exp > now)
+        if let Some(m) = mark
+            && self.event_id_written(m, now)?
         {
             return Ok(None);
         }
@@ -579,9 +397,8 @@ impl<C: Clock> Engine<C> {
             now,
             Reads::MayWait,
             |rec, now| {
-                if shared
-                    && let Some(m) = mark
-                    && !remember_event(rec, m as u64, now)
+                if let Some(m) = mark
+                    && !self.remember_event_in(rec, m as u64, now)
                 {
                     return None;
                 }
@@ -598,39 +415,12 @@ impl<C: Clock> Engine<C> {
                     }
                 }
                 let mut changes = Changes::new();
-                if let Some(m) = mark.filter(|_| !shared) {
-                    changes.op(Op::Put(
-                        Space::Dedupe,
-                        m.to_be_bytes().to_vec(),
-                        codec::frame(expiry, &[]),
-                    ));
+                if let Some(op) = mark.and_then(|m| self.event_id_write(m, expiry)) {
+                    changes.op(op);
                 }
                 changes.record(RecordKey::PolicyKey(ident.key), rec);
                 Some(self.persist(changes, Defs::Registry(&reg), now, Ack::Durable))
             },
         )
     }
-}
-
-/// With a shared store, has `rec` remember event `res` for a while (a
-/// retry after a write whose answer was lost, applied or not, then counts
-/// it once); `false` if it remembers it already (counted before).
-fn remember_event(rec: &mut SubjectRecord, res: u64, now: Nanos) -> bool {
-    if rec
-        .shared_meta()
-        .is_some_and(|m| m.remembered.iter().any(|s| s.res == res))
-    {
-        return false;
-    }
-    let until = now.saturating_add(EVENT_RETRY_MEMORY);
-    rec.shared_meta_mut().remembered.push(RememberedId {
-        res,
-        deadline: until,
-        committed: true,
-        campaigns: Vec::new(),
-        final_cost: None,
-        charged: false,
-    });
-    rec.idle_at = rec.idle_at.max(until);
-    true
 }

@@ -79,7 +79,7 @@ use crate::keyed::ShardedMap;
 use crate::model::DefinitionError;
 use crate::store::{Op, Space, Store, StoreError};
 
-use events::Dedupe;
+use placement::Dedupe;
 use record::SubjectRecord;
 use registry::Registry;
 use reservations::Reservations;

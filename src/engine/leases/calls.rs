@@ -276,6 +276,23 @@ impl<C: Clock> Engine<C> {
         Ok(grant)
     }
 
+    /// Counts `n` units committed on item `tag` of campaign `e` if that is
+    /// a token line this node leases (a campaign-scope rate, with a shared
+    /// store): a line's count is the node's own ([`Leases::commit_line`]).
+    /// Nothing on one node.
+    pub(crate) fn count_on_line(&self, e: &CampaignEntry, tag: u32, n: u64) {
+        if self.shared().is_none() {
+            return;
+        }
+        if let Some(i) = e.tags.iter().position(|&t| t == tag)
+            && let cap = &e.compiled.items[i]
+            && cap.scope == Scope::Campaign
+            && matches!(cap.item, Item::Rate { .. })
+        {
+            self.leases.commit_line((e.id, tag, 0), n);
+        }
+    }
+
     /// Counts the committed units of `entries` (a winner's, taken from
     /// campaign `e`'s record) on its token lines, with a shared store.
     pub(crate) fn commit_lines(
@@ -283,17 +300,8 @@ impl<C: Clock> Engine<C> {
         e: &CampaignEntry,
         entries: &[crate::engine::record::PendingEntry],
     ) {
-        if self.shared().is_none() {
-            return;
-        }
         for p in entries {
-            let Some(i) = e.tags.iter().position(|&t| t == p.tag) else {
-                continue;
-            };
-            let cap = &e.compiled.items[i];
-            if cap.scope == Scope::Campaign && matches!(cap.item, Item::Rate { .. }) {
-                self.leases.commit_line((e.id, p.tag, 0), p.n);
-            }
+            self.count_on_line(e, p.tag, p.n);
         }
     }
 

@@ -19,6 +19,7 @@
 //!   who wins a commit) and their settlement across nodes.
 
 mod cas;
+mod event_ids;
 mod form;
 mod in_record;
 mod local;
@@ -32,6 +33,7 @@ use crate::engine::{Engine, EngineError, EngineOptions, Fleet, invalid};
 use crate::store::Store;
 use crate::store::{Shared, StoreError};
 
+pub(crate) use event_ids::Dedupe;
 pub(crate) use in_record::{ForeignWinner, InRecord, RecordedEnd, SeenHere, seen_in_record};
 
 /// Tries of a decision whose write met other nodes' writes before it gives
@@ -75,6 +77,12 @@ impl Placement {
     /// One node's own store.
     pub(crate) fn is_local(&self) -> bool {
         matches!(self, Placement::Local)
+    }
+
+    /// Whether a decision on a record may run more than once: on a shared
+    /// store, when another node wrote the record meanwhile ([`cas`]).
+    pub(crate) fn may_decide_again(&self) -> bool {
+        !self.is_local()
     }
 
     /// Whether a decision on a user's record (`of_user`), or on any other
