@@ -27,10 +27,10 @@
 //! prototype; docs/cluster.md). A write whose answer is lost may have been
 //! applied; the engine then reads the record again before deciding on it.
 //!
-//! Where each part lives: [`conn`] the connection and its calls;
-//! [`records`] records by compare-and-set, and owner mode's claims, fenced
-//! writes and members; [`leases`] lease calls and the nodes' mailboxes;
-//! [`catalog`] definitions, timelines and activity (and the plain
+//! Where each part lives: `conn.rs` the connection and its calls;
+//! `records.rs` records by compare-and-set, and owner mode's claims, fenced
+//! writes and members; `leases.rs` lease calls and the nodes' mailboxes;
+//! `catalog.rs` definitions, timelines and activity (and the plain
 //! [`crate::store::Store`] side); [`owners`] who owns which user;
 //! [`time`] the cluster's clock. Each implements one of the store's feature
 //! traits ([`crate::store::shared`]).

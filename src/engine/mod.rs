@@ -4,9 +4,12 @@
 //! One operation per file:
 //! - [`check`]: `POST /v1/check`, decided against a policy or inline limits.
 //! - [`check_all`]: several keys all or nothing (Envoy's rate limit service).
+//! - [`throttle`]: `CL.THROTTLE`, redis-cell's command, on one policy key.
 //! - [`screen`]: `POST /v1/screen`, candidates over their campaign chains.
 //! - [`settle`]: commit (and late commit), release, expiry at the deadline.
 //! - [`events`]: impressions without a reservation, deduplicated by id.
+//! - [`identities`]: a request's households and devices, each its record.
+//! - [`exclusion`]: competitive exclusion within one screen.
 //! - [`erase`]: a viewer's records removed (the right to erasure).
 //! - [`definitions`]: put, get and delete of policies and campaigns; loading
 //!   them at open; deleted ones remembered for the redefinition grace.
@@ -22,15 +25,25 @@
 //! What they share:
 //! - [`request`]: request and outcome types, and the one set of validators.
 //! - [`chain`]: locking a chain's campaign records; settling pending entries.
-//! - [`hot`]: the hot tier's lookups, and how far a miss may read ([`hot::Reads`]).
+//! - [`hot`]: the hot tier's words: record keys, how far a miss may read
+//!   ([`hot::Reads`]), how a decision stops short.
+//! - [`gate`]: one decision at a time per record on a shared store.
 //! - [`persist`]: the one place records become store writes.
-//! - [`record`]: one subject's counters and pending debits, and their disk form.
+//! - [`record`]: one subject's counters and pending debits, and their disk
+//!   form; [`compact_form`], a shared record's compact layout.
+//! - [`holds`]: what a shared record remembers of its reservations.
+//! - [`minutes`]: a campaign's minutes as data.
 //! - [`registry`]: policies and campaigns, their parent chains.
-//! - [`reservations`]: open reservations, idempotent ids, deadline expiry.
-//! - [`shared`]: with a store several nodes share (docs/cluster.md), records
-//!   by compare-and-set and reservations kept in them.
-//! - [`leases`]: with such a store, this node's grants of campaign-scope
-//!   state.
+//! - [`reservations`]: open reservations, idempotent ids, deadline expiry,
+//!   and who wins a commit (`winners`, the one rule).
+//!
+//! Where a record lives, the seam ([`placement`]): the engine's
+//! `Placement`, fixed at open, is `Local` (one node), `Shared` (shared mode:
+//! records by compare-and-set, reservations kept in them) or `Owned` (owner
+//! mode: a user's record in its owner's memory, `placement/owned.rs`, where
+//! an owner-mode screen is decided and writes nothing). Operations call
+//! `with_record`; only the seam asks where the record is. [`leases`]: with a
+//! shared store, this node's grants of campaign-scope state.
 //!
 //! **Lock order.** A decision that spans records takes: the user's (or policy
 //! key's) hot-tier shard lock, then the campaign records of the chain(s) in
