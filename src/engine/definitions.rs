@@ -1,7 +1,6 @@
 //! Policies and campaigns: put, get and delete, and loading them (with the
 //! campaigns' counters) when the engine opens.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -225,80 +224,6 @@ pub(crate) fn check_shareable_campaign(
 }
 
 impl<C: Clock> Engine<C> {
-    /// A copy of the definitions to change, taken under `defs_write`: with
-    /// a shared store, read anew, so that a change another node made a
-    /// moment ago is not undone.
-    pub(crate) fn registry_to_change(&self) -> Result<Registry, EngineError> {
-        if self.shared().is_some() {
-            return Ok(load_registry(&*self.store, Some(&self.registry()))?);
-        }
-        Ok((*self.registry()).clone())
-    }
-
-    /// An id for a new definition: above every id in use, and with a shared
-    /// store one no other node hands out.
-    pub(crate) fn new_definition_id(&self, reg: &Registry) -> Result<u32, EngineError> {
-        match self.shared() {
-            Some(shared) => Ok(shared.new_id(reg.max_id)?),
-            None => Ok(reg.max_id + 1),
-        }
-    }
-
-    /// Whether the shared store answered lately (its definitions' version
-    /// was read within the last 2 s by [`Engine::cluster_tick`]); always
-    /// true on one node.
-    pub fn shared_reachable(&self) -> bool {
-        self.shared().is_none()
-            || self
-                .now()
-                .saturating_sub(self.shared_ok_at.load(Ordering::Acquire))
-                < 2_000_000_000
-    }
-
-    /// With a shared store, what the sweeper does every 250 ms: applies
-    /// definitions other nodes changed, and renews this node's grants.
-    pub fn cluster_tick(&self) -> Result<(), EngineError> {
-        if self.shared().is_none() {
-            return Ok(());
-        }
-        let r = self.refresh_definitions().map(drop);
-        if r.is_ok() {
-            self.shared_ok_at.fetch_max(self.now(), Ordering::AcqRel);
-        }
-        // Before the renewal, so that holds given up are reported with it.
-        self.read_notices();
-        self.renew_leases();
-        self.refresh_fleet_top();
-        self.drop_unowned(self.now());
-        r
-    }
-
-    /// With a shared store: applies the definitions other nodes changed, if
-    /// any changed since the last call (the sweeper calls it every 250 ms,
-    /// so a change reaches every node within a second). Returns whether it
-    /// applied a change.
-    pub fn refresh_definitions(&self) -> Result<bool, EngineError> {
-        let Some(shared) = self.shared() else {
-            return Ok(false);
-        };
-        let version = shared.definitions_version()?;
-        if version == self.defs_version.load(Ordering::Acquire) {
-            return Ok(false);
-        }
-        let _w = self
-            .defs_write
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Read after the version: a change made between the two is applied
-        // now and again at the next call, never missed.
-        // A campaign's record (this node's campaign-side state: its holds
-        // and spend under its grants) carries over, as a PUT keeps it.
-        let reg = load_registry(&*self.store, Some(&self.registry()))?;
-        self.publish(reg);
-        self.defs_version.store(version, Ordering::Release);
-        Ok(true)
-    }
-
     /// The id `name` is defined under, with the store writes that go with
     /// it (docs/semantics.md §5.3): its own id while it exists; the id of
     /// its deletion within the redefinition grace, so a delete and re-create
@@ -501,9 +426,7 @@ impl<C: Clock> Engine<C> {
             .defs_write
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if self.shared().is_some() {
-            check_shareable_campaign(&def, &compiled)?;
-        }
+        self.check_placeable_campaign(&def, &compiled)?;
         let mut reg = self.registry_to_change()?;
         if let Some(c) = reg.campaigns.get(name) {
             check_not_from_file("campaign", name, c.source.as_ref())?;

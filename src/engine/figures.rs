@@ -30,12 +30,12 @@ const FLEET_TOP_SPARE: usize = 32;
 #[derive(Default)]
 pub(crate) struct FleetTop {
     /// How many to read (0: the per-definition metrics are off).
-    wanted: AtomicUsize,
+    pub(crate) wanted: AtomicUsize,
     /// When last read (engine time).
-    at: AtomicU64,
+    pub(crate) at: AtomicU64,
     /// (campaign id, activity), the most active first; `None` before the
     /// first read.
-    top: Mutex<Option<Vec<(u32, u64)>>>,
+    pub(crate) top: Mutex<Option<Vec<(u32, u64)>>>,
 }
 
 /// One campaign's figures.
@@ -115,29 +115,6 @@ impl<C: Clock> Engine<C> {
             top + allowed + FLEET_TOP_SPARE
         };
         self.fleet_top.wanted.store(n, Relaxed);
-    }
-
-    /// With a shared store, reads the fleet's most active campaigns if the
-    /// last read is [`FLEET_TOP_EVERY`] old (the sweeper calls it). A failed
-    /// read keeps the last list.
-    pub(crate) fn refresh_fleet_top(&self) {
-        let Some(shared) = self.shared() else { return };
-        let n = self.fleet_top.wanted.load(Relaxed);
-        let now = self.now();
-        if n == 0 || now.saturating_sub(self.fleet_top.at.load(Relaxed)) < FLEET_TOP_EVERY {
-            return;
-        }
-        self.fleet_top.at.store(now, Relaxed);
-        match shared.most_active(now / (1440 * 60_000_000_000), n) {
-            Ok(top) => {
-                *self
-                    .fleet_top
-                    .top
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(top);
-            }
-            Err(e) => tracing::debug!("the fleet's most active campaigns not read: {e}"),
-        }
     }
 
     /// The figures of the definitions `allow` names, plus the `top` most

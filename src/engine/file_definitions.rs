@@ -18,9 +18,7 @@ use crate::model::campaign::CampaignDef;
 use crate::model::limit::{CompiledPolicy, PolicyDef};
 use crate::store::{DefsWrite, Op, Space, StoreError};
 
-use super::definitions::{
-    DefKind, campaign_tags, check_shareable_campaign, def_key, definition_op,
-};
+use super::definitions::{DefKind, campaign_tags, def_key, definition_op};
 use super::registry::{CampaignCounts, CampaignEntry, PolicyEntry, Registry};
 use super::request::check_def_name;
 use super::{Engine, EngineError, invalid};
@@ -94,27 +92,6 @@ impl<C: Clock> Engine<C> {
     /// process's nonce (a restarted node is a new writer).
     pub fn definitions_writer_name(&self) -> String {
         format!("{}/{:08x}", self.options.node_id, self.id_nonce)
-    }
-
-    /// With a shared store: takes the definitions-writer lock if no node
-    /// holds it, or renews it if this node does. Returns whether this node
-    /// holds it and who does (`None` on one node: it is its own writer).
-    pub fn claim_definitions_writer(&self) -> Result<Option<(bool, Option<String>)>, EngineError> {
-        let Some(shared) = self.shared() else {
-            return Ok(None);
-        };
-        let me = self.definitions_writer_name();
-        let holder = shared.definitions_writer(&me, WRITER_TTL_MS)?;
-        Ok(Some((holder.as_deref() == Some(me.as_str()), holder)))
-    }
-
-    /// Gives the definitions-writer lock up if this node holds it (at
-    /// shutdown: another node takes over at once, not in
-    /// [`WRITER_TTL_MS`]).
-    pub fn release_definitions_writer(&self) {
-        if let Some(shared) = self.shared() {
-            let _ = shared.definitions_writer(&self.definitions_writer_name(), 0);
-        }
     }
 
     /// Checks every file of `set` as [`Engine::replace_file_definitions`]
@@ -192,9 +169,8 @@ impl<C: Clock> Engine<C> {
         for f in set.campaigns {
             check_def_name("id", &f.name).map_err(|e| in_file(&f.source, e))?;
             let compiled = f.def.compile().map_err(|e| in_file(&f.source, e.into()))?;
-            if self.shared().is_some() {
-                check_shareable_campaign(&f.def, &compiled).map_err(|e| in_file(&f.source, e))?;
-            }
+            self.check_placeable_campaign(&f.def, &compiled)
+                .map_err(|e| in_file(&f.source, e))?;
             campaigns.push((f, compiled));
         }
         Ok((policies, campaigns))

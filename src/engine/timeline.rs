@@ -19,7 +19,6 @@ use std::sync::PoisonError;
 use crate::clock::{Clock, Nanos};
 use crate::limits::{Item, calendar};
 use crate::model::Scope;
-use crate::store::{Op, Space};
 
 use super::minutes::{Bucket, MINUTE, PerUser, Timeline};
 use super::record::SubjectRecord;
@@ -52,7 +51,7 @@ pub(crate) fn timeline_key(id: u32) -> Vec<u8> {
 
 /// The current period of campaign `c` at `now` and the start of the one
 /// before: its budget's, else the UTC day.
-fn periods(c: &CampaignEntry, now: Nanos) -> ((Nanos, Nanos), Nanos) {
+pub(crate) fn periods(c: &CampaignEntry, now: Nanos) -> ((Nanos, Nanos), Nanos) {
     match budget_of(c) {
         Some(b) => {
             let (start, end) = b.calendar.bounds(now);
@@ -189,33 +188,8 @@ impl<C: Clock> Engine<C> {
             });
         let mut timeline = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
         take_denials(c, &mut timeline, now);
-        let minutes = match self.shared() {
-            // The fleet's minutes, as every node answers them (this node's
-            // last unflushed counts are not in yet).
-            Some(shared) => {
-                drop(timeline);
-                shared
-                    .timeline_read(c.id, previous_start / MINUTE, now / MINUTE)?
-                    .into_iter()
-                    .map(|(m, [spend, commits, denied])| Minute {
-                        start: m * MINUTE,
-                        bucket: Bucket {
-                            spend,
-                            commits,
-                            denied,
-                        },
-                    })
-                    .collect()
-            }
-            None => timeline
-                .minutes
-                .range(previous_start / MINUTE..)
-                .map(|(m, b)| Minute {
-                    start: m * MINUTE,
-                    bucket: *b,
-                })
-                .collect(),
-        };
+        let minutes =
+            self.timeline_minutes(c.id, timeline, previous_start / MINUTE, now / MINUTE)?;
         let budget_figures = budget.map(|b| {
             let pacing = match b.pacing {
                 crate::limits::budget::Pacing::Asap => "asap",
@@ -321,85 +295,11 @@ impl<C: Clock> Engine<C> {
         let last = self
             .timelines_flushed_at
             .load(std::sync::atomic::Ordering::Relaxed);
-        let every = match self.shared() {
-            Some(_) => SHARED_FLUSH_EVERY,
-            None => FLUSH_EVERY,
-        };
-        if !force && now.saturating_sub(last) < every {
+        if !force && now.saturating_sub(last) < self.timelines_flush_every() {
             return;
         }
         self.timelines_flushed_at
             .store(now, std::sync::atomic::Ordering::Relaxed);
-        if let Some(shared) = self.shared() {
-            return flush_shared(shared, &reg, now);
-        }
-        let mut ops = Vec::new();
-        for c in reg.campaigns.values() {
-            let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            t.prune(periods(c, now).1);
-            t.pending.clear();
-            if t.dirty {
-                t.dirty = false;
-                ops.push(Op::Put(Space::State, timeline_key(c.id), t.to_stored()));
-            }
-        }
-        if !ops.is_empty() && self.shared().is_none() {
-            let _ = self.store.submit(ops, false);
-        }
-    }
-}
-
-/// Adds every campaign's counts since the last flush to the fleet's
-/// timelines, and their activity to the fleet's totals. A campaign whose
-/// write failed keeps its counts for the next flush (the write is one
-/// `MULTI`/`EXEC`: a failure applied none of it, unless its answer was
-/// lost after it applied, the one case counted twice).
-fn flush_shared(shared: &dyn crate::store::Shared, reg: &super::registry::Registry, now: Nanos) {
-    let mut activity = Vec::new();
-    for c in reg.campaigns.values() {
-        let pending = {
-            let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-            // Answered from the store: this node keeps only its new counts.
-            t.minutes.clear();
-            t.dirty = false;
-            std::mem::take(&mut t.pending)
-        };
-        if pending.is_empty() {
-            continue;
-        }
-        let minutes: Vec<crate::store::MinuteCounts> = pending
-            .iter()
-            .map(|(m, b)| (*m, [b.spend, b.commits, b.denied]))
-            .collect();
-        let ((start, end), _) = periods(c, now);
-        // Two periods: the current one and the one before it.
-        let keep_for = 2 * (end - start);
-        match shared.timeline_add(c.id, &minutes, keep_for) {
-            Ok(()) => {
-                let n: u64 = pending.values().map(|b| b.commits + b.denied).sum();
-                if n > 0 {
-                    activity.push((c.id, n));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(
-                    "timeline of {:?} not flushed, kept for the next: {e}",
-                    c.name
-                );
-                let mut t = c.timeline.lock().unwrap_or_else(PoisonError::into_inner);
-                for (m, b) in pending {
-                    let p = t.pending.entry(m).or_default();
-                    p.spend = p.spend.saturating_add(b.spend);
-                    p.commits += b.commits;
-                    p.denied += b.denied;
-                }
-            }
-        }
-    }
-    // Only ranks the campaigns /metrics exports: a lost update is not
-    // retried (every node still reads the same totals).
-    let day = now / (1440 * MINUTE);
-    if let Err(e) = shared.activity_add(day, &activity) {
-        tracing::debug!("campaign activity not added: {e}");
+        self.write_timelines(&reg, now);
     }
 }

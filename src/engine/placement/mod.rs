@@ -19,6 +19,7 @@
 //!   who wins a commit) and their settlement across nodes.
 
 mod cas;
+mod catalog;
 mod event_ids;
 mod form;
 mod in_record;
