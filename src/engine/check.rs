@@ -11,7 +11,7 @@ use crate::limits::{Hold, Item, ItemState};
 
 use super::chain::Defs;
 use super::holds::{Held, HeldKind};
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::placement::{SeenHere, seen_in_record};
 use super::record::PendingEntry;
@@ -53,10 +53,7 @@ impl<C: Clock> Engine<C> {
     pub fn check_in_memory(&self, req: &CheckRequest) -> Option<Result<CheckOutcome, EngineError>> {
         // With a shared store every decision calls the network: never on
         // the executor.
-        if self.shared().is_some() {
-            return None;
-        }
-        if_in_memory(self.check_with(req, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.check_with(req, Reads::MemoryOnly))
     }
 
     fn check_with(&self, req: &CheckRequest, reads: Reads) -> Result<CheckOutcome, Halt> {
@@ -78,27 +75,18 @@ impl<C: Clock> Engine<C> {
         } = self.target(&req.target)?;
         let key = self.hash(namespace, owner, &req.key);
         let record = RecordKey::PolicyKey(key);
-        let shared = self.shared().is_some();
-        // With a shared store, an inline check's hold keeps its limits (any
-        // node settles it): their JSON, made once per reserving check.
-        let inline = match &req.target {
-            CheckTarget::Inline(limits) if shared && req.reserve && owner == 0 => {
-                serde_json::to_vec(limits).ok().map(Arc::<[u8]>::from)
-            }
-            _ => None,
-        };
-        if shared {
-            self.check_shareable(owner, req.reserve && req.cost > 0, inline.is_some())?;
-        }
+        // With a shared store, an inline check's hold keeps its limits.
+        let inline =
+            self.inline_kept(&req.target, owner, req.reserve, req.reserve && req.cost > 0)?;
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).
         let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
         let claim = if req.reserve && req.cost > 0 {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
-                None => self.new_reservation_id(shared.then_some(record)),
+                None => self.reservation_id_in(Some(record)),
             };
-            let seq = shared.then(|| self.res_of(&id));
+            let seq = self.reservation_number(&id);
             match self.reservations.begin(&id, body, now + lifetime, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
                 Begin::Repeat(Answer::Check(a)) => return Ok(*a),
@@ -122,7 +110,8 @@ impl<C: Clock> Engine<C> {
             // The id reserved already, on another node or by this one in a
             // write whose answer was lost: answered from the record, never
             // held twice.
-            if let Some(c) = claim.as_ref().filter(|_| shared)
+            // (Only a shared record keeps reservations: on one node, none.)
+            if let Some(c) = claim.as_ref()
                 && let Some(seen) = seen_in_record(rec, c.seq)
             {
                 let id = c.id.clone();
@@ -188,20 +177,18 @@ impl<C: Clock> Engine<C> {
                     });
                 }
                 rec.idle_at = rec.idle_at.max(now + lifetime);
-                if shared {
-                    rec.shared_meta_mut().held.push(Held {
-                        res: claim.seq,
-                        deadline: now + lifetime,
-                        kind: HeldKind::Check { policy: owner },
-                        body,
-                        inline: inline.clone(),
-                        ids: Vec::new(),
-                        costs: Vec::new(),
-                        maker: 0,
-                    });
-                    if req.reservation_id.is_some() {
-                        last_held = Some(decision.clone());
-                    }
+                let kept = self.keep_hold(rec, || Held {
+                    res: claim.seq,
+                    deadline: now + lifetime,
+                    kind: HeldKind::Check { policy: owner },
+                    body,
+                    inline: inline.clone(),
+                    ids: Vec::new(),
+                    costs: Vec::new(),
+                    maker: 0,
+                });
+                if kept && req.reservation_id.is_some() {
+                    last_held = Some(decision.clone());
                 }
             } else if decision.allowed && req.cost > 0 {
                 // An immediate debit is written behind: no one waits for it.

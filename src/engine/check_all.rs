@@ -23,7 +23,7 @@ use crate::limits::{Hold, ItemState};
 
 use super::chain::{Defs, PendingEnd, Repriced, settle_entries};
 use super::holds::{Held, HeldKind};
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::record::PendingEntry;
 use super::request::{CompiledInline, check_cost};
@@ -123,11 +123,9 @@ impl<C: Clock> Engine<C> {
         &self,
         checks: &[KeyCheck],
     ) -> Option<Result<AllOutcome, EngineError>> {
-        if self.shared().is_some() {
-            // Every key is a call to the shared store.
-            return None;
-        }
-        if_in_memory(self.check_all_with(checks, Reads::MemoryOnly))
+        // With a shared store every key is a call to it: never on the
+        // executor.
+        self.in_memory_if(false, || self.check_all_with(checks, Reads::MemoryOnly))
     }
 
     fn check_all_with(&self, checks: &[KeyCheck], reads: Reads) -> Result<AllOutcome, Halt> {

@@ -10,7 +10,7 @@ use crate::model::Scope;
 use crate::store::{Op, Receipt};
 
 use super::chain::{Defs, Locking, guard_of, lock_chain, units};
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
 use super::registry::{CampaignEntry, Registry};
@@ -102,10 +102,10 @@ impl<C: Clock> Engine<C> {
         // the executor.
         // Other identities' records are written one after the other
         // (`super::identities`): not from memory only.
-        if !self.placement.is_local() || events.iter().any(|e| !e.ids.is_empty()) {
+        if events.iter().any(|e| !e.ids.is_empty()) {
             return None;
         }
-        if_in_memory(self.events_with(events, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.events_with(events, Reads::MemoryOnly))
     }
 
     fn events_with(&self, events: &[Event], reads: Reads) -> Result<PendingEvents<'_>, Halt> {

@@ -17,7 +17,7 @@ use super::chain::{
 };
 use super::exclusion::Exclusions;
 use super::holds::{Held, HeldKind};
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::identities::{IdCopy, missing_identity, passes_missing};
 use super::leases::{Leases, view};
 use super::placement::{SeenHere, seen_in_record};
@@ -60,16 +60,15 @@ impl<C: Clock> Engine<C> {
         // the executor; but in owner mode a user's screen is decided from
         // the owner's memory, calling nothing while its copy is there and
         // its grants last (issue 26: no blocking hop for it).
-        if !self.placement.in_memory(req.user.is_some()) {
-            return None;
-        }
         // Other identities' records are read, then written, one after the
         // other (`super::identities`): not from memory only, where a miss
         // half-way would leave the user's holds made.
         if !req.ids.is_empty() {
             return None;
         }
-        if_in_memory(self.screen_with(req, Reads::MemoryOnly))
+        self.in_memory_if(req.user.is_some(), || {
+            self.screen_with(req, Reads::MemoryOnly)
+        })
     }
 
     fn screen_with(&self, req: &ScreenRequest, reads: Reads) -> Result<ScreenOutcome, Halt> {
@@ -84,7 +83,9 @@ impl<C: Clock> Engine<C> {
         let reg = self.registry();
         let deadline = now + lifetime;
         let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
-        let shared = self.shared().is_some();
+        // A decision on a shared record may run again (another node wrote
+        // it meanwhile).
+        let again = self.placement.may_decide_again();
         // Copies of the other identities' records, decided with beside the
         // user's; the holds on them are made after (below).
         let copies = idents
@@ -109,9 +110,9 @@ impl<C: Clock> Engine<C> {
         let claim = if req.reserve {
             let id = match &req.reservation_id {
                 Some(id) => id.clone(),
-                None => self.new_reservation_id(user.filter(|_| shared).map(RecordKey::User)),
+                None => self.reservation_id_in(user.map(RecordKey::User)),
             };
-            let seq = shared.then(|| self.res_of(&id));
+            let seq = self.reservation_number(&id);
             match self.reservations.begin(&id, body, deadline, seq) {
                 Begin::New { seq } => Some(Claim { id, seq }),
                 Begin::Repeat(Answer::Screen(a)) => return Ok(a),
@@ -134,22 +135,20 @@ impl<C: Clock> Engine<C> {
         });
         // Leased campaign state (a shared store): grants are refreshed
         // before any lock is taken, so a decision never waits on one.
-        let leases = if shared {
-            for cand in &req.candidates {
-                if let Some(chain) = reg.chain(&cand.campaign)
-                    && !self.prepare_leases(chain, cand.cost.unwrap_or(1), now, reads)
-                {
-                    // A grant needs a refresh (a Redis call): not on the
-                    // executor. Nothing was held yet.
-                    if let Some(c) = &claim {
-                        self.reservations.abandon(&c.id);
-                    }
-                    return Err(Halt::NotInMemory);
+        let chains = req.candidates.iter().filter_map(|cand| {
+            let chain = reg.chain(&cand.campaign)?;
+            Some((&chain[..], cand.cost.unwrap_or(1)))
+        });
+        let leases = match self.leases_for(chains, now, reads) {
+            Ok(l) => l,
+            // A grant needs a refresh (a Redis call): not on the executor.
+            // Nothing was held yet.
+            Err(h) => {
+                if let Some(c) = &claim {
+                    self.reservations.abandon(&c.id);
                 }
+                return Err(h);
             }
-            Some(&self.leases)
-        } else {
-            None
         };
         let shadow_all = self.options.shadow;
         let run = |user_rec: Option<&mut SubjectRecord>, now: Nanos| {
@@ -163,8 +162,8 @@ impl<C: Clock> Engine<C> {
         // reservation, so any node settles it: docs/cluster.md).
         let record = match (user, reserving) {
             (Some(k), _) => Some((RecordKey::User(k), true)),
-            (None, Some(r)) if shared => Some((self.userless_record(r.seq), false)),
-            (None, _) => None,
+            (None, Some(r)) => self.userless_record_of(r.seq).map(|k| (k, false)),
+            (None, None) => None,
         };
         // With a shared store, the last decision that held something: if
         // its write's answer is lost (it may have been applied), the
@@ -175,7 +174,7 @@ impl<C: Clock> Engine<C> {
                 // A shared store may run this again (the record moved under
                 // it): what an earlier run held campaign-side goes back
                 // first, so a reservation holds once.
-                if shared && let Some(r) = reserving {
+                if again && let Some(r) = reserving {
                     undo_campaign_holds(&reg, req, r.seq, now);
                     last_held = None;
                     // The id reserved already, on another node or by this
@@ -200,9 +199,9 @@ impl<C: Clock> Engine<C> {
                     }
                 }
                 let (results, held) = run(of_user.then_some(&mut *rec), now);
-                if shared && let Some(r) = reserving.filter(|_| !held.is_empty()) {
+                if let Some(r) = reserving.filter(|_| !held.is_empty())
                     // Other nodes must know what the debits belong to.
-                    rec.shared_meta_mut().held.push(Held {
+                    && self.keep_hold(rec, || Held {
                         res: r.seq,
                         deadline: r.deadline,
                         kind: HeldKind::Screen {
@@ -225,7 +224,8 @@ impl<C: Clock> Engine<C> {
                             Some(_) => self.id_nonce,
                             None => 0,
                         },
-                    });
+                    })
+                {
                     // Kept until its deadline, and its settled id a grace
                     // after. A user record whose screen held campaign-side
                     // only (a budget, no user cap) had no debit to keep it:
@@ -333,10 +333,9 @@ impl<C: Clock> Engine<C> {
             }
             Err(e) => {
                 if let Some(c) = &claim {
-                    if shared {
-                        // The user record was not written: nothing is held.
-                        undo_campaign_holds(&reg, req, c.seq, now);
-                    }
+                    // The record was not written: nothing is held (on one
+                    // node the decision never ran: nothing to give back).
+                    undo_campaign_holds(&reg, req, c.seq, now);
                     self.reservations.abandon(&c.id);
                 }
                 return Err(e);

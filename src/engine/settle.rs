@@ -13,7 +13,7 @@ use crate::store::Receipt;
 use super::chain::{
     Defs, Locking, PendingEnd, Repriced, guard_of, lock_chain, lock_entries, settle_entries,
 };
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::placement::{InRecord, RecordedEnd};
 use super::record::SubjectRecord;
@@ -346,10 +346,7 @@ impl<C: Clock> Engine<C> {
     ) -> Option<Result<PendingCommit<'_>, EngineError>> {
         // With a shared store every commit calls the network (owner mode's
         // too: it writes what it commits): never on the executor.
-        if !self.placement.is_local() {
-            return None;
-        }
-        if_in_memory(self.commit_with(id, req, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.commit_with(id, req, Reads::MemoryOnly))
     }
 
     fn commit_with(

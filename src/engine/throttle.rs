@@ -19,7 +19,7 @@ use crate::limits::cell::{CellAnswer, CellError, CellRate, CellTat};
 use crate::limits::rate::{RateForm, RateState};
 
 use super::chain::Defs;
-use super::hot::{Halt, Reads, RecordKey, if_in_memory, waited};
+use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::record::{Counter, SubjectRecord};
 use super::{Engine, EngineError};
@@ -100,10 +100,7 @@ impl<C: Clock> Engine<C> {
         &self,
         req: &ThrottleRequest<'_>,
     ) -> Option<Result<Throttled, EngineError>> {
-        if self.shared().is_some() {
-            return None;
-        }
-        if_in_memory(self.throttle_with(req, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.throttle_with(req, Reads::MemoryOnly))
     }
 
     fn throttle_with(&self, req: &ThrottleRequest<'_>, reads: Reads) -> Result<Throttled, Halt> {

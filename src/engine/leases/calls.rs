@@ -19,6 +19,7 @@ use crate::engine::request::MAX_TTL_MS;
 use crate::engine::{Engine, SpendReports};
 
 use super::*;
+use crate::engine::hot::Halt;
 
 impl<C: Clock> Engine<C> {
     /// This node's name in leases: its id and its process's nonce, so a
@@ -398,6 +399,28 @@ impl<C: Clock> Engine<C> {
             g.rate_mark = (now, used);
         }
         recent.max(n).max(1).min((v.total / 4).max(n).max(1))
+    }
+
+    /// The grants a decision on `chains` (each with its cost) is made
+    /// against, each made ready first ([`Engine::prepare_leases`]): `None`
+    /// on one node, where campaign records decide alone.
+    /// [`Halt::NotInMemory`] if a grant needs a refresh (a call to the
+    /// store) and `reads` is memory-only: nothing was held yet.
+    pub(crate) fn leases_for<'c>(
+        &self,
+        chains: impl IntoIterator<Item = (&'c [Arc<CampaignEntry>], u64)>,
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<Option<&Leases>, Halt> {
+        if self.shared().is_none() {
+            return Ok(None);
+        }
+        for (chain, cost) in chains {
+            if !self.prepare_leases(chain, cost, now, reads) {
+                return Err(Halt::NotInMemory);
+            }
+        }
+        Ok(Some(&self.leases))
     }
 
     /// Before a decision, outside every lock: makes sure each leased item of

@@ -9,9 +9,9 @@ use crate::engine::holds::{Held, HeldKind, RememberedId};
 use crate::engine::hot::RecordKey;
 use crate::engine::record::SubjectRecord;
 use crate::engine::registry::Registry;
-use crate::engine::request::CompiledInline;
 use crate::engine::request::Outcome;
 use crate::engine::request::compile_inline;
+use crate::engine::request::{CheckTarget, CompiledInline};
 use crate::engine::reservations::{Settlement, commit_winners};
 use crate::engine::{Conflict, Engine, EngineError};
 use crate::limits::adaptive::Sample;
@@ -431,6 +431,51 @@ pub(super) fn winners(
 }
 
 impl<C: Clock> Engine<C> {
+    /// Where records keep reservations (a shared store), has `rec` keep the
+    /// hold `held` makes, so that any node settles or expires its debits
+    /// (in owner mode the owner's copy keeps it, and the stored form leaves
+    /// it out: [`super::form`]); `true` if kept. One node keeps it in its
+    /// reservation table alone: nothing here.
+    pub(crate) fn keep_hold(&self, rec: &mut SubjectRecord, held: impl FnOnce() -> Held) -> bool {
+        if self.placement.is_local() {
+            return false;
+        }
+        rec.shared_meta_mut().held.push(held());
+        true
+    }
+
+    /// The record a user-less screen's reservation `seq` is kept in where
+    /// records keep reservations (a shared store: its own, so that any node
+    /// settles it); `None` on one node.
+    pub(crate) fn userless_record_of(&self, seq: u64) -> Option<RecordKey> {
+        (!self.placement.is_local()).then(|| self.userless_record(seq))
+    }
+
+    /// The limits an inline check's hold keeps where records keep
+    /// reservations (`reserve`: any node settles it, and only the record
+    /// knows its items): their JSON, made once per reserving check. Refuses
+    /// a check a shared store cannot hold (`reserving`: it would hold
+    /// something; [`Engine::check_shareable`]). `None` on one node.
+    pub(crate) fn inline_kept(
+        &self,
+        target: &CheckTarget,
+        owner: u32,
+        reserve: bool,
+        reserving: bool,
+    ) -> Result<Option<Arc<[u8]>>, EngineError> {
+        if self.placement.is_local() {
+            return Ok(None);
+        }
+        let inline = match target {
+            CheckTarget::Inline(limits) if reserve && owner == 0 => {
+                serde_json::to_vec(limits).ok().map(Arc::<[u8]>::from)
+            }
+            _ => None,
+        };
+        self.check_shareable(owner, reserving, inline.is_some())?;
+        Ok(inline)
+    }
+
     /// Takes the notices other nodes left this one ([`Notice`]) and gives
     /// up the holds of the reservations they committed, at once rather than
     /// at their deadline. A few hundred a sweep at most (the rest wait for

@@ -150,6 +150,36 @@ impl<C: Clock> Engine<C> {
         self.with_shared_record(shared, key, now, memory_only, f)
     }
 
+    /// `f`, a decision from memory on the executor (`Reads::MemoryOnly`),
+    /// if this placement can make it there: on a user's record (`of_user`)
+    /// or any other ([`Placement::in_memory`]). `None`, having changed
+    /// nothing, where it cannot, or where `f` found a record on disk only:
+    /// the caller then decides on a blocking thread.
+    pub(crate) fn in_memory_if<T>(
+        &self,
+        of_user: bool,
+        f: impl FnOnce() -> Result<T, Halt>,
+    ) -> Option<Result<T, EngineError>> {
+        if !self.placement.in_memory(of_user) {
+            return None;
+        }
+        crate::engine::hot::if_in_memory(f())
+    }
+
+    /// A new reservation id, naming the record that keeps the reservation
+    /// where other nodes must find it (a shared store); on one node `record`
+    /// is not named ([`Engine::new_reservation_id`]).
+    pub(crate) fn reservation_id_in(&self, record: Option<RecordKey>) -> String {
+        self.new_reservation_id(record.filter(|_| !self.placement.is_local()))
+    }
+
+    /// The number a record keeps reservation `id` under where records keep
+    /// reservations (a shared store: the id's hash, the same on every
+    /// node); `None` on one node, whose table numbers it.
+    pub(crate) fn reservation_number(&self, id: &str) -> Option<u64> {
+        (!self.placement.is_local()).then(|| self.res_of(id))
+    }
+
     /// A copy of record `key` for reading figures, wherever it lives.
     pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
         let Some(shared) = self.shared().filter(|_| !self.placement.is_local()) else {
