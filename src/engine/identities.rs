@@ -156,21 +156,6 @@ impl<C: Clock> Engine<C> {
         Ok(ids.into_iter().filter(|i| used(i.kind)).collect())
     }
 
-    /// A copy of identity record `key` to decide with, as `reads` allows.
-    pub(crate) fn identity_copy(&self, key: u128, reads: Reads) -> Result<SubjectRecord, Halt> {
-        let key = RecordKey::PolicyKey(key);
-        if self.shared().is_some() {
-            if reads == Reads::MemoryOnly {
-                return Err(Halt::NotInMemory);
-            }
-            return Ok(self.record_figures(key)?);
-        }
-        if let Some(r) = self.hot.get(&key.hot_key(), SubjectRecord::figures_copy) {
-            return Ok(r);
-        }
-        self.load_record(key, reads)
-    }
-
     /// Holds, on identity `ident`'s record, what its caps charge each of
     /// `held` (reservation `seq`), in order, skipping those in `dropped`
     /// and those holding nothing (`idle`: shadow-mode denials). A candidate
@@ -188,7 +173,6 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         reads: Reads,
     ) -> Result<bool, Halt> {
-        let shared = self.shared().is_some();
         let before = dropped.len();
         let out = self.with_record(RecordKey::PolicyKey(ident.key), now, reads, |rec, now| {
             // A shared store may run this again on a fresh copy.
@@ -241,21 +225,19 @@ impl<C: Clock> Engine<C> {
                 return false;
             }
             rec.idle_at = rec.idle_at.max(deadline);
-            if shared {
-                // Any node expires it at its deadline, as a user record's.
-                rec.shared_meta_mut().held.push(Held {
-                    res: seq,
-                    deadline,
-                    kind: HeldKind::Screen {
-                        candidates: confirmed,
-                    },
-                    body,
-                    inline: None,
-                    ids: Vec::new(),
-                    costs: Vec::new(),
-                    maker: 0,
-                });
-            }
+            // Any node expires it at its deadline, as a user record's.
+            self.keep_hold(rec, || Held {
+                res: seq,
+                deadline,
+                kind: HeldKind::Screen {
+                    candidates: confirmed,
+                },
+                body,
+                inline: None,
+                ids: Vec::new(),
+                costs: Vec::new(),
+                maker: 0,
+            });
             true
         });
         if out.is_err() {
@@ -354,7 +336,6 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         reads: Reads,
     ) {
-        let shared = self.shared().is_some();
         for key in records {
             let r = self.with_record(*key, now, reads, |rec, now| {
                 for c in dropped {
@@ -368,9 +349,7 @@ impl<C: Clock> Engine<C> {
                         None,
                     );
                 }
-                if shared {
-                    forget_candidates(rec, seq, dropped);
-                }
+                self.forget_candidates(rec, seq, dropped);
             });
             if let Err(e) = r {
                 tracing::debug!("a dropped candidate's holds wait for their deadline: {e:?}");
@@ -412,15 +391,11 @@ impl<C: Clock> Engine<C> {
             Settlement::Commit { chosen, final_cost } => (chosen, final_cost),
             Settlement::Release => (&[][..], None),
         };
-        let shared = self.shared().is_some();
         let now = self.now();
         let record = RecordKey::PolicyKey(key);
         let r = self.with_record(record, now, reads, |rec, now| {
             let mine = rec.take_pending(seq, None);
-            if shared {
-                rec.shared_meta_mut().held.retain(|h| h.res != seq);
-                rec.drop_empty_shared_meta();
-            }
+            self.forget_hold(rec, seq);
             if mine.is_empty() {
                 return None;
             }
@@ -490,18 +465,4 @@ fn probe_kind(
         }
     }
     None
-}
-
-/// Removes `dropped` from what a shared record says reservation `seq`
-/// holds: a commit on another node must not find them.
-fn forget_candidates(rec: &mut SubjectRecord, seq: u64, dropped: &[&HeldCandidate]) {
-    let meta = rec.shared_meta_mut();
-    for h in meta.held.iter_mut().filter(|h| h.res == seq) {
-        if let HeldKind::Screen { candidates } = &mut h.kind {
-            candidates.retain(|(i, _)| !dropped.iter().any(|c| c.index == *i));
-        }
-    }
-    meta.held
-        .retain(|h| !matches!(&h.kind, HeldKind::Screen { candidates } if candidates.is_empty()));
-    rec.drop_empty_shared_meta();
 }

@@ -40,27 +40,19 @@ impl<C: Clock> Engine<C> {
     /// compare-and-set).
     fn empty_counters(&self, record: RecordKey, owner: u32) -> Result<bool, EngineError> {
         let now = self.now();
-        let shared = self.shared().is_some();
         let receipt = self.with_record(record, now, Reads::MayWait, |rec, now| {
             if !drop_owner(rec, owner) {
                 return None;
             }
-            if shared {
-                return Some(None);
-            }
+            // On a shared store the record is written by compare-and-set as
+            // decided, and `persist` writes nothing more.
             let mut changes = Changes::new();
             changes.record(record, rec);
-            Some(Some(self.persist(
-                changes,
-                Defs::Chain(&[]),
-                now,
-                Ack::Durable,
-            )))
+            Some(self.persist(changes, Defs::Chain(&[]), now, Ack::Durable))
         });
         match waited(receipt)? {
             None => Ok(false),
-            Some(None) => Ok(true),
-            Some(Some(r)) => {
+            Some(r) => {
                 r.wait()?;
                 Ok(true)
             }

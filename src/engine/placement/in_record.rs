@@ -12,7 +12,7 @@ use crate::engine::registry::Registry;
 use crate::engine::request::Outcome;
 use crate::engine::request::compile_inline;
 use crate::engine::request::{CheckTarget, CompiledInline};
-use crate::engine::reservations::{Settlement, commit_winners};
+use crate::engine::reservations::{HeldCandidate, Settlement, commit_winners};
 use crate::engine::{Conflict, Engine, EngineError};
 use crate::limits::adaptive::Sample;
 use crate::model::LimitDef;
@@ -431,6 +431,39 @@ pub(super) fn winners(
 }
 
 impl<C: Clock> Engine<C> {
+    /// Where records keep reservations, forgets the hold of reservation
+    /// `res` in `rec` (settled there); nothing on one node.
+    pub(crate) fn forget_hold(&self, rec: &mut SubjectRecord, res: u64) {
+        if self.placement.is_local() {
+            return;
+        }
+        rec.shared_meta_mut().held.retain(|h| h.res != res);
+        rec.drop_empty_shared_meta();
+    }
+
+    /// Removes `dropped` from what a shared record says reservation `seq`
+    /// holds: a commit on another node must not find them.
+    pub(crate) fn forget_candidates(
+        &self,
+        rec: &mut SubjectRecord,
+        seq: u64,
+        dropped: &[&HeldCandidate],
+    ) {
+        if self.placement.is_local() {
+            return;
+        }
+        let meta = rec.shared_meta_mut();
+        for h in meta.held.iter_mut().filter(|h| h.res == seq) {
+            if let HeldKind::Screen { candidates } = &mut h.kind {
+                candidates.retain(|(i, _)| !dropped.iter().any(|c| c.index == *i));
+            }
+        }
+        meta.held.retain(
+            |h| !matches!(&h.kind, HeldKind::Screen { candidates } if candidates.is_empty()),
+        );
+        rec.drop_empty_shared_meta();
+    }
+
     /// Where records keep reservations (a shared store), has `rec` keep the
     /// hold `held` makes, so that any node settles or expires its debits
     /// (in owner mode the owner's copy keeps it, and the stored form leaves

@@ -180,6 +180,21 @@ impl<C: Clock> Engine<C> {
         (!self.placement.is_local()).then(|| self.res_of(id))
     }
 
+    /// A copy of identity record `key` to decide with, as `reads` allows.
+    pub(crate) fn identity_copy(&self, key: u128, reads: Reads) -> Result<SubjectRecord, Halt> {
+        let key = RecordKey::PolicyKey(key);
+        if !self.placement.is_local() {
+            if reads == Reads::MemoryOnly {
+                return Err(Halt::NotInMemory);
+            }
+            return Ok(self.record_figures(key)?);
+        }
+        if let Some(r) = self.hot.get(&key.hot_key(), SubjectRecord::figures_copy) {
+            return Ok(r);
+        }
+        self.load_record(key, reads)
+    }
+
     /// A copy of record `key` for reading figures, wherever it lives.
     pub(crate) fn record_figures(&self, key: RecordKey) -> Result<SubjectRecord, EngineError> {
         let Some(shared) = self.shared().filter(|_| !self.placement.is_local()) else {
