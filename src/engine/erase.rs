@@ -11,11 +11,8 @@ use std::sync::atomic::Ordering;
 
 use crate::clock::Clock;
 use crate::model::identity::Kind;
-use crate::store::{Op, Space};
 
-use super::chain::Defs;
 use super::hot::{Reads, RecordKey, waited};
-use super::persist::{Ack, Changes};
 use super::{Engine, EngineError, invalid};
 
 impl<C: Clock> Engine<C> {
@@ -33,23 +30,11 @@ impl<C: Clock> Engine<C> {
         self.check_id("id", id)?;
         let record = RecordKey::User(self.identity_key(k, id));
         let now = self.now();
-        let shared = self.shared().is_some();
         let receipt = self.with_record(record, now, Reads::MayWait, |rec, now| {
             rec.counters = Box::default();
             rec.pending = None;
             rec.idle_at = 0;
-            if shared {
-                // The emptied record is written by compare-and-set (its
-                // version, `write_seq`, is kept for it).
-                return None;
-            }
-            // Deleted, not rewritten: nothing of the viewer stays in the
-            // data directory once compaction has run.
-            let mut changes = Changes::new();
-            changes.op(Op::Delete(Space::State, record.disk_key()));
-            let r = self.persist(changes, Defs::Chain(&[]), now, Ack::Durable);
-            rec.write_seq = r.seq;
-            Some(r)
+            self.erase_record(record, rec, now)
         });
         if let Some(r) = waited(receipt)? {
             r.wait()?;

@@ -163,7 +163,10 @@ impl<C: Clock> Engine<C> {
         let reads = Reads::MayWait;
         // A decision on a shared record may run again (another node wrote
         // it meanwhile): campaign records are then counted once, after.
-        let again = self.placement.may_decide_again();
+        let sides = match self.placement.may_decide_again() {
+            true => Sides::User,
+            false => Sides::Both,
+        };
         let mut receipts = Vec::with_capacity(new.len());
         let mut already = 0;
         for (i, n) in new.iter().enumerate() {
@@ -218,7 +221,6 @@ impl<C: Clock> Engine<C> {
                         // With a shared store this may run again (the record
                         // moved under it): campaign records are counted once,
                         // after the user record is written.
-                        let sides = if again { Sides::User } else { Sides::Both };
                         let r = self.count_event(
                             &reg,
                             chain,
@@ -231,7 +233,7 @@ impl<C: Clock> Engine<C> {
                         (r, true)
                     })
                     .map(|(r, counted)| {
-                        if again && counted {
+                        if sides == Sides::User && counted {
                             self.count_event(&reg, chain, None, cost, now, None, Sides::Campaign);
                         }
                         if !counted {

@@ -438,15 +438,6 @@ pub struct Engine<C: Clock> {
     pub stats: EngineStats,
 }
 
-/// Local time `t` as the cluster's: shifted by the offset a shared store
-/// measured, unchanged on one node.
-fn cluster_time(t: Nanos, store: &dyn Store) -> Nanos {
-    match store.shared().and_then(|s| s.clock_offset()) {
-        Some(offset) => crate::cluster::time::shifted(t, offset),
-        None => t,
-    }
-}
-
 impl<C: Clock> Engine<C> {
     /// Opens the engine on `store`: loads definitions and campaign counters;
     /// user and policy-key records come back on first touch, and remembered
@@ -480,30 +471,15 @@ impl<C: Clock> Engine<C> {
                 }
             }
         };
-        let defs_version = match store.shared() {
-            Some(s) => s.definitions_version()?,
-            None => 0,
-        };
-        let mut reg = definitions::load_registry(&*store, None)?;
-        // A data directory of an older build: its counters' tags become
-        // their items' names before anything is decided (`migrate`). A
-        // shared store's records are not migrated (docs/cluster.md,
-        // "Upgrades").
-        if store.shared().is_none() && !migrate::has_name_tags(&*store)? {
-            let n = migrate::migrate_tags(&*store, &reg)?;
-            if n > 0 {
-                tracing::info!(records = n, "counter tags migrated to item names");
-                reg = definitions::load_registry(&*store, None)?;
-            }
-        }
+        let placement = placement::Placement::of(&*store, &options)?;
+        let (reg, defs_version) = placement.open_definitions(&*store)?;
         let hot = ShardedMap::new(options.memory_budget, options.shards);
         let reservations = Reservations::new(
             options.max_open_reservations,
             options.memory_budget / 2,
             hot.outside(),
         );
-        let started = cluster_time(clock.now(), &*store);
-        let placement = placement::Placement::of(&*store, &options)?;
+        let started = placement::cluster_time(clock.now(), &*store);
         Ok(Engine {
             last_now: AtomicU64::new(started),
             clock,
@@ -536,7 +512,7 @@ impl<C: Clock> Engine<C> {
     /// the clock's, or with a shared store the cluster's (the clock shifted
     /// by the offset the store measures; docs/cluster.md, "Time").
     pub fn now(&self) -> Nanos {
-        let t = cluster_time(self.clock.now(), &*self.store);
+        let t = placement::cluster_time(self.clock.now(), &*self.store);
         let prev = self.last_now.fetch_max(t, Ordering::AcqRel);
         let now = prev.max(t);
         self.store.set_now(now);

@@ -83,9 +83,6 @@ impl<C: Clock> Engine<C> {
         let reg = self.registry();
         let deadline = now + lifetime;
         let user = req.user.as_ref().map(|u| self.hash(b'u', 0, u));
-        // A decision on a shared record may run again (another node wrote
-        // it meanwhile).
-        let again = self.placement.may_decide_again();
         // Copies of the other identities' records, decided with beside the
         // user's; the holds on them are made after (below).
         let copies = idents
@@ -174,7 +171,7 @@ impl<C: Clock> Engine<C> {
                 // A shared store may run this again (the record moved under
                 // it): what an earlier run held campaign-side goes back
                 // first, so a reservation holds once.
-                if again && let Some(r) = reserving {
+                if let Some(r) = reserving.filter(|_| self.placement.may_decide_again()) {
                     undo_campaign_holds(&reg, req, r.seq, now);
                     last_held = None;
                     // The id reserved already, on another node or by this

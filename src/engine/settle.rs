@@ -24,7 +24,6 @@ use super::reservations::{
     Due, Ending, FirstResult, HeldCandidate, Reserved, Settle, Settlement, commit_winners,
 };
 use super::{Engine, EngineError};
-use crate::store::Shared;
 
 /// Most reservations a request expires before it is handled (the sweeper
 /// expires the rest): see [`Engine::expire_step`].
@@ -698,32 +697,6 @@ impl<C: Clock> Engine<C> {
             now,
             how.charged,
         );
-    }
-
-    /// With a shared store, the record holding reservation `id`: named in a
-    /// node-made id, else known to this node's table, else the user a
-    /// commit names (a client-chosen id reserved on another node), else a
-    /// user-less screen's own record ([`Engine::userless_record`]). `None`
-    /// on one node.
-    fn shared_record_of(&self, id: &str, user: Option<&str>) -> Option<(&dyn Shared, RecordKey)> {
-        let shared = self.shared()?;
-        let key = match Self::record_in_id(id) {
-            Some(k) => k,
-            None => match self.reservations.reserved(id) {
-                Some(r) => match &*r {
-                    Reserved::Check { key, .. } => RecordKey::PolicyKey(*key),
-                    Reserved::Screen { user: Some(u), .. } => RecordKey::User(*u),
-                    Reserved::Screen { user: None, .. } => self.userless_record(self.res_of(id)),
-                },
-                // Not this node's: the user's record the caller names, or
-                // a user-less screen's own record.
-                None => match user {
-                    Some(u) => RecordKey::User(self.hash(b'u', 0, u)),
-                    None => self.userless_record(self.res_of(id)),
-                },
-            },
-        };
-        Some((shared, key))
     }
 
     /// Settles what a reservation reserved, as of `at`; a commit's changed

@@ -302,4 +302,25 @@ impl<C: Clock> Engine<C> {
                 .sum(),
         )
     }
+
+    /// Budget `b` (item `i` of campaign `c`, state `st`)'s levers now, if it
+    /// keeps them: on a shared store, the controller this node runs on the
+    /// fleet's spend, as a screen answers them.
+    pub(crate) fn levers_of(
+        &self,
+        c: &CampaignEntry,
+        i: usize,
+        b: &crate::limits::budget::Budget,
+        st: Option<&crate::limits::ItemState>,
+        now: Nanos,
+    ) -> Option<crate::limits::budget::Levers> {
+        if !b.has_levers() {
+            return None;
+        }
+        let st = st.unwrap_or(&crate::engine::chain::FRESH);
+        Some(match self.placement.is_local() {
+            true => b.levers(&crate::limits::budget_state(st), now),
+            false => self.leases.levers((c.id, c.tags[i]), b, st, now),
+        })
+    }
 }

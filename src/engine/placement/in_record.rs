@@ -12,7 +12,7 @@ use crate::engine::registry::Registry;
 use crate::engine::request::Outcome;
 use crate::engine::request::compile_inline;
 use crate::engine::request::{CheckTarget, CompiledInline};
-use crate::engine::reservations::{HeldCandidate, Settlement, commit_winners};
+use crate::engine::reservations::{HeldCandidate, Reserved, Settlement, commit_winners};
 use crate::engine::{Conflict, Engine, EngineError};
 use crate::limits::adaptive::Sample;
 use crate::model::LimitDef;
@@ -431,6 +431,36 @@ pub(super) fn winners(
 }
 
 impl<C: Clock> Engine<C> {
+    /// With a shared store, the record holding reservation `id`: named in a
+    /// node-made id, else known to this node's table, else the user a
+    /// commit names (a client-chosen id reserved on another node), else a
+    /// user-less screen's own record ([`Engine::userless_record`]). `None`
+    /// on one node.
+    pub(crate) fn shared_record_of(
+        &self,
+        id: &str,
+        user: Option<&str>,
+    ) -> Option<(&dyn Shared, RecordKey)> {
+        let shared = self.shared()?;
+        let key = match Self::record_in_id(id) {
+            Some(k) => k,
+            None => match self.reservations.reserved(id) {
+                Some(r) => match &*r {
+                    Reserved::Check { key, .. } => RecordKey::PolicyKey(*key),
+                    Reserved::Screen { user: Some(u), .. } => RecordKey::User(*u),
+                    Reserved::Screen { user: None, .. } => self.userless_record(self.res_of(id)),
+                },
+                // Not this node's: the user's record the caller names, or
+                // a user-less screen's own record.
+                None => match user {
+                    Some(u) => RecordKey::User(self.hash(b'u', 0, u)),
+                    None => self.userless_record(self.res_of(id)),
+                },
+            },
+        };
+        Some((shared, key))
+    }
+
     /// Where records keep reservations, forgets the hold of reservation
     /// `res` in `rec` (settled there); nothing on one node.
     pub(crate) fn forget_hold(&self, rec: &mut SubjectRecord, res: u64) {

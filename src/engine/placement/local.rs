@@ -3,10 +3,12 @@
 //! as [`Reads`] allows, and written by the engine's batches (`persist`).
 
 use crate::clock::{Clock, Nanos};
+use crate::engine::chain::Defs;
 use crate::engine::hot::{Halt, Reads, RecordKey};
+use crate::engine::persist::{Ack, Changes};
 use crate::engine::record::SubjectRecord;
 use crate::engine::{Engine, EngineError, corrupt};
-use crate::store::Space;
+use crate::store::{Op, Receipt, Space};
 use std::sync::atomic::Ordering;
 
 impl<C: Clock> Engine<C> {
@@ -60,5 +62,26 @@ impl<C: Clock> Engine<C> {
             Some(v) => Ok(SubjectRecord::from_stored(&v).map_err(|m| corrupt(b"user", m))?),
             None => Ok(SubjectRecord::default()),
         }
+    }
+
+    /// Where a record emptied by an erasure goes: on one node it is deleted,
+    /// not rewritten, so nothing of the viewer stays in the data directory
+    /// once compaction has run (the returned write, durable when it is).
+    /// `None` on a shared store, which writes the emptied record by
+    /// compare-and-set (its version, `write_seq`, is kept for it).
+    pub(crate) fn erase_record(
+        &self,
+        record: RecordKey,
+        rec: &mut SubjectRecord,
+        now: Nanos,
+    ) -> Option<Receipt> {
+        if !self.placement.is_local() {
+            return None;
+        }
+        let mut changes = Changes::new();
+        changes.op(Op::Delete(Space::State, record.disk_key()));
+        let r = self.persist(changes, Defs::Chain(&[]), now, Ack::Durable);
+        rec.write_seq = r.seq;
+        Some(r)
     }
 }

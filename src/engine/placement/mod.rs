@@ -28,8 +28,11 @@ mod owned;
 
 use crate::clock::{Clock, Nanos};
 use crate::cluster::owners::{Owner, Owners};
+use crate::engine::definitions::load_registry;
 use crate::engine::hot::{Halt, Reads, RecordKey};
+use crate::engine::migrate;
 use crate::engine::record::SubjectRecord;
+use crate::engine::registry::Registry;
 use crate::engine::{Engine, EngineError, EngineOptions, Fleet, invalid};
 use crate::store::Store;
 use crate::store::{Shared, StoreError};
@@ -74,7 +77,40 @@ pub(crate) enum Placement {
     Owned(Owners),
 }
 
+/// Local time `t` as the cluster's: shifted by the offset a shared store
+/// measured, unchanged on one node.
+pub(crate) fn cluster_time(t: Nanos, store: &dyn Store) -> Nanos {
+    match store.shared().and_then(|s| s.clock_offset()) {
+        Some(offset) => crate::cluster::time::shifted(t, offset),
+        None => t,
+    }
+}
+
 impl Placement {
+    /// The definitions as the engine opens on `store`, and their version
+    /// (a shared store's; 0 on one node). On one node a data directory of
+    /// an older build has its counters' tags made their items' names
+    /// first (`migrate`); a shared store's records are not migrated
+    /// (docs/cluster.md, "Upgrades").
+    pub(crate) fn open_definitions(
+        &self,
+        store: &dyn Store,
+    ) -> Result<(Registry, u64), EngineError> {
+        let Some(shared) = store.shared().filter(|_| !self.is_local()) else {
+            let reg = load_registry(store, None)?;
+            if migrate::has_name_tags(store)? {
+                return Ok((reg, 0));
+            }
+            let n = migrate::migrate_tags(store, &reg)?;
+            if n == 0 {
+                return Ok((reg, 0));
+            }
+            tracing::info!(records = n, "counter tags migrated to item names");
+            return Ok((load_registry(store, None)?, 0));
+        };
+        let version = shared.definitions_version()?;
+        Ok((load_registry(store, None)?, version))
+    }
     /// One node's own store.
     pub(crate) fn is_local(&self) -> bool {
         matches!(self, Placement::Local)
