@@ -3,15 +3,15 @@
 //! rest of the chain; on one node, and on two nodes sharing one store (the
 //! same rules against a real Redis Cluster: tests/cluster.rs).
 
+mod support;
+
 use std::sync::Arc;
 
-use freqcap::engine::{
-    CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome, ScreenCandidate,
-    ScreenRequest,
-};
+use freqcap::engine::{CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome};
 use freqcap::model::{CampaignDef, from_json};
 use freqcap::store::{Durability, MemoryStore, RocksStore, SharedMemory};
 use freqcap::{Clock, ManualClock};
+use support::engines::{commit, screen_of as screen};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -41,35 +41,6 @@ fn two_nodes() -> (Node, Node, Arc<ManualClock>) {
     let a = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).unwrap();
     let b = Engine::open(store, clock.clone(), EngineOptions::default()).unwrap();
     (a, b, clock)
-}
-
-fn screen(user: Option<&str>, ids: &[(&str, &str)], camps: &[&str]) -> ScreenRequest {
-    ScreenRequest {
-        priority: Default::default(),
-        user: user.map(str::to_owned),
-        ids: ids
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        candidates: camps
-            .iter()
-            .map(|c| ScreenCandidate {
-                campaign: (*c).to_owned(),
-                cost: None,
-            })
-            .collect(),
-        reserve: true,
-        ttl_ms: Some(1000),
-        reservation_id: None,
-        fingerprint: None,
-    }
-}
-
-fn commit(campaign: &str) -> CommitRequest {
-    CommitRequest {
-        campaigns: vec![campaign.to_owned()],
-        ..CommitRequest::default()
-    }
 }
 
 /// `c`: 2 a day per household, 5 a day per user.

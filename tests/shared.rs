@@ -2,16 +2,19 @@
 //! `SharedMemory` behave as two nodes on one cluster (docs/cluster.md). The
 //! same rules are tested against a real Redis Cluster in tests/cluster.rs.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use freqcap::engine::{
     CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
-    ScreenCandidate, ScreenRequest,
+    ScreenRequest,
 };
 use freqcap::model::{CampaignDef, PolicyDef, from_json};
 use freqcap::store::{MemoryStore, SharedMemory};
 use freqcap::{Clock, ManualClock};
+use support::engines::{commit, screen};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -39,32 +42,6 @@ fn two_nodes() -> (
 
 fn campaign(json: &str) -> CampaignDef {
     from_json(json).expect("test campaign is valid")
-}
-
-fn screen(user: &str, camps: &[&str]) -> ScreenRequest {
-    ScreenRequest {
-        priority: Default::default(),
-        user: Some(user.to_owned()),
-        ids: Vec::new(),
-        candidates: camps
-            .iter()
-            .map(|c| ScreenCandidate {
-                campaign: (*c).to_owned(),
-                cost: None,
-            })
-            .collect(),
-        reserve: true,
-        ttl_ms: Some(1000),
-        reservation_id: None,
-        fingerprint: None,
-    }
-}
-
-fn commit(campaign: &str) -> CommitRequest {
-    CommitRequest {
-        campaigns: vec![campaign.to_owned()],
-        ..CommitRequest::default()
-    }
 }
 
 /// A campaign capped at 3 per user per day, defined on node a.

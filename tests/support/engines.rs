@@ -198,10 +198,19 @@ fn open(store: Arc<dyn Store>, clock: &Arc<ManualClock>, options: EngineOptions)
 
 /// A reserving screen of `campaigns` for `user` (1 s to commit).
 pub fn screen(user: &str, campaigns: &[&str]) -> ScreenRequest {
+    screen_of(Some(user), &[], campaigns)
+}
+
+/// A reserving screen of `campaigns` for `user` (if any) and other
+/// identities `ids` (kind, id), 1 s to commit.
+pub fn screen_of(user: Option<&str>, ids: &[(&str, &str)], campaigns: &[&str]) -> ScreenRequest {
     ScreenRequest {
         priority: Default::default(),
-        user: Some(user.to_owned()),
-        ids: Vec::new(),
+        user: user.map(str::to_owned),
+        ids: ids
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
         candidates: campaigns
             .iter()
             .map(|c| ScreenCandidate {
