@@ -1617,9 +1617,14 @@ fn exclusion_labels_hold_on_a_cluster() {
         assert_eq!(st, 200, "{body}");
     }
     definition_reached(&n[1..], "/v1/campaigns/rival");
-    let screen = json!({"user": "u", "candidates": [
-        {"campaign": "maker-b"}, {"campaign": "maker-a"}, {"campaign": "rival"}]});
-    let (st, s) = n[1].call_retrying("POST", "/v1/screen", Some(&screen));
+    // Ids the client chooses: a retry after a write whose answer was lost
+    // (a replica slow to confirm it on a loaded machine) is the same
+    // reservation, answered as first made, not a second one.
+    let screen = |id: &str| {
+        json!({"user": "u", "reservation_id": id, "candidates": [
+        {"campaign": "maker-b"}, {"campaign": "maker-a"}, {"campaign": "rival"}]})
+    };
+    let (st, s) = n[1].call_retrying("POST", "/v1/screen", Some(&screen("ex-1")));
     assert_eq!(st, 200, "{s}");
     let eligible: Vec<bool> = (0..3)
         .map(|i| s["results"][i]["eligible"].as_bool().unwrap_or(true))
@@ -1629,10 +1634,11 @@ fn exclusion_labels_hold_on_a_cluster() {
     assert_eq!(s["results"][2]["denied_by"]["campaign"], "rival", "{s}");
     let id = s["reservation"].as_str().expect("held").to_owned();
     let path = format!("/v1/reservations/{id}/commit");
-    let (st, c) = n[0].call_retrying("POST", &path, Some(&json!({"campaign": "maker-b"})));
+    let commit = json!({"campaign": "maker-b", "user": "u"});
+    let (st, c) = n[0].call_retrying("POST", &path, Some(&commit));
     assert_eq!(st, 200, "{c}");
     // maker-b is capped for u now: it takes no label, maker-a is held.
-    let (st, s) = n[0].call_retrying("POST", "/v1/screen", Some(&screen));
+    let (st, s) = n[0].call_retrying("POST", "/v1/screen", Some(&screen("ex-2")));
     assert_eq!(st, 200, "{s}");
     assert_eq!(s["results"][0]["denied_by"]["cap"], "window-0", "{s}");
     assert_eq!(s["results"][1]["eligible"], true, "{s}");
