@@ -22,25 +22,11 @@ use serde_json::{Value, json};
 
 mod support;
 
-use support::cluster::{Node, Redis, redis_cli};
+use support::cluster::{Node, Redis, definition_reached, nodes, redis_cli};
 
 const CAP: u64 = 3;
 const USERS: usize = 120;
 const CAMPAIGNS: usize = 6;
-
-/// Waits (5 s at most) until every node in `nodes` serves the definition at
-/// `path`: nodes apply definitions others wrote within a second.
-fn definition_reached(nodes: &[Node], path: &str) {
-    for n in nodes {
-        let seen = (0..100).any(|_| {
-            n.call("GET", path, None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "{path} did not reach every node within 5 s");
-    }
-}
 
 /// What the load generator saw, per (user, campaign).
 #[derive(Default)]
@@ -197,16 +183,10 @@ fn three_nodes_on_a_redis_cluster_behave_as_one_through_faults() {
     let rate = json!({"caps": [{"kind": "rate", "rate": 9, "per": "1s", "scope": "campaign"}]});
     let (st, body) = node(0).call_retrying("PUT", "/v1/campaigns/b", Some(&rate));
     assert_eq!(st, 200, "{body}");
-    for i in 1..3 {
-        let seen = (0..100).any(|_| {
-            let (st, _) = node(i).call("GET", &format!("/v1/campaigns/c{}", CAMPAIGNS - 1), None);
-            st == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "node {i} did not apply the definitions within 5 s");
-    }
+    definition_reached(
+        [&*node(1), &*node(2)],
+        &format!("/v1/campaigns/c{}", CAMPAIGNS - 1),
+    );
 
     let ledger = Mutex::new(Ledger::default());
     // Spread: each request on a random node.
@@ -297,13 +277,7 @@ fn events_are_counted_once_cluster_wide() {
     let b = Node::start(&tmp.path().join("b"), &redis.seeds, "b");
     let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
     assert_eq!(a.call_retrying("PUT", "/v1/campaigns/c", Some(&def)).0, 200);
-    let seen = (0..100).any(|_| {
-        b.call("GET", "/v1/campaigns/c", None).0 == 200 || {
-            std::thread::sleep(Duration::from_millis(50));
-            false
-        }
-    });
-    assert!(seen);
+    definition_reached([&b], "/v1/campaigns/c");
     let ev = json!({"user": "u1", "campaign": "c", "event_id": "imp-1"});
     // Counted once. (Should a first try get 503 after its write applied, a
     // replica not confirming it in time, the retry finds it counted and
@@ -370,15 +344,7 @@ fn events_are_counted_once_cluster_wide() {
 fn leased_budgets_and_campaign_caps_hold_across_nodes() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7450);
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let nodes = nodes(tmp.path(), &redis, 3, &[]);
     const BUDGET: u64 = 200;
     const CAMPAIGN_CAP: u64 = 40;
     let defs = [
@@ -573,9 +539,7 @@ fn a_budget_is_delivered_after_a_node_dies() {
 /// Three nodes on a cluster with one campaign capped at 10 per hour, its
 /// definition seen by every node.
 fn three_nodes(tmp: &Path, redis: &Redis, camp: &str) -> Vec<Node> {
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| Node::start(&tmp.join(format!("n{i}")), &redis.seeds, &format!("n{i}")))
-        .collect();
+    let nodes = nodes(tmp, redis, 3, &[]);
     let def = json!({"caps": [{"kind": "window", "limit": 10, "window": "1h"}]});
     let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{camp}"), Some(&def));
     assert_eq!(st, 200, "{body}");
@@ -662,16 +626,7 @@ fn a_repeated_reservation_id_is_one_hold_on_any_node() {
         n[0].call_retrying("PUT", "/v1/policies/p", Some(&policy)).0,
         200
     );
-    let everywhere = (0..100).any(|_| {
-        n[1..]
-            .iter()
-            .all(|node| node.call("GET", "/v1/policies/p", None).0 == 200)
-            || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-    });
-    assert!(everywhere, "the policy did not reach every node within 5 s");
+    definition_reached(&n[1..], "/v1/policies/p");
     let check = json!({"policy": "p", "key": "k", "reserve": true, "reservation_id": "client-k1"});
     for node in &n {
         let (st, b) = node.call_retrying("POST", "/v1/check", Some(&check));
@@ -796,13 +751,7 @@ fn a_node_minutes_ahead_keeps_caps_exact() {
     let def = json!({"caps": [{"kind": "gap", "min": "5m"}]});
     let (st, body) = n1.call_retrying("PUT", "/v1/campaigns/c5", Some(&def));
     assert_eq!(st, 200, "{body}");
-    let seen = (0..100).any(|_| {
-        n3.call("GET", "/v1/campaigns/c5", None).0 == 200 || {
-            std::thread::sleep(Duration::from_millis(50));
-            false
-        }
-    });
-    assert!(seen, "definitions did not reach n3");
+    definition_reached([&n3], "/v1/campaigns/c5");
 
     // The case: B's first impression on n1; n3 (ahead) serves A; n1
     // reads A; B's second impression on n1, 1 s after the first.
@@ -876,12 +825,7 @@ fn envoys_rate_limit_service_is_all_or_nothing_across_nodes() {
         "--grpc-listen",
         "127.0.0.1:0",
     ];
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            let id = format!("n{i}");
-            Node::start_with(&tmp.path().join(&id), &redis.seeds, &id, &[], &extra)
-        })
-        .collect();
+    let nodes = nodes(tmp.path(), &redis, 3, &extra);
     let addrs: Vec<String> = nodes
         .iter()
         .map(|n| support::logged_addr(&n.log, "gRPC listening on "))
@@ -1330,15 +1274,7 @@ fn screen_and_commit(n: &Node, user: &str, campaign: &str) -> (bool, Option<u64>
 fn campaign_rates_and_gaps_hold_across_nodes() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7700);
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let nodes = nodes(tmp.path(), &redis, 3, &[]);
     let defs = [
         (
             "rate",
@@ -1450,15 +1386,7 @@ fn campaign_rates_and_gaps_hold_across_nodes() {
 fn adaptive_pacing_holds_across_nodes() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7720);
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let nodes = nodes(tmp.path(), &redis, 3, &[]);
     // 2000 a day: about 100 an hour, so the line at any time of day is a
     // few hundred at most, and rises ~0.03 a second.
     let def = json!({"budget": {"amount": 2000, "per": "1d", "pacing": "adaptive"}});
@@ -1517,13 +1445,7 @@ fn an_adaptive_limit_is_one_per_key_across_nodes() {
     // A replica's confirmation may wait 2 s: fewer reserves answered 503
     // after they applied (a retried one stands as decided since
     // `a_check_retried_after_an_unconfirmed_write_can_be_released`).
-    let n: Vec<Node> = (0..2)
-        .map(|i| {
-            let data = tmp.path().join(format!("n{i}"));
-            let extra = ["--redis-timeout-ms", "2000"];
-            Node::start_with(&data, &redis.seeds, &format!("n{i}"), &[], &extra)
-        })
-        .collect();
+    let n = nodes(tmp.path(), &redis, 2, &["--redis-timeout-ms", "2000"]);
     let def = json!({"limits": [{"kind": "adaptive", "initial": 4, "min": 1, "max": 40,
         "algorithm": "aimd", "window": "1ms"}]});
     let (st, body) = n[0].call_retrying("PUT", "/v1/policies/api", Some(&def));
@@ -1591,15 +1513,7 @@ fn an_adaptive_limit_is_one_per_key_across_nodes() {
 fn exclusion_labels_hold_on_a_cluster() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7780);
-    let n: Vec<Node> = (0..2)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let n = nodes(tmp.path(), &redis, 2, &[]);
     for (id, def) in [
         (
             "autos",
@@ -1669,18 +1583,8 @@ fn pacing_levers_follow_the_fleets_spend() {
     };
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7860);
-    let n: Vec<Node> = (0..2)
-        .map(|i| {
-            Node::start_with(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-                &[],
-                // Each commit's spend is in the store before it is answered.
-                &["--spend-reports", "commit"],
-            )
-        })
-        .collect();
+    // Each commit's spend is in the store before it is answered.
+    let n = nodes(tmp.path(), &redis, 2, &["--spend-reports", "commit"]);
     for (id, pacing, levers) in [("paced", "even", true), ("thr", "throttle", false)] {
         // A tolerance of 1 keeps the even budget's cap at its amount: the
         // candidate stays eligible, ahead of its line, with levers to give.
@@ -1728,15 +1632,7 @@ fn pacing_levers_follow_the_fleets_spend() {
 fn a_household_cap_is_exact_across_nodes() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7880);
-    let mut n: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let mut n = nodes(tmp.path(), &redis, 3, &[]);
     let def = json!({"caps": [
         {"name": "hh_daily", "kind": "window", "limit": 4, "window": "1d", "scope": "household"},
         {"name": "user_daily", "kind": "window", "limit": 3, "window": "1d"}]});
@@ -1814,15 +1710,7 @@ fn edit_reached(nodes: &[Node], camp: &str, field: &str, want: &Value) {
 fn edits_resets_and_erasures_hold_on_a_fleet() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7900);
-    let n: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let n = nodes(tmp.path(), &redis, 3, &[]);
     let def = |amount: u64, cap: u64| {
         json!({"budget": {"amount": amount, "per": "1d", "pacing": "asap"},
                "caps": [{"kind": "window", "limit": cap, "window": "1d", "align": "calendar"}]})
@@ -2083,15 +1971,7 @@ fn kill_runs(base_port: u16, extra: &[&str], runs: usize) {
 fn an_idle_campaigns_figures_converge_on_every_node() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7980);
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            Node::start(
-                &tmp.path().join(format!("n{i}")),
-                &redis.seeds,
-                &format!("n{i}"),
-            )
-        })
-        .collect();
+    let nodes = nodes(tmp.path(), &redis, 3, &[]);
     let def = json!({
         "budget": {"amount": 1_000_000_000_000u64, "per": "1d", "pacing": "asap"},
         "caps": [{"kind": "window", "limit": 1_000_000_000u64, "window": "1d", "align": "fixed", "scope": "campaign"}]

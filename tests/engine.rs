@@ -8,10 +8,14 @@ use std::sync::{Arc, Mutex};
 use freqcap::ManualClock;
 use freqcap::engine::{
     CheckRequest, CheckTarget, CommitRequest, Engine, EngineError, EngineOptions, Event, Outcome,
-    ScreenCandidate, ScreenRequest,
+    ScreenRequest,
 };
 use freqcap::model::{CampaignDef, PolicyDef, from_json};
 use freqcap::store::{Durability, MemoryStore, Op, RocksStore, Space, Store, StoreError};
+
+mod support;
+
+use support::engines::{commit, screen_of};
 
 /// 2023-11-14T22:13:20Z.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -36,29 +40,11 @@ fn rocks_engine(dir: &std::path::Path, clock: Arc<ManualClock>) -> Engine<Arc<Ma
     Engine::open(store, clock, EngineOptions::default()).unwrap()
 }
 
+/// The harness's screen (support/engines.rs), reserving or not.
 fn screen(user: Option<&str>, camps: &[&str], reserve: bool) -> ScreenRequest {
     ScreenRequest {
-        priority: Default::default(),
-        user: user.map(str::to_owned),
-        ids: Vec::new(),
-        candidates: camps
-            .iter()
-            .map(|c| ScreenCandidate {
-                campaign: (*c).to_owned(),
-                cost: None,
-            })
-            .collect(),
         reserve,
-        ttl_ms: Some(1000),
-        reservation_id: None,
-        fingerprint: None,
-    }
-}
-
-fn commit_one(campaign: &str) -> CommitRequest {
-    CommitRequest {
-        campaigns: vec![campaign.to_owned()],
-        ..CommitRequest::default()
+        ..screen_of(user, &[], camps)
     }
 }
 
@@ -95,7 +81,7 @@ fn screen_commit_release_and_caps() {
     let u = e.user_usage("u1", "c1").unwrap();
     assert_eq!((u[0].used, u[0].pending, u[0].remaining), (0, 1, 1));
     // Commit c1: c2 is released.
-    let o = e.commit(&id, &commit_one("c1")).unwrap();
+    let o = e.commit(&id, &commit("c1")).unwrap();
     assert_eq!(o.outcome, Outcome::Committed);
     assert_eq!(o.campaigns, vec![std::sync::Arc::from("c1")]);
     let u = e.user_usage("u1", "c1").unwrap();
@@ -105,11 +91,11 @@ fn screen_commit_release_and_caps() {
     let u2 = e.user_usage("u1", "c2").unwrap();
     assert_eq!((u2[0].used, u2[0].pending), (0, 0));
     // Committing again repeats the first outcome; releasing is a conflict.
-    assert_eq!(e.commit(&id, &commit_one("c1")).unwrap(), o);
+    assert_eq!(e.commit(&id, &commit("c1")).unwrap(), o);
     assert!(matches!(e.release(&id), Err(EngineError::Conflict(_))));
     // The user cap binds after two impressions of c1.
     let s = e.screen(&screen(Some("u1"), &["c1"], true)).unwrap();
-    e.commit(s.reservation.as_deref().unwrap(), &commit_one("c1"))
+    e.commit(s.reservation.as_deref().unwrap(), &commit("c1"))
         .unwrap();
     let s = e.screen(&screen(Some("u1"), &["c1", "c2"], false)).unwrap();
     assert!(!s.results[0].eligible);
@@ -120,7 +106,7 @@ fn screen_commit_release_and_caps() {
     // The advertiser's shared cap binds across users: 2 used, 2 more.
     for u in ["u2", "u3"] {
         let s = e.screen(&screen(Some(u), &["c2"], true)).unwrap();
-        e.commit(s.reservation.as_deref().unwrap(), &commit_one("c2"))
+        e.commit(s.reservation.as_deref().unwrap(), &commit("c2"))
             .unwrap();
     }
     let s = e.screen(&screen(Some("u4"), &["c1", "c2"], true)).unwrap();
@@ -154,7 +140,7 @@ fn release_and_expiry_return_capacity() {
     assert!(c.results[0].eligible);
     assert_eq!(e.stats.expired.load(Ordering::Relaxed), 1);
     assert!(matches!(
-        e.commit(b.reservation.as_deref().unwrap(), &commit_one("solo")),
+        e.commit(b.reservation.as_deref().unwrap(), &commit("solo")),
         Err(EngineError::NotFound(_))
     ));
 }
@@ -287,7 +273,7 @@ fn budget_commit_at_final_cost() {
     assert_eq!((d.spent, d.pending, d.amount), (0, 300, 1000));
     let c = CommitRequest {
         cost: Some(120),
-        ..commit_one("b")
+        ..commit("b")
     };
     e.commit(s.reservation.as_deref().unwrap(), &c).unwrap();
     let d = e.delivery("b").unwrap();
@@ -477,7 +463,7 @@ fn daily_caps_reset_at_local_midnight() {
     let e = memory_engine(clock.clone());
     e.put_campaign("ny", campaign(r#"{"tz": "America/New_York", "caps": [{"kind": "window", "limit": 1, "window": "1d", "align": "calendar"}]}"#)).unwrap();
     let s = e.screen(&screen(Some("u"), &["ny"], true)).unwrap();
-    e.commit(s.reservation.as_deref().unwrap(), &commit_one("ny"))
+    e.commit(s.reservation.as_deref().unwrap(), &commit("ny"))
         .unwrap();
     let u = e.user_usage("u", "ny").unwrap();
     assert_eq!(
@@ -501,7 +487,7 @@ fn daily_caps_reset_at_local_midnight() {
     );
     // That local day has 23 hours.
     let s = e.screen(&screen(Some("u"), &["ny"], true)).unwrap();
-    e.commit(s.reservation.as_deref().unwrap(), &commit_one("ny"))
+    e.commit(s.reservation.as_deref().unwrap(), &commit("ny"))
         .unwrap();
     assert_eq!(
         e.user_usage("u", "ny").unwrap()[0].reset_after,
@@ -546,7 +532,7 @@ fn zero_over_delivery_under_threads() {
                         continue;
                     }
                     let cost = req.candidates[w].cost.unwrap();
-                    e.commit(&id, &commit_one(camps[w])).unwrap();
+                    e.commit(&id, &commit(camps[w])).unwrap();
                     *committed
                         .lock()
                         .unwrap()
@@ -591,7 +577,7 @@ fn restart_keeps_counters_and_definitions() {
         )
         .unwrap();
         let s = e.screen(&screen(Some("u1"), &["c1"], true)).unwrap();
-        e.commit(s.reservation.as_deref().unwrap(), &commit_one("c1"))
+        e.commit(s.reservation.as_deref().unwrap(), &commit("c1"))
             .unwrap();
         e.events(&[Event {
             user: Some("u1".into()),
@@ -768,7 +754,7 @@ fn stress_with_shared_ancestors_and_redefinitions() {
                                     e.release(&id).unwrap();
                                 } else {
                                     let w = s.results.iter().find(|r| r.eligible).unwrap();
-                                    e.commit(&id, &commit_one(&w.campaign)).unwrap();
+                                    e.commit(&id, &commit(&w.campaign)).unwrap();
                                     *won.lock()
                                         .unwrap()
                                         .entry((user, w.campaign.to_string()))
@@ -860,7 +846,7 @@ fn tiny_hot_tier_loses_nothing() {
         assert_eq!(e.user_usage(u, "c").unwrap()[0].pending, 1, "{u}");
     }
     for id in &ids {
-        e.commit(id, &commit_one("c")).unwrap();
+        e.commit(id, &commit("c")).unwrap();
     }
     // Now committed and written: new users push them out.
     let evicted = e.hot_stats().evicted_active.load(Ordering::Relaxed);
@@ -870,7 +856,7 @@ fn tiny_hot_tier_loses_nothing() {
         // Settled ids are remembered until their deadline: let them go.
         clock.advance(2 * SEC);
         let s = e.screen(&screen(Some(u), &["c"], true)).unwrap();
-        e.commit(s.reservation.as_deref().unwrap(), &commit_one("c"))
+        e.commit(s.reservation.as_deref().unwrap(), &commit("c"))
             .unwrap();
         let again = e.screen(&screen(Some(u), &["c"], false)).unwrap();
         assert!(
@@ -972,12 +958,12 @@ fn a_repeated_commit_is_never_acknowledged_when_the_first_was_not_written() {
     let id = s.reservation.unwrap();
     store.failing.store(true, Ordering::SeqCst);
     assert!(matches!(
-        e.commit(&id, &commit_one("c1")),
+        e.commit(&id, &commit("c1")),
         Err(EngineError::Store(_))
     ));
     // The retry must not say "committed": nothing was written.
     assert!(matches!(
-        e.commit(&id, &commit_one("c1")),
+        e.commit(&id, &commit("c1")),
         Err(EngineError::Store(_))
     ));
     // With the disk back, a settled reservation's repeat still reports the
@@ -986,11 +972,11 @@ fn a_repeated_commit_is_never_acknowledged_when_the_first_was_not_written() {
     let s = e.screen(&screen(Some("u2"), &["c1"], true)).unwrap();
     let id2 = s.reservation.unwrap();
     assert_eq!(
-        e.commit(&id2, &commit_one("c1")).unwrap().outcome,
+        e.commit(&id2, &commit("c1")).unwrap().outcome,
         Outcome::Committed
     );
     assert_eq!(
-        e.commit(&id2, &commit_one("c1")).unwrap().outcome,
+        e.commit(&id2, &commit("c1")).unwrap().outcome,
         Outcome::Committed
     );
 }
@@ -1160,23 +1146,23 @@ fn deferred_commits_are_acknowledged_once_durable_sync_async_or_dropped() {
     // Async: awaited without a thread parked.
     let a = reserve("ua");
     let pending = e
-        .commit_in_memory(&a, &commit_one("c1"))
+        .commit_in_memory(&a, &commit("c1"))
         .expect("live")
         .unwrap();
     let o = rt.block_on(pending.wait_async()).unwrap();
     assert_eq!(o.outcome, Outcome::Committed);
     // A repeat, async too, gets the same outcome.
     let again = e
-        .commit_in_memory(&a, &commit_one("c1"))
+        .commit_in_memory(&a, &commit("c1"))
         .expect("remembered")
         .unwrap();
     assert_eq!(rt.block_on(again.wait_async()).unwrap(), o);
     // Dropped unwaited (a client gone): the writes still complete, and a
     // repeat reports the commit.
     let b = reserve("ub");
-    drop(e.commit_deferred(&b, &commit_one("c1")).unwrap());
+    drop(e.commit_deferred(&b, &commit("c1")).unwrap());
     assert_eq!(
-        e.commit(&b, &commit_one("c1")).unwrap().outcome,
+        e.commit(&b, &commit("c1")).unwrap().outcome,
         Outcome::Committed
     );
     assert_eq!(e.user_usage("ub", "c1").unwrap()[0].used, 1);
@@ -1216,7 +1202,7 @@ fn the_sweeper_drops_the_counters_a_screen_left_at_zero() {
         .unwrap()
         .reservation
         .unwrap();
-    e.commit(&id, &commit_one("c3")).unwrap();
+    e.commit(&id, &commit("c3")).unwrap();
     let before = e.hot_bytes();
     clock.advance(SEC);
     assert_eq!(e.sweep(), 0, "the user is active: kept");
@@ -1447,7 +1433,7 @@ fn many_open_reservations_on_one_budget_settle_exactly() {
             0 => {
                 let c = CommitRequest {
                     cost: Some(5),
-                    ..commit_one("b")
+                    ..commit("b")
                 };
                 e.commit(id, &c).unwrap();
             }
@@ -1769,7 +1755,7 @@ fn a_backlog_of_due_reservations_is_expired_a_batch_per_request() {
     assert_eq!(e.open_reservations() as u64, n - batch);
     // The last one is still open in the table, past its deadline.
     let last = ids.last().unwrap();
-    match e.commit(last, &commit_one("b")) {
+    match e.commit(last, &commit("b")) {
         Err(EngineError::NotFound(_)) => {}
         other => panic!("expected NotFound, got {other:?}"),
     }
@@ -2282,10 +2268,10 @@ fn exclusion_labels_and_max_per_screen_within_a_screen() {
     // eligible commit as ever.
     let id = s.reservation.clone().unwrap();
     assert!(matches!(
-        e.commit(&id, &commit_one("maker-a")),
+        e.commit(&id, &commit("maker-a")),
         Err(EngineError::InvalidArgument { .. })
     ));
-    e.commit(&id, &commit_one("maker-b")).unwrap();
+    e.commit(&id, &commit("maker-b")).unwrap();
     // maker-b is now capped for u: it takes no label, and maker-a is held.
     let s = e
         .screen(&screen(Some("u"), &["maker-b", "maker-a"], false))

@@ -17,7 +17,7 @@ use serde_json::json;
 
 mod support;
 
-use support::cluster::{Node, Redis, redis_cli};
+use support::cluster::{Node, Redis, definition_reached, redis_cli};
 
 fn owner_node(tmp: &Path, redis: &Redis, id: &str) -> Node {
     Node::start_with(
@@ -34,15 +34,7 @@ fn campaign(nodes: &[&Node], camp: &str, cap: u64) {
     let def = json!({"caps": [{"kind": "window", "limit": cap, "window": "1h"}]});
     let (st, body) = nodes[0].call_retrying("PUT", &format!("/v1/campaigns/{camp}"), Some(&def));
     assert_eq!(st, 200, "{body}");
-    for n in nodes {
-        let seen = (0..100).any(|_| {
-            n.call("GET", &format!("/v1/campaigns/{camp}"), None).0 == 200 || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        assert!(seen, "campaign {camp} did not reach {} within 5 s", n.base);
-    }
+    definition_reached(nodes.iter().copied(), &format!("/v1/campaigns/{camp}"));
 }
 
 /// Waits (15 s at most) until every node answers a user's screen, then

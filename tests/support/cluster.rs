@@ -213,6 +213,32 @@ impl Node {
     }
 }
 
+/// `count` nodes named n0, n1, … on `redis`, each with its data under
+/// `dir/<name>` and the `extra` arguments (see [`Node::start_with`]).
+pub fn nodes(dir: &Path, redis: &Redis, count: usize, extra: &[&str]) -> Vec<Node> {
+    (0..count)
+        .map(|i| {
+            let id = format!("n{i}");
+            Node::start_with(&dir.join(&id), &redis.seeds, &id, &[], extra)
+        })
+        .collect()
+}
+
+/// Waits (5 s at most a node) until every node in `nodes` serves the
+/// definition at `path`: nodes apply definitions others wrote within a
+/// second (docs/cluster.md).
+pub fn definition_reached<'a>(nodes: impl IntoIterator<Item = &'a Node>, path: &str) {
+    for n in nodes {
+        let seen = (0..100).any(|_| {
+            n.call("GET", path, None).0 == 200 || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+        });
+        assert!(seen, "{path} did not reach {} within 5 s", n.base);
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
