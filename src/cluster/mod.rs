@@ -35,6 +35,7 @@
 //! [`time`] the cluster's clock. Each implements one of the store's feature
 //! traits ([`crate::store::shared`]).
 
+pub mod bounded;
 pub mod owners;
 pub mod time;
 

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use super::bounded::score;
 use crate::clock::{MS, Nanos};
 use crate::store::{Membership, Shared, StoreError};
 
@@ -112,15 +113,6 @@ fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// The rendezvous score of key `h` on a member of seed `seed`: SplitMix64's
-/// finalizer over both, so that every bit of each moves the score.
-fn score(h: u128, seed: u64) -> u64 {
-    let mut z = (h as u64) ^ ((h >> 64) as u64).rotate_left(29) ^ seed;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// Who decides on a key now.
