@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the thirteen functions" \
-  $'fc_cas_v1\nfc_cas_v2\nfc_defs_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the fourteen functions" \
+  $'fc_cas_v1\nfc_cas_v2\nfc_defs_v1\nfc_heat_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -656,5 +656,35 @@ expect "a join needs a ttl" '(error) ERR fc_member_v1: ttl_ms must be at least 1
 expect "a name with a space is refused" \
   '(error) ERR fc_member_v1: node must be 1 to 128 bytes without spaces' \
   "$(rc FCALL fc_member_v1 1 "$KM" 'n 3' 127.0.0.1:3 0 2000)"
+
+echo "== owner mode's loads: fc_heat_v1"
+KH='fc:{members}:heat'
+A=0000000000000000000000000000000a
+B=0000000000000000000000000000000b
+expect "no decisions, no table" '' \
+  "$(raw FCALL fc_heat_v1 1 "$KH" n1 0 2 10000 6000 | sed -n '2,3p' | tr -d '\n')"
+NOWM=$(now_ms)
+out=$(raw FCALL fc_heat_v1 1 "$KH" n1 100 2 10000 6000 "$A" 60 "$B" 10)
+T1=$(sed -n 3p <<<"$out")
+expect "the first table: the heaviest, and the rest" "$A 60 $B 10" "$(cut -d' ' -f3- <<<"$T1")"
+expect "the rest is what no key listed" '30' "$(cut -d' ' -f2 <<<"$T1")"
+FROM=$(cut -d' ' -f1 <<<"$T1")
+expect_true "it applies 6 s ahead ($FROM ~ $NOWM + 6000)" "from=$FROM now=$NOWM" \
+  within_10s "$FROM" $(( NOWM + 6000 )) 100
+out=$(raw FCALL fc_heat_v1 1 "$KH" n2 50 2 10000 6000 "$B" 45)
+expect "a table is made at most every every_ms" "$T1" "$(sed -n 3p <<<"$out")"
+expect "n2's report is kept" "50 $B 45" "$(raw HGET "$KH" h:n2 | cut -d' ' -f2-)"
+expect "a key is 32 hex digits" '(error) ERR fc_heat_v1: a key must be 32 lowercase hex digits' \
+  "$(rc FCALL fc_heat_v1 1 "$KH" n1 1 2 10000 6000 ABC 1)"
+expect "at most top keys" '(error) ERR fc_heat_v1: at most `top` keys' \
+  "$(rc FCALL fc_heat_v1 1 "$KH" n1 3 1 10000 6000 "$A" 1 "$B" 1)"
+# every_ms 0: a table is due at every call; both fresh reports merge.
+out=$(raw FCALL fc_heat_v1 1 "$KH" n1 20 2 0 6000 "$A" 20)
+expect "the table it replaced is prev" "$T1" "$(sed -n 2p <<<"$out")"
+expect "with every_ms 0, only reports of this very ms are fresh" "0 $A 20" "$(sed -n 3p <<<"$out" | cut -d' ' -f2-)"
+rc HDEL "$KH" w:next >/dev/null
+# (that call removed n2's report, older than 2 x 0 ms; n2 reports again)
+out=$(raw FCALL fc_heat_v1 1 "$KH" n2 50 2 10000 6000 "$B" 45)
+expect "every fresh report merges, heaviest first" "5 $B 45 $A 20" "$(sed -n 3p <<<"$out" | cut -d' ' -f2-)"
 
 echo "all $PASS checks passed"

@@ -29,6 +29,8 @@
 --                     on an older copy lands after it
 --   fc_member_v1      a joiner owns nothing before every live member has
 --                     read it; an ended lease is refused, never renewed
+--   fc_heat_v1        one table of the heaviest users for the whole fleet,
+--                     applied ahead of time so every node places alike
 --   fc_peek_v1        whether a copy is current, the record only if it moved
 --   fc_lease_v1/v2    Σ spent + Σ headroom <= total, at Redis's time; counts
 --                     absolute, so a retry or a lost reply grants nothing
@@ -920,6 +922,121 @@ local function fc_member(keys, args)
 end
 
 -------------------------------------------------------------------------------
+-- fc_heat_v1: owner mode's loads (docs/cluster.md, "Owner mode"): each node's
+-- count of the decisions it made as owner, and the fleet's table of the
+-- heaviest users that owners are placed by (src/cluster/bounded.rs).
+--
+--   FCALL fc_heat_v1 1 M node total top every_ms ahead_ms [key weight]...
+--
+-- Stores this node's report as field 'h:<node>' of the members hash M:
+-- "now_ms total key weight ...", keys as 32 lowercase hex digits. Then, if
+-- the last table was made at least every_ms ago (or there is none) and some
+-- report no older than every_ms counts anything, makes the next one: every
+-- fresh report's weights summed per key, the `top` heaviest kept (heaviest
+-- first, lower key first among equals), every other decision in `rest`, to
+-- take effect ahead_ms from now ('w:next': "from_ms rest key weight ...";
+-- the table it replaces becomes 'w:prev'). Reports older than 2 * every_ms
+-- are removed.
+--
+-- Reply: [now_ms, prev|nil, next|nil]. Every node places owners by the same
+-- tables; `ahead_ms` gives each time to read a new one before it applies.
+-------------------------------------------------------------------------------
+local function fc_heat(keys, args)
+  local F = 'fc_heat_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args < 5 or #args % 2 ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects node total top every_ms ahead_ms [key weight]...')
+  end
+  local node = args[1]
+  if #node == 0 or #node > 128 or string.find(node, ' ', 1, true) then
+    return redis.error_reply('ERR ' .. F .. ': node must be 1 to 128 bytes without spaces')
+  end
+  local total, top, every, ahead, err
+  total, err = uint_arg(args[2], F, 'total')
+  if not total then return err end
+  top, err = uint_arg(args[3], F, 'top')
+  if not top then return err end
+  if top > 4096 then
+    return redis.error_reply('ERR ' .. F .. ': top must be at most 4096')
+  end
+  every, err = uint_arg(args[4], F, 'every_ms')
+  if not every then return err end
+  ahead, err = uint_arg(args[5], F, 'ahead_ms')
+  if not ahead then return err end
+  if (#args - 5) / 2 > top then
+    return redis.error_reply('ERR ' .. F .. ': at most `top` keys')
+  end
+  local m = keys[1]
+  local now = now_ms()
+  local report = {istr(now), istr(total)}
+  for i = 6, #args, 2 do
+    if not string.match(args[i], '^[0-9a-f]+$') or #args[i] ~= 32 then
+      return redis.error_reply('ERR ' .. F .. ': a key must be 32 lowercase hex digits')
+    end
+    local w
+    w, err = uint_arg(args[i + 1], F, 'weight')
+    if not w then return err end
+    report[#report + 1] = args[i]
+    report[#report + 1] = istr(w)
+  end
+  redis.call('HSET', m, 'h:' .. node, table.concat(report, ' '))
+  local prev, next = redis.call('HGET', m, 'w:prev'), redis.call('HGET', m, 'w:next')
+  local made = next and tonumber(string.match(next, '^(%d+) ')) - ahead
+  if not made or made + every <= now then
+    local all = redis.call('HGETALL', m)
+    local sum, sums, keys_seen = 0, {}, {}
+    for i = 1, #all, 2 do
+      local f, v = all[i], all[i + 1]
+      if string.sub(f, 1, 2) == 'h:' then
+        local at, t = string.match(v, '^(%d+) (%d+)')
+        at, t = tonumber(at), tonumber(t)
+        if not at or at + 2 * every < now then
+          redis.call('HDEL', m, f)
+        elseif at + every >= now then
+          sum = sum + t
+          local first = true
+          local key
+          for word in string.gmatch(string.sub(v, #string.match(v, '^%d+ %d+') + 1), '%S+') do
+            if first then
+              key = word
+            else
+              if not sums[key] then
+                sums[key] = 0
+                keys_seen[#keys_seen + 1] = key
+              end
+              sums[key] = sums[key] + tonumber(word)
+            end
+            first = not first
+          end
+        end
+      end
+    end
+    if sum > 0 then
+      table.sort(keys_seen, function(a, b)
+        if sums[a] ~= sums[b] then return sums[a] > sums[b] end
+        return a < b
+      end)
+      local kept, out = 0, {}
+      for i = 1, math.min(top, #keys_seen) do
+        local k = keys_seen[i]
+        kept = kept + sums[k]
+        out[#out + 1] = k
+        out[#out + 1] = istr(sums[k])
+      end
+      local text = istr(now + ahead) .. ' ' .. istr(math.max(sum - kept, 0))
+      if #out > 0 then text = text .. ' ' .. table.concat(out, ' ') end
+      prev = next
+      next = text
+      if prev then redis.call('HSET', m, 'w:prev', prev) end
+      redis.call('HSET', m, 'w:next', next)
+    end
+  end
+  return {now, prev or false, next or false}
+end
+
+-------------------------------------------------------------------------------
 -- fc_peek_v1 (no-writes): a cached copy's freshness check.
 --
 --   FCALL fc_peek_v1 1 K version
@@ -1207,6 +1324,7 @@ redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = 
 redis.register_function{function_name = 'fc_cas_v2', callback = fc_cas_v2, flags = {}}
 redis.register_function{function_name = 'fc_own_v1', callback = fc_own, flags = {}}
 redis.register_function{function_name = 'fc_member_v1', callback = fc_member, flags = {}}
+redis.register_function{function_name = 'fc_heat_v1', callback = fc_heat, flags = {}}
 redis.register_function{function_name = 'fc_peek_v1', callback = fc_peek,
   flags = {'no-writes'}}
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}

@@ -58,6 +58,11 @@ const DEFS_IDS: &str = "__ids";
 const DEFS_WRITER: &str = "fc:{defs}:writer";
 /// Owner mode's members and their leases (`fc_member_v1`).
 const MEMBERS_KEY: &str = "fc:{members}";
+
+/// Owner mode's loads: each node's report and the tables of heavy users
+/// (`fc_heat_v1`); beside the members (same slot), not in their hash, which
+/// every renewal reads whole.
+const HEAT_KEY: &str = "fc:{members}:heat";
 /// The mailbox of the node of process nonce `nonce`: notices of its
 /// reservations other nodes settled.
 fn mailbox_key(nonce: u32) -> String {

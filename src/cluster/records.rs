@@ -7,10 +7,12 @@ use std::sync::atomic::Ordering;
 
 use redis::Value;
 
-use super::MEMBERS_KEY;
 use super::conn::{RedisStore, bytes, int, ms, redis_key, unexpected};
+use super::{HEAT_KEY, MEMBERS_KEY};
 use crate::clock::Nanos;
-use crate::store::{Cas, Membership, Owned, OwnedRecords, Records, StoreError};
+use crate::store::{
+    Cas, HeatReport, HeatTables, Membership, Owned, OwnedRecords, Records, StoreError,
+};
 
 impl Records for RedisStore {
     /// Redis's clock minus this node's, as `time.rs` measures it: every
@@ -242,6 +244,44 @@ impl OwnedRecords for RedisStore {
                     members,
                 })
             }
+            _ => Err(bad()),
+        }
+    }
+
+    /// `fc_heat_v1`: this node's report of its decisions as owner, and the
+    /// fleet's tables of heavy users. Not waited on a replica: a table lost
+    /// in a failover is made again from the next reports.
+    fn heat(&self, r: &HeatReport<'_>) -> Result<HeatTables, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_heat_v1")
+            .arg(1)
+            .arg(HEAT_KEY)
+            .arg(r.node)
+            .arg(r.total)
+            .arg(r.top)
+            .arg(r.every_ms)
+            .arg(r.ahead_ms);
+        for (h, w) in r.heavy {
+            c.arg(format!("{h:032x}")).arg(*w);
+        }
+        let (v, _) = self.fcall(&c, false)?;
+        let bad = || unexpected("fc_heat_v1", &v);
+        let Value::Array(a) = &v else {
+            return Err(bad());
+        };
+        let text = |x: &Value| match x {
+            Value::Nil => Ok(None),
+            x => bytes(x)
+                .and_then(|b| String::from_utf8(b).ok())
+                .map(Some)
+                .ok_or_else(bad),
+        };
+        match a.as_slice() {
+            [now, prev, next] => Ok(HeatTables {
+                now_ms: int(now).ok_or_else(bad)?,
+                prev: text(prev)?,
+                next: text(next)?,
+            }),
             _ => Err(bad()),
         }
     }

@@ -84,6 +84,34 @@ pub enum Membership {
     Gone { now_ms: u64 },
 }
 
+/// What a node reports of its decisions as owner ([`OwnedRecords::heat`]).
+#[derive(Debug, Clone, Copy)]
+pub struct HeatReport<'a> {
+    pub node: &'a str,
+    /// Decisions made since the last report.
+    pub total: u64,
+    /// The heaviest keys among them, with their counts.
+    pub heavy: &'a [(u128, u64)],
+    /// How many keys a table keeps.
+    pub top: usize,
+    /// A new table is made at most this often.
+    pub every_ms: u64,
+    /// A new table applies this long after it is made.
+    pub ahead_ms: u64,
+}
+
+/// The fleet's tables of heavy users ([`OwnedRecords::heat`]), as
+/// `crate::cluster::bounded::table_text` writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeatTables {
+    /// The store's time, unix ms.
+    pub now_ms: u64,
+    /// The table before `next`, if any.
+    pub prev: Option<String>,
+    /// The latest table (it may apply later than now).
+    pub next: Option<String>,
+}
+
 /// A campaign's counts in one minute of its timeline (spend, commits,
 /// denied), by minute since the epoch: what a node adds at a flush and what
 /// the fleet's timeline answers.
@@ -176,6 +204,15 @@ pub trait OwnedRecords: Send + Sync {
         _expire_at: Nanos,
         _epoch: u64,
     ) -> Result<Cas, StoreError> {
+        Err(StoreError::Unsupported(
+            "owner mode needs a redis-cluster store",
+        ))
+    }
+
+    /// Owner mode's loads: stores this node's report and reads the fleet's
+    /// tables of heavy users, making the next one if one is due
+    /// (`fc_heat_v1`, docs/cluster.md "Owner mode").
+    fn heat(&self, _report: &HeatReport<'_>) -> Result<HeatTables, StoreError> {
         Err(StoreError::Unsupported(
             "owner mode needs a redis-cluster store",
         ))

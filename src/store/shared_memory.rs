@@ -190,6 +190,18 @@ struct Members {
     by_node: std::collections::BTreeMap<String, MemberLease>,
 }
 
+/// A node's report: when (ms), its total, its heaviest keys.
+type HeatOf = (u64, u64, Vec<(u128, u64)>);
+
+/// Owner mode's loads (`fc:{members}:heat`, `fc_heat_v1`).
+#[derive(Default)]
+struct Heat {
+    /// By node: when it reported (ms), its total and its heaviest keys.
+    reports: std::collections::BTreeMap<String, HeatOf>,
+    prev: Option<String>,
+    next: Option<String>,
+}
+
 /// How long after its lease ended a member is removed from the members
 /// (`fc_member_v1`: "over a minute ago").
 const MEMBER_GONE_AFTER_MS: u64 = 60_000;
@@ -203,6 +215,8 @@ pub struct SharedMemory {
     records: Mutex<Versioned>,
     /// Owner mode's members (`fc_member_v1`).
     members: Mutex<Members>,
+    /// Owner mode's loads (`fc_heat_v1`).
+    heat: Mutex<Heat>,
     leases: Mutex<HashMap<Vec<u8>, Holders>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
@@ -559,6 +573,60 @@ impl OwnedRecords for SharedMemory {
         rec.expires_ms = None;
         rec.epoch = rec.epoch.max(epoch);
         self.written(version)
+    }
+
+    /// `fc_heat_v1`: stores this node's report; if the last table was made
+    /// `every_ms` ago or more (or there is none) and a report no older than
+    /// that counts anything, makes the next, applying `ahead_ms` from now;
+    /// reports older than 2 × `every_ms` are removed.
+    fn heat(&self, r: &HeatReport<'_>) -> Result<HeatTables, StoreError> {
+        const F: &str = "fc_heat_v1";
+        if r.node.is_empty() || r.node.len() > 128 || r.node.contains(' ') {
+            return Err(StoreError::Io(format!(
+                "{F}: node must be 1 to 128 bytes without spaces"
+            )));
+        }
+        let total = uint_arg(F, "total", r.total)?;
+        if r.top > 4096 {
+            return Err(StoreError::Io(format!("{F}: top must be at most 4096")));
+        }
+        let every = uint_arg(F, "every_ms", r.every_ms)?;
+        let ahead = uint_arg(F, "ahead_ms", r.ahead_ms)?;
+        if r.heavy.len() > r.top {
+            return Err(StoreError::Io(format!("{F}: at most `top` keys")));
+        }
+        for (_, w) in r.heavy {
+            uint_arg(F, "weight", *w)?;
+        }
+        let now = self.unix_ms();
+        let mut heat = self.heat.lock().unwrap_or_else(PoisonError::into_inner);
+        heat.reports
+            .insert(r.node.to_owned(), (now, total, r.heavy.to_vec()));
+        let made = heat
+            .next
+            .as_deref()
+            .and_then(crate::cluster::bounded::parse_table)
+            .map(|(from, _)| from.saturating_sub(ahead));
+        if made.is_none_or(|m| m.saturating_add(every) <= now) {
+            heat.reports
+                .retain(|_, (at, _, _)| at.saturating_add(every.saturating_mul(2)) >= now);
+            let fresh: Vec<(u64, &[(u128, u64)])> = heat
+                .reports
+                .values()
+                .filter(|(at, _, _)| at.saturating_add(every) >= now)
+                .map(|(_, t, keys)| (*t, keys.as_slice()))
+                .collect();
+            if fresh.iter().any(|(t, _)| *t > 0) {
+                let w = crate::cluster::bounded::merge(fresh, r.top);
+                let text = crate::cluster::bounded::table_text(now.saturating_add(ahead), &w);
+                heat.prev = heat.next.replace(text);
+            }
+        }
+        Ok(HeatTables {
+            now_ms: now,
+            prev: heat.prev.clone(),
+            next: heat.next.clone(),
+        })
     }
 
     /// `fc_member_v1`: `epoch` 0 joins with the next epoch, owning nothing
@@ -1258,6 +1326,62 @@ mod tests {
         let (k, _) = claimed(s.own(b"u-other", 5, 0).unwrap());
         clock.advance(10 * TTL);
         assert_eq!(s.peek(b"u-other", k).unwrap(), None);
+    }
+
+    /// `fc_heat_v1`'s twin: reports merge into one table, made at most
+    /// every `every_ms` and applying `ahead_ms` later; stale reports leave.
+    #[test]
+    fn heat_reports_make_one_table_ahead_of_time() {
+        use crate::cluster::bounded::parse_table;
+        let (s, clock) = store();
+        let report = |node, total, heavy| HeatReport {
+            node,
+            total,
+            heavy,
+            top: 2,
+            every_ms: 10_000,
+            ahead_ms: 6_000,
+        };
+        let t0 = clock.now() / MS;
+        let nothing = s.heat(&report("n1", 0, &[])).unwrap();
+        assert_eq!(
+            (nothing.prev, nothing.next),
+            (None, None),
+            "no decisions, no table"
+        );
+        let first = s.heat(&report("n1", 100, &[(7, 60), (8, 10)])).unwrap();
+        let (from, w) = parse_table(first.next.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (from, w.heavy, w.rest),
+            (t0 + 6_000, vec![(7, 60), (8, 10)], 30)
+        );
+        clock.advance(5_000 * MS);
+        let early = s.heat(&report("n2", 50, &[(8, 45)])).unwrap();
+        assert_eq!(early.next, first.next, "a table is made at most every 10 s");
+        clock.advance(5_000 * MS);
+        let second = s.heat(&report("n1", 20, &[(7, 20)])).unwrap();
+        assert_eq!(second.prev, first.next);
+        let (from, w) = parse_table(second.next.as_deref().unwrap()).unwrap();
+        assert_eq!(from, t0 + 16_000);
+        assert_eq!(
+            (w.heavy, w.rest),
+            (vec![(8, 45), (7, 20)], 5),
+            "n1's latest, n2's"
+        );
+        clock.advance(21_000 * MS);
+        let third = s.heat(&report("n1", 1, &[])).unwrap();
+        let (_, w) = parse_table(third.next.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (w.heavy, w.rest),
+            (vec![], 1),
+            "n2's report is too old to count"
+        );
+        let bad = s.heat(&report("n 1", 1, &[])).unwrap_err();
+        assert!(bad.to_string().contains("node must be"), "{bad}");
+        let bad = s
+            .heat(&report("n1", 1, &[(1, 1), (2, 1), (3, 1)]))
+            .unwrap_err();
+        assert!(bad.to_string().contains("at most `top` keys"), "{bad}");
     }
 
     /// The script's `fc_member_v1` cases, and what it says without a test
