@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use super::bounded::score;
+use super::bounded::{self, Balance, EPSILON, HEAVY_KEYS, Weights, score};
 use crate::clock::{MS, Nanos};
-use crate::store::{Membership, Shared, StoreError};
+use crate::store::{HeatReport, Membership, Shared, StoreError};
 
 /// Where a fleet keeps a user's open reservations (`reservations`,
 /// docs/cluster.md).
@@ -68,6 +68,28 @@ pub const MAX_VIEW_AGE: Nanos = LEASE_MS * MS / 2;
 /// moves: covers the cluster time's error between nodes (under a ms) and a
 /// decision's own length (a Redis call: `redis_timeout_ms`, 100 by default).
 pub const MARGIN: Nanos = 250 * MS;
+
+/// How often a node reports its heaviest users and reads the fleet's table
+/// of them (`fc_heat_v1`), at a renewal: every fourth, 2 s.
+const HEAT_EVERY: Nanos = 4 * (LEASE_MS / 4) * MS;
+
+/// A new table of heavy users is made at most this often: each moves the
+/// heavy users whose place changed (503 for [`MARGIN`], their copies read
+/// again), so not more often than loads shift.
+pub const TABLE_EVERY_MS: u64 = 10_000;
+
+/// A new table applies this long after it is made: every node reads the
+/// tables at least every [`TABLES_MAX_AGE`], and places nothing by an older
+/// copy, so all have it before it applies (6 s > 4 s + [`MARGIN`]).
+pub const TABLE_AHEAD_MS: u64 = 6_000;
+
+/// A node whose copy of the tables is older than this owns nothing (two
+/// reports missed).
+pub const TABLES_MAX_AGE: Nanos = 2 * HEAT_EVERY;
+
+/// How many users a node counts at once: past it, counts are halved and
+/// the ones at zero dropped (a user that was heavy stays among them).
+const HEAT_TRACKED: usize = 4 * HEAVY_KEYS;
 
 /// One member, as the members hash says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +148,52 @@ pub enum Owner {
     Unsettled(&'static str),
 }
 
+/// The fleet's tables of heavy users, as this node last read them.
+#[derive(Debug, Clone, Default)]
+pub struct Tables {
+    /// When they were read (cluster time, ns; 0: never).
+    pub read_at: Nanos,
+    /// Each table with the instant it applies from, earliest first.
+    pub list: Vec<(Nanos, Arc<Weights>)>,
+}
+
+impl Tables {
+    /// The tables in a `fc_heat_v1` answer, read at `now_ms`.
+    fn parse(now_ms: u64, texts: [Option<&str>; 2]) -> Tables {
+        let mut list: Vec<(Nanos, Arc<Weights>)> = texts
+            .into_iter()
+            .flatten()
+            .filter_map(bounded::parse_table)
+            .map(|(from, w)| (from.saturating_mul(MS), Arc::new(w)))
+            .collect();
+        list.sort_by_key(|(from, _)| *from);
+        Tables {
+            read_at: now_ms.saturating_mul(MS),
+            list,
+        }
+    }
+
+    /// The table that applies at `t`, by its index in `list`.
+    fn at(&self, t: Nanos) -> Option<usize> {
+        self.list.iter().rposition(|(from, _)| *from <= t)
+    }
+}
+
+/// Placements already computed for a view, by (table, live members): a
+/// view lives for one renewal (0.5 s), and a placement takes ~20 µs to
+/// make for 256 heavy users.
+#[derive(Debug, Default)]
+struct Placed(RwLock<Vec<PlacedBy>>);
+
+/// A placement, by the index of its table and its live members.
+type PlacedBy = (usize, Vec<usize>, Arc<Balance>);
+
+impl Clone for Placed {
+    fn clone(&self) -> Placed {
+        Placed::default()
+    }
+}
+
 /// A node's copy of the members.
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -134,26 +202,66 @@ pub struct View {
     /// When the copy was read (cluster time, ns).
     pub read_at: Nanos,
     pub members: Vec<Member>,
+    /// The tables of heavy users owners are placed by (src/cluster/bounded.rs).
+    pub tables: Arc<Tables>,
+    placed: Placed,
 }
 
 impl View {
-    /// The member owning `h` at `t`, if any is live then.
+    /// The member owning `h` at `t`, if any is live then: by the table that
+    /// applies then, with bounded loads; by plain rendezvous before any.
     fn pick(&self, h: u128, t: Nanos) -> Option<&Member> {
-        self.members
-            .iter()
-            .filter(|m| m.live_at(t))
-            .max_by_key(|m| (score(h, m.seed), m.seed))
+        let Some(table) = self.tables.at(t) else {
+            return self
+                .members
+                .iter()
+                .filter(|m| m.live_at(t))
+                .max_by_key(|m| (score(h, m.seed), m.seed));
+        };
+        let live: Vec<usize> = (0..self.members.len())
+            .filter(|i| self.members[*i].live_at(t))
+            .collect();
+        let balance = self.balance(table, &live);
+        balance.owner(h).map(|j| &self.members[live[j]])
     }
 
-    /// The latest instant at or before `now` at which a member became
-    /// active or its lease ended: users may have changed owner then.
-    fn last_change(&self, now: Nanos) -> Nanos {
+    /// The placement of table `table` over the members `live`.
+    fn balance(&self, table: usize, live: &[usize]) -> Arc<Balance> {
+        let found = |v: &Vec<PlacedBy>| {
+            v.iter()
+                .find(|(t, l, _)| *t == table && l.as_slice() == live)
+                .map(|(_, _, b)| b.clone())
+        };
+        if let Some(b) = found(&self.placed.0.read().unwrap_or_else(PoisonError::into_inner)) {
+            return b;
+        }
+        let seeds: Vec<u64> = live.iter().map(|i| self.members[*i].seed).collect();
+        let b = Arc::new(Balance::new(&seeds, &self.tables.list[table].1, EPSILON));
+        let mut placed = self
+            .placed
+            .0
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = found(&placed) {
+            return b;
+        }
+        placed.push((table, live.to_vec(), b.clone()));
+        b
+    }
+
+    /// Every instant at which users may have changed owner: a member
+    /// becoming active or its lease ending, a table applying.
+    fn changes(&self) -> impl Iterator<Item = Nanos> + '_ {
         self.members
             .iter()
             .flat_map(|m| [m.active_from, m.expiry])
-            .filter(|t| *t <= now)
-            .max()
-            .unwrap_or(0)
+            .chain(self.tables.list.iter().map(|(from, _)| *from))
+    }
+
+    /// The latest instant at or before `now` at which users may have
+    /// changed owner.
+    fn last_change(&self, now: Nanos) -> Nanos {
+        self.changes().filter(|t| *t <= now).max().unwrap_or(0)
     }
 
     /// Who decides on key `h` at `now`, as `me` sees it.
@@ -163,6 +271,9 @@ impl View {
         }
         if now > self.read_at.saturating_add(MAX_VIEW_AGE) {
             return Owner::Unsettled("this node cannot read the fleet's members from Redis");
+        }
+        if now > self.tables.read_at.saturating_add(TABLES_MAX_AGE) {
+            return Owner::Unsettled("this node cannot read the fleet's table of heavy users");
         }
         let (a, b) = (self.pick(h, now), self.pick(h, now.saturating_add(MARGIN)));
         let (Some(a), Some(b)) = (a, b) else {
@@ -224,6 +335,47 @@ pub struct Owners {
     /// Drops made so far: a decision that saw it change while it ran does
     /// not put its copy back.
     drops: AtomicU64,
+    /// The decisions this node made as owner since its last report.
+    heat: Heat,
+}
+
+/// Decisions counted by user, for the fleet's table of heavy users: at most
+/// [`HEAT_TRACKED`] users at once (memory stays bounded whatever the users).
+#[derive(Debug, Default)]
+struct Heat {
+    counts: Mutex<std::collections::HashMap<u128, u64>>,
+    total: AtomicU64,
+}
+
+impl Heat {
+    fn add(&self, h: u128) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if counts.len() >= HEAT_TRACKED && !counts.contains_key(&h) {
+            // Full: halve every count, dropping the ones at zero (amortised:
+            // at most once per HEAT_TRACKED / 2 new users, most of them
+            // light). A user still not let in is counted in the total.
+            counts.retain(|_, c| {
+                *c /= 2;
+                *c > 0
+            });
+            if counts.len() >= HEAT_TRACKED {
+                return;
+            }
+        }
+        *counts.entry(h).or_default() += 1;
+    }
+
+    /// The total and the `top` heaviest since the last call, counts reset.
+    fn take(&self, top: usize) -> (u64, Vec<(u128, u64)>) {
+        let counts =
+            std::mem::take(&mut *self.counts.lock().unwrap_or_else(PoisonError::into_inner));
+        let total = self.total.swap(0, Ordering::Relaxed);
+        let mut heavy: Vec<(u128, u64)> = counts.into_iter().collect();
+        heavy.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        heavy.truncate(top);
+        (total, heavy)
+    }
 }
 
 impl Owners {
@@ -234,6 +386,7 @@ impl Owners {
             view: RwLock::new(Arc::new(View::default())),
             dropped: Mutex::new((0, 0)),
             drops: AtomicU64::new(0),
+            heat: Heat::default(),
         }
     }
 
@@ -252,12 +405,7 @@ impl Owners {
         }
         // Every instant owners changed at since the last drop: a user is
         // kept only if it was this node's throughout.
-        let mut times: Vec<Nanos> = view
-            .members
-            .iter()
-            .flat_map(|m| [m.active_from, m.expiry])
-            .filter(|t| *t > since && *t <= now)
-            .collect();
+        let mut times: Vec<Nanos> = view.changes().filter(|t| *t > since && *t <= now).collect();
         times.extend([now, now.saturating_add(MARGIN)]);
         Some(DropPlan {
             all: epoch != view.epoch,
@@ -304,9 +452,13 @@ impl Owners {
             .clone()
     }
 
-    /// Who decides on key `h` at `now`.
+    /// Who decides on key `h` at `now` (counted, if this node).
     pub fn owner(&self, h: u128, now: Nanos) -> Owner {
-        self.view().owner(&self.node, h, now)
+        let owner = self.view().owner(&self.node, h, now);
+        if let Owner::Me { .. } = owner {
+            self.heat.add(h);
+        }
+        owner
     }
 
     /// Renews this node's lease (joining if it has none) and reads the
@@ -342,16 +494,49 @@ impl Owners {
                     .into_iter()
                     .filter_map(|(n, v)| Member::parse(n, &v))
                     .collect();
+                let tables = self.tables(shared, mine != epoch, now_ms.saturating_mul(MS));
                 self.set(View {
                     epoch: mine,
                     read_at: now_ms.saturating_mul(MS),
                     members,
+                    tables,
+                    placed: Placed::default(),
                 });
                 Ok(())
             }
             Membership::Gone { .. } => Err(StoreError::Unavailable(
                 "the members hash refused a fresh join".into(),
             )),
+        }
+    }
+
+    /// The fleet's tables of heavy users: once the copy is [`HEAT_EVERY`]
+    /// old (and on joining), this node's report sent and the tables read
+    /// anew; otherwise the copy it has. A failed call keeps the copy, which
+    /// ages: past [`TABLES_MAX_AGE`] the node owns nothing.
+    fn tables(&self, shared: &dyn Shared, joined: bool, now: Nanos) -> Arc<Tables> {
+        let kept = self.view().tables.clone();
+        if !joined && now < kept.read_at.saturating_add(HEAT_EVERY) {
+            return kept;
+        }
+        let (total, heavy) = self.heat.take(HEAVY_KEYS);
+        let report = HeatReport {
+            node: &self.node,
+            total,
+            heavy: &heavy,
+            top: HEAVY_KEYS,
+            every_ms: TABLE_EVERY_MS,
+            ahead_ms: TABLE_AHEAD_MS,
+        };
+        match shared.heat(&report) {
+            Ok(t) => Arc::new(Tables::parse(
+                t.now_ms,
+                [t.prev.as_deref(), t.next.as_deref()],
+            )),
+            Err(e) => {
+                tracing::warn!(node = self.node, error = %e, "could not report this node's load (fc_heat_v1)");
+                kept
+            }
         }
     }
 
@@ -391,6 +576,11 @@ mod tests {
             epoch,
             read_at: 100 * S,
             members,
+            tables: Arc::new(Tables {
+                read_at: 100 * S,
+                list: Vec::new(),
+            }),
+            placed: Placed::default(),
         }
     }
 
@@ -472,5 +662,89 @@ mod tests {
             view(2, v.members.clone()).owner("a", 7, 100 * S),
             Owner::Unsettled(_)
         ));
+    }
+
+    /// A table applies from its instant: a heavy key goes where the bounded
+    /// placement puts it, and around the change it has no owner.
+    #[test]
+    fn a_table_places_heavy_keys_from_its_instant() {
+        let members = vec![
+            member("a", 1, 0, 300 * S),
+            member("b", 2, 0, 300 * S),
+            member("c", 3, 0, 300 * S),
+        ];
+        let plain = view(1, members.clone());
+        // Two keys of 45 % each, planned first: both cannot stay on one member.
+        let (k1, k2) = (0..10_000u128)
+            .flat_map(|a| (a + 1..a + 50).map(move |b| (a, b)))
+            .find(|(a, b)| {
+                plain.pick(*a, 100 * S).unwrap().node == plain.pick(*b, 100 * S).unwrap().node
+            })
+            .unwrap();
+        let w = Weights {
+            heavy: vec![(k1, 45), (k2, 45)],
+            rest: 10,
+        };
+        let mut v = plain.clone();
+        v.tables = Arc::new(Tables {
+            read_at: 100 * S,
+            list: vec![(110 * S, Arc::new(w))],
+        });
+        let (before, after) = (v.pick(k1, 105 * S).unwrap(), v.pick(k1, 115 * S).unwrap());
+        assert_eq!(
+            before.node,
+            plain.pick(k1, 105 * S).unwrap().node,
+            "plain before the table"
+        );
+        let (o1, o2) = (
+            v.pick(k1, 115 * S).unwrap().node.clone(),
+            v.pick(k2, 115 * S).unwrap().node.clone(),
+        );
+        assert_ne!(o1, o2, "two keys of 45 % each share no member");
+        let moved = if before.node != after.node { k1 } else { k2 };
+        v.read_at = 110 * S;
+        v.tables = Arc::new(Tables {
+            read_at: 110 * S,
+            ..(*v.tables).clone()
+        });
+        assert_eq!(
+            v.owner("a", moved, 110 * S - MARGIN / 2),
+            Owner::Unsettled("this user's owner is changing; retry")
+        );
+        assert_eq!(v.last_change(111 * S), 110 * S);
+    }
+
+    #[test]
+    fn a_node_with_stale_tables_owns_nothing() {
+        let mut v = view(1, vec![member("a", 1, 0, 300 * S)]);
+        assert_eq!(v.owner("a", 7, 100 * S), Owner::Me { epoch: 1 });
+        v.tables = Arc::new(Tables {
+            read_at: 100 * S - TABLES_MAX_AGE - 1,
+            list: Vec::new(),
+        });
+        assert_eq!(
+            v.owner("a", 7, 100 * S),
+            Owner::Unsettled("this node cannot read the fleet's table of heavy users")
+        );
+    }
+
+    /// Counting stays within HEAT_TRACKED users whatever comes, and the
+    /// heavy stay counted through a flood of light ones.
+    #[test]
+    fn heat_is_bounded_and_keeps_the_heavy() {
+        let heat = Heat::default();
+        let n = 20 * HEAT_TRACKED as u128;
+        for h in 10..(10 + n) {
+            heat.add(h);
+            heat.add(2);
+            if h % 4 == 0 {
+                heat.add(1);
+            }
+        }
+        assert!(heat.counts.lock().unwrap().len() <= HEAT_TRACKED);
+        let (total, top) = heat.take(2);
+        assert_eq!(u128::from(total), 2 * n + n / 4);
+        assert_eq!(top.iter().map(|(h, _)| *h).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(heat.take(2), (0, vec![]), "a report resets the counts");
     }
 }
