@@ -452,3 +452,72 @@ fn an_edit_keeps_counts_and_an_erasure_reaches_the_owner() {
         assert_eq!(impression_retrying(&n[(i + 1) % 3], "u", "c"), Some(true));
     }
 }
+
+/// Balanced owners (docs/cluster.md, "Owner mode"): a user that makes most
+/// of the requests is measured by its owner and placed by the fleet's table
+/// of heavy users on every node; across the table's arrival (a change of
+/// owners like a member's) every user still gets exactly its cap, asked
+/// through every node.
+#[test]
+fn a_heavy_user_is_placed_by_the_fleets_table_and_caps_hold_across_it() {
+    const CAP: u64 = 3;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 8000);
+    let n: Vec<Node> = (0..3)
+        .map(|i| owner_node(tmp.path(), &redis, &format!("n{i}")))
+        .collect();
+    let nodes: Vec<&Node> = n.iter().collect();
+    campaign(&nodes, "c", CAP);
+    fleet_ready(&nodes, "c");
+    for node in &n {
+        assert_eq!(node.metric("freqcap_owner_heavy_users"), Some(0.0));
+    }
+    // "hot" makes 200 of the ~260 screens (dry: nothing held), through
+    // every node; 30 light users make 2 each.
+    let screen = |node: &Node, user: &str| {
+        let body = json!({"user": user, "candidates": [{"campaign": "c"}], "reserve": false});
+        node.call_retrying("POST", "/v1/screen", Some(&body)).0
+    };
+    for i in 0..200 {
+        assert_eq!(screen(&n[i % 3], "hot"), 200);
+        if i % 3 == 0 && i < 180 {
+            assert_eq!(screen(&n[i % 3], &format!("light{}", i / 6)), 200);
+        }
+    }
+    // Impressions through the table's arrival: reported within 2 s, made at
+    // once (the first), applied 6 s later, read by every node by then.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut shown: HashMap<String, u64> = HashMap::new();
+    let mut round = 0;
+    while nodes
+        .iter()
+        .any(|node| node.metric("freqcap_owner_heavy_users").unwrap_or(0.0) < 1.0)
+    {
+        assert!(
+            Instant::now() < until,
+            "the table of heavy users did not reach every node within 20 s"
+        );
+        for (i, user) in ["hot", "light1", "light2"].iter().enumerate() {
+            if impression_retrying(&n[(round + i) % 3], user, "c") == Some(true) {
+                *shown.entry((*user).to_owned()).or_default() += 1;
+            }
+        }
+        round += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for user in ["hot", "light1", "light2", "light3"] {
+        for i in 0..(CAP as usize + 2) {
+            if impression_retrying(&n[i % 3], user, "c") == Some(true) {
+                *shown.entry(user.to_owned()).or_default() += 1;
+            }
+        }
+        // (An impression whose commit answer was lost is not in `shown`.)
+        assert!(
+            shown.get(user).copied().unwrap_or(0) <= CAP,
+            "{user}: {shown:?}"
+        );
+        for node in &n {
+            assert_eq!(used(node, user, "c"), CAP, "{user} on {}", node.base);
+        }
+    }
+}

@@ -46,6 +46,8 @@ pub struct Figures {
     /// because a later owner had claimed the user.
     pub owner_claims: u64,
     pub owner_fenced: u64,
+    /// Owner mode: heavy users placed by the fleet's table now.
+    pub owner_heavy_users: u64,
     pub failed_open: u64,
     pub identity_rechecks: u64,
     /// Viewers erased (`DELETE /v1/users/{user}`, `/v1/ids/{kind}/{id}`).
@@ -403,6 +405,12 @@ fn shared_store(e: &mut DescriptorEncoder, f: &Figures, r: &RedisFigures) -> fmt
         "freqcap_owner_fenced",
         "Owner mode: decisions refused because a later owner had claimed the user",
         f.owner_fenced,
+    )?;
+    gauge(
+        e,
+        "freqcap_owner_heavy_users",
+        "Owner mode: users placed with bounded loads by the fleet's table of heavy users in force",
+        f.owner_heavy_users,
     )?;
     counter(
         e,

@@ -180,6 +180,7 @@ fn figures<C: Clock + 'static>(
         cas_conflicts: get(&st.cas_conflicts),
         owner_claims: get(&st.owner_claims),
         owner_fenced: get(&st.owner_fenced),
+        owner_heavy_users: engine.owner_heavy_users(),
         failed_open: get(&st.failed_open),
         identity_rechecks: get(&st.identity_rechecks),
         erasures: get(&st.erasures),

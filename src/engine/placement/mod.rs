@@ -302,6 +302,13 @@ impl<C: Clock> Engine<C> {
         self.owners().map(Owners::addr)
     }
 
+    /// Owner mode: the heavy users the fleet's table in force places with
+    /// bounded loads (docs/cluster.md, "Owner mode"); 0 in any other placement.
+    pub fn owner_heavy_users(&self) -> u64 {
+        self.owners()
+            .map_or(0, |o| o.heavy_users(self.now()) as u64)
+    }
+
     /// Owner mode: who owns which user (`None` in any other placement).
     pub(crate) fn owners(&self) -> Option<&Owners> {
         match &self.placement {
