@@ -84,7 +84,7 @@ pub(crate) fn guard_of<'a>(
         .map(|(_, r)| &mut **r)
 }
 
-/// Where to find the item a counter (`owner`, `tag`) counts for: to settle
+/// Where to find the item a counter (`def_id`, `tag`) counts for: to settle
 /// a pending debit on it, or to leave pending debits out of a record's disk
 /// form.
 #[derive(Clone, Copy)]
@@ -95,35 +95,35 @@ pub(crate) enum Defs<'a> {
     Chain(&'a [Arc<CampaignEntry>]),
     /// The stack a policy key (or inline key) was decided by.
     Stack {
-        owner: u32,
+        def_id: u32,
         stack: &'a Stack,
         tags: &'a [u32],
     },
 }
 
 impl<'a> Defs<'a> {
-    pub(crate) fn item(self, owner: u32, tag: u32) -> Option<&'a Item> {
+    pub(crate) fn item(self, def_id: u32, tag: u32) -> Option<&'a Item> {
         match self {
             Defs::Registry(reg) => {
-                if let Some(e) = reg.campaign_by_id(owner) {
+                if let Some(e) = reg.campaign_by_id(def_id) {
                     let i = e.tags.iter().position(|&t| t == tag)?;
                     return Some(&e.compiled.items[i].item);
                 }
-                let p = reg.policy_by_id(owner)?;
+                let p = reg.policy_by_id(def_id)?;
                 let i = p.tags.iter().position(|&t| t == tag)?;
                 Some(&p.stack.items()[i])
             }
             Defs::Chain(chain) => {
-                let e = chain.iter().find(|e| e.id == owner)?;
+                let e = chain.iter().find(|e| e.id == def_id)?;
                 let i = e.tags.iter().position(|&t| t == tag)?;
                 Some(&e.compiled.items[i].item)
             }
             Defs::Stack {
-                owner: o,
+                def_id: o,
                 stack,
                 tags,
             } => {
-                if owner != o {
+                if def_id != o {
                     return None;
                 }
                 let i = tags.iter().position(|&t| t == tag)?;
@@ -176,7 +176,7 @@ pub(crate) fn settle_entries(
     sample: Option<Sample>,
 ) {
     for p in entries {
-        let Some(item) = defs.item(p.owner, p.tag) else {
+        let Some(item) = defs.item(p.def_id, p.tag) else {
             continue;
         };
         // A counter whose item changed kind since the reservation was made
@@ -185,7 +185,7 @@ pub(crate) fn settle_entries(
         let Some(counter) = rec
             .counters
             .iter_mut()
-            .find(|c| c.owner == p.owner && c.tag == p.tag)
+            .find(|c| c.def_id == p.def_id && c.tag == p.tag)
         else {
             continue;
         };

@@ -27,7 +27,7 @@ use crate::store::StoreError;
 /// their tags.
 struct Target {
     stack: Arc<Stack>,
-    owner: u32,
+    def_id: u32,
     tags: Vec<u32>,
     /// Hash namespace of the key: named policy or inline limits.
     namespace: u8,
@@ -67,17 +67,21 @@ impl<C: Clock> Engine<C> {
         self.expire_step(now, reads);
         let Target {
             stack,
-            owner,
+            def_id,
             tags,
             namespace,
             shadow,
             counts,
         } = self.target(&req.target)?;
-        let key = self.hash(namespace, owner, &req.key);
+        let key = self.hash(namespace, def_id, &req.key);
         let record = RecordKey::PolicyKey(key);
         // With a shared store, an inline check's hold keeps its limits.
-        let inline =
-            self.inline_kept(&req.target, owner, req.reserve, req.reserve && req.cost > 0)?;
+        let inline = self.inline_kept(
+            &req.target,
+            def_id,
+            req.reserve,
+            req.reserve && req.cost > 0,
+        )?;
         // A zero-cost reserve is a peek: no reservation (docs/semantics.md
         // §4.1).
         let body = body_hash(req, req.reservation_id.is_some(), req.fingerprint);
@@ -127,7 +131,7 @@ impl<C: Clock> Engine<C> {
                             // the first answer's figures.
                             let mut states: SmallVec<[ItemState; 4]> = tags
                                 .iter()
-                                .map(|&t| rec.state(owner, t).cloned().unwrap_or_default())
+                                .map(|&t| rec.state(def_id, t).cloned().unwrap_or_default())
                                 .collect();
                             let (mut d, _) =
                                 stack.decide_as(&mut states, now, 0, Hold::Immediate, req.priority);
@@ -155,22 +159,22 @@ impl<C: Clock> Engine<C> {
             };
             let mut states: SmallVec<[ItemState; 4]> = tags
                 .iter()
-                .map(|&t| std::mem::take(rec.state_mut(owner, t)))
+                .map(|&t| std::mem::take(rec.state_mut(def_id, t)))
                 .collect();
             let (decision, pending) =
                 stack.decide_as(&mut states, now, req.cost, hold, req.priority);
             for (&t, s) in tags.iter().zip(states) {
-                *rec.state_mut(owner, t) = s;
+                *rec.state_mut(def_id, t) = s;
             }
             for (item, &t) in stack.items().iter().zip(&tags) {
-                rec.touch(owner, t, item);
+                rec.touch(def_id, t, item);
             }
             if let (Some(Pending { cost, items }), Some(claim)) = (pending, &claim) {
                 for (p, &t) in items.into_iter().zip(&tags) {
                     rec.add_pending(PendingEntry {
                         res: claim.seq,
                         cand: 0,
-                        owner,
+                        def_id,
                         tag: t,
                         item: p,
                         n: cost,
@@ -180,7 +184,7 @@ impl<C: Clock> Engine<C> {
                 let kept = self.keep_hold(rec, || Held {
                     res: claim.seq,
                     deadline: now + lifetime,
-                    kind: HeldKind::Check { policy: owner },
+                    kind: HeldKind::Check { policy: def_id },
                     body,
                     inline: inline.clone(),
                     ids: Vec::new(),
@@ -195,7 +199,7 @@ impl<C: Clock> Engine<C> {
                 let mut changes = Changes::new();
                 changes.record(record, rec);
                 let defs = Defs::Stack {
-                    owner,
+                    def_id,
                     stack: &stack,
                     tags: &tags,
                 };
@@ -239,7 +243,7 @@ impl<C: Clock> Engine<C> {
                             decision,
                             stack: stack.clone(),
                         };
-                        self.keep(&c.id, out, key, owner, tags);
+                        self.keep(&c.id, out, key, def_id, tags);
                     }
                     (_, Some(c), _) => self.reservations.abandon(&c.id),
                     (_, None, _) => {}
@@ -281,7 +285,7 @@ impl<C: Clock> Engine<C> {
             stack: stack.clone(),
         };
         match claim {
-            Some(c) if out.decision.allowed => self.keep(&c.id, out.clone(), key, owner, tags),
+            Some(c) if out.decision.allowed => self.keep(&c.id, out.clone(), key, def_id, tags),
             // A denied reserve creates nothing.
             Some(c) => self.reservations.abandon(&c.id),
             None => {}
@@ -291,10 +295,10 @@ impl<C: Clock> Engine<C> {
 
     /// Keeps a check's reservation `id`, answered `out`: a retry gets the
     /// answer, and a commit or release here settles its holds.
-    fn keep(&self, id: &str, out: CheckOutcome, key: u128, owner: u32, tags: Vec<u32>) {
+    fn keep(&self, id: &str, out: CheckOutcome, key: u128, def_id: u32, tags: Vec<u32>) {
         let reserved = Reserved::Check {
             key,
-            owner,
+            def_id,
             stack: out.stack.clone(),
             tags,
         };
@@ -313,7 +317,7 @@ impl<C: Clock> Engine<C> {
                 };
                 Ok(Target {
                     stack: p.stack.clone(),
-                    owner: p.id,
+                    def_id: p.id,
                     tags: p.tags.clone(),
                     namespace: b'p',
                     shadow: self.options.shadow || p.def.mode == Some(crate::model::Mode::Shadow),
@@ -324,7 +328,7 @@ impl<C: Clock> Engine<C> {
                 let c = compile_inline(limits)?;
                 Ok(Target {
                     stack: c.stack.clone(),
-                    owner: 0,
+                    def_id: 0,
                     tags: c.tags.clone(),
                     namespace: b'i',
                     shadow: self.options.shadow,
@@ -333,7 +337,7 @@ impl<C: Clock> Engine<C> {
             }
             CheckTarget::Compiled(c) => Ok(Target {
                 stack: c.stack.clone(),
-                owner: 0,
+                def_id: 0,
                 tags: c.tags.clone(),
                 namespace: b'i',
                 shadow: self.options.shadow,

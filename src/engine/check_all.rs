@@ -103,7 +103,7 @@ impl KeyLocks {
 /// A key's record and the identity its limits count under in it.
 fn stack_id(limits: &CompiledInline) -> u32 {
     // Different limits on one key keep separate records: a record keeps one
-    // counter per item index and owner, and a changed limit starts afresh,
+    // counter per item index and def_id, and a changed limit starts afresh,
     // as inline limits do (docs/semantics.md §3).
     limits
         .tags
@@ -215,20 +215,24 @@ impl<C: Clock> Engine<C> {
         // this waits on nothing unless one was evicted in between; it may
         // wait then (never stopping half way, as `MemoryOnly` could).
         for (record, c, states) in scratch {
-            let owner = 0;
+            let def_id = 0;
             let tags = &c.limits.tags;
             let stack = &c.limits.stack;
             self.with_record(record, now, Reads::MayWait, |rec, now| {
                 for (&t, s) in tags.iter().zip(states.iter()) {
-                    *rec.state_mut(owner, t) = s.clone();
+                    *rec.state_mut(def_id, t) = s.clone();
                 }
                 for (item, &t) in stack.items().iter().zip(tags) {
-                    rec.touch(owner, t, item);
+                    rec.touch(def_id, t, item);
                 }
                 // Written behind, as an immediate check's debit is.
                 let mut changes = Changes::new();
                 changes.record(record, rec);
-                let defs = Defs::Stack { owner, stack, tags };
+                let defs = Defs::Stack {
+                    def_id,
+                    stack,
+                    tags,
+                };
                 self.persist(changes, defs, now, Ack::WriteBehind);
             })?;
         }
@@ -396,7 +400,7 @@ impl<C: Clock> Engine<C> {
                 self.with_record(g.record, now, reads, |rec, at| {
                     let entries = rec.take_pending(res, None);
                     let defs = Defs::Stack {
-                        owner: 0,
+                        def_id: 0,
                         stack: &limits.stack,
                         tags: &limits.tags,
                     };
@@ -467,7 +471,7 @@ fn decide_group(
             rec.add_pending(PendingEntry {
                 res,
                 cand: i as u32,
-                owner: 0,
+                def_id: 0,
                 tag: t,
                 item,
                 n: p.cost,
@@ -492,7 +496,7 @@ fn decide_group(
     (decisions, allows, held)
 }
 
-/// A copy of the states of items `tags` (owner 0) in `rec`.
+/// A copy of the states of items `tags` (def_id 0) in `rec`.
 fn states_in(rec: &super::record::SubjectRecord, tags: &[u32]) -> SmallVec<[ItemState; 4]> {
     tags.iter()
         .map(|&t| rec.state(0, t).cloned().unwrap_or_default())

@@ -6,7 +6,7 @@
 //! Why: a screen of 50 candidates with two user caps each leaves 100
 //! counters and 100 pending debits in the user's record, and every node
 //! reads and writes them. Laid out one by one (layout 2) each repeated its
-//! owner, its tag (5 bytes), its reservation (9) and whole ns times (9
+//! def_id, its tag (5 bytes), its reservation (9) and whole ns times (9
 //! each): a screen wrote 4 743 bytes to Redis, and its replica copied them
 //! again (issue 26). Consecutive entries of one screen differ little: the
 //! next candidate, the next campaign id, the same tag or the next, the same
@@ -40,7 +40,7 @@ pub(crate) struct PendingGroup {
 #[derive(Debug, Serialize, Deserialize)]
 struct PendingDelta {
     cand: i64,
-    owner: i64,
+    def_id: i64,
     tag: TagDelta,
     item: ItemDelta,
     n: u64,
@@ -109,7 +109,7 @@ impl Tags {
 #[derive(Default)]
 struct Prev {
     cand: u32,
-    owner: u32,
+    def_id: u32,
     tags: Tags,
     /// Last time per time-carrying variant: Counter, Log, Approx, Budget,
     /// Concurrency.
@@ -187,12 +187,12 @@ pub(crate) fn encode<'a>(entries: impl Iterator<Item = &'a PendingEntry>) -> Vec
     for e in entries {
         let d = PendingDelta {
             cand: delta(u64::from(prev.cand), u64::from(e.cand)),
-            owner: delta(u64::from(prev.owner), u64::from(e.owner)),
+            def_id: delta(u64::from(prev.def_id), u64::from(e.def_id)),
             tag: prev.tags.encode(e.tag),
             item: prev.item(&e.item),
             n: e.n,
         };
-        (prev.cand, prev.owner) = (e.cand, e.owner);
+        (prev.cand, prev.def_id) = (e.cand, e.def_id);
         match groups.last_mut() {
             Some(g) if g.res == e.res => g.entries.push(d),
             _ => groups.push(PendingGroup {
@@ -212,13 +212,13 @@ pub(crate) fn decode(groups: Vec<PendingGroup>) -> Result<Vec<PendingEntry>, Str
     for g in groups {
         for d in g.entries {
             let cand = narrow(prev.cand, d.cand, "pending debit's candidate")?;
-            let owner = narrow(prev.owner, d.owner, "pending debit's owner")?;
+            let def_id = narrow(prev.def_id, d.def_id, "pending debit's def_id")?;
             let tag = prev.tags.decode(&d.tag)?;
-            (prev.cand, prev.owner) = (cand, owner);
+            (prev.cand, prev.def_id) = (cand, def_id);
             out.push(PendingEntry {
                 res: g.res,
                 cand,
-                owner,
+                def_id,
                 tag,
                 item: prev.unitem(d.item),
                 n: d.n,
@@ -231,7 +231,7 @@ pub(crate) fn decode(groups: Vec<PendingGroup>) -> Result<Vec<PendingEntry>, Str
 /// A counter as the difference from the counter before it.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct CounterDelta {
-    owner: i64,
+    def_id: i64,
     tag: TagDelta,
     state: StateDelta,
 }
@@ -304,7 +304,7 @@ impl Times {
 pub(crate) fn encode_counters<'a>(
     counters: impl Iterator<Item = &'a Counter>,
 ) -> Vec<CounterDelta> {
-    let (mut owner, mut tags, mut t) = (0u32, Tags::default(), Times::default());
+    let (mut def_id, mut tags, mut t) = (0u32, Tags::default(), Times::default());
     // Sized once (a filter's upper bound is the record's counters): grown
     // from empty, this Vec was 5 % of a node's CPU samples under load.
     let mut out = Vec::with_capacity(counters.size_hint().1.unwrap_or(0));
@@ -322,11 +322,11 @@ pub(crate) fn encode_counters<'a>(
             other => stored_delta(StoredState::from(other), &mut t),
         };
         let d = CounterDelta {
-            owner: delta(u64::from(owner), u64::from(c.owner)),
+            def_id: delta(u64::from(def_id), u64::from(c.def_id)),
             tag: tags.encode(c.tag),
             state,
         };
-        owner = c.owner;
+        def_id = c.def_id;
         d
     }));
     out
@@ -369,10 +369,10 @@ fn stored_delta(state: StoredState, t: &mut Times) -> StateDelta {
 
 /// The counters [`encode_counters`] wrote, in their order.
 pub(crate) fn decode_counters(list: Vec<CounterDelta>) -> Result<Vec<StoredCounter>, String> {
-    let (mut owner, mut tags, mut t) = (0u32, Tags::default(), Times::default());
+    let (mut def_id, mut tags, mut t) = (0u32, Tags::default(), Times::default());
     list.into_iter()
         .map(|d| {
-            owner = narrow(owner, d.owner, "counter's owner")?;
+            def_id = narrow(def_id, d.def_id, "counter's def_id")?;
             let tag = tags.decode(&d.tag)?;
             let state = match d.state {
                 StateDelta::Fresh => StoredState::Fresh,
@@ -405,7 +405,7 @@ pub(crate) fn decode_counters(list: Vec<CounterDelta>) -> Result<Vec<StoredCount
                     spent,
                 },
             };
-            Ok(StoredCounter { owner, tag, state })
+            Ok(StoredCounter { def_id, tag, state })
         })
         .collect()
 }
@@ -443,10 +443,10 @@ mod tests {
             item(),
             any::<u64>(),
         )
-            .prop_map(|(res, cand, owner, tag, item, n)| PendingEntry {
+            .prop_map(|(res, cand, def_id, tag, item, n)| PendingEntry {
                 res,
                 cand,
-                owner,
+                def_id,
                 tag,
                 item,
                 n,
@@ -483,8 +483,8 @@ mod tests {
         /// comes back as it was through bincode.
         #[test]
         fn counters_round_trip(list in prop::collection::vec(
-            (any::<u32>(), any::<u32>(), state()).prop_map(|(owner, tag, state)| Counter {
-                owner,
+            (any::<u32>(), any::<u32>(), state()).prop_map(|(def_id, tag, state)| Counter {
+                def_id,
                 tag,
                 state: state.into(),
             }),
@@ -495,7 +495,7 @@ mod tests {
             let stored: Vec<StoredCounter> = list
                 .iter()
                 .map(|c| StoredCounter {
-                    owner: c.owner,
+                    def_id: c.def_id,
                     tag: c.tag,
                     state: StoredState::from(&c.state),
                 })
@@ -529,7 +529,7 @@ mod tests {
                 .map(move |(i, item)| PendingEntry {
                     res: 0x9e37_79b9_7f4a_7c15,
                     cand: c,
-                    owner: 1000 + c,
+                    def_id: 1000 + c,
                     tag: (0x00ab_cdef << 8) | i as u32,
                     item,
                     n: 1,
@@ -548,7 +548,7 @@ mod tests {
             res: 1,
             entries: vec![PendingDelta {
                 cand: 1 << 40,
-                owner: 0,
+                def_id: 0,
                 tag: TagDelta {
                     index: 0,
                     fingerprint: 0,

@@ -208,7 +208,7 @@ impl<C: Clock> Engine<C> {
                         rec.add_pending(PendingEntry {
                             res: seq,
                             cand: c.index,
-                            owner: e.id,
+                            def_id: e.id,
                             tag: t,
                             item: p,
                             n,

@@ -90,8 +90,8 @@ fn is_record_key(key: &[u8]) -> bool {
     )
 }
 
-/// A stored record with its counters' tags mapped by `map` (by owner and
-/// old tag); counters of inline limits (owner 0) kept as they are, those
+/// A stored record with its counters' tags mapped by `map` (by def_id and
+/// old tag); counters of inline limits (def_id 0) kept as they are, those
 /// of a definition no longer in force dropped. `None`: nothing to change.
 fn retagged(value: &[u8], map: &HashMap<(u32, u32), u32>) -> Result<Option<Vec<u8>>, StoreError> {
     let bad = |m: String| StoreError::Io(format!("a record could not be migrated: {m}"));
@@ -102,10 +102,10 @@ fn retagged(value: &[u8], map: &HashMap<(u32, u32), u32>) -> Result<Option<Vec<u
     let out: Vec<StoredCounter> = counters
         .into_iter()
         .filter_map(|mut c| {
-            if c.owner == 0 {
+            if c.def_id == 0 {
                 return Some(c);
             }
-            let new = map.get(&(c.owner, c.tag))?;
+            let new = map.get(&(c.def_id, c.tag))?;
             changed |= *new != c.tag;
             c.tag = *new;
             Some(c)
@@ -125,8 +125,8 @@ mod tests {
     fn record(counters: Vec<(u32, u32, u64)>) -> Vec<u8> {
         let stored: Vec<StoredCounter> = counters
             .into_iter()
-            .map(|(owner, tag, start)| StoredCounter {
-                owner,
+            .map(|(def_id, tag, start)| StoredCounter {
+                def_id,
                 tag,
                 state: StoredState::Counter {
                     start,
@@ -151,7 +151,7 @@ mod tests {
         let (idle, payload) = codec::unframe(&out).expect("framed");
         assert_eq!(idle, 77, "the expiry is kept");
         let got: Vec<StoredCounter> = codec::decode(payload).expect("decodes");
-        let tags: Vec<(u32, u32)> = got.iter().map(|c| (c.owner, c.tag)).collect();
+        let tags: Vec<(u32, u32)> = got.iter().map(|c| (c.def_id, c.tag)).collect();
         assert_eq!(tags, vec![(5, 0xabcd), (0, 0x300), (5, 0x1234)]);
         // Only inline counters: nothing to write.
         assert!(

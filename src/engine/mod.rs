@@ -543,16 +543,16 @@ impl<C: Clock> Engine<C> {
     }
 
     /// A 128-bit keyed hash of a namespaced id.
-    fn hash(&self, ns: u8, owner: u32, id: &str) -> u128 {
-        self.hash_bytes(ns, owner, id.as_bytes())
+    fn hash(&self, ns: u8, def_id: u32, id: &str) -> u128 {
+        self.hash_bytes(ns, def_id, id.as_bytes())
     }
 
     /// [`Engine::hash`] of any bytes (`CL.THROTTLE`'s keys).
-    fn hash_bytes(&self, ns: u8, owner: u32, id: &[u8]) -> u128 {
+    fn hash_bytes(&self, ns: u8, def_id: u32, id: &[u8]) -> u128 {
         use siphasher::sip128::{Hasher128, SipHasher13};
         let mut h = SipHasher13::new_with_key(&self.hash_key);
         h.write_u8(ns);
-        h.write_u32(owner);
+        h.write_u32(def_id);
         h.write(id);
         h.finish128().as_u128()
     }

@@ -75,7 +75,7 @@ impl<C: Clock> Engine<C> {
         let mut batch = ops;
         batch.reserve(records.len());
         for (key, rec) in records.iter() {
-            let value = rec.to_stored(now, |owner, tag| defs.item(owner, tag));
+            let value = rec.to_stored(now, |def_id, tag| defs.item(def_id, tag));
             batch.push(Op::Put(Space::State, key.disk_key(), value));
         }
         let receipt = self.store.submit(batch, ack == Ack::Durable);

@@ -25,10 +25,10 @@ pub fn legacy_tag(index: usize, fingerprint: u32) -> u32 {
 }
 
 /// One counter: the state of item `tag` ([`crate::limits::counter_tag`]) of
-/// `owner` (a campaign's or policy's id; 0 for inline limits). 40 bytes.
+/// `def_id` (a campaign's or policy's id; 0 for inline limits). 40 bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Counter {
-    pub owner: u32,
+    pub def_id: u32,
     pub tag: u32,
     pub state: ItemState,
 }
@@ -40,7 +40,7 @@ pub struct PendingEntry {
     pub res: u64,
     /// Which candidate of a screen (0 for a check).
     pub cand: u32,
-    pub owner: u32,
+    pub def_id: u32,
     pub tag: u32,
     pub item: PendingItem,
     /// Units debited.
@@ -125,7 +125,7 @@ pub struct PendingSet {
     /// Past that, all of them: by reservation, each reservation's in the
     /// order they came.
     map: Option<ResMap>,
-    /// Pending units per counter (owner, tag); a record has few counters.
+    /// Pending units per counter (def_id, tag); a record has few counters.
     sums: SmallVec<[(u32, u32, u64); 2]>,
     /// Entries in all, and those whose release changes the stored form.
     len: usize,
@@ -140,11 +140,11 @@ pub struct PendingSet {
 }
 
 impl PendingSet {
-    fn sum_mut(&mut self, owner: u32, tag: u32) -> &mut u64 {
-        let pos = match self.sums.iter().position(|s| s.0 == owner && s.1 == tag) {
+    fn sum_mut(&mut self, def_id: u32, tag: u32) -> &mut u64 {
+        let pos = match self.sums.iter().position(|s| s.0 == def_id && s.1 == tag) {
             Some(p) => p,
             None => {
-                self.sums.push((owner, tag, 0));
+                self.sums.push((def_id, tag, 0));
                 self.sums.len() - 1
             }
         };
@@ -165,7 +165,7 @@ impl PendingSet {
     }
 
     fn add(&mut self, entry: PendingEntry) {
-        *self.sum_mut(entry.owner, entry.tag) += entry.n;
+        *self.sum_mut(entry.def_id, entry.tag) += entry.n;
         self.len += 1;
         self.stored += usize::from(changes_stored(&entry.item));
         if self.map.is_none() && self.list.len() < LIST_MAX {
@@ -209,7 +209,7 @@ impl PendingSet {
     /// Accounts for entries leaving the set.
     fn forget(&mut self, gone: &[PendingEntry]) {
         for p in gone {
-            let s = self.sum_mut(p.owner, p.tag);
+            let s = self.sum_mut(p.def_id, p.tag);
             *s = s.saturating_sub(p.n);
             self.len -= 1;
             self.stored -= usize::from(changes_stored(&p.item));
@@ -332,27 +332,27 @@ pub struct SubjectRecord {
 }
 
 impl SubjectRecord {
-    /// The state of `owner`'s item `tag`, if it has one of that definition.
-    pub fn state(&self, owner: u32, tag: u32) -> Option<&ItemState> {
+    /// The state of `def_id`'s item `tag`, if it has one of that definition.
+    pub fn state(&self, def_id: u32, tag: u32) -> Option<&ItemState> {
         self.counters
             .iter()
-            .find(|s| s.owner == owner && s.tag == tag)
+            .find(|s| s.def_id == def_id && s.tag == tag)
             .map(|s| &s.state)
     }
 
-    /// The state of `owner`'s item `tag`, made (empty) if absent.
-    pub fn state_mut(&mut self, owner: u32, tag: u32) -> &mut ItemState {
+    /// The state of `def_id`'s item `tag`, made (empty) if absent.
+    pub fn state_mut(&mut self, def_id: u32, tag: u32) -> &mut ItemState {
         let pos = self
             .counters
             .iter()
-            .position(|s| s.owner == owner && s.tag == tag);
+            .position(|s| s.def_id == def_id && s.tag == tag);
         let pos = match pos {
             Some(p) => p,
             None => {
                 let mut v = std::mem::take(&mut self.counters).into_vec();
                 v.reserve_exact(1);
                 v.push(Counter {
-                    owner,
+                    def_id,
                     tag,
                     state: ItemState::Fresh,
                 });
@@ -363,9 +363,9 @@ impl SubjectRecord {
         &mut self.counters[pos].state
     }
 
-    /// Raises `idle_at` to cover `item`'s state in counter (`owner`, `tag`).
-    pub fn touch(&mut self, owner: u32, tag: u32, item: &Item) {
-        if let Some(st) = self.state(owner, tag) {
+    /// Raises `idle_at` to cover `item`'s state in counter (`def_id`, `tag`).
+    pub fn touch(&mut self, def_id: u32, tag: u32, item: &Item) {
+        if let Some(st) = self.state(def_id, tag) {
             self.idle_at = self.idle_at.max(item.idle_at(st));
         }
     }
@@ -440,12 +440,12 @@ impl SubjectRecord {
         self.pending.iter().flat_map(|p| p.iter())
     }
 
-    /// Pending units on counter (`owner`, `tag`): a running sum.
-    pub fn pending_on(&self, owner: u32, tag: u32) -> u64 {
+    /// Pending units on counter (`def_id`, `tag`): a running sum.
+    pub fn pending_on(&self, def_id: u32, tag: u32) -> u64 {
         self.pending.as_ref().map_or(0, |p| {
             p.sums
                 .iter()
-                .find(|s| s.0 == owner && s.1 == tag)
+                .find(|s| s.0 == def_id && s.1 == tag)
                 .map_or(0, |s| s.2)
         })
     }
@@ -469,7 +469,7 @@ impl SubjectRecord {
 
     /// The value to store: committed state only (every pending debit released
     /// as of `now`, as a crash would), framed with the record's idle instant so
-    /// compaction drops it once it is dead. `def(owner, tag)` gives the item a
+    /// compaction drops it once it is dead. `def(def_id, tag)` gives the item a
     /// pending entry's counter belongs to; without it the debit stays counted (the
     /// conservative side).
     pub fn to_stored<'a>(&self, now: Nanos, def: impl Fn(u32, u32) -> Option<&'a Item>) -> Vec<u8> {
@@ -478,7 +478,7 @@ impl SubjectRecord {
         let stored: Vec<StoredCounter> = counters
             .iter()
             .filter_map(|s| {
-                if let Some(item) = def(s.owner, s.tag) {
+                if let Some(item) = def(s.def_id, s.tag) {
                     let at = item.idle_at(&s.state);
                     if at <= now {
                         return None;
@@ -489,7 +489,7 @@ impl SubjectRecord {
                 }
                 let state = StoredState::from(&s.state);
                 (state != StoredState::Fresh).then_some(StoredCounter {
-                    owner: s.owner,
+                    def_id: s.def_id,
                     tag: s.tag,
                     state,
                 })
@@ -516,8 +516,8 @@ impl SubjectRecord {
         // with none). Releasing them all leaves no pending units in the
         // budget's period and no held concurrency, whatever their order.
         if let Some(p) = &self.pending {
-            for &(owner, tag, _) in &p.sums {
-                let Some(item) = def(owner, tag) else {
+            for &(def_id, tag, _) in &p.sums {
+                let Some(item) = def(def_id, tag) else {
                     continue;
                 };
                 if !matches!(
@@ -529,7 +529,7 @@ impl SubjectRecord {
                 let Some(s) = counters
                     .to_mut()
                     .iter_mut()
-                    .find(|s| s.owner == owner && s.tag == tag)
+                    .find(|s| s.def_id == def_id && s.tag == tag)
                 else {
                     continue;
                 };
@@ -563,13 +563,13 @@ impl SubjectRecord {
             if !changes_stored(&p.item) {
                 continue;
             }
-            let Some(item) = def(p.owner, p.tag) else {
+            let Some(item) = def(p.def_id, p.tag) else {
                 continue;
             };
             if let Some(s) = counters
                 .to_mut()
                 .iter_mut()
-                .find(|s| s.owner == p.owner && s.tag == p.tag)
+                .find(|s| s.def_id == p.def_id && s.tag == p.tag)
             {
                 item.release(&mut s.state, &p.item, p.n, now);
             }
@@ -585,7 +585,7 @@ impl SubjectRecord {
             counters: counters
                 .into_iter()
                 .map(|s| Counter {
-                    owner: s.owner,
+                    def_id: s.def_id,
                     tag: s.tag,
                     state: s.state.into(),
                 })
@@ -666,7 +666,7 @@ mod tests {
                 .into_iter()
                 .enumerate()
                 .map(|(i, state)| Counter {
-                    owner: i as u32,
+                    def_id: i as u32,
                     tag: 0,
                     state,
                 })
@@ -690,7 +690,7 @@ mod tests {
         assert_eq!(before - freed, r.heap_bytes(), "reports what it freed");
         assert_eq!(r.counters.len(), 1);
         assert_eq!(
-            (r.counters[0].owner, &r.counters[0].state),
+            (r.counters[0].def_id, &r.counters[0].state),
             (1, &counter(2))
         );
         assert_eq!(r.prune(&0), 0, "nothing left to drop");
@@ -705,7 +705,7 @@ mod tests {
         held.add_pending(PendingEntry {
             res: 1,
             cand: 0,
-            owner: 0,
+            def_id: 0,
             tag: 0,
             item: PendingItem::Counter { window_start: 0 },
             n: 1,
@@ -714,11 +714,11 @@ mod tests {
         assert_eq!(held.counters.len(), 5);
     }
 
-    fn entry(res: u64, cand: u32, owner: u32, n: u64) -> PendingEntry {
+    fn entry(res: u64, cand: u32, def_id: u32, n: u64) -> PendingEntry {
         PendingEntry {
             res,
             cand,
-            owner,
+            def_id,
             tag: 0,
             item: PendingItem::Budget { period_start: 0 },
             n,

@@ -156,7 +156,7 @@ pub struct Registry {
     /// Ids given so far: new definitions take the next one.
     pub max_id: u32,
     /// The tags counters of the definitions in force had before counters
-    /// belonged to their items' names (`(owner, legacy tag)` → tag), made
+    /// belonged to their items' names (`(def_id, legacy tag)` → tag), made
     /// at the first use after a change: a shared store's records written
     /// by an older build are read through it ([`Registry::retag_legacy`]).
     pub legacy: std::sync::OnceLock<Arc<Map<(u32, u32), u32>>>,
@@ -280,8 +280,8 @@ impl Registry {
             }
             Arc::new(m)
         });
-        for c in rec.counters.iter_mut().filter(|c| c.owner != 0) {
-            if let Some(&new) = map.get(&(c.owner, c.tag)) {
+        for c in rec.counters.iter_mut().filter(|c| c.def_id != 0) {
+            if let Some(&new) = map.get(&(c.def_id, c.tag)) {
                 c.tag = new;
             }
         }
@@ -401,7 +401,7 @@ mod tests {
 
     /// A record an older build wrote reads with its counters of the
     /// definitions in force retagged; one of an older definition, and
-    /// inline limits' (owner 0), keep their tags.
+    /// inline limits' (def_id 0), keep their tags.
     #[test]
     fn legacy_tags_of_the_definitions_in_force_are_retagged() {
         use crate::engine::record::{Counter, legacy_tag};
@@ -415,8 +415,8 @@ mod tests {
             legacy_tag(0, crate::model::campaign::fingerprint(&p.def.limits[0]))
         );
         reg.insert_policy(p);
-        let counter = |owner, tag| Counter {
-            owner,
+        let counter = |def_id, tag| Counter {
+            def_id,
             tag,
             state: ItemState::Fresh,
         };
@@ -426,7 +426,7 @@ mod tests {
             ..SubjectRecord::default()
         };
         reg.retag_legacy(&mut rec);
-        let tags: Vec<(u32, u32)> = rec.counters.iter().map(|c| (c.owner, c.tag)).collect();
+        let tags: Vec<(u32, u32)> = rec.counters.iter().map(|c| (c.def_id, c.tag)).collect();
         assert_eq!(tags, vec![(3, new), (3, old ^ 0x100), (0, old)]);
         // A change drops the map made for the definitions before it.
         reg.remove_policy("p");

@@ -42,7 +42,7 @@ pub enum Reserved {
     Check {
         /// The policy key's (or inline key's) hashed id.
         key: u128,
-        owner: u32,
+        def_id: u32,
         stack: Arc<Stack>,
         tags: Vec<u32>,
     },

@@ -35,13 +35,13 @@ impl<C: Clock> Engine<C> {
         self.empty_counters(record, 0)
     }
 
-    /// Drops every counter of `owner` in `record`, durably: written and
+    /// Drops every counter of `def_id` in `record`, durably: written and
     /// acknowledged before the answer (on a shared store, by its
     /// compare-and-set).
-    fn empty_counters(&self, record: RecordKey, owner: u32) -> Result<bool, EngineError> {
+    fn empty_counters(&self, record: RecordKey, def_id: u32) -> Result<bool, EngineError> {
         let now = self.now();
         let receipt = self.with_record(record, now, Reads::MayWait, |rec, now| {
-            if !drop_owner(rec, owner) {
+            if !drop_def(rec, def_id) {
                 return None;
             }
             // On a shared store the record is written by compare-and-set as
@@ -60,16 +60,16 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-/// Removes `owner`'s counters from `rec`; whether it had any.
-fn drop_owner(rec: &mut SubjectRecord, owner: u32) -> bool {
+/// Removes `def_id`'s counters from `rec`; whether it had any.
+fn drop_def(rec: &mut SubjectRecord, def_id: u32) -> bool {
     let before = rec.counters.len();
-    if !rec.counters.iter().any(|c| c.owner == owner) {
+    if !rec.counters.iter().any(|c| c.def_id == def_id) {
         return false;
     }
     let kept: Vec<_> = std::mem::take(&mut rec.counters)
         .into_vec()
         .into_iter()
-        .filter(|c| c.owner != owner)
+        .filter(|c| c.def_id != def_id)
         .collect();
     rec.counters = kept.into_boxed_slice();
     before != rec.counters.len()

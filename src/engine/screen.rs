@@ -855,7 +855,7 @@ fn decide_chain(
             rec.add_pending(PendingEntry {
                 res: seq,
                 cand,
-                owner: e.id,
+                def_id: e.id,
                 tag: t,
                 item: p,
                 n,

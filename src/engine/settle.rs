@@ -714,13 +714,13 @@ impl<C: Clock> Engine<C> {
         match reserved {
             Reserved::Check {
                 key,
-                owner,
+                def_id,
                 stack,
                 tags,
             } => {
                 let record = RecordKey::PolicyKey(*key);
                 let defs = Defs::Stack {
-                    owner: *owner,
+                    def_id: *def_id,
                     stack,
                     tags,
                 };

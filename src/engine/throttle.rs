@@ -68,7 +68,7 @@ fn keep_tat(rec: &mut SubjectRecord, tat: CellTat) {
         (tat.ns.saturating_add(u64::from(tat.rem > 0)), 0, 0)
     };
     let counter = Counter {
-        owner: 0,
+        def_id: 0,
         // q < 2^24: the shift keeps every bit.
         tag: u32::try_from(q).unwrap_or(0) << 8,
         state: ItemState::Rate(RateState::from_whole_ns(ns, rem)),

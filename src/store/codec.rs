@@ -240,11 +240,11 @@ impl From<StoredState> for ItemState {
     }
 }
 
-/// One counter of a subject: which item of which owner (campaign or policy) it
+/// One counter of a subject: which item of which definition (`def_id`, a campaign or policy) it
 /// belongs to, and its state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredCounter {
-    pub owner: u32,
+    pub def_id: u32,
     pub tag: u32,
     pub state: StoredState,
 }
@@ -273,13 +273,13 @@ mod tests {
             &[1u8, 0, 88, 65, 230, 95, 114, 134, 24][..],
             // bincode (standard: varints, little endian): a Vec of 2 counters.
             &[2],
-            // Counter 1: owner 7, tag 0x1201 (251 = a u16 follows), variant 1
+            // Counter 1: def_id 7, tag 0x1201 (251 = a u16 follows), variant 1
             // (Rate), tat_ns 1_767_225_601_000_000_000 (253 = a u64 follows),
             // tat_rem 1.
             &[7, 251, 0x01, 0x12, 1],
             &[253, 0, 202, 148, 41, 82, 114, 134, 24],
             &[1],
-            // Counter 2: owner 8, tag 2, variant 2 (Counter) {1, 2, 3}.
+            // Counter 2: def_id 8, tag 2, variant 2 (Counter) {1, 2, 3}.
             &[8, 2, 2, 1, 2, 3],
         ]
         .concat();
@@ -291,12 +291,12 @@ mod tests {
             counters,
             [
                 StoredCounter {
-                    owner: 7,
+                    def_id: 7,
                     tag: 0x1201,
                     state: StoredState::Rate { tat_ns, tat_rem: 1 },
                 },
                 StoredCounter {
-                    owner: 8,
+                    def_id: 8,
                     tag: 2,
                     state: StoredState::Counter {
                         start: 1,
@@ -333,7 +333,7 @@ mod tests {
                 }
             );
             let bytes = encode(&vec![StoredCounter {
-                owner: 1,
+                def_id: 1,
                 tag: 1,
                 state: stored.clone(),
             }]);
@@ -347,7 +347,7 @@ mod tests {
     fn states_round_trip() {
         let counters = vec![
             StoredCounter {
-                owner: 7,
+                def_id: 7,
                 tag: 0x1234_5601,
                 state: StoredState::Log {
                     debits: vec![(1, 2), (3, 4)],
@@ -355,7 +355,7 @@ mod tests {
                 },
             },
             StoredCounter {
-                owner: 8,
+                def_id: 8,
                 tag: 2,
                 state: StoredState::Budget {
                     start: 1,

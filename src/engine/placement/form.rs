@@ -62,7 +62,7 @@ impl<'a, C, P> SharedForm<'a, C, P> {
 /// budget's pending spend and adaptive plan, a concurrency item's holds.
 #[derive(Serialize, Deserialize)]
 pub(super) struct ExtraState {
-    owner: u32,
+    def_id: u32,
     tag: u32,
     extra: StoredExtra,
 }
@@ -140,7 +140,7 @@ impl StoredController {
 pub(super) struct StoredPending {
     res: u64,
     cand: u32,
-    owner: u32,
+    def_id: u32,
     tag: u32,
     item: StoredPendingItem,
     n: u64,
@@ -223,7 +223,7 @@ pub(super) fn payload(rec: &SubjectRecord, last: Nanos, layout: u8) -> Vec<u8> {
             .map(|p| StoredPending {
                 res: p.res,
                 cand: p.cand,
-                owner: p.owner,
+                def_id: p.def_id,
                 tag: p.tag,
                 item: (&p.item).into(),
                 n: p.n,
@@ -278,7 +278,8 @@ pub(super) fn owned_payload(
     at: Nanos,
     reg: &Registry,
 ) -> Vec<u8> {
-    let committed = rec.committed_counters(at, &|owner, tag| Defs::Registry(reg).item(owner, tag));
+    let committed =
+        rec.committed_counters(at, &|def_id, tag| Defs::Registry(reg).item(def_id, tag));
     let kept = committed.iter().filter(|c| {
         !c.state.is_empty()
             && !matches!(
@@ -314,7 +315,7 @@ pub(super) fn owned_payload(
             .iter()
             .filter_map(|c| match &c.state {
                 ItemState::Budget(b) => Some(ExtraState {
-                    owner: c.owner,
+                    def_id: c.def_id,
                     tag: c.tag,
                     extra: StoredExtra::Budget {
                         pending: 0,
@@ -371,7 +372,7 @@ pub(super) fn kept_counters(rec: &SubjectRecord) -> impl Iterator<Item = &Counte
 /// [`kept_counters`] as layout 2 stores them.
 pub(super) fn stored_counters(rec: &SubjectRecord) -> impl Iterator<Item = StoredCounter> + '_ {
     kept_counters(rec).map(|c| StoredCounter {
-        owner: c.owner,
+        def_id: c.def_id,
         tag: c.tag,
         state: StoredState::from(&c.state),
     })
@@ -414,7 +415,7 @@ pub(super) fn form<C, P>(
                     _ => return None,
                 };
                 Some(ExtraState {
-                    owner: c.owner,
+                    def_id: c.def_id,
                     tag: c.tag,
                     extra,
                 })
@@ -446,7 +447,7 @@ pub(super) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
                 .map(|p| PendingEntry {
                     res: p.res,
                     cand: p.cand,
-                    owner: p.owner,
+                    def_id: p.def_id,
                     tag: p.tag,
                     item: p.item.into(),
                     n: p.n,
@@ -479,7 +480,7 @@ pub(super) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
             .counters
             .into_iter()
             .map(|s| Counter {
-                owner: s.owner,
+                def_id: s.def_id,
                 tag: s.tag,
                 state: s.state.into(),
             })
@@ -495,18 +496,18 @@ pub(super) fn decode(value: &[u8], version: u64) -> Result<(SubjectRecord, Nanos
                 anchor,
                 base,
             } => {
-                if let ItemState::Budget(b) = rec.state_mut(x.owner, x.tag) {
+                if let ItemState::Budget(b) = rec.state_mut(x.def_id, x.tag) {
                     b.pending = pending;
                     b.anchor = anchor;
                     b.base = base;
                 }
             }
             StoredExtra::Concurrency { deadlines } => {
-                *rec.state_mut(x.owner, x.tag) =
+                *rec.state_mut(x.def_id, x.tag) =
                     ItemState::Concurrency(ConcurrencyState { deadlines });
             }
             StoredExtra::Adaptive { deadlines, ctl } => {
-                *rec.state_mut(x.owner, x.tag) = ItemState::Adaptive(Box::new(AdaptiveState {
+                *rec.state_mut(x.def_id, x.tag) = ItemState::Adaptive(Box::new(AdaptiveState {
                     slots: ConcurrencyState { deadlines },
                     ctl: ctl.and_then(|c| c.controller()),
                 }));
@@ -561,7 +562,7 @@ mod tests {
         let mut rec = SubjectRecord {
             counters: vec![
                 Counter {
-                    owner: 7,
+                    def_id: 7,
                     tag: 1,
                     state: ItemState::Counter(CounterState {
                         start: 0,
@@ -570,7 +571,7 @@ mod tests {
                     }),
                 },
                 Counter {
-                    owner: 8,
+                    def_id: 8,
                     tag: 1,
                     state: ItemState::Counter(CounterState {
                         start: 0,
@@ -611,7 +612,7 @@ mod tests {
     /// What a record says in every field the shared form keeps.
     fn said(rec: &SubjectRecord) -> String {
         let counters: Vec<_> = kept_counters(rec)
-            .map(|c| (c.owner, c.tag, format!("{:?}", c.state)))
+            .map(|c| (c.def_id, c.tag, format!("{:?}", c.state)))
             .collect();
         let meta = rec.shared_meta().map(|m| {
             let held: Vec<_> = m
@@ -649,8 +650,8 @@ mod tests {
     fn an_empty_counter_is_not_stored() {
         let rec = record();
         let (back, _) = decode(&codec::frame_as(3, 0, &payload(&rec, 0, 3)), 1).expect("decodes");
-        assert!(back.counters.iter().all(|c| c.owner != 8));
-        assert!(back.counters.iter().any(|c| c.owner == 7));
+        assert!(back.counters.iter().all(|c| c.def_id != 8));
+        assert!(back.counters.iter().any(|c| c.def_id == 7));
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl Held {
     ) -> Defs<'a> {
         match compiled {
             Some(c) => Defs::Stack {
-                owner: 0,
+                def_id: 0,
                 stack: &c.stack,
                 tags: &c.tags,
             },
@@ -522,7 +522,7 @@ impl<C: Clock> Engine<C> {
     pub(crate) fn inline_kept(
         &self,
         target: &CheckTarget,
-        owner: u32,
+        def_id: u32,
         reserve: bool,
         reserving: bool,
     ) -> Result<Option<Arc<[u8]>>, EngineError> {
@@ -530,12 +530,12 @@ impl<C: Clock> Engine<C> {
             return Ok(None);
         }
         let inline = match target {
-            CheckTarget::Inline(limits) if reserve && owner == 0 => {
+            CheckTarget::Inline(limits) if reserve && def_id == 0 => {
                 serde_json::to_vec(limits).ok().map(Arc::<[u8]>::from)
             }
             _ => None,
         };
-        self.check_shareable(owner, reserving, inline.is_some())?;
+        self.check_shareable(def_id, reserving, inline.is_some())?;
         Ok(inline)
     }
 

@@ -247,14 +247,14 @@ impl<C: Clock> Engine<C> {
     /// expire it).
     pub(crate) fn check_shareable(
         &self,
-        owner: u32,
+        def_id: u32,
         reserving: bool,
         inline: bool,
     ) -> Result<(), EngineError> {
         // Inline limits reserve when the request carries them (kept with
         // the hold, [`Held::inline`]); limits compiled by a front (RESP's
         // `CL.THROTTLE`, Envoy's rules) never reserve.
-        if reserving && owner == 0 && !inline {
+        if reserving && def_id == 0 && !inline {
             return Err(invalid(
                 "reserve",
                 "with a shared (redis-cluster) store, only a named policy's or inline limits' check can reserve",
