@@ -1971,7 +1971,8 @@ fn kill_runs(base_port: u16, extra: &[&str], runs: usize) {
 fn an_idle_campaigns_figures_converge_on_every_node() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let redis = Redis::start(&tmp.path().join("redis"), 7980);
-    let nodes = nodes(tmp.path(), &redis, 3, &[]);
+    // Per-campaign series for `big` (docs/service.md, "Per-definition metrics").
+    let nodes = nodes(tmp.path(), &redis, 3, &["--metrics-definitions", "big"]);
     let def = json!({
         "budget": {"amount": 1_000_000_000_000u64, "per": "1d", "pacing": "asap"},
         "caps": [{"kind": "window", "limit": 1_000_000_000u64, "window": "1d", "align": "fixed", "scope": "campaign"}]
@@ -2015,17 +2016,20 @@ fn an_idle_campaigns_figures_converge_on_every_node() {
             timeline_commits(n, "big"),
             u["caps"][0]["used"].as_u64().unwrap_or(0),
             n.metric("freqcap_unreported_units").unwrap_or(-1.0),
+            n.metric("freqcap_campaign_spend{").unwrap_or(-1.0),
         ));
     }
     eprintln!(
         "idle campaign: {commits} commits of {cost} acknowledged, and an event of 7; \
-         (delivery, timeline commits, campaign-scope used, unreported) per node: {read:?}"
+         (delivery, timeline commits, campaign-scope used, unreported, \
+         freqcap_campaign_spend) per node: {read:?}"
     );
     // Screens refused while a node's first grants are small (it asks for
     // its recent rate) are not the point here: what was acknowledged is.
     assert!(commits >= 100, "{commits} of 300 ads acknowledged");
-    for (spent, timeline, used, unreported) in read {
+    for (spent, timeline, used, unreported, spend_series) in read {
         assert_eq!(spent, cost + 7, "delivery");
+        assert_eq!(spend_series, (cost + 7) as f64, "freqcap_campaign_spend");
         assert_eq!(timeline, commits, "timeline commits");
         assert_eq!(used, commits + 1, "campaign-scope used");
         assert_eq!(unreported, 0.0, "freqcap_unreported_units");
