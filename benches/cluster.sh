@@ -27,7 +27,8 @@
 # workload on one node with its embedded RocksDB store, in the same run, is
 # the baseline for node CPU; the Lua recipe on the same cluster (anchor
 # below) is the baseline for Redis CPU. The table goes to OUT/table.txt and
-# the rows to OUT/summary.json. RUNS picks the runs
+# the rows to OUT/summary.json, the 3-node affinity rows with issue 47's
+# targets for an ad and whether each is met. RUNS picks the runs
 # (nodes:route:reports[:layout[:mode]] ...; layout 2 is the record layout
 # before issue 26, so 3:affinity:commit:2 is the ad's cost before it; mode
 # `owner` runs owner mode, where the load generator's affinity is not the
@@ -258,7 +259,7 @@ print(json.dumps(row), file=open(sys.argv[1].rsplit("/", 1)[0] + "/rows.jsonl", 
 EOF
 }
 
-RUNS=${RUNS:-"1:affinity:batched 3:affinity:batched 3:spread:batched 3:affinity:commit 3:affinity:commit:2"}
+RUNS=${RUNS:-"1:affinity:batched 3:affinity:batched 3:spread:batched 3:affinity:commit 3:affinity:commit:2 3:affinity:batched:3:owner"}
 baseline
 anchor
 for r in $RUNS; do
@@ -277,6 +278,21 @@ for r in rows:
         r["node_cpu_vs_one_node"] = r["node_cpu_us_per_ad"] / base
     if lua:
         r["redis_cpu_vs_lua_recipe"] = r["redis_cpu_us_per_ad"] / lua
+# Issue 47 item 4's targets for an ad (screen of 50 + commit, affinity, 3
+# nodes): Redis CPU µs, bytes sent to Redis, node CPU against one RocksDB node.
+TARGETS = {"owner": (40, 300, 1.5), "shared": (100, 1000, 1.8)}
+for r in rows:
+    if r["nodes"] != 3 or r["route"] != "affinity" or "node_cpu_vs_one_node" not in r:
+        continue
+    mode = "owner" if r["reports"].endswith("/owner") else "shared"
+    us, b, x = TARGETS[mode]
+    r["targets"] = {"redis_cpu_us_per_ad": us, "bytes_in_per_ad": b, "node_cpu_vs_one_node": x}
+    r["targets_met"] = {"redis_cpu_us_per_ad": r["redis_cpu_us_per_ad"] <= us,
+                        "bytes_in_per_ad": r["bytes_in_per_ad"] <= b,
+                        "node_cpu_vs_one_node": r["node_cpu_vs_one_node"] <= x}
+    print(f'3 affinity {r["reports"]} against issue 47 targets ({mode}): '
+          f'Redis CPU {r["redis_cpu_us_per_ad"]:.0f} µs/ad (≤ {us}), {r["bytes_in_per_ad"]:.0f} B/ad (≤ {b}), '
+          f'node CPU {r["node_cpu_vs_one_node"]:.2f}x (≤ {x})')
 json.dump({"baseline_node_cpu_us_per_ad": base, "lua_recipe_redis_cpu_us_per_ad": lua, "rows": rows},
           open(sys.argv[1] + "/summary.json", "w"), indent=1)
 for r in rows:
