@@ -409,8 +409,18 @@ impl Owners {
         // kept only if it was this node's throughout.
         let mut times: Vec<Nanos> = view.changes().filter(|t| *t > since && *t <= now).collect();
         times.extend([now, now.saturating_add(MARGIN)]);
+        // A change before the earliest table this node still has was placed
+        // by one it no longer knows (tables are kept two at a time, the
+        // older dropped ≥ 24 s after the newer applied; drops run every
+        // tick, so only a node stalled that long meets this): it keeps no
+        // copy rather than guess, and claims its users again.
+        let unknown = view
+            .tables
+            .list
+            .first()
+            .is_some_and(|(first, _)| times.iter().any(|t| t < first));
         Some(DropPlan {
-            all: epoch != view.epoch,
+            all: epoch != view.epoch || unknown,
             times,
             last,
             me: self.node.clone(),
@@ -721,6 +731,37 @@ mod tests {
             Owner::Unsettled("this user's owner is changing; retry")
         );
         assert_eq!(v.last_change(111 * S), 110 * S);
+    }
+
+    /// A drop over a change the node's tables no longer cover keeps nothing.
+    #[test]
+    fn a_drop_before_the_tables_it_knows_keeps_nothing() {
+        let plan_with_table_at = |from: Nanos| {
+            let owners = Owners::new("a", "127.0.0.1:1");
+            owners.set(view(1, vec![member("a", 1, 0, 300 * S)]));
+            let first = owners.drop_plan(10 * S).expect("a new epoch");
+            owners.dropped(&first);
+            let mut v = view(
+                1,
+                vec![member("a", 1, 0, 300 * S), member("b", 2, 50 * S, 300 * S)],
+            );
+            v.tables = Arc::new(Tables {
+                read_at: 100 * S,
+                list: vec![(from, Arc::new(Weights::default()))],
+            });
+            owners.set(v);
+            owners
+                .drop_plan(100 * S)
+                .expect("b joined, a table applied")
+        };
+        assert!(
+            plan_with_table_at(60 * S).all,
+            "b joined at 50 s, before the only table known"
+        );
+        assert!(
+            !plan_with_table_at(40 * S).all,
+            "every change since the last drop is covered"
+        );
     }
 
     #[test]
