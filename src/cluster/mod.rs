@@ -31,7 +31,8 @@
 //! `records.rs` records by compare-and-set, and owner mode's claims, fenced
 //! writes and members; `leases.rs` lease calls and the nodes' mailboxes;
 //! `catalog.rs` definitions, timelines and activity (and the plain
-//! [`crate::store::Store`] side); [`owners`] who owns which user;
+//! [`crate::store::Store`] side); [`owners`] who owns which user, placed
+//! with bounded loads by [`bounded`];
 //! [`time`] the cluster's clock. Each implements one of the store's feature
 //! traits ([`crate::store::shared`]).
 
