@@ -355,6 +355,10 @@ impl RedisStore {
                 Ok(Cas::Written(ver))
             }
             [Value::Int(-1), e] => Ok(Cas::Fenced(int(e).ok_or_else(|| unexpected(what, &v))?)),
+            [Value::Int(-2), since, b] => Ok(Cas::Leased {
+                since_ms: int(since).ok_or_else(|| unexpected(what, &v))?,
+                value: bytes(b),
+            }),
             [ok, ver, b] if int(ok) == Some(0) => Ok(Cas::Conflict {
                 version: int(ver).ok_or_else(|| unexpected(what, &v))?,
                 value: bytes(b),

@@ -25,6 +25,10 @@
 --                     read; a conflict returns the current record (no ABA:
 --                     versions never repeat, even after expiry)
 --   fc_cas_v2         the same, refused to an owner a later epoch deposed
+--   fc_cas_v3         fc_cas_v1, refused while the record is frozen by
+--                     fc_hot_v1 (its blob then never changes)
+--   fc_hot_v1         freezes a hot key's record once, atomically with what
+--                     it holds: every node seeds its leases from one copy
 --   fc_own_v1         a new owner's claim moves the version: no write made
 --                     on an older copy lands after it
 --   fc_member_v1      a joiner owns nothing before every live member has
@@ -134,6 +138,71 @@ local function fc_cas(keys, args)
     redis.call('PERSIST', k)
   end
   return {1, new}
+end
+
+-------------------------------------------------------------------------------
+-- fc_cas_v3: fc_cas_v1, aware of hot keys.
+--
+--   FCALL fc_cas_v3 1 K expected_version blob expire_at_ms
+--
+-- Reply: as fc_cas_v1's, or [-2, since_ms, blob|nil] when fc_hot_v1 froze K
+-- (since_ms: when, Redis's clock): nothing is written, whatever the version;
+-- the blob is the record as frozen. Checked before the version, so a node
+-- holding any copy learns the key is hot on its next write.
+-------------------------------------------------------------------------------
+local function fc_cas_v3(keys, args)
+  if #keys == 1 then
+    local since = tonumber(redis.call('HGET', keys[1], 'h'))
+    if since then return {-2, since, redis.call('HGET', keys[1], 'b')} end
+  end
+  return fc_cas(keys, args)
+end
+
+-------------------------------------------------------------------------------
+-- fc_hot_v1: freezes a hot key's record, or extends a frozen one's life.
+--
+--   FCALL fc_hot_v1 1 K until_ms freeze
+--
+-- freeze "1": K is frozen now if it is not yet (field h = Redis's time in ms;
+-- the version moves, so every cached copy is behind), whatever its version:
+-- the record as it is then is what every node seeds its leases from, holds
+-- open in it included. freeze "0" never freezes: a node extending a freeze
+-- it uses learns whether it still stands. Either way a frozen K lives until
+-- until_ms at least (never shortened; a K without expiry keeps none): a
+-- node asks for the end of the periods it leases, so a freeze ends between
+-- periods, never inside one the fleet leased.
+--
+-- Reply: [since_ms, expire_at_ms, blob|nil] when K is frozen (expire_at_ms
+-- 0: no expiry); [0, version] when it is not (freeze "0").
+-------------------------------------------------------------------------------
+local function fc_hot(keys, args)
+  local F = 'fc_hot_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 2 then
+    return redis.error_reply('ERR ' .. F .. ': expects 2 arguments: until_ms freeze')
+  end
+  local until_ms, err = uint_arg(args[1], F, 'until_ms')
+  if not until_ms then return err end
+  local freeze
+  freeze, err = uint_arg(args[2], F, 'freeze')
+  if not freeze then return err end
+  local k = keys[1]
+  local since = tonumber(redis.call('HGET', k, 'h'))
+  if not since then
+    local cur = tonumber(redis.call('HGET', k, 'v')) or 0
+    if freeze ~= 1 then return {0, cur} end
+    since = now_ms()
+    redis.call('HSET', k, 'h', istr(since), 'v', istr(math.max(cur + 1, now_us())))
+  end
+  local ttl = redis.call('PTTL', k)
+  local expire_at = 0
+  if ttl >= 0 then
+    expire_at = math.max(now_ms() + ttl, until_ms)
+    redis.call('PEXPIREAT', k, istr(expire_at))
+  end
+  return {since, expire_at, redis.call('HGET', k, 'b')}
 end
 
 -- The max-min fair share of `pool` for a demand `mine`, among `demands`
@@ -1322,6 +1391,8 @@ end
 
 redis.register_function{function_name = 'fc_cas_v1', callback = fc_cas, flags = {}}
 redis.register_function{function_name = 'fc_cas_v2', callback = fc_cas_v2, flags = {}}
+redis.register_function{function_name = 'fc_cas_v3', callback = fc_cas_v3, flags = {}}
+redis.register_function{function_name = 'fc_hot_v1', callback = fc_hot, flags = {}}
 redis.register_function{function_name = 'fc_own_v1', callback = fc_own, flags = {}}
 redis.register_function{function_name = 'fc_member_v1', callback = fc_member, flags = {}}
 redis.register_function{function_name = 'fc_heat_v1', callback = fc_heat, flags = {}}

@@ -11,7 +11,7 @@ use super::conn::{RedisStore, bytes, int, ms, redis_key, unexpected};
 use super::{HEAT_KEY, MEMBERS_KEY};
 use crate::clock::Nanos;
 use crate::store::{
-    Cas, HeatReport, HeatTables, Membership, Owned, OwnedRecords, Records, StoreError,
+    Cas, HeatReport, HeatTables, Hot, Membership, Owned, OwnedRecords, Records, StoreError,
 };
 
 impl Records for RedisStore {
@@ -65,7 +65,8 @@ impl Records for RedisStore {
         }
     }
 
-    /// `fc_cas_v1`: written only if the record is still at `expected`, else
+    /// `fc_cas_v3` (`fc_cas_v1`, refused while a hot key's record is
+    /// frozen): written only if the record is still at `expected`, else
     /// the current record comes back in the same reply, so the engine
     /// decides again without another read (at most 3 times, then 503:
     /// docs/cluster.md). With affinity that is 1.79 compare-and-sets per ad
@@ -78,13 +79,46 @@ impl Records for RedisStore {
         expire_at: Nanos,
     ) -> Result<Cas, StoreError> {
         let mut c = redis::cmd("FCALL");
-        c.arg("fc_cas_v1")
+        c.arg("fc_cas_v3")
             .arg(1)
             .arg(redis_key(key))
             .arg(expected)
             .arg(value)
             .arg(ms(expire_at));
-        self.cas_call("fc_cas_v1", &c)
+        self.cas_call("fc_cas_v3", &c)
+    }
+
+    /// `fc_hot_v1`: freezes a hot key's record (or extends a freeze), so
+    /// its decisions go to leases seeded from one copy.
+    fn hot(&self, key: &[u8], until: Nanos, freeze: bool) -> Result<Hot, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg("fc_hot_v1")
+            .arg(1)
+            .arg(redis_key(key))
+            .arg(ms(until))
+            .arg(u8::from(freeze));
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the freeze was not confirmed by a replica in time (durability replicated)".into(),
+            ));
+        }
+        let bad = || unexpected("fc_hot_v1", &v);
+        let Value::Array(a) = &v else {
+            return Err(bad());
+        };
+        match a.as_slice() {
+            [zero, ver] if int(zero) == Some(0) => Ok(Hot::Cold {
+                version: int(ver).ok_or_else(bad)?,
+            }),
+            [since, exp, b] => Ok(Hot::Frozen {
+                since_ms: int(since).ok_or_else(bad)?,
+                expire_at_ms: int(exp).ok_or_else(bad)?,
+                value: bytes(b),
+            }),
+            _ => Err(bad()),
+        }
     }
 
     /// `SET NX PXAT` of an event id: the first node to set it counts the

@@ -12,8 +12,9 @@ use crate::limits::{Hold, Item, ItemState};
 use super::chain::Defs;
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, waited};
+use super::leases::leasable;
 use super::persist::{Ack, Changes};
-use super::placement::{SeenHere, seen_in_record};
+use super::placement::{LEASED_COPY, SeenHere, seen_in_record};
 use super::record::PendingEntry;
 use super::request::{
     CheckOutcome, CheckRequest, CheckTarget, body_hash, check_cost, check_reservation_id,
@@ -107,6 +108,13 @@ impl<C: Clock> Engine<C> {
         } else {
             None
         };
+        // A hot key (docs/cluster.md, "Hot keys"): its grants are made
+        // ready first, outside every lock.
+        let hot = self.hot_keys.get(key);
+        if let (Some(hk), Some(shared)) = (&hot, self.shared()) {
+            hk.decided_by(def_id, &stack, &tags);
+            self.prepare_hot(shared, hk, def_id, &stack, &tags, req.cost, now);
+        }
         // The decision last written with a hold under the caller's id: if
         // that write's answer is lost, it may have been applied.
         let mut last_held = None;
@@ -151,6 +159,27 @@ impl<C: Clock> Engine<C> {
                     },
                 ));
             }
+            // On this node's own record of a hot key, each leased item
+            // allows within its grant only.
+            let leased = (rec.write_seq == LEASED_COPY)
+                .then(|| self.hot_keys.get(key))
+                .flatten();
+            // A zero cost only looks (docs/semantics.md §4.1): nothing to grant.
+            if let Some(hk) = leased.as_ref().filter(|_| req.cost > 0) {
+                let refusals = self.hot_refusals(hk, rec, def_id, &stack, &tags, req.cost, now);
+                if !refusals.is_empty() {
+                    return Ok(self.hot_denial(
+                        hk,
+                        rec,
+                        def_id,
+                        &stack,
+                        &tags,
+                        req.priority,
+                        &refusals,
+                        now,
+                    ));
+                }
+            }
             let hold = match &claim {
                 Some(_) => Hold::Reserve {
                     deadline: now + lifetime,
@@ -161,7 +190,7 @@ impl<C: Clock> Engine<C> {
                 .iter()
                 .map(|&t| std::mem::take(rec.state_mut(def_id, t)))
                 .collect();
-            let (decision, pending) =
+            let (mut decision, pending) =
                 stack.decide_as(&mut states, now, req.cost, hold, req.priority);
             for (&t, s) in tags.iter().zip(states) {
                 *rec.state_mut(def_id, t) = s;
@@ -205,8 +234,30 @@ impl<C: Clock> Engine<C> {
                 };
                 self.persist(changes, defs, now, Ack::WriteBehind);
             }
+            if let Some(hk) = &leased {
+                if decision.allowed && req.cost > 0 {
+                    self.count_hot_lines(hk, &stack, &tags, req.cost);
+                }
+                self.hot_figures(hk, rec, def_id, &stack, &tags, &mut decision, now);
+            }
             Ok(decision)
         });
+        // Writes of this key met other nodes' often this second: freeze it,
+        // so that its decisions go to leases (`placement/leased.rs`). A
+        // reserve, or an item that cannot be leased, keeps it as it is.
+        let gave_up = matches!(decided, Err(Halt::Failed(EngineError::Overloaded(_))));
+        if hot.is_none()
+            && claim.is_none()
+            && self.shared().is_some()
+            && (gave_up || self.hot_keys.heated(key, now))
+            && stack.items().iter().all(leasable)
+        {
+            self.freeze(record, now);
+            // Given up for conflicts, decided again on leases.
+            if gave_up && self.hot_keys.get(key).is_some() {
+                return self.check_with(req, reads);
+            }
+        }
         let mut decision = match decided {
             Ok(Ok(d)) => d,
             Ok(Err((id, seen))) => {

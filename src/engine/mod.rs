@@ -348,6 +348,9 @@ pub struct EngineStats {
     /// writes that met another node's first (decided again).
     pub cas: AtomicU64,
     pub cas_conflicts: AtomicU64,
+    /// Hot keys this node learned were frozen (docs/cluster.md, "Hot
+    /// keys"): decided on leases from then.
+    pub hot_keys: AtomicU64,
     /// Owner mode: users claimed (taken into memory from the store), and
     /// decisions refused because a later owner had claimed the user.
     pub owner_claims: AtomicU64,
@@ -411,6 +414,8 @@ pub struct Engine<C: Clock> {
     reservations: Reservations,
     /// With a shared store: this node's grants of campaign-scope state.
     leases: leases::Leases,
+    /// With a shared store: the policy keys decided on leases (hot).
+    hot_keys: placement::HotKeys,
     /// With a shared store: reservations past their deadline whose record
     /// could not be read yet.
     unsettled: settle::Unsettled,
@@ -491,6 +496,7 @@ impl<C: Clock> Engine<C> {
             shared_ok_at: AtomicU64::new(started),
             reservations,
             leases: leases::Leases::default(),
+            hot_keys: placement::HotKeys::default(),
             unsettled: settle::Unsettled::default(),
             dedupe: Dedupe::new(),
             key_locks: check_all::KeyLocks::default(),

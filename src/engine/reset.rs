@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use super::chain::Defs;
 use super::hot::{Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
+use super::placement::LEASED_COPY;
 use super::record::SubjectRecord;
 use super::{Engine, EngineError};
 
@@ -40,7 +41,14 @@ impl<C: Clock> Engine<C> {
     /// compare-and-set).
     fn empty_counters(&self, record: RecordKey, def_id: u32) -> Result<bool, EngineError> {
         let now = self.now();
+        let mut hot = false;
         let receipt = self.with_record(record, now, Reads::MayWait, |rec, now| {
+            // A hot key's counts are the fleet's leases' (docs/cluster.md,
+            // "Hot keys"), not this record's: refused, changing nothing.
+            if rec.write_seq == LEASED_COPY {
+                hot = true;
+                return None;
+            }
             if !drop_def(rec, def_id) {
                 return None;
             }
@@ -50,7 +58,15 @@ impl<C: Clock> Engine<C> {
             changes.record(record, rec);
             Some(self.persist(changes, Defs::Chain(&[]), now, Ack::Durable))
         });
-        match waited(receipt)? {
+        let receipt = waited(receipt)?;
+        if hot {
+            return Err(EngineError::Overloaded(
+                "this key is hot: decided on leases across the fleet until its traffic drops \
+                 (docs/cluster.md, \"Hot keys\"); a reset is refused until then, retry later"
+                    .into(),
+            ));
+        }
+        match receipt {
             None => Ok(false),
             Some(r) => {
                 r.wait()?;

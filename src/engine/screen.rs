@@ -786,7 +786,7 @@ fn decide_chain(
             let leased_out = match leases {
                 Some(l) if cap.scope == Scope::Campaign => {
                     view(&cap.item, st, rec.pending_on(e.id, t), now).and_then(|v| {
-                        let key = (e.id, t, v.start);
+                        let key = (crate::engine::leases::Leased::Campaign(e.id), t, v.start);
                         (!l.allows(key, &v, n, now)).then(|| l.retry_after(key, now))
                     })
                 }

@@ -42,6 +42,8 @@ pub struct Figures {
     /// that met another node's write first, and screens answered open.
     pub cas: u64,
     pub cas_conflicts: u64,
+    /// Hot keys this node learned were frozen: decided on leases since.
+    pub hot_keys: u64,
     /// Owner mode: users claimed into memory, and decisions refused
     /// because a later owner had claimed the user.
     pub owner_claims: u64,
@@ -393,6 +395,12 @@ fn shared_store(e: &mut DescriptorEncoder, f: &Figures, r: &RedisFigures) -> fmt
         "freqcap_cas_conflicts",
         "Compare-and-set writes another node's write beat (decided again)",
         f.cas_conflicts,
+    )?;
+    counter(
+        e,
+        "freqcap_hot_keys",
+        "Policy keys this node learned were hot (frozen in the store, decided on leases since; docs/cluster.md \"Hot keys\")",
+        f.hot_keys,
     )?;
     counter(
         e,

@@ -178,6 +178,7 @@ fn figures<C: Clock + 'static>(
         rocksdb_estimated_keys: store.estimated_keys,
         cas: get(&st.cas),
         cas_conflicts: get(&st.cas_conflicts),
+        hot_keys: get(&st.hot_keys),
         owner_claims: get(&st.owner_claims),
         owner_fenced: get(&st.owner_fenced),
         owner_heavy_users: engine.owner_heavy_users(),

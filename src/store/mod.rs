@@ -25,8 +25,8 @@ pub use lease_args::{
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
-    Cas, Catalog, DefsWrite, HeatReport, HeatTables, LeaseCalls, Membership, MinuteCounts, Owned,
-    OwnedRecords, Records, Shared,
+    Cas, Catalog, DefsWrite, HeatReport, HeatTables, Hot, LeaseCalls, Membership, MinuteCounts,
+    Owned, OwnedRecords, Records, Shared,
 };
 pub use shared_memory::SharedMemory;
 

@@ -55,6 +55,28 @@ pub enum Cas {
     /// Owner mode: a later owner (this epoch) claimed the record; nothing
     /// was written.
     Fenced(u64),
+    /// The record is a hot key's, frozen since `since_ms` (the store's
+    /// clock, [`Records::hot`]): nothing was written; `value` is the record
+    /// as frozen. Its decisions are made on leases (docs/cluster.md, "Hot
+    /// keys").
+    Leased {
+        since_ms: u64,
+        value: Option<Vec<u8>>,
+    },
+}
+
+/// The answer to [`Records::hot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hot {
+    /// Frozen since `since_ms` (the store's clock), to live until
+    /// `expire_at_ms` at least (0: no expiry); `value`: the record as frozen.
+    Frozen {
+        since_ms: u64,
+        expire_at_ms: u64,
+        value: Option<Vec<u8>>,
+    },
+    /// Not frozen (a call that does not freeze found it so): its version.
+    Cold { version: u64 },
 }
 
 /// The answer to an owner's claim of a record ([`OwnedRecords::own`]).
@@ -178,6 +200,12 @@ pub trait Records: Send + Sync {
 
     /// Removes a claim this node made and did not use.
     fn unclaim(&self, key: &[u8]) -> Result<(), StoreError>;
+
+    /// A hot key's record (`fc_hot_v1`): with `freeze`, frozen now if it is
+    /// not yet, as it is; either way a frozen record lives until `until`
+    /// (unix ns) at least. While frozen, [`Records::cas`] answers
+    /// [`Cas::Leased`] and writes nothing.
+    fn hot(&self, key: &[u8], until: Nanos, freeze: bool) -> Result<Hot, StoreError>;
 }
 
 /// Owner mode's records (docs/cluster.md, "Owner mode"): claimed by the

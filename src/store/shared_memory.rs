@@ -119,6 +119,9 @@ struct Record {
     value: Option<Vec<u8>>,
     /// `e`: the epoch of the owner that last claimed or wrote it (0: none).
     epoch: u64,
+    /// `h`: frozen as a hot key's since then (ms of the store's clock,
+    /// `fc_hot_v1`).
+    hot_since: Option<u64>,
     /// When it goes, ms of the store's clock: an owner's claim of an absent
     /// record, `absent_ttl` after it unless written (Redis's `PEXPIRE`).
     expires_ms: Option<u64>,
@@ -463,7 +466,17 @@ impl Records for SharedMemory {
         self.cas_calls.fetch_add(1, Ordering::Relaxed);
         let now = self.now_ms();
         let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
-        let current = live(&mut m, key, now).map_or(0, |r| r.version);
+        let rec = live(&mut m, key, now);
+        // `fc_cas_v3`: a frozen record is refused first, whatever the version.
+        if let Some(r) = rec.as_ref()
+            && let Some(since_ms) = r.hot_since
+        {
+            return Ok(Cas::Leased {
+                since_ms,
+                value: r.value.clone(),
+            });
+        }
+        let current = rec.map_or(0, |r| r.version);
         if current != expected {
             return Ok(self.conflict(m.get(key)));
         }
@@ -474,6 +487,33 @@ impl Records for SharedMemory {
         rec.value = Some(value.to_vec());
         rec.expires_ms = None;
         self.written(current + 1)
+    }
+
+    /// `fc_hot_v1`, step for step.
+    fn hot(&self, key: &[u8], until: Nanos, freeze: bool) -> Result<Hot, StoreError> {
+        self.cas_calls.fetch_add(1, Ordering::Relaxed);
+        let now = self.now_ms();
+        let mut m = self.records.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = live(&mut m, key, now).map_or(0, |r| r.version);
+        let rec = match m.get_mut(key) {
+            Some(r) if r.hot_since.is_some() => r,
+            _ if !freeze => return Ok(Hot::Cold { version: current }),
+            _ => {
+                let r = m.entry(key.to_vec()).or_default();
+                r.hot_since = Some(now);
+                r.version = current + 1;
+                r
+            }
+        };
+        let until_ms = until.div_ceil(1_000_000);
+        if let Some(t) = rec.expires_ms.as_mut() {
+            *t = (*t).max(until_ms);
+        }
+        Ok(Hot::Frozen {
+            since_ms: rec.hot_since.unwrap_or(now),
+            expire_at_ms: rec.expires_ms.unwrap_or(0),
+            value: rec.value.clone(),
+        })
     }
 
     fn claim(&self, key: &[u8], _expire_at: Nanos, token: &[u8]) -> Result<bool, StoreError> {

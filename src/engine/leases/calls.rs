@@ -191,6 +191,9 @@ impl<C: Clock> Engine<C> {
         // (fc_lease_v2): a node whose clock runs ahead is not granted a
         // budget's line ahead of Redis's.
         let rule = match item {
+            // A hot key's total is the limit less what its frozen record
+            // counted (`keys.rs`): the node's, as given.
+            _ if matches!(key.0, Leased::Key { .. }) => TotalRule::Given,
             Item::Window(w) => TotalRule::Fixed(w.limit),
             Item::Budget(b) => match b.pacing {
                 // A throttle's cap is the whole amount; its pass
@@ -269,8 +272,9 @@ impl<C: Clock> Engine<C> {
             g.given_reported = g.given_reported.max(given.saturating_add(g.moved_base.1));
         }
         self.record_grant(key, v, want, grant.granted, grant.usable_ms, now);
-        if let Item::Budget(b) = item
-            && b.has_levers()
+        // A hot key's figures are the fleet's (`keys.rs`); a budget's
+        // levers run on the fleet's spend.
+        if matches!(key.0, Leased::Key { .. }) || matches!(item, Item::Budget(b) if b.has_levers())
         {
             self.leases.fleet_spend(key, grant.spent_total, v.committed);
         }
@@ -290,7 +294,7 @@ impl<C: Clock> Engine<C> {
             && cap.scope == Scope::Campaign
             && matches!(cap.item, Item::Rate { .. })
         {
-            self.leases.commit_line((e.id, tag, 0), n);
+            self.leases.commit_line((Leased::Campaign(e.id), tag, 0), n);
         }
     }
 
@@ -450,41 +454,61 @@ impl<C: Clock> Engine<C> {
                 let Some((key, v)) = campaign_view(&self.leases, e, i, now) else {
                     continue;
                 };
-                let fits = || {
-                    let grants = self.leases.lock();
-                    match grants.get(&key) {
-                        Some(g) => {
-                            (now < g.usable_until
-                                && v.committed + g.given + v.pending + n <= g.granted)
-                                || now < g.quiet_until
-                        }
-                        None => false,
-                    }
-                };
-                if fits() {
-                    continue;
-                }
-                if reads == Reads::MemoryOnly {
+                if !self.ready_grant(shared, key, &cap.item, &v, n, now, reads) {
                     return false;
                 }
-                // One refresh of a grant at a time; one waiting here finds
-                // the grant refreshed by the one before it, mostly.
-                let _one = self.leases.refreshing[refresh_stripe(key)]
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                if fits() {
-                    continue;
-                }
-                // Slots: the ones it needs and one spare; units: its rate.
-                let want = if v.slots {
-                    n + 1
-                } else {
-                    self.want(key, &v, n, now) + v.pending
-                };
-                if let Err(err) = self.lease_call(shared, key, &cap.item, &v, want, now) {
-                    tracing::debug!("lease refresh of campaign {} failed: {err}", e.id);
-                }
             }
+        }
+        true
+    }
+
+    /// Makes sure grant `key` (of `item`, as `v` sees it) is live with room
+    /// for `n` units, refreshing it if not (unless quiet): `false` only if
+    /// it needs a refresh and `reads` is memory-only. A refresh that fails
+    /// leaves the grant as it was: the decision denies on it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ready_grant(
+        &self,
+        shared: &dyn Shared,
+        key: GrantKey,
+        item: &Item,
+        v: &LeaseView,
+        n: u64,
+        now: Nanos,
+        reads: Reads,
+    ) -> bool {
+        let fits = || {
+            let grants = self.leases.lock();
+            match grants.get(&key) {
+                Some(g) => {
+                    (now < g.usable_until && v.committed + g.given + v.pending + n <= g.granted)
+                        || now < g.quiet_until
+                }
+                None => false,
+            }
+        };
+        if fits() {
+            return true;
+        }
+        if reads == Reads::MemoryOnly {
+            return false;
+        }
+        // One refresh of a grant at a time; one waiting here finds the
+        // grant refreshed by the one before it, mostly.
+        let _one = self.leases.refreshing[refresh_stripe(key)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if fits() {
+            return true;
+        }
+        // Slots: the ones it needs and one spare; units: its rate.
+        let want = if v.slots {
+            n + 1
+        } else {
+            self.want(key, v, n, now) + v.pending
+        };
+        if let Err(err) = self.lease_call(shared, key, item, v, want, now) {
+            tracing::debug!("lease refresh of {:?} failed: {err}", key.0);
         }
         true
     }

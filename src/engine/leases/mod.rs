@@ -39,6 +39,7 @@
 //! holds charged or given up (`reports.rs`).
 
 mod calls;
+mod keys;
 mod reports;
 mod view;
 
@@ -108,8 +109,19 @@ pub(crate) const LINE_LOOKAHEAD: Nanos = 400_000_000;
 /// about a second).
 const REHOLD_AFTER: Nanos = 300 * 1_000_000_000;
 
-/// A grant: (campaign id, item tag, period start).
-pub(crate) type GrantKey = (u32, u32, Nanos);
+/// A grant: (what is leased, item tag, period start).
+pub(crate) type GrantKey = (Leased, u32, Nanos);
+
+/// Whose items a grant is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Leased {
+    /// A campaign's (by id): its campaign-scope items.
+    Campaign(u32),
+    /// A hot policy key's (`keys.rs`): the key's hash, and when the store
+    /// froze its record (ms, Redis's clock), so a key frozen again after
+    /// a reset or its marker's expiry starts on fresh leases.
+    Key { hash: u128, since_ms: u64 },
+}
 
 #[derive(Debug, Default, Clone)]
 struct Grant {
@@ -259,9 +271,19 @@ fn refresh_stripe(k: GrantKey) -> usize {
 
 /// A lease's key in the shared store.
 fn lease_key(k: GrantKey) -> Vec<u8> {
-    let mut v = Vec::with_capacity(17);
-    v.push(b'l');
-    v.extend_from_slice(&k.0.to_be_bytes());
+    let mut v = Vec::with_capacity(41);
+    match k.0 {
+        // A campaign's keys are those of every build before hot keys.
+        Leased::Campaign(id) => {
+            v.push(b'l');
+            v.extend_from_slice(&id.to_be_bytes());
+        }
+        Leased::Key { hash, since_ms } => {
+            v.push(b'h');
+            v.extend_from_slice(&hash.to_be_bytes());
+            v.extend_from_slice(&since_ms.to_be_bytes());
+        }
+    }
     v.extend_from_slice(&k.1.to_be_bytes());
     v.extend_from_slice(&k.2.to_be_bytes());
     v
@@ -333,7 +355,12 @@ impl Leases {
     /// `st` is this node's record of it.
     pub(crate) fn levers(&self, key: (u32, u32), b: &Budget, st: &ItemState, now: Nanos) -> Levers {
         let own = b.current(&crate::limits::budget_state(st), now);
-        b.levers_of_current(&self.pacer((key.0, key.1, own.start), b, own.spent, now))
+        b.levers_of_current(&self.pacer(
+            (Leased::Campaign(key.0), key.1, own.start),
+            b,
+            own.spent,
+            now,
+        ))
     }
 
     /// Whether `n` units of `throttle` budget `b` pass the draw of the
@@ -348,7 +375,12 @@ impl Leases {
         n: u64,
     ) -> bool {
         let own = b.current(&crate::limits::budget_state(st), now);
-        let mut fleet = self.pacer((key.0, key.1, own.start), b, own.spent, now);
+        let mut fleet = self.pacer(
+            (Leased::Campaign(key.0), key.1, own.start),
+            b,
+            own.spent,
+            now,
+        );
         fleet.pending = own.pending;
         b.draw_passes(&fleet, now, n)
     }
@@ -433,6 +465,6 @@ fn campaign_view(
             now,
         )
     }?;
-    let key = (e.id, tag, v.start);
+    let key = (Leased::Campaign(e.id), tag, v.start);
     Some((key, leases.filled(key, v, &e.compiled.items[i].item, now)))
 }

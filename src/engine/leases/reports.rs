@@ -134,13 +134,17 @@ impl<C: Clock> Engine<C> {
         let reg = self.registry();
         keys.into_iter()
             .filter_map(|(key, reported)| {
-                let e = reg.campaign_by_id(key.0)?;
+                let Leased::Campaign(id) = key.0 else {
+                    return None;
+                };
+                let e = reg.campaign_by_id(id)?;
                 let i = e.tags.iter().position(|&t| t == key.1)?;
                 let (_, v) = campaign_view(&self.leases, e, i, now)
                     .filter(|(k, v)| *k == key && v.line.is_none())?;
                 Some(v.committed.saturating_sub(reported))
             })
-            .sum()
+            .sum::<u64>()
+            + self.hot_unreported(now)
     }
 
     pub(super) fn renew_leases_as(&self, all: bool) {
@@ -153,7 +157,10 @@ impl<C: Clock> Engine<C> {
         let due: Vec<GrantKey> = self.leases.lock().keys().copied().collect();
         let reg = self.registry();
         for key in due {
-            let Some(e) = reg.campaign_by_id(key.0) else {
+            let Leased::Campaign(id) = key.0 else {
+                continue;
+            };
+            let Some(e) = reg.campaign_by_id(id) else {
                 continue;
             };
             let Some(i) = e.tags.iter().position(|&t| t == key.1) else {
@@ -163,49 +170,64 @@ impl<C: Clock> Engine<C> {
             else {
                 continue;
             };
-            let Some(g) = self.leases.lock().get(&key).cloned() else {
-                continue;
-            };
-            // Only grants in use: one used since the last call is renewed
-            // before it lapses, and unreported spend is reported once a
-            // second. An idle grant is left to lapse; its headroom stays this
-            // node's, and the next decision that needs it refreshes it.
-            let lapsing = g.usable_until <= now + LEASE_TTL / 4;
-            let in_use = g.used_at >= g.called_at;
-            let due = if v.slots {
-                // Slots held beyond those in use (and a spare while
-                // decisions use the grant) go back once a second, so an
-                // idle node keeps none.
-                (lapsing && in_use)
-                    || (g.granted > v.pending + u64::from(in_use)
-                        && now >= g.called_at.saturating_add(REPORT_EVERY))
-            } else {
-                // Units given to other nodes are reported as spend is: until
-                // then the store counts them twice (fewer granted, never
-                // more).
-                // Given units at the next tick (250 ms): while unreported
-                // they are counted twice, and a burst of spread commits
-                // near a budget's end found the pool short (140 of 200 in
-                // `leased_budgets_and_campaign_caps_hold_across_nodes`
-                // when they waited for the 1 s renewal).
-                let unreported = g.reported < v.committed;
-                (lapsing && in_use)
-                    || g.given_reported < g.given
-                    || (unreported
-                        && (all || lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
-            };
-            if !due {
-                continue;
-            }
-            let want = if v.slots {
-                u64::from(in_use)
-            } else {
-                self.want(key, &v, 1, now) + v.pending
-            };
-            if let Err(err) = self.lease_call(shared, key, &e.compiled.items[i].item, &v, want, now)
-            {
-                tracing::debug!("lease renewal of campaign {} failed: {err}", key.0);
-            }
+            self.renew_grant(shared, key, &e.compiled.items[i].item, &v, all, now);
+        }
+        self.renew_hot_keys(shared, all, now);
+    }
+
+    /// Renews grant `key` (of `item`, as `v` sees it) if it is due: in use
+    /// and lapsing, or with spend or given units unreported (`all`: any
+    /// unreported, at shutdown).
+    pub(super) fn renew_grant(
+        &self,
+        shared: &dyn crate::store::Shared,
+        key: GrantKey,
+        item: &crate::limits::Item,
+        v: &LeaseView,
+        all: bool,
+        now: Nanos,
+    ) {
+        let Some(g) = self.leases.lock().get(&key).cloned() else {
+            return;
+        };
+        // Only grants in use: one used since the last call is renewed
+        // before it lapses, and unreported spend is reported once a
+        // second. An idle grant is left to lapse; its headroom stays this
+        // node's, and the next decision that needs it refreshes it.
+        let lapsing = g.usable_until <= now + LEASE_TTL / 4;
+        let in_use = g.used_at >= g.called_at;
+        let due = if v.slots {
+            // Slots held beyond those in use (and a spare while
+            // decisions use the grant) go back once a second, so an
+            // idle node keeps none.
+            (lapsing && in_use)
+                || (g.granted > v.pending + u64::from(in_use)
+                    && now >= g.called_at.saturating_add(REPORT_EVERY))
+        } else {
+            // Units given to other nodes are reported as spend is: until
+            // then the store counts them twice (fewer granted, never
+            // more).
+            // Given units at the next tick (250 ms): while unreported
+            // they are counted twice, and a burst of spread commits
+            // near a budget's end found the pool short (140 of 200 in
+            // `leased_budgets_and_campaign_caps_hold_across_nodes`
+            // when they waited for the 1 s renewal).
+            let unreported = g.reported < v.committed;
+            (lapsing && in_use)
+                || g.given_reported < g.given
+                || (unreported
+                    && (all || lapsing || now >= g.called_at.saturating_add(REPORT_EVERY)))
+        };
+        if !due {
+            return;
+        }
+        let want = if v.slots {
+            u64::from(in_use)
+        } else {
+            self.want(key, v, 1, now) + v.pending
+        };
+        if let Err(err) = self.lease_call(shared, key, item, v, want, now) {
+            tracing::debug!("lease renewal of {:?} failed: {err}", key.0);
         }
     }
 
@@ -286,7 +308,7 @@ impl<C: Clock> Engine<C> {
         };
         self.leases
             .lock()
-            .entry((e.id, tag, v.start))
+            .entry((Leased::Campaign(e.id), tag, v.start))
             .or_default()
             .given += n;
     }

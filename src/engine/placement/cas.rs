@@ -100,6 +100,18 @@ impl<C: Clock> Engine<C> {
                 Owner::Unsettled(why) => Err(unavailable(why.to_owned())),
             };
         }
+        // A hot key is decided on this node's own record, within its
+        // leases (`leased.rs`), unless its freeze ended.
+        if let RecordKey::PolicyKey(h) = key
+            && let Some(hk) = self.hot_keys.get(h)
+        {
+            if memory_only {
+                return Err(Halt::NotInMemory);
+            }
+            if let Some(r) = self.with_leased_record(shared, &hk, now, |rec, at| f(rec, at))? {
+                return Ok(r);
+            }
+        }
         let disk = key.disk_key();
         let hot_key = key.hot_key();
         let reg = self.registry();
@@ -183,6 +195,9 @@ impl<C: Clock> Engine<C> {
                 }
                 Ok(Cas::Conflict { version, value }) => {
                     self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
+                    if let RecordKey::PolicyKey(h) = key {
+                        self.hot_keys.conflicted(h, now);
+                    }
                     rec = match value {
                         Some(v) => {
                             let (current, t) = self.decoded(&disk, &v, version)?;
@@ -195,6 +210,18 @@ impl<C: Clock> Engine<C> {
                         },
                     };
                     fresh = true;
+                }
+                // Frozen as a hot key (by another node, or this one since
+                // the copy was taken): decided on leases from now on.
+                Ok(Cas::Leased { since_ms, value }) => {
+                    let hk = self.learn_hot(key, since_ms, value.as_deref())?;
+                    drop(_turn);
+                    return match self.with_leased_record(shared, &hk, now, |rec, at| f(rec, at))? {
+                        Some(r) => Ok(r),
+                        None => Err(unavailable(
+                            "this key's hot-key freeze ended as it was decided; retry".to_owned(),
+                        )),
+                    };
                 }
                 // `fc_cas_v1` never fences; an owner-mode record met in
                 // shared mode (nodes of both modes on one cluster) is

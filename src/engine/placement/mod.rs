@@ -15,6 +15,8 @@
 //! - [`cas`]: shared mode, a decision on a copy written back by
 //!   compare-and-set.
 //! - [`owned`]: owner mode, a decision on the owner's copy in memory.
+//! - [`leased`]: a hot policy key, frozen in the store and decided by each
+//!   node on a record of its own within leased grants.
 //! - [`in_record`]: reservations kept in a record (holds, settled ids,
 //!   who wins a commit) and their settlement across nodes.
 
@@ -23,6 +25,7 @@ mod catalog;
 mod event_ids;
 mod form;
 mod in_record;
+mod leased;
 mod local;
 mod owned;
 
@@ -39,6 +42,7 @@ use crate::store::{Shared, StoreError};
 
 pub(crate) use event_ids::Dedupe;
 pub(crate) use in_record::{ForeignWinner, InRecord, RecordedEnd, SeenHere, seen_in_record};
+pub(crate) use leased::{FREEZE_HOLD, HotKey, HotKeys, LEASED_COPY};
 
 /// Tries of a decision whose write met other nodes' writes before it gives
 /// up with 503 (docs/cluster.md: with affinity, conflicts measured ~0).

@@ -164,6 +164,9 @@ impl<C: Clock> Engine<C> {
                     self.stats.cas_conflicts.fetch_add(1, Ordering::Relaxed);
                     return Err(self.deposed(owners, epoch));
                 }
+                // Only a policy key's record is frozen as hot, never a
+                // user's: answered as a foreign write.
+                Ok(Cas::Leased { .. }) => return Err(self.deposed(owners, epoch)),
                 // It may have been applied: the copy is not put back (its
                 // placeholder is marked STALE), so the next decision claims
                 // the record again, reading it.
