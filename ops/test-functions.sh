@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the fourteen functions" \
-  $'fc_cas_v1\nfc_cas_v2\nfc_defs_v1\nfc_heat_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the sixteen functions" \
+  $'fc_cas_v1\nfc_cas_v2\nfc_cas_v3\nfc_defs_v1\nfc_heat_v1\nfc_hot_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -610,6 +610,32 @@ expect "r:m stored" '3' "$(raw HGET "$LO" r:m)"
 expect "foreign is a number" \
   '(error) ERR fc_lease_v2: foreign must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_lease_v2 1 "$LO" a 0 0 60000 0 0 "$S" "$E" 1 100 0 0 0 0 '' '' x 0)"
+###############################################################################
+echo "== hot keys: fc_hot_v1, fc_cas_v3"
+KH='fc:{k:hot}'
+out=$(rc FCALL fc_cas_v3 1 "$KH" 0 'counted' 0 | ints)
+VH=$(awk '{print $2}' <<<"$out")
+expect "fc_cas_v3 writes a record that is not frozen" "1 $VH" "$out"
+expect "an extension of a record not frozen freezes nothing" "0 $VH" \
+  "$(rc FCALL fc_hot_v1 1 "$KH" 0 0 | ints)"
+out=$(rc FCALL fc_hot_v1 1 "$KH" 0 1)
+SH=$(sed -n 1p <<<"$out" | ints)
+expect "a freeze answers the record as frozen" '"counted"' "$(sed -n 3p <<<"$out" | sed -E 's/^ *3\) //')"
+expect_true "and when (Redis's ms, $SH)" "SH=$SH" test "$SH" -gt 1700000000000
+expect_true "the freeze moved the version" "VH=$VH" test "$(raw HGET "$KH" v)" -gt "$VH"
+V2=$(raw HGET "$KH" v)
+expect "fc_cas_v3 refuses a frozen record, even at its version, answering the freeze" \
+  "-2 $SH" "$(rc FCALL fc_cas_v3 1 "$KH" "$V2" 'later' 0 | head -2 | ints)"
+expect "nothing was written" '"counted"' "$(rc HGET "$KH" b)"
+expect "a second freeze keeps the first's time" "$SH" "$(rc FCALL fc_hot_v1 1 "$KH" 0 1 | head -1 | ints)"
+raw PEXPIRE "$KH" 1000 >/dev/null
+UNTIL=$(( $(raw TIME | head -1) * 1000 + 60000 ))
+expect "an extension never shortens and lives until asked" "$UNTIL" \
+  "$(rc FCALL fc_hot_v1 1 "$KH" "$UNTIL" 0 | sed -n 2p | ints)"
+expect_true "the key lives a minute now" "PTTL" test "$(raw PTTL "$KH")" -gt 50000
+expect "fc_hot_v1 checks its arguments" '(error) ERR fc_hot_v1: freeze must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_hot_v1 1 "$KH" 0 x)"
+
 ###############################################################################
 echo "== owner mode: fc_own_v1, fc_cas_v2, fc_member_v1"
 KO='fc:{u:owned}'
