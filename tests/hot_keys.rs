@@ -18,7 +18,7 @@ mod support;
 use support::cluster::{Node, Redis, definition_reached, nodes};
 
 /// Calls each load thread makes at most, and how long they run at most.
-const CALLS_PER_THREAD: u64 = 4_000;
+const CALLS_PER_THREAD: u64 = 12_000;
 const RUN_FOR: Duration = Duration::from_secs(8);
 /// Load threads per node.
 const THREADS_PER_NODE: usize = 4;
@@ -151,5 +151,151 @@ fn one_key_decided_on_three_nodes_at_once_is_leased_exactly() {
     assert!(
         allowed * 100 >= LIMIT * 99,
         "{allowed} of {LIMIT} delivered (≥ 99 % when demand is over 2×)"
+    );
+}
+
+/// A rate (token bucket) decided by three nodes at once: no call answered
+/// 503, and the fleet admits within the token line's stated bound, burst +
+/// r·(d + 100 ms) in the run's length d, plus one burst at the switch
+/// (docs/cluster.md, "Hot keys").
+#[test]
+fn one_rate_decided_on_three_nodes_at_once_holds_its_line() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 8040);
+    let n = nodes(tmp.path(), &redis, 3, &["--redis-timeout-ms", "2000"]);
+    const RATE: u64 = 200;
+    const BURST: u64 = 20;
+    let policy = json!({"limits": [
+        {"kind": "rate", "rate": RATE, "per": "1s", "burst": BURST}]});
+    let (st, body) = n[0].call_retrying("PUT", "/v1/policies/api", Some(&policy));
+    assert_eq!(st, 200, "{body}");
+    definition_reached(&n[1..], "/v1/policies/api");
+    let check = json!({"policy": "api", "key": "acme"});
+    let started = Instant::now();
+    let (tally, rate) = hammer(&n, &check);
+    let secs = started.elapsed().as_secs_f64();
+    let allowed = tally.allowed.load(Ordering::Relaxed);
+    let denied = tally.denied.load(Ordering::Relaxed);
+    let unavailable = tally.unavailable.load(Ordering::Relaxed);
+    let line = BURST as f64 + RATE as f64 * secs;
+    eprintln!(
+        "{rate:.0} calls/s for {secs:.1} s: {allowed} allowed ({:+.1} % against the line's \
+         {line:.0}), {denied} denied, {unavailable} unavailable",
+        (allowed as f64 / line - 1.0) * 100.0
+    );
+    assert_eq!(unavailable, 0, "calls answered 503");
+    assert_eq!(
+        tally.other.load(Ordering::Relaxed),
+        0,
+        "calls answered neither 200, 429 nor 503"
+    );
+    assert!(allowed + denied > 2 * allowed, "demand must pass the rate");
+    // The line's bound over the run (100 ms of lookahead), one burst more
+    // for the switch (the line starts full), and 100 ms of margin for the
+    // clocks' ticks.
+    let bound = 2.0 * BURST as f64 + RATE as f64 * (secs + 0.2);
+    assert!(
+        (allowed as f64) <= bound,
+        "{allowed} admitted, bound {bound:.0}"
+    );
+    assert!(
+        allowed as f64 >= 0.9 * RATE as f64 * secs,
+        "{allowed} admitted in {secs:.1} s at {RATE}/s"
+    );
+}
+
+/// One Envoy descriptor decided by three nodes at once through the rate
+/// limit service (gRPC, `check_all`): no call fails, and the descriptor's
+/// limit is admitted exactly.
+#[test]
+fn one_envoy_descriptor_decided_on_three_nodes_at_once_is_leased_exactly() {
+    use freqcap::rls::pb::{
+        RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor::Entry,
+        rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
+    };
+    support::away_from_midnight();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 8060);
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rls");
+    let extra = [
+        "--rls-config",
+        rules.to_str().expect("utf-8 path"),
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--redis-timeout-ms",
+        "2000",
+    ];
+    let n = nodes(tmp.path(), &redis, 3, &extra);
+    let addrs: Vec<String> = n
+        .iter()
+        .map(|x| support::logged_addr(&x.log, "gRPC listening on "))
+        .collect();
+    // `wide`: 1 000 a day (tests/rls/internal.yaml).
+    const LIMIT: usize = 1_000;
+    let request = RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "wide".into(),
+                value: "w".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let started = Instant::now();
+    let (allowed, over, failed) = rt.block_on(async {
+        let mut calls = tokio::task::JoinSet::new();
+        for addr in &addrs {
+            for _ in 0..THREADS_PER_NODE {
+                let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                    .expect("an address")
+                    .connect()
+                    .await
+                    .expect("connects");
+                let mut c = RateLimitServiceClient::new(ch);
+                let r = request.clone();
+                calls.spawn(async move {
+                    let (mut allowed, mut over, mut failed) = (0, 0, 0);
+                    for _ in 0..300 {
+                        match c.should_rate_limit(r.clone()).await {
+                            Ok(a) if a.get_ref().overall_code == Code::Ok as i32 => allowed += 1,
+                            Ok(_) => over += 1,
+                            Err(e) => {
+                                eprintln!("rls: {e}");
+                                failed += 1
+                            }
+                        }
+                    }
+                    (allowed, over, failed)
+                });
+            }
+        }
+        calls
+            .join_all()
+            .await
+            .into_iter()
+            .fold((0, 0, 0), |t, x| (t.0 + x.0, t.1 + x.1, t.2 + x.2))
+    });
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{:.0} calls/s: {allowed} allowed, {over} over the limit, {failed} failed",
+        (allowed + over + failed) as f64 / secs
+    );
+    let hot: Vec<f64> = n
+        .iter()
+        .map(|x| x.metric("freqcap_hot_keys_total").unwrap_or(-1.0))
+        .collect();
+    assert_eq!(failed, 0, "calls failed (UNAVAILABLE)");
+    assert!(allowed + over > 2 * LIMIT, "demand must pass the limit");
+    assert!(
+        hot.iter().all(|&h| h >= 1.0),
+        "every node decided the descriptor on leases: {hot:?}"
+    );
+    assert!(allowed <= LIMIT, "{allowed} admitted of {LIMIT}");
+    assert!(
+        allowed * 100 >= LIMIT * 99,
+        "{allowed} of {LIMIT} delivered"
     );
 }

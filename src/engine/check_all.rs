@@ -24,7 +24,9 @@ use crate::limits::{Hold, ItemState};
 use super::chain::{Defs, PendingEnd, Repriced, settle_entries};
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey, waited};
+use super::leases::leasable;
 use super::persist::{Ack, Changes};
+use super::placement::LEASED_COPY;
 use super::record::PendingEntry;
 use super::request::{CompiledInline, check_cost};
 use super::{Engine, EngineError, invalid};
@@ -320,10 +322,68 @@ impl<C: Clock> Engine<C> {
         let mut allowed = true;
         for gi in 0..groups.len() {
             let g = &groups[gi];
+            let limits = &checks[g.checks[0]].limits;
+            let cost: u64 = g.checks.iter().map(|&i| checks[i].cost).sum();
+            // A hot key (docs/cluster.md, "Hot keys"): its grants are made
+            // ready first, outside every lock.
+            let hot = match g.record {
+                RecordKey::PolicyKey(h) => self.hot_keys.get(h),
+                _ => None,
+            };
+            if let (Some(hk), Some(shared)) = (&hot, self.shared()) {
+                hk.decided_by(0, &limits.stack, &limits.tags);
+                self.prepare_hot(shared, hk, 0, &limits.stack, &limits.tags, cost, now);
+            }
             // After a denial nothing more is debited: the rest only report.
             let decided = self.with_record(g.record, now, reads, |rec, now| {
-                decide_group(rec, checks, &g.checks, now, res, hold, allowed)
+                // On this node's own record of a hot key, the group's cost
+                // must fit its grants (all of it: conservative for a key
+                // given twice).
+                let leased = match g.record {
+                    RecordKey::PolicyKey(h) if rec.write_seq == LEASED_COPY => self.hot_keys.get(h),
+                    _ => None,
+                };
+                if let Some(hk) = leased.as_ref().filter(|_| allowed && cost > 0) {
+                    let (stack, tags) = (&limits.stack, &limits.tags);
+                    let refusals = self.hot_refusals(hk, rec, 0, stack, tags, cost, now);
+                    if !refusals.is_empty() {
+                        let ds: SmallVec<[Decision; 2]> = g
+                            .checks
+                            .iter()
+                            .map(|&i| {
+                                let c = &checks[i];
+                                self.hot_denial(hk, rec, 0, stack, tags, c.priority, &refusals, now)
+                            })
+                            .collect();
+                        let allows = g.checks.iter().all(|&i| !checks[i].enforced);
+                        return (ds, allows, false);
+                    }
+                }
+                let mut out = decide_group(rec, checks, &g.checks, now, res, hold, allowed);
+                if let Some(hk) = &leased {
+                    if out.1 && allowed && cost > 0 {
+                        self.count_hot_lines(hk, &limits.stack, &limits.tags, cost);
+                    }
+                    for d in out.0.iter_mut() {
+                        self.hot_figures(hk, rec, 0, &limits.stack, &limits.tags, d, now);
+                    }
+                }
+                out
             });
+            // Writes of this key met other nodes' often: freeze it, so its
+            // decisions go to leases. A single key given up for conflicts is
+            // decided again, on leases (nothing is held yet).
+            let gave_up = matches!(decided, Err(Halt::Failed(EngineError::Overloaded(_))));
+            if let RecordKey::PolicyKey(h) = g.record
+                && hot.is_none()
+                && (gave_up || self.hot_keys.heated(h, now))
+                && limits.stack.items().iter().all(leasable)
+            {
+                self.freeze(g.record, now);
+                if gave_up && groups.len() == 1 && self.hot_keys.get(h).is_some() {
+                    return self.check_all_shared(checks, records, now, reads);
+                }
+            }
             let (ds, group_allows, held) = match decided {
                 Ok(x) => x,
                 Err(e) => {

@@ -178,12 +178,14 @@ impl HotKeys {
     /// Hot key `hash` as the store froze it (since `since_ms`, `value` its
     /// record then): the one this node has if the same freeze, else a new
     /// one (a freeze that ended and came again starts on fresh leases).
-    fn learn(&self, hash: u128, since_ms: u64, seed: SubjectRecord) -> Arc<HotKey> {
+    fn learn(&self, hash: u128, since_ms: u64, seed: SubjectRecord, now: Nanos) -> Arc<HotKey> {
         let mut keys = self.lock();
         let hk = match keys.get(&hash) {
             Some(hk) if hk.since_ms == since_ms => hk.clone(),
             _ => {
                 let hk = Arc::new(HotKey::new(hash, since_ms, seed));
+                // Learned for a decision: in use from now.
+                hk.used_at.store(now, Ordering::Release);
                 keys.insert(hash, hk.clone());
                 hk
             }
@@ -235,7 +237,7 @@ impl<C: Clock> Engine<C> {
             None => SubjectRecord::default(),
         };
         self.stats.hot_keys.fetch_add(1, Ordering::Relaxed);
-        Ok(self.hot_keys.learn(hash, since_ms, seed))
+        Ok(self.hot_keys.learn(hash, since_ms, seed, self.now()))
     }
 
     /// [`Engine::with_record`] on hot key `hk`: `f` decides on this node's
@@ -277,6 +279,26 @@ impl<C: Clock> Engine<C> {
                 ..
             } if since_ms == hk.since_ms => {
                 hk.stands_until(expire_at_ms, until);
+                Ok(true)
+            }
+            _ => {
+                self.hot_keys.forget(hk);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether hot key `hk`'s freeze still stands, without extending it:
+    /// if not, this node forgets the key.
+    pub(crate) fn hot_stands(&self, shared: &dyn Shared, hk: &HotKey) -> Result<bool, Halt> {
+        let disk = RecordKey::PolicyKey(hk.hash).disk_key();
+        match shared.hot(&disk, 0, false)? {
+            Hot::Frozen {
+                since_ms,
+                expire_at_ms,
+                ..
+            } if since_ms == hk.since_ms => {
+                hk.stands_until(expire_at_ms, 0);
                 Ok(true)
             }
             _ => {
