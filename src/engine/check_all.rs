@@ -371,16 +371,24 @@ impl<C: Clock> Engine<C> {
                 out
             });
             // Writes of this key met other nodes' often: freeze it, so its
-            // decisions go to leases. A single key given up for conflicts is
-            // decided again, on leases (nothing is held yet).
+            // decisions go to leases, and decide a call given up for
+            // conflicts again on them (nothing is held yet). Only a request
+            // of one key does: a hot key's figures are the fleet's as its
+            // node last heard (a second old), and a request of several keys
+            // answers every key's figures, which Envoy's callers compare
+            // across nodes (`envoys_rate_limit_service_is_all_or_nothing_across_nodes`).
+            // A call of one key freezes it when it was itself given up,
+            // not on conflicts counted of several-key requests (which a
+            // look right after them would otherwise freeze).
             let gave_up = matches!(decided, Err(Halt::Failed(EngineError::Overloaded(_))));
             if let RecordKey::PolicyKey(h) = g.record
+                && groups.len() == 1
                 && hot.is_none()
-                && (gave_up || self.hot_keys.heated(h, now))
+                && gave_up
                 && limits.stack.items().iter().all(leasable)
             {
                 self.freeze(g.record, now);
-                if gave_up && groups.len() == 1 && self.hot_keys.get(h).is_some() {
+                if gave_up && self.hot_keys.get(h).is_some() {
                     return self.check_all_shared(checks, records, now, reads);
                 }
             }

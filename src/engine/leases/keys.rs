@@ -10,8 +10,8 @@
 //! in the current period is the fleet's already: the total leased is the
 //! limit less that.
 
-use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
 use crate::clock::{Clock, Nanos, Span};
 use crate::engine::Engine;
@@ -136,6 +136,18 @@ impl<C: Clock> Engine<C> {
             if self.leases.allows(key, &v, n, now) {
                 continue;
             }
+            // Made ready before the record's lock, then spent by this
+            // node's other decisions in between (a new grant is sized to
+            // the node's recent rate: 1 unit at first): refreshed once
+            // more, under the lock. Without it, a descriptor with room for
+            // the fleet was denied 2 times in 60 in
+            // `envoys_rate_limit_service_is_all_or_nothing_across_nodes`.
+            if let Some(shared) = self.shared()
+                && self.ready_grant(shared, key, item, &v, n, now, Reads::MayWait)
+                && self.leases.allows(key, &v, n, now)
+            {
+                continue;
+            }
             let retry = match self.leases.retry_after(key, now) {
                 Some(r) => Span::from(r),
                 None if !v.slots && v.line.is_none() && self.fleet_left(key, &v) < n => {
@@ -242,11 +254,9 @@ impl<C: Clock> Engine<C> {
         }
     }
 
-    /// What hot key `hk`'s freeze must live until for what this node leases
-    /// under it now: a window's period's end (or a rolling window's length,
-    /// or a line's refill), and [`FREEZE_HOLD`] past now at least, so it
-    /// never ends inside a period the fleet leased.
-    pub(crate) fn hot_until(&self, hk: &HotKey, now: Nanos) -> Nanos {
+    /// Every leased item of hot key `hk` this node decided on, as it is
+    /// now: its grant key and view, and the item (a stack and its index).
+    fn hot_items(&self, hk: &HotKey, now: Nanos) -> Vec<(GrantKey, LeaseView, Arc<Stack>, usize)> {
         let stacks = hk
             .stacks
             .lock()
@@ -257,21 +267,31 @@ impl<C: Clock> Engine<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let mut until = now.saturating_add(FREEZE_HOLD);
+        let mut out = Vec::new();
         for (def_id, stack, tags) in &stacks {
-            for (item, &t) in stack.items().iter().zip(tags) {
-                let Some((_, v)) = self.hot_view(hk, &own, *def_id, t, item, now) else {
-                    continue;
-                };
-                let end = match v.line {
-                    Some(l) => now.saturating_add(l.refill_ms.saturating_mul(1_000_000)),
-                    None if v.slots => v.until,
-                    None => v.end,
-                };
-                until = until.max(end.saturating_add(FREEZE_HOLD));
+            for (i, (item, &t)) in stack.items().iter().zip(tags).enumerate() {
+                if let Some((key, v)) = self.hot_view(hk, &own, *def_id, t, item, now) {
+                    out.push((key, v, stack.clone(), i));
+                }
             }
         }
-        until
+        out
+    }
+
+    /// What hot key `hk`'s freeze must live until for what this node leases
+    /// under it now: a window's period's end (or a rolling window's length,
+    /// or a line's refill), and [`FREEZE_HOLD`] past now at least, so it
+    /// never ends inside a period the fleet leased.
+    pub(crate) fn hot_until(&self, hk: &HotKey, now: Nanos) -> Nanos {
+        let ends = self
+            .hot_items(hk, now)
+            .into_iter()
+            .map(|(_, v, _, _)| match v.line {
+                Some(l) => now.saturating_add(l.refill_ms.saturating_mul(1_000_000)),
+                None if v.slots => v.until,
+                None => v.end,
+            });
+        ends.fold(now, Nanos::max).saturating_add(FREEZE_HOLD)
     }
 
     /// The sweeper's part for hot keys: extends the freezes in use, renews
@@ -291,22 +311,8 @@ impl<C: Clock> Engine<C> {
                     e.into_error()
                 );
             }
-            let stacks = hk
-                .stacks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            for (def_id, stack, tags) in &stacks {
-                for (item, &t) in stack.items().iter().zip(tags) {
-                    let own = hk
-                        .own
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clone();
-                    if let Some((key, v)) = self.hot_view(&hk, &own, *def_id, t, item, now) {
-                        self.renew_grant(shared, key, item, &v, all, now);
-                    }
-                }
+            for (key, v, stack, i) in self.hot_items(&hk, now) {
+                self.renew_grant(shared, key, &stack.items()[i], &v, all, now);
             }
             // Unused past its freeze's end as this node knows it: forgotten
             // once the store says the freeze ended, never before. A key
@@ -332,25 +338,10 @@ impl<C: Clock> Engine<C> {
     pub(super) fn hot_unreported(&self, now: Nanos) -> u64 {
         let mut sum = 0;
         for hk in self.hot_keys.all() {
-            let stacks = hk
-                .stacks
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            let own = hk
-                .own
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone();
-            for (def_id, stack, tags) in &stacks {
-                for (item, &t) in stack.items().iter().zip(tags) {
-                    if let Some((key, v)) = self.hot_view(&hk, &own, *def_id, t, item, now)
-                        && !v.slots
-                        && v.line.is_none()
-                    {
-                        let reported = self.leases.lock().get(&key).map_or(0, |g| g.reported);
-                        sum += v.committed.saturating_sub(reported);
-                    }
+            for (key, v, _, _) in self.hot_items(&hk, now) {
+                if !v.slots && v.line.is_none() {
+                    let reported = self.leases.lock().get(&key).map_or(0, |g| g.reported);
+                    sum += v.committed.saturating_sub(reported);
                 }
             }
         }
