@@ -12,15 +12,24 @@
 //! with: its state is the TAT as whole ns plus a remainder in 1/q ns, and
 //! the counter's tag carries q (below 2^24; a larger q keeps whole ns,
 //! rounded up), so a call with other parameters reads the same TAT.
+//!
+//! On a fleet, a key whose writes conflict is frozen and leased as a policy
+//! key is (docs/cluster.md, "Hot keys"): each node decides on a TAT of its
+//! own, and a debit allows only within the node's grant of the key's token
+//! line (the same T and τ, [`CellRate::line`]).
 
 use crate::clock::{Clock, Nanos};
-use crate::limits::ItemState;
+use std::sync::Arc;
+
 use crate::limits::cell::{CellAnswer, CellError, CellRate, CellTat};
 use crate::limits::rate::{RateForm, RateState};
+use crate::limits::stack::{OnLimit, Stack};
+use crate::limits::{Item, ItemState, Kind};
 
 use super::chain::Defs;
 use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
+use super::placement::LEASED_COPY;
 use super::record::{Counter, SubjectRecord};
 use super::{Engine, EngineError};
 
@@ -106,11 +115,49 @@ impl<C: Clock> Engine<C> {
     fn throttle_with(&self, req: &ThrottleRequest<'_>, reads: Reads) -> Result<Throttled, Halt> {
         let now = self.now();
         self.expire_step(now, reads);
-        let record = RecordKey::PolicyKey(self.hash_bytes(b'c', 0, req.key));
+        let hash = self.hash_bytes(b'c', 0, req.key);
+        let record = RecordKey::PolicyKey(hash);
         let shadow = self.options.shadow;
-        self.with_record(record, now, reads, |rec, now: Nanos| {
+        // A hot key (docs/cluster.md, "Hot keys"): its token line's grant
+        // is made ready first, outside every lock.
+        let hot = self.hot_keys.get(hash);
+        let mut line = None;
+        if let (Some(hk), Some(shared)) = (&hot, self.shared()) {
+            line = line_stack(req);
+            if let Some(stack) = &line {
+                hk.decided_by(CELL_DEF, stack, &LINE_TAGS);
+                self.prepare_hot(shared, hk, CELL_DEF, stack, &LINE_TAGS, cost(req), now);
+            }
+        }
+        let decided = self.with_record(record, now, reads, |rec, now: Nanos| {
             let step = req.rate.throttle(kept_tat(rec), now, req.quantity);
-            if let Ok(a) = step.answer
+            let mut answer = step.answer;
+            // Limited by this node's grant of a hot key's line, not by the TAT.
+            let mut refused = false;
+            // On this node's own record of a hot key, a debit allows within
+            // the node's grant of the key's token line only.
+            let leased = (rec.write_seq == LEASED_COPY)
+                .then(|| self.hot_keys.get(hash))
+                .flatten()
+                .and_then(|hk| Some((hk, line.clone().or_else(|| line_stack(req))?)));
+            if let (Some((hk, stack)), Ok(a)) = (&leased, &answer)
+                && !a.limited
+                && req.quantity > 0
+                && let Some(&(_, retry)) = self
+                    .hot_refusals(hk, rec, CELL_DEF, stack, &LINE_TAGS, cost(req), now)
+                    .first()
+            {
+                // The figures as they are (a look debits nothing), limited
+                // until the grant has room.
+                refused = true;
+                let look = req.rate.throttle(kept_tat(rec), now, 0).answer;
+                answer = look.map(|l| CellAnswer {
+                    limited: true,
+                    retry_after: Some(i128::try_from(retry).unwrap_or(i128::MAX)),
+                    ..l
+                });
+            }
+            if let Ok(a) = answer
                 && a.limited
                 && shadow
             {
@@ -126,7 +173,9 @@ impl<C: Clock> Engine<C> {
                     would_deny: true,
                 });
             }
-            if let Some(tat) = step.keep.filter(|&t| Some(t) != kept_tat(rec)) {
+            // (An error may move the TAT too, as redis-cell's does: see
+            // `CellRate::throttle`.)
+            if let Some(tat) = step.keep.filter(|&t| !refused && Some(t) != kept_tat(rec)) {
                 keep_tat(rec, tat);
                 let mut changes = Changes::new();
                 changes.record(record, rec);
@@ -141,11 +190,58 @@ impl<C: Clock> Engine<C> {
                     Ack::WriteBehind
                 };
                 let _ = self.persist(changes, Defs::Chain(&[]), now, ack);
+                if let Some((hk, stack)) = &leased
+                    && req.quantity > 0
+                {
+                    self.count_hot_lines(hk, stack, &LINE_TAGS, cost(req));
+                }
             }
-            step.answer.map(|answer| ThrottleOutcome {
+            answer.map(|answer| ThrottleOutcome {
                 answer,
                 would_deny: false,
             })
-        })
+        });
+        // Writes of this key met other nodes' often this second: freeze it,
+        // so that its decisions go to leases of its token line
+        // (`placement/leased.rs`), as a policy key's are. Parameters no
+        // line holds keep it as it is.
+        let gave_up = matches!(decided, Err(Halt::Failed(EngineError::Overloaded(_))));
+        if hot.is_none()
+            && self.shared().is_some()
+            && req.quantity > 0
+            && (gave_up || self.hot_keys.heated(hash, now))
+            && req.rate.line().is_some()
+        {
+            self.freeze(record, now);
+            // Given up for conflicts, decided again on leases.
+            if gave_up && self.hot_keys.get(hash).is_some() {
+                return self.throttle_with(req, reads);
+            }
+        }
+        decided
     }
+}
+
+/// The definition id a hot `CL.THROTTLE` key's line is leased under (no
+/// definition has it: a key's parameters come with each call), and its tag.
+const CELL_DEF: u32 = u32::MAX;
+const LINE_TAGS: [u32; 1] = [0];
+
+/// The token line of `req`'s parameters as a one-item stack, if a line
+/// holds them ([`CellRate::line`]).
+fn line_stack(req: &ThrottleRequest<'_>) -> Option<Arc<Stack>> {
+    let rate = req.rate.line()?;
+    Some(Arc::new(Stack::new(
+        vec![Item::Rate {
+            rate,
+            kind: Kind::Rate,
+        }],
+        vec![String::new()],
+        OnLimit::Reject,
+    )))
+}
+
+/// `req`'s debit in units of its line (a refund debits none).
+fn cost(req: &ThrottleRequest<'_>) -> u64 {
+    u64::try_from(req.quantity).unwrap_or(0)
 }

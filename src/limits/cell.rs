@@ -20,6 +20,7 @@
 //! refused here ([`CellError::Range`]).
 
 use crate::clock::Nanos;
+use crate::limits::rate::Rate;
 
 /// A `CL.THROTTLE`'s parameters, compiled: T = `p`/`q` ns in lowest terms
 /// (`p` carries the sign, `q` > 0).
@@ -125,6 +126,27 @@ impl CellRate {
             .filter(|t| (t / q).abs() <= MAX_SPAN_NS)
             .ok_or(CellError::Range("(max_burst + 1) × period / count"))?;
         Ok(CellRate { p, q, limit, tau })
+    }
+
+    /// The same limit as a token line ([`Rate`]: `q` units every `p` ns, a
+    /// burst of max_burst + 1, the same τ), for a fleet that leases a hot
+    /// key's line (docs/cluster.md, "Hot keys"). `None` where no line
+    /// holds it: a negative count or period, a burst below one, a rate or
+    /// burst from 2^53, a period over 10 000 days ([`Rate::new`]'s range).
+    pub fn line(&self) -> Option<Rate> {
+        const MAX_UNITS: u64 = 1 << 53;
+        const MAX_PER_NS: u64 = 10_000 * 86_400 * 1_000_000_000;
+        let (Ok(p), Ok(q), Ok(burst)) = (
+            u64::try_from(self.p),
+            u64::try_from(self.q),
+            u64::try_from(self.limit),
+        ) else {
+            return None;
+        };
+        let ok = (1..=MAX_PER_NS).contains(&p)
+            && (1..MAX_UNITS).contains(&q)
+            && (1..MAX_UNITS).contains(&burst);
+        ok.then(|| Rate::new(q, p, burst))
     }
 
     /// T·quantity in 1/q ns, within redis-cell's range.
@@ -413,6 +435,35 @@ mod tests {
         let whole = CellRate::new(2, 1, 1).unwrap();
         assert_eq!(whole.scaled(kept), i128::from(START + 333_333_334));
         assert_eq!(thirds.scaled(kept), i128::from(START + 333_333_333) * 3 + 1);
+    }
+
+    #[test]
+    fn a_rate_and_its_token_line_decide_alike() {
+        use crate::limits::rate::RateState;
+        // 200 per second with a burst of 19 on top of the first unit, and
+        // 7 per 3 s (T = 428 571 428 4/7 ns): a hot key's line must allow
+        // what the key's own GCRA allows, call by call.
+        for (b, count, period) in [(19, 200, 1), (4, 7, 3)] {
+            let cell = CellRate::new(b, count, period).unwrap();
+            let line = cell.line().expect("a line");
+            assert_eq!(line.burst(), u64::try_from(b + 1).unwrap());
+            let (mut tat, mut st) = (None, RateState::default());
+            for i in 0..400u64 {
+                let now = START + i * 1_700_000;
+                let n = 1 + i % 3;
+                let step = cell.throttle(tat, now, i64::try_from(n).unwrap());
+                let probe = line.probe(&st, now, n);
+                let limited = step.answer.unwrap().limited;
+                assert_eq!(probe.allowed, !limited, "call {i} of {count}/{period}s");
+                if probe.allowed {
+                    line.apply(&mut st, &probe, n);
+                    tat = step.keep;
+                }
+            }
+        }
+        // No line holds a negative count or a burst below one.
+        assert!(CellRate::new(5, -1, 1).unwrap().line().is_none());
+        assert!(CellRate::new(-1, 1, 1).map_or(true, |r| r.line().is_none()));
     }
 
     #[test]
