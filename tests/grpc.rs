@@ -594,6 +594,10 @@ async fn admin_defines_what_http_reads() {
         exclusion_labels: vec!["auto".into(), "x:y".into()],
         max_per_screen: Some(2),
         pacing_levers: Some(true),
+        flight: Some(pb::Flight {
+            start: "2000-01-01T00:00:00Z".into(),
+            end: "2100-01-01T00:00:00+01:00".into(),
+        }),
     };
     let stored = admin
         .put_campaign(pb::PutCampaignRequest {
@@ -615,6 +619,34 @@ async fn admin_defines_what_http_reads() {
     assert_eq!(again.exclusion_labels, ["auto", "x:y"]);
     assert_eq!(again.max_per_screen, Some(2));
     assert_eq!(again.pacing_levers, Some(true));
+    assert_eq!(
+        again
+            .flight
+            .as_ref()
+            .map(|f| (f.start.as_str(), f.end.as_str())),
+        Some(("2000-01-01T00:00:00Z", "2100-01-01T00:00:00+01:00"))
+    );
+    // A flight ending before it starts is refused, naming the field.
+    let refused = admin
+        .put_campaign(pb::PutCampaignRequest {
+            reset: false,
+            id: "c2".into(),
+            campaign: Some(pb::Campaign {
+                flight: Some(pb::Flight {
+                    start: "2026-06-30T00:00:00Z".into(),
+                    end: "2026-06-01T00:00:00Z".into(),
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused.message().contains("flight.end"),
+        "{}",
+        refused.message()
+    );
     // A screen's eligible candidate carries its budget's levers.
     let mut decide = FreqcapClient::with_interceptor(channel(&n).await, bearer("dec"));
     let s = decide

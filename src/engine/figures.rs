@@ -164,6 +164,9 @@ impl<C: Clock> Engine<C> {
                 .map(|(cap, n)| (cap.name.clone(), n.load(Relaxed)))
                 .collect();
             denied.push(("unknown_user".into(), c.unknown_user.load(Relaxed)));
+            if e.def.flight.is_some() {
+                denied.push(("flight".into(), c.out_of_flight.load(Relaxed)));
+            }
             let budget = e.def.budget.as_ref().and_then(|_| {
                 self.delivery(name).ok().map(|d| BudgetFigures {
                     amount: d.amount,

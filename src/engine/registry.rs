@@ -43,6 +43,8 @@ pub struct CampaignCounts {
     pub denied: Box<[AtomicU64]>,
     /// Screens without a user it refused (`unknown_user: deny`).
     pub unknown_user: AtomicU64,
+    /// Candidates of it (or of a descendant) screened outside its flight.
+    pub out_of_flight: AtomicU64,
     /// Commits won by a candidate of it.
     pub commits: AtomicU64,
     /// The last impressions-per-user figures of the timeline and when they

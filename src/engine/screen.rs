@@ -686,6 +686,8 @@ fn count(reg: &Registry, results: &[CandidateResult]) {
             let missing_kind = d.cap.strip_prefix("unknown_");
             if d.cap == "unknown_user" {
                 e.counts.unknown_user.fetch_add(1, Relaxed);
+            } else if d.cap == "flight" {
+                e.counts.out_of_flight.fetch_add(1, Relaxed);
             } else if let Some(i) = e.compiled.items.iter().position(|c| {
                 c.name == d.cap
                     || (missing_kind.is_some() && missing_kind == Some(c.scope.as_str()))
@@ -723,6 +725,24 @@ fn decide_chain(
     class: Priority,
 ) -> Verdict {
     let mut shadowed: Option<DeniedBy> = None;
+    // Out of a flight of the chain (its own, or an ancestor's: the
+    // tightest applies, docs/semantics.md §6.7): ineligible, before any
+    // cap is asked. Before the start, a retry may pass at the start.
+    for e in chain {
+        if let Some((start, end)) = e.compiled.flight
+            && !(start..end).contains(&now)
+        {
+            let d = DeniedBy {
+                campaign: e.name.clone(),
+                cap: "flight".into(),
+                retry_after: (now < start).then(|| crate::clock::Span::from(start - now)),
+            };
+            if !in_shadow(e, shadow_all) {
+                return Verdict::Denied(d);
+            }
+            shadowed.get_or_insert(d);
+        }
+    }
     if user.is_none() {
         for e in chain {
             if e.compiled.unknown_user == crate::model::UnknownUser::Deny {

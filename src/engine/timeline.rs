@@ -232,6 +232,9 @@ impl<C: Clock> Engine<C> {
             Some(Scope::User),
             c.counts.unknown_user.load(relaxed),
         ));
+        if c.def.flight.is_some() {
+            denied_by_cap.push(("flight".into(), None, c.counts.out_of_flight.load(relaxed)));
+        }
         let reservations_open = self.reservations.open_by_campaign(&[&c.name])[0];
         Ok(CampaignTimeline {
             denied_by_cap,

@@ -427,6 +427,12 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
     if let Some(b) = c.pacing_levers {
         m.insert("pacing_levers".into(), b.into());
     }
+    if let Some(f) = c.flight {
+        m.insert(
+            "flight".into(),
+            serde_json::json!({"start": f.start, "end": f.end}),
+        );
+    }
     definition(serde_json::Value::Object(m))
 }
 
@@ -458,6 +464,10 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         exclusion_labels: c.exclusion_labels.clone(),
         max_per_screen: c.max_per_screen,
         pacing_levers: c.pacing_levers,
+        flight: c.flight.as_ref().map(|f| pb::Flight {
+            start: f.start.clone(),
+            end: f.end.clone(),
+        }),
     }
 }
 

@@ -5,6 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::MAX_EXACT;
+use crate::clock::Nanos;
 use crate::limits::concurrency::Concurrency;
 use crate::limits::priority::Classes;
 use crate::limits::{Item, counter_tag};
@@ -238,6 +239,60 @@ pub struct CampaignDef {
     /// each minute (docs/pacing.md, "Levers"). Needs a `budget`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pacing_levers: Option<bool>,
+    /// The dates it delivers in: outside `[start, end)` a screen answers
+    /// its candidates, and its descendants', ineligible (`denied_by.cap`
+    /// `"flight"`; docs/semantics.md §6.7).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flight: Option<FlightDef>,
+}
+
+/// A flight: `[start, end)`, two RFC 3339 instants with an offset
+/// (`"2026-06-01T00:00:00Z"`, `"2026-06-01T00:00:00+02:00"`), as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Flight")]
+pub struct FlightDef {
+    /// The first instant it delivers at: an RFC 3339 date-time with an offset.
+    #[schemars(extend("format" = "date-time"))]
+    pub start: String,
+    /// The instant it stops delivering at (excluded), after `start`.
+    #[schemars(extend("format" = "date-time"))]
+    pub end: String,
+}
+
+impl FlightDef {
+    /// `[start, end)` in ns since the epoch, checked: each an RFC 3339
+    /// instant from 1970 on, `end` after `start`. Errors name the field.
+    pub fn bounds(&self) -> Result<(Nanos, Nanos), DefinitionError> {
+        let at = |field: &str, text: &str| -> Result<Nanos, DefinitionError> {
+            let ts: jiff::Timestamp = text.parse().map_err(|e| {
+                DefinitionError::new(
+                    format!("flight.{field}"),
+                    format!(
+                        "must be an RFC 3339 date-time with an offset, such as \
+                         \"2026-06-01T00:00:00Z\", got {text:?}: {e}"
+                    ),
+                )
+            })?;
+            Nanos::try_from(ts.as_nanosecond()).map_err(|_| {
+                DefinitionError::new(
+                    format!("flight.{field}"),
+                    format!("must be from 1970 on, got {text:?}"),
+                )
+            })
+        };
+        let (start, end) = (at("start", &self.start)?, at("end", &self.end)?);
+        if end <= start {
+            return Err(DefinitionError::new(
+                "flight.end",
+                format!(
+                    "must be after flight.start ({:?}), got {:?}",
+                    self.start, self.end
+                ),
+            ));
+        }
+        Ok((start, end))
+    }
 }
 
 /// Labels a campaign may carry (`exclusion_labels`).
@@ -317,6 +372,8 @@ pub struct CompiledCampaign {
     /// max_in_flight (named `max_in_flight`): the order of `denied_by`.
     pub items: Vec<CompiledCap>,
     pub unknown_user: UnknownUser,
+    /// Its own flight, `[start, end)` in ns (its ancestors' are theirs).
+    pub flight: Option<(Nanos, Nanos)>,
     pub warnings: Vec<Warning>,
 }
 
@@ -373,6 +430,7 @@ impl CampaignDef {
             ));
         }
         check_screen_rules(self)?;
+        let flight = self.flight.as_ref().map(FlightDef::bounds).transpose()?;
         if self.caps.len() > MAX_CAPS {
             return Err(DefinitionError::new(
                 "caps",
@@ -491,6 +549,7 @@ impl CampaignDef {
         Ok(CompiledCampaign {
             items,
             unknown_user: self.unknown_user.unwrap_or_default(),
+            flight,
             warnings,
         })
     }

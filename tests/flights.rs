@@ -1,0 +1,259 @@
+//! Flights (docs/semantics.md §6.7; issue 48 item 1): a campaign delivers
+//! only in `[start, end)` of its flight and its ancestors', on one node and
+//! on two nodes of one shared store alike; bad flights are refused naming
+//! the field, and an edit keeps what was counted.
+
+mod support;
+
+use std::sync::Arc;
+
+use freqcap::ManualClock;
+use freqcap::engine::{DeniedBy, Engine, EngineError, EngineOptions, ScreenOutcome};
+use freqcap::model::{CampaignDef, from_json};
+use freqcap::store::{MemoryStore, SharedMemory};
+use support::engines::{commit, screen};
+
+const SEC: u64 = 1_000_000_000;
+const HOUR: u64 = 3_600 * SEC;
+/// 2023-11-15T00:00:00Z.
+const NOV15: u64 = 1_700_006_400 * SEC;
+
+type Node = Engine<Arc<ManualClock>>;
+
+fn campaign(json: &str) -> CampaignDef {
+    from_json(json).expect("test campaign is valid")
+}
+
+fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(at));
+    let e = Engine::open(
+        Arc::new(MemoryStore::new()),
+        clock.clone(),
+        EngineOptions::default(),
+    )
+    .expect("opens");
+    (e, clock)
+}
+
+/// `adv` flies 2023-11-15 00:00 to 23:00 UTC (its end written at +01:00);
+/// `c1` under it flies from 12:00 UTC to 2023-11-20, capped at 2 per user a
+/// day; `c2` under it has no flight of its own.
+fn define(e: &Node) {
+    e.put_campaign(
+        "adv",
+        campaign(
+            r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00+01:00"}}"#,
+        ),
+    )
+    .expect("adv");
+    e.put_campaign(
+        "c1",
+        campaign(
+            r#"{"parent": "adv",
+                "flight": {"start": "2023-11-15T12:00:00Z", "end": "2023-11-20T00:00:00Z"},
+                "caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#,
+        ),
+    )
+    .expect("c1");
+    e.put_campaign(
+        "c2",
+        campaign(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d"}]}"#),
+    )
+    .expect("c2");
+}
+
+/// What denied each candidate of `s` (`None`: eligible).
+fn denials(s: &ScreenOutcome) -> Vec<Option<(String, String, Option<u128>)>> {
+    s.results
+        .iter()
+        .map(|r| {
+            r.denied_by.as_ref().map(
+                |DeniedBy {
+                     campaign,
+                     cap,
+                     retry_after,
+                 }| {
+                    (
+                        campaign.to_string(),
+                        cap.clone(),
+                        retry_after.map(u128::from),
+                    )
+                },
+            )
+        })
+        .collect()
+}
+
+fn denied(campaign: &str, retry: Option<u64>) -> Option<(String, String, Option<u128>)> {
+    Some((campaign.into(), "flight".into(), retry.map(u128::from)))
+}
+
+#[test]
+fn a_candidate_is_eligible_only_inside_every_flight_of_its_chain() {
+    let (e, clock) = memory_node(NOV15 - 2 * HOUR);
+    define(&e);
+    // Before both flights: the nearest flight of the chain names the
+    // denial, with the time to its start.
+    let s = e.screen(&screen("u", &["c1", "c2"])).expect("screens");
+    assert_eq!(
+        denials(&s),
+        [denied("c1", Some(14 * HOUR)), denied("adv", Some(2 * HOUR))]
+    );
+    assert!(s.reservation.is_none(), "nothing held outside a flight");
+    // Inside adv's flight, before c1's.
+    clock.set(NOV15 + 6 * HOUR);
+    let s = e.screen(&screen("u", &["c1", "c2"])).expect("screens");
+    assert_eq!(denials(&s), [denied("c1", Some(6 * HOUR)), None]);
+    // From c1's start, both deliver, and the caps count as ever.
+    clock.set(NOV15 + 12 * HOUR);
+    for _ in 0..3 {
+        let s = e.screen(&screen("u", &["c1"])).expect("screens");
+        if let Some(id) = s.reservation {
+            e.commit(&id, &commit("c1")).expect("commits");
+        }
+    }
+    assert_eq!(e.user_usage("u", "c1").expect("usage")[0].used, 2);
+    // A reservation made just before adv's end commits after it.
+    clock.set(NOV15 + 23 * HOUR - SEC / 2);
+    let s = e.screen(&screen("v", &["c1", "c2"])).expect("screens");
+    assert_eq!(denials(&s), [None, None]);
+    clock.set(NOV15 + 23 * HOUR);
+    // adv's end (2023-11-16T00:00:00+01:00) ends both: no retry.
+    let after = e.screen(&screen("w", &["c1", "c2"])).expect("screens");
+    assert_eq!(denials(&after), [denied("adv", None), denied("adv", None)]);
+    let id = s.reservation.expect("reserved in the flight");
+    e.commit(&id, &commit("c2"))
+        .expect("a reservation made in the flight commits after it");
+    assert_eq!(e.user_usage("v", "c2").expect("usage")[0].used, 1);
+    assert_eq!(e.user_usage("w", "c2").expect("usage")[0].used, 0);
+}
+
+#[test]
+fn bad_flights_are_refused_naming_the_field_and_change_nothing() {
+    let (e, _) = memory_node(NOV15);
+    let good = r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z"}}"#;
+    e.put_campaign("c", campaign(good)).expect("a good flight");
+    let cases = [
+        (
+            r#"{"start": "2023-11-16T00:00:00Z", "end": "2023-11-15T00:00:00Z"}"#,
+            "flight.end",
+            "after flight.start",
+        ),
+        (
+            r#"{"start": "2023-11-15T00:00:00Z", "end": "2023-11-15T00:00:00Z"}"#,
+            "flight.end",
+            "after flight.start",
+        ),
+        (
+            r#"{"start": "2023-11-15T00:00:00", "end": "2023-11-16T00:00:00Z"}"#,
+            "flight.start",
+            "offset",
+        ),
+        (
+            r#"{"start": "2023-11-15T00:00:00Z", "end": "2023-02-30T00:00:00Z"}"#,
+            "flight.end",
+            "RFC 3339",
+        ),
+        (
+            r#"{"start": "1969-12-31T00:00:00Z", "end": "2023-11-16T00:00:00Z"}"#,
+            "flight.start",
+            "1970",
+        ),
+    ];
+    for (flight, field, part) in cases {
+        let def = campaign(&format!(r#"{{"flight": {flight}}}"#));
+        match e.put_campaign("c", def) {
+            Err(EngineError::InvalidArgument { field: f, message }) => {
+                assert_eq!(f, field, "{flight}: {message}");
+                assert!(message.contains(part), "{flight}: {message}");
+            }
+            other => panic!("{flight}: accepted or another error: {other:?}"),
+        }
+    }
+    // Fields a flight does not have are refused at parsing, naming it.
+    for bad in [
+        r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z", "tz": "UTC"}}"#,
+        r#"{"flight": {"start": "2023-11-15T00:00:00Z"}}"#,
+        r#"{"flight": "2023-11-15"}"#,
+    ] {
+        let err = from_json::<CampaignDef>(bad).expect_err(bad);
+        assert!(err.field.starts_with("flight"), "{bad}: {err}");
+    }
+    // Each refusal left the definition as it was.
+    let kept = e.get_campaign("c").expect("still defined");
+    assert_eq!(kept, campaign(good));
+}
+
+#[test]
+fn moving_a_flight_keeps_what_was_counted() {
+    let (e, clock) = memory_node(NOV15 + HOUR);
+    define(&e);
+    clock.set(NOV15 + 13 * HOUR);
+    let s = e.screen(&screen("u", &["c1"])).expect("screens");
+    e.commit(&s.reservation.expect("eligible"), &commit("c1"))
+        .expect("commits");
+    // The flight ends earlier: out of it now, the count kept.
+    e.put_campaign(
+        "c1",
+        campaign(
+            r#"{"parent": "adv",
+                "flight": {"start": "2023-11-15T12:00:00Z", "end": "2023-11-15T12:30:00Z"},
+                "caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#,
+        ),
+    )
+    .expect("edits");
+    let s = e.screen(&screen("u", &["c1"])).expect("screens");
+    assert_eq!(denials(&s), [denied("c1", None)]);
+    // Back in flight: one of the day's two is left.
+    define(&e);
+    let s = e.screen(&screen("u", &["c1"])).expect("screens");
+    assert_eq!(denials(&s), [None]);
+    assert_eq!(e.user_usage("u", "c1").expect("usage")[0].used, 1);
+}
+
+#[test]
+fn shadow_mode_answers_would_deny_outside_a_flight() {
+    let (e, _) = memory_node(NOV15 - HOUR);
+    e.put_campaign(
+        "s",
+        campaign(
+            r#"{"mode": "shadow",
+                "flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z"}}"#,
+        ),
+    )
+    .expect("defines");
+    let s = e.screen(&screen("u", &["s"])).expect("screens");
+    let r = &s.results[0];
+    assert!(r.eligible);
+    let w = r.would_deny.as_ref().expect("would deny");
+    assert_eq!((&*w.campaign, w.cap.as_str()), ("s", "flight"));
+}
+
+/// Two nodes on one shared store answer every instant alike (a fleet
+/// answers as one node, docs/semantics.md).
+#[test]
+fn two_nodes_of_a_fleet_answer_a_flight_alike() {
+    let store = Arc::new(SharedMemory::new());
+    let clock = Arc::new(ManualClock::new(NOV15 - HOUR));
+    let a = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).expect("a");
+    let b = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).expect("b");
+    define(&a);
+    assert!(b.refresh_definitions().expect("b reads a's definitions"));
+    for at in [
+        NOV15 - HOUR,
+        NOV15,
+        NOV15 + 12 * HOUR,
+        NOV15 + 23 * HOUR - 1,
+        NOV15 + 23 * HOUR,
+    ] {
+        clock.set(at);
+        let on_a = a.screen(&screen("u", &["c1", "c2"])).expect("a screens");
+        let on_b = b.screen(&screen("u", &["c1", "c2"])).expect("b screens");
+        assert_eq!(denials(&on_a), denials(&on_b), "at {at}");
+        for (s, n) in [(on_a, &a), (on_b, &b)] {
+            if let Some(id) = s.reservation {
+                n.release(&id).expect("releases");
+            }
+        }
+    }
+}
