@@ -598,6 +598,16 @@ async fn admin_defines_what_http_reads() {
             start: "2000-01-01T00:00:00Z".into(),
             end: "2100-01-01T00:00:00+01:00".into(),
         }),
+        schedule: Some(pb::Schedule {
+            tz: Some("Europe/Paris".into()),
+            hours: vec![pb::ScheduleHours {
+                days: ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+                    .map(String::from)
+                    .to_vec(),
+                from: "00:00".into(),
+                until: "24:00".into(),
+            }],
+        }),
     };
     let stored = admin
         .put_campaign(pb::PutCampaignRequest {
@@ -626,6 +636,8 @@ async fn admin_defines_what_http_reads() {
             .map(|f| (f.start.as_str(), f.end.as_str())),
         Some(("2000-01-01T00:00:00Z", "2100-01-01T00:00:00+01:00"))
     );
+    let hours = &again.schedule.as_ref().expect("a schedule").hours[0];
+    assert_eq!((hours.days.len(), hours.until.as_str()), (7, "24:00"));
     // A flight ending before it starts is refused, naming the field.
     let refused = admin
         .put_campaign(pb::PutCampaignRequest {

@@ -167,6 +167,9 @@ impl<C: Clock> Engine<C> {
             if e.def.flight.is_some() {
                 denied.push(("flight".into(), c.out_of_flight.load(Relaxed)));
             }
+            if e.def.schedule.is_some() {
+                denied.push(("schedule".into(), c.off_schedule.load(Relaxed)));
+            }
             let budget = e.def.budget.as_ref().and_then(|_| {
                 self.delivery(name).ok().map(|d| BudgetFigures {
                     amount: d.amount,

@@ -45,6 +45,8 @@ pub struct CampaignCounts {
     pub unknown_user: AtomicU64,
     /// Candidates of it (or of a descendant) screened outside its flight.
     pub out_of_flight: AtomicU64,
+    /// Candidates of it (or of a descendant) screened off its schedule.
+    pub off_schedule: AtomicU64,
     /// Commits won by a candidate of it.
     pub commits: AtomicU64,
     /// The last impressions-per-user figures of the timeline and when they

@@ -688,6 +688,8 @@ fn count(reg: &Registry, results: &[CandidateResult]) {
                 e.counts.unknown_user.fetch_add(1, Relaxed);
             } else if d.cap == "flight" {
                 e.counts.out_of_flight.fetch_add(1, Relaxed);
+            } else if d.cap == "schedule" {
+                e.counts.off_schedule.fetch_add(1, Relaxed);
             } else if let Some(i) = e.compiled.items.iter().position(|c| {
                 c.name == d.cap
                     || (missing_kind.is_some() && missing_kind == Some(c.scope.as_str()))
@@ -736,6 +738,21 @@ fn decide_chain(
                 campaign: e.name.clone(),
                 cap: "flight".into(),
                 retry_after: (now < start).then(|| crate::clock::Span::from(start - now)),
+            };
+            if !in_shadow(e, shadow_all) {
+                return Verdict::Denied(d);
+            }
+            shadowed.get_or_insert(d);
+        }
+        // Off its schedule's hours (docs/semantics.md §6.8), likewise; a
+        // retry may pass when its next span opens.
+        if let Some(s) = &e.compiled.schedule
+            && !s.open_at(now)
+        {
+            let d = DeniedBy {
+                campaign: e.name.clone(),
+                cap: "schedule".into(),
+                retry_after: s.next_open(now).map(|t| crate::clock::Span::from(t - now)),
             };
             if !in_shadow(e, shadow_all) {
                 return Verdict::Denied(d);

@@ -235,6 +235,9 @@ impl<C: Clock> Engine<C> {
         if c.def.flight.is_some() {
             denied_by_cap.push(("flight".into(), None, c.counts.out_of_flight.load(relaxed)));
         }
+        if c.def.schedule.is_some() {
+            denied_by_cap.push(("schedule".into(), None, c.counts.off_schedule.load(relaxed)));
+        }
         let reservations_open = self.reservations.open_by_campaign(&[&c.name])[0];
         Ok(CampaignTimeline {
             denied_by_cap,

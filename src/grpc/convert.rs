@@ -427,6 +427,19 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
     if let Some(b) = c.pacing_levers {
         m.insert("pacing_levers".into(), b.into());
     }
+    if let Some(sc) = c.schedule {
+        let hours: Vec<serde_json::Value> = sc
+            .hours
+            .into_iter()
+            .map(|h| serde_json::json!({"days": h.days, "from": h.from, "until": h.until}))
+            .collect();
+        let mut o = serde_json::Map::new();
+        if let Some(tz) = sc.tz {
+            o.insert("tz".into(), tz.into());
+        }
+        o.insert("hours".into(), hours.into());
+        m.insert("schedule".into(), serde_json::Value::Object(o));
+    }
     if let Some(f) = c.flight {
         m.insert(
             "flight".into(),
@@ -464,6 +477,18 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
         exclusion_labels: c.exclusion_labels.clone(),
         max_per_screen: c.max_per_screen,
         pacing_levers: c.pacing_levers,
+        schedule: c.schedule.as_ref().map(|sc| pb::Schedule {
+            tz: sc.tz.clone(),
+            hours: sc
+                .hours
+                .iter()
+                .map(|h| pb::ScheduleHours {
+                    days: h.days.iter().map(|d| d.as_str().to_owned()).collect(),
+                    from: h.from.clone(),
+                    until: h.until.clone(),
+                })
+                .collect(),
+        }),
         flight: c.flight.as_ref().map(|f| pb::Flight {
             start: f.start.clone(),
             end: f.end.clone(),

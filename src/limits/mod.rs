@@ -20,6 +20,7 @@ pub mod cell;
 pub mod concurrency;
 pub mod priority;
 pub mod rate;
+pub mod schedule;
 pub mod stack;
 pub mod window;
 

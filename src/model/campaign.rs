@@ -1,6 +1,8 @@
 //! Campaign definitions (docs/semantics.md §6): caps per user or per campaign, a paced
 //! budget, a bound on reservations in flight, and a parent whose caps apply too.
 
+use std::sync::Arc;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -8,6 +10,7 @@ use crate::MAX_EXACT;
 use crate::clock::Nanos;
 use crate::limits::concurrency::Concurrency;
 use crate::limits::priority::Classes;
+use crate::limits::schedule::Schedule;
 use crate::limits::{Item, counter_tag};
 use crate::model::error::{DefinitionError, Warning};
 use crate::model::identity::Kind;
@@ -244,6 +247,154 @@ pub struct CampaignDef {
     /// `"flight"`; docs/semantics.md §6.7).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flight: Option<FlightDef>,
+    /// The hours of the week it delivers in (dayparting): outside them a
+    /// screen answers its candidates, and its descendants', ineligible
+    /// (`denied_by.cap` `"schedule"`; docs/semantics.md §6.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleDef>,
+}
+
+/// A schedule: spans of local hours per day of the week, in one zone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "Schedule")]
+pub struct ScheduleDef {
+    /// IANA time zone of the hours; default the campaign's `tz`, else UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tz: Option<String>,
+    /// 1 to 64 spans; a candidate is eligible inside any of them.
+    #[schemars(length(min = 1, max = 64))]
+    pub hours: Vec<HoursDef>,
+}
+
+/// One span of a schedule: `[from, until)` of local time on each of `days`.
+/// A span past midnight is two (`"22:00"`–`"24:00"`, then `"00:00"`–…).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "ScheduleHours")]
+pub struct HoursDef {
+    /// Days of the week, 1 to 7 of "mon" … "sun".
+    #[schemars(length(min = 1, max = 7))]
+    pub days: Vec<Day>,
+    /// Local time the span opens at, "HH:MM" from "00:00" to "23:59".
+    #[schemars(extend("pattern" = "^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub from: String,
+    /// Local time it closes at (excluded), after `from`, up to "24:00".
+    #[schemars(extend("pattern" = "^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$"))]
+    pub until: String,
+}
+
+/// A day of the week.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Day {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+impl Day {
+    /// `"mon"` … `"sun"`, as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Day::Mon => "mon",
+            Day::Tue => "tue",
+            Day::Wed => "wed",
+            Day::Thu => "thu",
+            Day::Fri => "fri",
+            Day::Sat => "sat",
+            Day::Sun => "sun",
+        }
+    }
+}
+
+/// The most spans a schedule may have.
+pub const MAX_SCHEDULE_SPANS: usize = 64;
+
+/// "HH:MM" as minutes of the day: 00:00 to 23:59, or 24:00 if `end`.
+fn minutes(text: &str, end: bool) -> Option<u16> {
+    let (h, m) = text.split_once(':')?;
+    if h.len() != 2 || m.len() != 2 || !(h.bytes().chain(m.bytes())).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (h, m): (u16, u16) = (h.parse().ok()?, m.parse().ok()?);
+    match (h, m) {
+        (24, 0) if end => Some(1_440),
+        (0..=23, 0..=59) => Some(h * 60 + m),
+        _ => None,
+    }
+}
+
+impl ScheduleDef {
+    /// Compiled in zone `tz`, or `default_tz` (the campaign's); errors
+    /// name the field (`schedule.hours[0].until`).
+    pub fn compile(&self, default_tz: &Option<String>) -> Result<Schedule, DefinitionError> {
+        let tz_name = self.tz.as_ref().or(default_tz.as_ref());
+        let tz = match tz_name {
+            None => jiff::tz::TimeZone::UTC,
+            Some(name) => jiff::tz::TimeZone::get(name).map_err(|_| {
+                DefinitionError::new(
+                    if self.tz.is_some() {
+                        "schedule.tz"
+                    } else {
+                        "tz"
+                    },
+                    format!("unknown IANA time zone {name:?} (e.g. \"Europe/Paris\", \"UTC\")"),
+                )
+            })?,
+        };
+        if self.hours.is_empty() || self.hours.len() > MAX_SCHEDULE_SPANS {
+            return Err(DefinitionError::new(
+                "schedule.hours",
+                format!(
+                    "must have 1 to {MAX_SCHEDULE_SPANS} spans, got {}",
+                    self.hours.len()
+                ),
+            ));
+        }
+        let mut spans = Vec::with_capacity(self.hours.len());
+        for (i, h) in self.hours.iter().enumerate() {
+            let path = format!("schedule.hours[{i}]");
+            if h.days.is_empty() {
+                return Err(DefinitionError::new(
+                    format!("{path}.days"),
+                    "at least one day: \"mon\" … \"sun\"",
+                ));
+            }
+            let from = minutes(&h.from, false).ok_or_else(|| {
+                DefinitionError::new(
+                    format!("{path}.from"),
+                    format!(
+                        "must be \"HH:MM\" from \"00:00\" to \"23:59\", got {:?}",
+                        h.from
+                    ),
+                )
+            })?;
+            let until = minutes(&h.until, true).ok_or_else(|| {
+                DefinitionError::new(
+                    format!("{path}.until"),
+                    format!("must be \"HH:MM\" up to \"24:00\", got {:?}", h.until),
+                )
+            })?;
+            if until <= from {
+                return Err(DefinitionError::new(
+                    format!("{path}.until"),
+                    format!(
+                        "must be after from ({:?}), got {:?}; a span past midnight is two: \
+                         one until \"24:00\", one from \"00:00\" the next day",
+                        h.from, h.until
+                    ),
+                ));
+            }
+            let days = h.days.iter().map(|&d| d as u8).collect();
+            spans.push((days, from, until));
+        }
+        Ok(Schedule::new(tz, &spans))
+    }
 }
 
 /// A flight: `[start, end)`, two RFC 3339 instants with an offset
@@ -374,6 +525,8 @@ pub struct CompiledCampaign {
     pub unknown_user: UnknownUser,
     /// Its own flight, `[start, end)` in ns (its ancestors' are theirs).
     pub flight: Option<(Nanos, Nanos)>,
+    /// Its own schedule (its ancestors' are theirs).
+    pub schedule: Option<Arc<Schedule>>,
     pub warnings: Vec<Warning>,
 }
 
@@ -431,6 +584,10 @@ impl CampaignDef {
         }
         check_screen_rules(self)?;
         let flight = self.flight.as_ref().map(FlightDef::bounds).transpose()?;
+        let schedule = match &self.schedule {
+            Some(s) => Some(Arc::new(s.compile(&self.tz)?)),
+            None => None,
+        };
         if self.caps.len() > MAX_CAPS {
             return Err(DefinitionError::new(
                 "caps",
@@ -550,6 +707,7 @@ impl CampaignDef {
             items,
             unknown_user: self.unknown_user.unwrap_or_default(),
             flight,
+            schedule,
             warnings,
         })
     }

@@ -8,7 +8,9 @@ pub mod identity;
 pub mod limit;
 mod raw;
 
-pub use campaign::{CampaignDef, CompiledCampaign, FlightDef, Scope, UnknownUser};
+pub use campaign::{
+    CampaignDef, CompiledCampaign, Day, FlightDef, HoursDef, ScheduleDef, Scope, UnknownUser,
+};
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
 pub use identity::Kind;
