@@ -242,3 +242,75 @@ fn the_api_forecasts_a_small_sample_and_names_bad_fields() {
         "campaigns[0].campaign.parent"
     );
 }
+
+/// Forecasts understand flights and schedules (issue 48 item 4): the
+/// engine decides on the virtual clock, so a campaign delivers only on the
+/// days of its flight and of its schedule.
+#[test]
+fn a_forecast_delivers_only_inside_flights_and_schedules() {
+    let c = parse_campaigns(
+        r#"{"campaigns": [
+          {"id": "always", "campaign": {}},
+          {"id": "tuesday-flight", "campaign": {"flight":
+              {"start": "2026-01-06T00:00:00Z", "end": "2026-01-07T00:00:00Z"}}},
+          {"id": "wednesday-mornings", "campaign": {"schedule": {"tz": "UTC", "hours":
+              [{"days": ["wed"], "from": "06:00", "until": "12:00"}]}}}
+        ]}"#,
+        false,
+    )
+    .unwrap();
+    let tz = jiff::tz::TimeZone::UTC;
+    // Monday 2026-01-05 to Wednesday 2026-01-07.
+    let (start, end) = local_days("2026-01-05", 3, &tz).unwrap();
+    let g = Generator::new(Synthetic {
+        start,
+        end,
+        tz,
+        requests_per_day: 20_000.0,
+        diurnal: DEFAULT_DIURNAL,
+        users: 5_000,
+        zipf_s: 0.8,
+        households: 0,
+        candidates: 3,
+        campaigns: c.len(),
+        seed: 11,
+    })
+    .unwrap();
+    let opts = RunOptions {
+        commit_delay: 200_000_000,
+        lost_share: 0.0,
+        ttl_ms: 60_000,
+        sample_every: 3_600_000_000_000,
+        seed: 11,
+        start,
+        end,
+    };
+    let f = forecast(&c, g, opts, 1.0, 11).unwrap();
+    // Impressions on each of the three days (a day without any is absent).
+    let by_day = |id: &str| -> Vec<u64> {
+        let c = f.campaigns.iter().find(|c| c.id == id).expect(id);
+        ["2026-01-05", "2026-01-06", "2026-01-07"]
+            .iter()
+            .map(|day| {
+                c.days
+                    .iter()
+                    .find(|d| d.day == *day)
+                    .map_or(0, |d| d.impressions)
+            })
+            .collect()
+    };
+    let always = by_day("always");
+    assert!(always.iter().all(|&n| n > 0), "{always:?}");
+    let flight = by_day("tuesday-flight");
+    assert!(
+        flight[0] == 0 && flight[1] > 0 && flight[2] == 0,
+        "{flight:?}"
+    );
+    let mornings = by_day("wednesday-mornings");
+    assert!(
+        mornings[0] == 0 && mornings[1] == 0 && mornings[2] > 0,
+        "{mornings:?}"
+    );
+    // Six hours of a day's traffic at most, shared with the others.
+    assert!(mornings[2] < always[2], "{mornings:?} {always:?}");
+}
