@@ -257,3 +257,151 @@ fn two_nodes_of_a_fleet_answer_a_flight_alike() {
         }
     }
 }
+
+/// A budget of 1 000 over a ten-day flight from 2023-11-15, paced `even`
+/// with no tolerance.
+fn flight_budget(e: &Node, end: &str) {
+    e.put_campaign(
+        "b",
+        campaign(&format!(
+            r#"{{"flight": {{"start": "2023-11-15T00:00:00Z", "end": "{end}"}},
+                "budget": {{"amount": 1000, "per": "flight", "pacing": "even", "tolerance": 0}}}}"#
+        )),
+    )
+    .expect("a budget per flight");
+}
+
+/// Spends `cost` on `b` now, through a screen and its commit.
+fn spend(e: &Node, user: &str, cost: u64) {
+    let mut req = screen(user, &["b"]);
+    req.candidates[0].cost = Some(cost);
+    let s = e.screen(&req).expect("screens");
+    assert_eq!(denials(&s), [None], "{cost} fits");
+    e.commit(&s.reservation.expect("reserved"), &commit("b"))
+        .expect("commits");
+}
+
+#[test]
+fn a_budget_per_flight_paces_day_by_day_and_catches_up_at_most_twice_the_even_share() {
+    let (e, clock) = memory_node(NOV15);
+    flight_budget(&e, "2023-11-25T00:00:00Z");
+    let day = 24 * HOUR;
+    let d = e.delivery("b").expect("delivery");
+    assert_eq!(
+        (d.period_start, d.period_end, d.amount),
+        (NOV15, NOV15 + 10 * day, 1000),
+        "one period: the flight"
+    );
+    // Half of day 0: half of the even share, 100 a day.
+    clock.set(NOV15 + 12 * HOUR);
+    assert_eq!(e.delivery("b").expect("delivery").cap_now, 50);
+    spend(&e, "u1", 20);
+    // Day 1 re-plans what is left (980) over the 9 days left: 108.9 a day.
+    clock.set(NOV15 + day + 12 * HOUR);
+    let d = e.delivery("b").expect("delivery");
+    assert_eq!((d.spent, d.cap_now), (20, 20 + 55));
+    // Nothing more until day 8: 980 over 2 days would be 490 a day, but a
+    // day catches up at most twice the even share, 200.
+    clock.set(NOV15 + 8 * day + 12 * HOUR);
+    assert_eq!(e.delivery("b").expect("delivery").cap_now, 20 + 100);
+    spend(&e, "u2", 100);
+    let mut over = screen("u3", &["b"]);
+    over.candidates[0].cost = Some(1);
+    let s = e.screen(&over).expect("screens");
+    let by = s.results[0]
+        .denied_by
+        .as_ref()
+        .expect("over the day's line");
+    assert_eq!(by.cap, "budget");
+    assert!(by.retry_after.is_some_and(|r| r > 0), "{by:?}");
+    // After the flight, what it delivered stays readable.
+    clock.set(NOV15 + 10 * day + HOUR);
+    let d = e.delivery("b").expect("delivery");
+    assert_eq!(
+        (d.spent, d.period_start, d.period_end),
+        (120, NOV15, NOV15 + 10 * day)
+    );
+    // Moving the end re-plans without forgetting what was spent (§5.3).
+    flight_budget(&e, "2023-11-30T00:00:00Z");
+    let d = e.delivery("b").expect("delivery");
+    assert_eq!((d.spent, d.period_end), (120, NOV15 + 15 * day));
+    assert!(d.cap_now > 120 && d.cap_now <= 120 + 200, "{d:?}");
+}
+
+#[test]
+fn a_budget_per_flight_is_refused_without_a_flight_or_with_what_it_cannot_pace() {
+    let (e, _) = memory_node(NOV15);
+    let cases = [
+        (
+            r#"{"budget": {"amount": 10, "per": "flight"}}"#,
+            "budget.per",
+            "add a `flight`",
+        ),
+        (
+            r#"{"flight": {"start": "2023-01-01T00:00:00Z", "end": "2023-06-01T00:00:00Z"},
+                "budget": {"amount": 10, "per": "flight"}}"#,
+            "budget.per",
+            "at most 92 days",
+        ),
+        (
+            r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-25T00:00:00Z"},
+                "budget": {"amount": 10, "per": "flight", "pacing": "throttle"}}"#,
+            "budget.pacing",
+            "throttle",
+        ),
+    ];
+    for (json, field, part) in cases {
+        match e.put_campaign("c", campaign(json)) {
+            Err(EngineError::InvalidArgument { field: f, message }) => {
+                assert_eq!(f, field, "{json}: {message}");
+                assert!(message.contains(part), "{json}: {message}");
+            }
+            other => panic!("{json}: accepted or another error: {other:?}"),
+        }
+    }
+    // A policy has no flight: "flight" is not a period of its budgets.
+    let err = from_json::<freqcap::model::PolicyDef>(
+        r#"{"limits": [{"kind": "budget", "amount": 10, "per": "flight"}]}"#,
+    )
+    .expect_err("no flight in a policy");
+    assert!(err.field.contains("per"), "{err}");
+    // The definition reads back as written.
+    let json = r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-25T00:00:00Z"},
+                   "budget": {"amount": 10, "per": "flight"}}"#;
+    e.put_campaign("c", campaign(json)).expect("defines");
+    let back = serde_json::to_value(e.get_campaign("c").expect("defined")).expect("json");
+    assert_eq!(back["budget"]["per"], "flight", "{back}");
+    assert_eq!(back["budget"]["kind"], "budget", "{back}");
+}
+
+/// Two nodes of a fleet spend one budget per flight: together they never
+/// pass its day's line (the fleet's plan), and both read the same period.
+#[test]
+fn two_nodes_of_a_fleet_hold_a_budget_per_flight_to_its_line() {
+    let store = Arc::new(SharedMemory::new());
+    let clock = Arc::new(ManualClock::new(NOV15));
+    let a = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).expect("a");
+    let b = Engine::open(store.clone(), clock.clone(), EngineOptions::default()).expect("b");
+    flight_budget(&a, "2023-11-25T00:00:00Z");
+    assert!(b.refresh_definitions().expect("b reads a's definitions"));
+    // Half of day 0: a line of 50. Each node spends what it is allowed, 5
+    // at a time, taking turns.
+    clock.set(NOV15 + 12 * HOUR);
+    let mut admitted = 0;
+    for i in 0..40 {
+        let n = if i % 2 == 0 { &a } else { &b };
+        let mut req = screen(&format!("u{i}"), &["b"]);
+        req.candidates[0].cost = Some(5);
+        let s = n.screen(&req).expect("screens");
+        if let Some(id) = s.reservation {
+            n.commit(&id, &commit("b")).expect("commits");
+            admitted += 5;
+        }
+    }
+    assert!(admitted <= 50, "{admitted} admitted against a line of 50");
+    assert!(admitted >= 40, "{admitted} admitted against a line of 50");
+    for n in [&a, &b] {
+        let d = n.delivery("b").expect("delivery");
+        assert_eq!((d.period_start, d.period_end), (NOV15, NOV15 + 240 * HOUR));
+    }
+}

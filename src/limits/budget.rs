@@ -55,6 +55,17 @@ pub enum Pacing {
 /// The most slices a retry looks ahead through: a month and a day of hours.
 const MAX_SLICES: usize = 32 * 24;
 
+/// How far a flight's day may catch up: its line rises at most this many
+/// times the flight's even share (Kevel and AdButler smooth a flight's
+/// delivery; an uncapped catch-up would spend a week's shortfall in one
+/// burst when traffic returns).
+pub const FLIGHT_CATCH_UP: u64 = 2;
+
+/// The longest flight a budget may count over: a quarter. Its weighted time
+/// F stays below 2^73 (92 days < 2^53 ns, weights < 2^20), so the pacing
+/// arithmetic (amount·F, the catch-up's comparison) fits in `u128`.
+pub const MAX_FLIGHT_NS: Nanos = 92 * 86_400 * 1_000_000_000;
+
 /// A compiled budget item.
 #[derive(Debug)]
 pub struct Budget {
@@ -63,8 +74,12 @@ pub struct Budget {
     pub pacing: Pacing,
     /// floor(amount × tolerance in basis points / 10 000).
     pub allowance: u64,
-    /// Local hours in the period's zone: the slices adaptive pacing re-plans at.
+    /// Local hours in the period's zone: the slices adaptive pacing re-plans
+    /// at (a flight's even or profile pacing: local days).
     hours: Calendar,
+    /// A flight's even or profile pacing: a slice's line rises at most this
+    /// many times the flight's even share (docs/semantics.md §6.7, "catch-up").
+    catch_up: Option<u64>,
     /// The profile of the most recently used period: computing one walks every
     /// local hour of the period through the time-zone database, so it is done once
     /// per period, not per decision. A lock, not per-decision work, because all
@@ -86,6 +101,8 @@ impl Clone for Budget {
         Budget {
             share: self.share,
             levers: self.levers,
+            hours: self.hours.clone(),
+            catch_up: self.catch_up,
             ..Budget::new(
                 self.amount,
                 self.calendar.clone(),
@@ -105,6 +122,8 @@ impl PartialEq for Budget {
             self.allowance,
             self.share,
             self.levers,
+            self.catch_up,
+            &self.hours,
         ) == (
             o.amount,
             &o.calendar,
@@ -112,6 +131,8 @@ impl PartialEq for Budget {
             o.allowance,
             o.share,
             o.levers,
+            o.catch_up,
+            &o.hours,
         )
     }
 }
@@ -215,7 +236,44 @@ impl Budget {
             profile_cache: RwLock::new(None),
             share: WHOLE,
             levers: false,
+            catch_up: None,
         }
+    }
+
+    /// This budget over a flight `[start, end)` (docs/semantics.md §6.7):
+    /// one period, the flight, in the budget's zone. `even` and `profile`
+    /// pacing spread what is left over the flight's time left, re-planned
+    /// each local day, a day's line at most [`FLIGHT_CATCH_UP`] times the
+    /// even share; `adaptive` re-plans each local hour, as over a calendar
+    /// period; `asap` allows the whole amount from the start. `throttle`
+    /// (a pass probability per calendar period) is refused.
+    pub fn over_flight(self, start: Nanos, end: Nanos) -> Result<Budget, &'static str> {
+        let tz = self.calendar.tz.clone();
+        let (pacing, daily) = match self.pacing.clone() {
+            Pacing::Asap => (Pacing::Asap, false),
+            Pacing::Even => (Pacing::Adaptive(None), true),
+            Pacing::Profile(w) => (Pacing::Adaptive(Some(w)), true),
+            Pacing::Adaptive(w) => (Pacing::Adaptive(w), false),
+            Pacing::Throttle(_) => {
+                return Err(
+                    "throttle pacing is per calendar period; a budget per flight \
+                            paces even, profile, adaptive or asap",
+                );
+            }
+        };
+        let mut b = Budget::new(
+            self.amount,
+            Calendar::fixed(start, end, tz.clone()),
+            pacing,
+            self.allowance,
+        );
+        if daily {
+            b.hours = Calendar::new(CalendarUnit::Day, tz);
+            b.catch_up = Some(FLIGHT_CATCH_UP);
+        }
+        b.levers = self.levers;
+        b.share = self.share;
+        Ok(b)
     }
 
     /// This budget with the pacing levers' controller kept in its state
@@ -288,7 +346,9 @@ impl Budget {
             None
         };
         let st = carried.as_ref().unwrap_or(st);
-        let mut cur = if now < st.end {
+        // A flight has one period: past its end, what it counted stays.
+        let flown = self.calendar.fixed_period() == Some((st.start, st.end));
+        let mut cur = if now < st.end || flown {
             *st
         } else {
             let (start, end) = self.calendar.bounds(now);
@@ -416,10 +476,29 @@ impl Budget {
         if left == 0 {
             return self.amount;
         }
-        let rest = u128::from(self.amount.saturating_sub(base));
-        // ≤ rest because ft − fa ≤ left.
+        let (rest, left) = self.slope(base, left, den);
+        // ≤ rest because ft − fa ≤ left (and, capped, below the uncapped).
         let paced = (rest * (ft - fa)).div_ceil(left) as u64;
         base.saturating_add(paced).min(self.amount)
+    }
+
+    /// The slope of a plan spreading what is left after `base` over the
+    /// weighted time `left` of `den`, as (units, time): what is left over
+    /// the time left, or for a flight's catch-up, when steeper than
+    /// [`FLIGHT_CATCH_UP`] times the even share, that (amount·c over den).
+    fn slope(&self, base: u64, left: u128, den: u128) -> (u128, u128) {
+        let rest = u128::from(self.amount.saturating_sub(base));
+        match self.catch_up {
+            Some(c) => {
+                let most = u128::from(self.amount) * u128::from(c);
+                if rest * den > most * left {
+                    (most, den)
+                } else {
+                    (rest, left)
+                }
+            }
+            None => (rest, left),
+        }
     }
 
     /// The first instant in `[anchor, slice_end)` at which the adaptive plan
@@ -444,7 +523,7 @@ impl Budget {
         if left == 0 {
             return Some(anchor);
         }
-        let rest = u128::from(self.amount.saturating_sub(base));
+        let (rest, left) = self.slope(base, left, den);
         if rest == 0 {
             return None;
         }
@@ -595,7 +674,7 @@ impl Budget {
         if n > self.amount {
             return None;
         }
-        let (ns, ne) = self.calendar.bounds(cur.end);
+        let (ns, ne) = self.calendar.period_after(cur.end)?;
         let t = match self.throttles() {
             true => ns,
             false => self.cap_reaches(ns, ne, n).unwrap_or(ns),
@@ -612,7 +691,7 @@ impl Budget {
             return None;
         }
         // The next period starts empty, with a plan made at its first instant.
-        let (ns, ne) = self.calendar.bounds(cur.end);
+        let (ns, ne) = self.calendar.period_after(cur.end)?;
         let t = self.adaptive_reaches((ns, ne), ns, 0, 0, n).unwrap_or(ns);
         Some(t - now)
     }

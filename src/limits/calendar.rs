@@ -36,17 +36,23 @@ pub struct Calendar {
     /// arithmetic. `AtomicCell` of a 16-byte value is a seqlock: readers never
     /// write, so threads reading it do not contend.
     last: AtomicCell<(Nanos, Nanos)>,
+    /// A flight's one period (docs/semantics.md §6.7): every instant is
+    /// in it, and nothing follows it.
+    fixed: Option<(Nanos, Nanos)>,
 }
 
 impl Clone for Calendar {
     fn clone(&self) -> Self {
-        Calendar::new(self.unit, self.tz.clone())
+        Calendar {
+            fixed: self.fixed,
+            ..Calendar::new(self.unit, self.tz.clone())
+        }
     }
 }
 
 impl PartialEq for Calendar {
     fn eq(&self, o: &Self) -> bool {
-        self.unit == o.unit && self.tz == o.tz
+        self.unit == o.unit && self.tz == o.tz && self.fixed == o.fixed
     }
 }
 
@@ -57,6 +63,9 @@ impl Calendar {
     /// hours of 7 days and of 28 to 31 days. The ranges are disjoint, so a
     /// period of another unit is told without a time-zone computation.
     pub fn plausible(&self, start: Nanos, end: Nanos) -> bool {
+        if let Some(f) = self.fixed {
+            return f == (start, end);
+        }
         const H: Nanos = 3_600 * crate::clock::SECOND;
         let len = end.saturating_sub(start);
         let range = match self.unit {
@@ -91,6 +100,30 @@ impl Calendar {
             unit,
             tz,
             last: AtomicCell::new((0, 0)),
+            fixed: None,
+        }
+    }
+
+    /// One period, `[start, end)`, in zone `tz` (a flight's: its days are
+    /// that zone's).
+    pub fn fixed(start: Nanos, end: Nanos, tz: TimeZone) -> Self {
+        Calendar {
+            fixed: Some((start, end)),
+            ..Calendar::new(CalendarUnit::Day, tz)
+        }
+    }
+
+    /// The one period of a flight's calendar, if this is one.
+    pub fn fixed_period(&self) -> Option<(Nanos, Nanos)> {
+        self.fixed
+    }
+
+    /// `[start, end)` of the period starting at `end`, the end of one: none
+    /// after a flight.
+    pub fn period_after(&self, end: Nanos) -> Option<(Nanos, Nanos)> {
+        match self.fixed {
+            Some(_) => None,
+            None => Some(self.bounds(end)),
         }
     }
 
@@ -100,6 +133,9 @@ impl Calendar {
     /// beyond 9999), so the fallback — the UTC-aligned period of nominal length —
     /// is unreachable in practice; it exists so this path cannot panic.
     pub fn bounds(&self, now: Nanos) -> (Nanos, Nanos) {
+        if let Some(f) = self.fixed {
+            return f;
+        }
         let (s, e) = self.last.load();
         if s <= now && now < e {
             return (s, e);

@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::MAX_EXACT;
 use crate::clock::Nanos;
+use crate::limits::budget::MAX_FLIGHT_NS;
 use crate::limits::concurrency::Concurrency;
 use crate::limits::priority::Classes;
 use crate::limits::schedule::Schedule;
@@ -174,15 +175,55 @@ impl JsonSchema for CapDef {
     }
 }
 
-/// A budget in a campaign: a budget item whose `kind` may be omitted.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-#[serde(transparent)]
-pub struct CampaignBudget(pub LimitDef);
+/// A budget in a campaign: a budget item whose `kind` may be omitted, and
+/// which may count over the campaign's flight (`"per": "flight"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CampaignBudget(pub LimitDef, pub BudgetPer);
+
+/// What a campaign's budget counts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BudgetPer {
+    /// Its calendar period (`per`: `1h`, `1d`, `1w`, `1mo`; default `1d`).
+    #[default]
+    Calendar,
+    /// The campaign's flight, as one period (docs/semantics.md §6.7).
+    Flight,
+}
+
+impl Serialize for CampaignBudget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
+        let mut v = serde_json::to_value(&self.0).map_err(S::Error::custom)?;
+        if self.1 == BudgetPer::Flight
+            && let Some(m) = v.as_object_mut()
+        {
+            m.insert("per".into(), "flight".into());
+        }
+        v.serialize(s)
+    }
+}
+
+impl JsonSchema for CampaignBudget {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "CampaignBudget".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut s = generator.subschema_for::<LimitDef>();
+        s.insert(
+            "description".into(),
+            "A budget in a campaign: a budget item whose `kind` may be omitted, and \
+             whose `per` may be \"flight\" when the campaign has a `flight`."
+                .into(),
+        );
+        s
+    }
+}
 
 impl<'de> Deserialize<'de> for CampaignBudget {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let mut value = serde_json::Value::deserialize(d)?;
+        let mut per = BudgetPer::Calendar;
         if let Some(m) = value.as_object_mut() {
             match m.get("kind") {
                 None => {
@@ -191,8 +232,12 @@ impl<'de> Deserialize<'de> for CampaignBudget {
                 Some(k) if k == "budget" => {}
                 Some(_) => return Err(D::Error::custom("kind: must be \"budget\" or absent")),
             }
+            if m.get("per").is_some_and(|p| p == "flight") {
+                m.remove("per");
+                per = BudgetPer::Flight;
+            }
         }
-        crate::model::nested_error(value, None).map(CampaignBudget)
+        crate::model::nested_error(value, None).map(|l| CampaignBudget(l, per))
     }
 }
 
@@ -570,6 +615,34 @@ fn with_tz(def: &LimitDef, tz: &Option<String>) -> LimitDef {
     def
 }
 
+/// A campaign's budget item counted over its flight `flight`
+/// ([`Budget::over_flight`]); errors name the field.
+fn over_flight(item: Item, flight: Option<(Nanos, Nanos)>) -> Result<Item, DefinitionError> {
+    let Some((start, end)) = flight else {
+        return Err(DefinitionError::new(
+            "budget.per",
+            "\"flight\" counts the budget over the campaign's flight: add a `flight`",
+        ));
+    };
+    if end - start > MAX_FLIGHT_NS {
+        return Err(DefinitionError::new(
+            "budget.per",
+            format!(
+                "a budget per flight needs a flight of at most {} days, got {:.1}",
+                MAX_FLIGHT_NS / 86_400_000_000_000,
+                (end - start) as f64 / 86_400e9
+            ),
+        ));
+    }
+    match item {
+        Item::Budget(b) => b
+            .over_flight(start, end)
+            .map(Item::Budget)
+            .map_err(|m| DefinitionError::new("budget.pacing", m)),
+        item => Ok(item),
+    }
+}
+
 impl CampaignDef {
     /// Validates the definition on its own (the parent's existence and cycles
     /// are the registry's to check). Errors name the field (`caps[1].limit`).
@@ -660,14 +733,17 @@ impl CampaignDef {
                 "the levers are a budget's: add a `budget`, or leave pacing_levers out",
             ));
         }
-        if let Some(CampaignBudget(b)) = &self.budget {
+        if let Some(CampaignBudget(b, per)) = &self.budget {
             let def = with_tz(b, &self.tz);
-            let item = match def.compile("budget")? {
+            let mut item = match def.compile("budget")? {
                 Item::Budget(b) if self.pacing_levers == Some(true) => {
                     Item::Budget(b.with_levers())
                 }
                 item => item,
             };
+            if *per == BudgetPer::Flight {
+                item = over_flight(item, flight)?;
+            }
             items.push(CompiledCap {
                 scope: Scope::Campaign,
                 missing: UnknownUser::Deny,

@@ -302,9 +302,10 @@ pub struct BudgetDef {
     /// Cost units per period, 1 ≤ amount < 2^53.
     #[schemars(range(min = 1, max = 9_007_199_254_740_991_i64))]
     pub amount: u64,
-    /// Calendar period: 1h, 1d (default), 1w or 1mo.
+    /// Calendar period: 1h, 1d (default), 1w or 1mo; in a campaign with a
+    /// `flight`, also "flight": the whole flight (docs/semantics.md §6.7).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("enum" = ["1h", "1d", "1w", "1mo", null]))]
+    #[schemars(extend("enum" = ["1h", "1d", "1w", "1mo", "flight", null]))]
     pub per: Option<Duration>,
     /// Default `even`. `adaptive` spreads what is left over the rest of the
     /// period; `throttle` lets each request pass with a probability
