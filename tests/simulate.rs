@@ -509,3 +509,24 @@ fn throttle_delivers_by_its_fast_finish() {
     let (_, again, _) = run(&a, &cs);
     assert_eq!(again.campaigns[0].samples, stats.campaigns[0].samples);
 }
+
+/// A budget per flight (docs/semantics.md §6.7) over ten simulated days: one
+/// period, the flight, delivered within its tolerance and not before its
+/// last day (before, the report's walk over periods never ended: a flight's
+/// period after its end is itself).
+#[test]
+fn a_budget_per_flight_delivers_over_its_flight_and_exhausts_on_its_last_day() {
+    let a = args("2026-01-05", 10, "UTC", 30_000.0);
+    let c = r#"{"id": "flight", "campaign": {
+        "flight": {"start": "2026-01-05T00:00:00Z", "end": "2026-01-15T00:00:00Z"},
+        "caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "calendar"}],
+        "budget": {"amount": 60000, "per": "flight"}}}"#;
+    let (_, _, s) = run(&a, &[c.to_owned()]);
+    let f = by_id(&s, "flight");
+    assert_eq!(f.periods.len(), 1, "{:?}", f.periods);
+    assert_delivers(f);
+    assert_caps_hold(&s);
+    let p = &f.periods[0];
+    let exhausted = p.exhausted_at.as_deref().expect("the flight's budget is spent");
+    assert!(exhausted.starts_with("2026-01-14"), "exhausted at {exhausted}");
+}

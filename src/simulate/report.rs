@@ -125,10 +125,12 @@ pub fn periods(c: &SimCampaign, start: Nanos, end: Nanos) -> Vec<(Nanos, Nanos)>
     let mut p = c.period_of(start);
     while p.0 < end {
         out.push(p);
-        if p.1 <= p.0 {
+        let next = c.period_of(p.1);
+        // A flight is one period: none follows it (the same comes back).
+        if p.1 <= p.0 || next.0 <= p.0 {
             break;
         }
-        p = c.period_of(p.1);
+        p = next;
     }
     out
 }
