@@ -527,6 +527,12 @@ fn a_budget_per_flight_delivers_over_its_flight_and_exhausts_on_its_last_day() {
     assert_delivers(f);
     assert_caps_hold(&s);
     let p = &f.periods[0];
-    let exhausted = p.exhausted_at.as_deref().expect("the flight's budget is spent");
-    assert!(exhausted.starts_with("2026-01-14"), "exhausted at {exhausted}");
+    let exhausted = p
+        .exhausted_at
+        .as_deref()
+        .expect("the flight's budget is spent");
+    assert!(
+        exhausted.starts_with("2026-01-14"),
+        "exhausted at {exhausted}"
+    );
 }
