@@ -405,3 +405,40 @@ fn two_nodes_of_a_fleet_hold_a_budget_per_flight_to_its_line() {
         assert_eq!((d.period_start, d.period_end), (NOV15, NOV15 + 240 * HOUR));
     }
 }
+
+/// `"goal": "impressions"` (issue 48 item 1): a budget that counts commits,
+/// 1 each, whatever their cost, and whose final cost at commit does not
+/// change what was counted.
+#[test]
+fn a_goal_in_impressions_counts_commits_not_their_cost() {
+    let (e, _) = memory_node(NOV15 + HOUR);
+    e.put_campaign(
+        "b",
+        campaign(
+            r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-25T00:00:00Z"},
+                "budget": {"amount": 3, "per": "flight", "pacing": "asap", "goal": "impressions"}}"#,
+        ),
+    )
+    .expect("a goal in impressions");
+    for (i, cost) in [500, 1, 9_000].into_iter().enumerate() {
+        let mut req = screen(&format!("u{i}"), &["b"]);
+        req.candidates[0].cost = Some(cost);
+        let s = e.screen(&req).expect("screens");
+        assert_eq!(denials(&s), [None], "commit {i} of cost {cost}");
+        let mut c = commit("b");
+        c.cost = Some(cost * 2);
+        e.commit(&s.reservation.expect("reserved"), &c)
+            .expect("commits");
+    }
+    let d = e.delivery("b").expect("delivery");
+    assert_eq!((d.amount, d.spent), (3, 3));
+    let s = e.screen(&screen("u9", &["b"])).expect("screens");
+    assert_eq!(
+        s.results[0].denied_by.as_ref().map(|d| d.cap.as_str()),
+        Some("budget")
+    );
+    // Anything but "spend" or "impressions" is refused, naming the field.
+    let err = from_json::<CampaignDef>(r#"{"budget": {"amount": 3, "goal": "clicks"}}"#)
+        .expect_err("an unknown goal");
+    assert!(err.field.contains("goal"), "{err}");
+}

@@ -587,6 +587,7 @@ async fn admin_defines_what_http_reads() {
         budget: Some(pb::Limit {
             amount: Some(1000),
             pacing: Some(format!("{{\"profile\":{:?}}}", [1u32; 24])),
+            goal: Some("impressions".into()),
             ..limit("")
         }),
         max_in_flight: Some(7),
@@ -626,6 +627,10 @@ async fn admin_defines_what_http_reads() {
     assert_eq!(stored, again);
     assert_eq!(again.caps[0].scope.as_deref(), Some("user"));
     assert_eq!(again.max_in_flight, Some(7));
+    assert_eq!(
+        again.budget.as_ref().and_then(|b| b.goal.as_deref()),
+        Some("impressions")
+    );
     assert_eq!(again.exclusion_labels, ["auto", "x:y"]);
     assert_eq!(again.max_per_screen, Some(2));
     assert_eq!(again.pacing_levers, Some(true));

@@ -137,7 +137,8 @@ impl<'a> Defs<'a> {
 /// and max_in_flight count the impression, budgets its cost.
 pub(crate) fn units(item: &Item, cost: u64) -> u64 {
     match item {
-        Item::Budget(_) => cost,
+        // `goal: impressions` counts the commit, not its cost.
+        Item::Budget(b) if !b.counts_impressions() => cost,
         _ => 1,
     }
 }
@@ -198,6 +199,7 @@ pub(crate) fn settle_entries(
                 repriced,
             } => {
                 let fin = match (repriced, item) {
+                    (_, Item::Budget(b)) if b.counts_impressions() => p.n,
                     (Repriced::EveryItem, _) | (Repriced::Budgets, Item::Budget(_)) => {
                         final_cost.unwrap_or(p.n)
                     }

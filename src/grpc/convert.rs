@@ -308,6 +308,7 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
     put("max", l.max.map(Value::from));
     put("initial", l.initial.map(Value::from));
     put("algorithm", l.algorithm.map(Value::from));
+    put("goal", l.goal.map(Value::from));
     if let Some(b) = l.backoff {
         let n = serde_json::Number::from_f64(b).ok_or_else(|| {
             FrontError::invalid(
@@ -362,6 +363,7 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         backoff: v.get("backoff").and_then(serde_json::Value::as_f64),
         scope: s("scope"),
         missing: s("missing"),
+        goal: s("goal"),
         priorities: v
             .get("priorities")
             .and_then(serde_json::Value::as_object)

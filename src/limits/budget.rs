@@ -80,6 +80,8 @@ pub struct Budget {
     /// A flight's even or profile pacing: a slice's line rises at most this
     /// many times the flight's even share (docs/semantics.md §6.7, "catch-up").
     catch_up: Option<u64>,
+    /// `goal: impressions`: each commit counts 1 unit, whatever its cost.
+    impressions: bool,
     /// The profile of the most recently used period: computing one walks every
     /// local hour of the period through the time-zone database, so it is done once
     /// per period, not per decision. A lock, not per-decision work, because all
@@ -103,6 +105,7 @@ impl Clone for Budget {
             levers: self.levers,
             hours: self.hours.clone(),
             catch_up: self.catch_up,
+            impressions: self.impressions,
             ..Budget::new(
                 self.amount,
                 self.calendar.clone(),
@@ -124,6 +127,7 @@ impl PartialEq for Budget {
             self.levers,
             self.catch_up,
             &self.hours,
+            self.impressions,
         ) == (
             o.amount,
             &o.calendar,
@@ -133,6 +137,7 @@ impl PartialEq for Budget {
             o.levers,
             o.catch_up,
             &o.hours,
+            o.impressions,
         )
     }
 }
@@ -237,7 +242,26 @@ impl Budget {
             share: WHOLE,
             levers: false,
             catch_up: None,
+            impressions: false,
         }
+    }
+
+    /// This budget counting commits, 1 each, rather than their cost
+    /// (`"goal": "impressions"`).
+    pub fn counting_impressions(mut self) -> Budget {
+        self.impressions = true;
+        self
+    }
+
+    /// Whether each commit counts 1 unit, whatever its cost.
+    pub fn counts_impressions(&self) -> bool {
+        self.impressions
+    }
+
+    /// Whether its days catch up at most [`FLIGHT_CATCH_UP`]× (an `even` or
+    /// `profile` budget per flight, re-planned daily as `adaptive`).
+    pub fn catches_up(&self) -> bool {
+        self.catch_up.is_some()
     }
 
     /// This budget over a flight `[start, end)` (docs/semantics.md §6.7):
@@ -273,6 +297,7 @@ impl Budget {
         }
         b.levers = self.levers;
         b.share = self.share;
+        b.impressions = self.impressions;
         Ok(b)
     }
 

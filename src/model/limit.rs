@@ -320,6 +320,20 @@ pub struct BudgetDef {
     /// IANA time zone of the period; default UTC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tz: Option<String>,
+    /// What `amount` counts: `spend` (default: each commit's cost) or
+    /// `impressions` (each commit counts 1, whatever its cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goal: Option<Goal>,
+}
+
+/// What a budget's amount counts (docs/semantics.md §2.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Goal {
+    /// Cost units: each commit's cost (the default).
+    Spend,
+    /// Commits: each counts 1, whatever its cost.
+    Impressions,
 }
 
 /// `{"kind": "concurrency", "max": 10}`
@@ -960,12 +974,11 @@ fn compile_budget(path: &str, d: &BudgetDef) -> Result<Budget> {
     }
     let bp = (tol * 10_000.0).round() as u128;
     let allowance = (u128::from(amount) * bp / 10_000) as u64;
-    Ok(Budget::new(
-        amount,
-        Calendar::new(unit, tz),
-        pacing,
-        allowance,
-    ))
+    let b = Budget::new(amount, Calendar::new(unit, tz), pacing, allowance);
+    Ok(match d.goal {
+        Some(Goal::Impressions) => b.counting_impressions(),
+        Some(Goal::Spend) | None => b,
+    })
 }
 
 /// Nominal window length and limit of a window item, for stack validation.

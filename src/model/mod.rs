@@ -14,7 +14,7 @@ pub use campaign::{
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
 pub use identity::Kind;
-pub use limit::{CompiledPolicy, LimitDef, Mode, PolicyDef};
+pub use limit::{CompiledPolicy, Goal, LimitDef, Mode, PolicyDef};
 
 use serde::de::DeserializeOwned;
 

@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use crate::model::duration::Duration;
 use crate::model::limit::{
-    AdaptiveLimitDef, AlgorithmName, Align, BudgetDef, ConcurrencyDef, GapDef, LimitDef, Pacing,
-    Precision, PrioritiesDef, RateDef, WindowDef,
+    AdaptiveLimitDef, AlgorithmName, Align, BudgetDef, ConcurrencyDef, GapDef, Goal, LimitDef,
+    Pacing, Precision, PrioritiesDef, RateDef, WindowDef,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -73,6 +73,7 @@ pub struct RawLimit {
     initial: Option<u64>,
     algorithm: Option<AlgorithmName>,
     backoff: Option<serde_json::Number>,
+    goal: Option<Goal>,
 }
 
 /// An error about one field of the item. Displayed as `field: message`, which
@@ -113,7 +114,7 @@ impl TryFrom<RawLimit> for LimitDef {
             RawKind::Rate => &["rate", "per", "burst"],
             RawKind::Gap => &["min"],
             RawKind::Window => &["limit", "window", "align", "tz", "precision"],
-            RawKind::Budget => &["amount", "per", "pacing", "tolerance", "tz"],
+            RawKind::Budget => &["amount", "per", "pacing", "tolerance", "tz", "goal"],
             RawKind::Concurrency => &["max"],
             RawKind::Adaptive => &[
                 "max",
@@ -142,6 +143,7 @@ impl TryFrom<RawLimit> for LimitDef {
             ("initial", r.initial.is_some()),
             ("algorithm", r.algorithm.is_some()),
             ("backoff", r.backoff.is_some()),
+            ("goal", r.goal.is_some()),
         ];
         if let Some((field, _)) = present.iter().find(|(f, p)| *p && !allowed.contains(f)) {
             return Err(FieldError {
@@ -194,6 +196,7 @@ impl TryFrom<RawLimit> for LimitDef {
                 pacing: r.pacing,
                 tolerance: r.tolerance,
                 tz: r.tz,
+                goal: r.goal,
             }),
             RawKind::Concurrency => LimitDef::Concurrency(ConcurrencyDef {
                 name,

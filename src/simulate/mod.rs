@@ -59,6 +59,8 @@ struct CampaignsFile {
 #[derive(Debug, Clone)]
 pub struct BudgetInfo {
     pub amount: u64,
+    /// `goal: impressions`: a commit counts 1 against `amount`, not its cost.
+    pub impressions: bool,
     /// `asap`, `even`, `profile`, `adaptive`, `adaptive+profile`,
     /// `throttle` or `throttle+profile`.
     pub pacing: String,
@@ -115,6 +117,9 @@ impl SimCampaign {
                 _ => Pacing::Even,
             };
             let pacing = match &b.pacing {
+                // A flight's even or profile pacing, re-planned each day.
+                Pacing::Adaptive(None) if b.catches_up() => "even",
+                Pacing::Adaptive(Some(_)) if b.catches_up() => "profile",
                 Pacing::Asap => "asap",
                 Pacing::Even => "even",
                 Pacing::Profile(_) => "profile",
@@ -125,6 +130,7 @@ impl SimCampaign {
             };
             BudgetInfo {
                 amount: b.amount,
+                impressions: b.counts_impressions(),
                 pacing: pacing.into(),
                 calendar: b.calendar.clone(),
                 target: Budget::new(b.amount, b.calendar.clone(), target_pacing, 0),
@@ -155,6 +161,15 @@ impl SimCampaign {
             budget,
             user_cap,
         })
+    }
+
+    /// What one commit counts against its budget: its cost, or 1 for a
+    /// goal in impressions.
+    pub fn budget_units(&self) -> u64 {
+        match &self.budget {
+            Some(b) if b.impressions => 1,
+            _ => self.cost,
+        }
     }
 
     /// The budget period containing `t` (the local day without a budget).

@@ -322,7 +322,7 @@ impl<'a> Runner<'a> {
         let (ps, pe) = c.period_of(d.reserved_at);
         let p = st.periods.entry(ps).or_default();
         p.end = pe;
-        p.delivered += c.cost;
+        p.delivered += c.budget_units();
         p.impressions += 1;
         if let Some(amount) = c.budget.as_ref().map(|b| b.amount) {
             // 99 %: delivered·100 ≥ 99·amount, in integers.
@@ -333,7 +333,7 @@ impl<'a> Runner<'a> {
                 p.reached_100 = Some(d.at);
             }
         }
-        *st.hourly.entry(c.hour_of(d.reserved_at)).or_insert(0) += c.cost;
+        *st.hourly.entry(c.hour_of(d.reserved_at)).or_insert(0) += c.budget_units();
         *st.per_user_day
             .entry((d.user, c.day_of(d.reserved_at)))
             .or_insert(0) += 1;
