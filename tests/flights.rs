@@ -442,3 +442,53 @@ fn a_goal_in_impressions_counts_commits_not_their_cost() {
         .expect_err("an unknown goal");
     assert!(err.field.contains("goal"), "{err}");
 }
+
+/// The same flight, schedule and budget per flight on every place a record
+/// can live (one node on memory or RocksDB; two nodes of a shared store in
+/// shared and in owner mode, `support::engines`): a fleet answers what one
+/// node answers.
+#[test]
+fn flights_schedules_and_flight_budgets_answer_alike_on_every_placement() {
+    use support::engines::{Fleet, KINDS, T0};
+    let mut answers = Vec::new();
+    for kind in KINDS {
+        let f = Fleet::new(kind);
+        // T0 is 2023-11-14T22:13:20Z, a Tuesday.
+        f.campaign(
+            "fl",
+            r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-17T00:00:00Z"},
+                "budget": {"amount": 100, "per": "flight", "pacing": "asap"}}"#,
+        );
+        f.campaign(
+            "sc",
+            r#"{"schedule": {"hours": [{"days": ["wed"], "from": "00:00", "until": "12:00"}]}}"#,
+        );
+        let mut seen = Vec::new();
+        // The same instants on every kind (owner mode's joining moved its
+        // clock a few seconds already).
+        for (i, at) in [10 * SEC, 2 * HOUR, 15 * HOUR].into_iter().enumerate() {
+            use freqcap::Clock;
+            f.advance((T0 + at).saturating_sub(f.clock.now()));
+            let user = format!("u{i}");
+            let n = f.node(&user);
+            let s = n.screen(&screen(&user, &["fl", "sc"])).expect("screens");
+            seen.push(denials(&s));
+            if let Some(id) = s.reservation {
+                n.commit(&id, &commit("fl")).expect("commits");
+            }
+        }
+        f.tick();
+        let spent = f.nodes[0].delivery("fl").expect("delivery").spent;
+        answers.push((kind, seen, spent));
+    }
+    let (_, first, spent) = &answers[0];
+    // Before both; inside both (Wednesday 00:13); inside the flight only.
+    assert_eq!(first[0][0].as_ref().map(|d| d.1.as_str()), Some("flight"));
+    assert_eq!(first[1], [None, None]);
+    assert_eq!(first[2][0], None);
+    assert_eq!(first[2][1].as_ref().map(|d| d.1.as_str()), Some("schedule"));
+    assert_eq!(*spent, 2, "two commits in the flight");
+    for (kind, seen, s) in &answers[1..] {
+        assert_eq!((seen, s), (first, spent), "{kind:?} answers as one node");
+    }
+}
