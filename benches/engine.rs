@@ -78,6 +78,7 @@ fn screen(c: &mut Criterion) {
             campaign: name.clone(),
             cost: 1,
             event_id: None,
+            event_type: None,
         };
         e.events(&[ev]).expect("counted");
     }
@@ -177,6 +178,7 @@ fn memory_per_counter() {
                 campaign: c.clone(),
                 cost: 1,
                 event_id: None,
+                event_type: None,
             })
             .collect();
         e.events(&evs).expect("counted");

@@ -1922,6 +1922,7 @@ fn fill(dir: &std::path::Path, counters: u64) -> Res<()> {
                         campaign: "lg-fill".into(),
                         cost: 1,
                         event_id: None,
+                        event_type: None,
                     })
                     .collect();
                 e.events(&batch)?;

@@ -83,6 +83,7 @@ async fn households_and_forecasts() {
         campaign: "c".into(),
         cost: 1,
         event_id: Some("e-1".into()),
+        event_type: None,
     };
     c.events(&[ev]).await.unwrap();
     let u = c.identity_usage("household", "h2", "c").await.unwrap();
@@ -206,6 +207,7 @@ async fn every_call() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("imp-1".into()),
+        event_type: None,
     };
     let n = c.events(std::slice::from_ref(&ev)).await.unwrap();
     assert_eq!((n.counted, n.duplicates), (1, 0));
@@ -339,6 +341,7 @@ async fn retries_only_where_safe_and_never_a_debit_twice() {
         campaign: "c".into(),
         cost: 1,
         event_id: id.map(str::to_owned),
+        event_type: None,
     };
     lost_once(&p);
     let n = c.events(&[ev(Some("e-1"))]).await.unwrap();

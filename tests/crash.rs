@@ -80,6 +80,7 @@ fn crash_child() {
                             campaign: "c".into(),
                             cost: 1,
                             event_id: Some(format!("r{round}-e{i}")),
+                            event_type: None,
                         };
                         assert_eq!(e.events(&[ev]).expect("event"), 1);
                     }
@@ -156,6 +157,7 @@ fn acknowledged_commits_survive_sigkill() {
                 campaign: "c".into(),
                 cost: 1,
                 event_id: Some(format!("r{round}-e{i}")),
+                event_type: None,
             };
             assert_eq!(
                 e.events(&[ev]).expect("event"),

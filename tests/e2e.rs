@@ -272,7 +272,7 @@ fn cap_json(
 ) -> Value {
     json!({
         "campaign": campaign, "name": name, "scope": scope, "kind": kind,
-        "limit": limit, "used": used, "pending": pending,
+        "event": "impression", "limit": limit, "used": used, "pending": pending,
         "remaining": limit - used - pending,
     })
 }

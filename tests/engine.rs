@@ -228,6 +228,7 @@ fn late_commits_and_duplicate_events_count_once() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
+        event_type: None,
     };
     assert_eq!(
         e.events(&[ev("imp-1"), ev("imp-2"), ev("imp-2")]).unwrap(),
@@ -585,6 +586,7 @@ fn restart_keeps_counters_and_definitions() {
             campaign: "c1".into(),
             cost: 1,
             event_id: Some("ev-1".into()),
+            event_type: None,
         }])
         .unwrap();
         // An open reservation is lost with the process: it counts as released.
@@ -604,6 +606,7 @@ fn restart_keeps_counters_and_definitions() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("ev-1".into()),
+        event_type: None,
     };
     assert_eq!(e.events(&[again]).unwrap(), 0);
 }
@@ -679,6 +682,7 @@ fn expired_state_leaves_memory_and_disk() {
             campaign: "h".into(),
             cost: 1,
             event_id: None,
+            event_type: None,
         }])
         .unwrap();
     }
@@ -744,6 +748,7 @@ fn stress_with_shared_ancestors_and_redefinitions() {
                                     campaign: names[0].to_owned(),
                                     cost: 1,
                                     event_id: Some(format!("ev-{t}-{x}")),
+                                    event_type: None,
                                 }])
                                 .unwrap();
                             }
@@ -836,6 +841,7 @@ fn tiny_hot_tier_loses_nothing() {
                 campaign: "c".into(),
                 cost: 1,
                 event_id: None,
+                event_type: None,
             }])
             .unwrap();
         }
@@ -993,6 +999,7 @@ fn a_reserving_screen_that_holds_nothing_leaves_the_user_record_idle() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
+        event_type: None,
     };
     e.events(&[ev("a"), ev("b")]).unwrap();
     let s = e.screen(&screen(Some("u9"), &["c1"], true)).unwrap();
@@ -1056,6 +1063,7 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some(id.into()),
+        event_type: None,
     };
     let batch = [event("cold-user", "e1"), event("cold-2", "e2")];
     assert!(e.events_in_memory(&batch).is_none());
@@ -1073,6 +1081,7 @@ fn in_memory_decisions_refuse_cold_records_and_change_nothing() {
     );
     let no_id = |user: &str| Event {
         event_id: None,
+        event_type: None,
         ..event(user, "")
     };
     let pending = e.events_in_memory(&[no_id("cold-user"), no_id("cold-2")]);
@@ -1602,6 +1611,7 @@ fn restart_loads_no_event_ids_and_each_still_counts_once() {
         campaign: "c".into(),
         cost: 1,
         event_id: Some(format!("e{i}")),
+        event_type: None,
     };
     let batch = |r: std::ops::Range<u64>| r.map(ev).collect::<Vec<_>>();
     {
@@ -1649,6 +1659,7 @@ fn racing_batches_with_the_same_ids_count_each_once() {
                             campaign: "c".into(),
                             cost: 1,
                             event_id: Some(format!("id-{round}-{}", (i + t) % 10)),
+                            event_type: None,
                         })
                         .collect();
                     let n = e.events(&evs).unwrap();
@@ -1830,6 +1841,7 @@ fn measure_event_ids() {
                 campaign: "c".into(),
                 cost: 1,
                 event_id: Some(format!("m-{}", b * batch + i)),
+                event_type: None,
             })
             .collect();
         assert_eq!(e.events(&evs).unwrap(), batch as usize);
@@ -1958,6 +1970,7 @@ fn the_memory_store_forgets_event_ids_past_their_horizon() {
         campaign: "c".into(),
         cost: 1,
         event_id: Some(format!("e{i}")),
+        event_type: None,
     };
     assert_eq!(
         e.events(&(0..100).map(ev).collect::<Vec<_>>()).unwrap(),

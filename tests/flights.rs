@@ -8,32 +8,15 @@ mod support;
 use std::sync::Arc;
 
 use freqcap::ManualClock;
-use freqcap::engine::{DeniedBy, Engine, EngineError, EngineOptions, ScreenOutcome};
+use freqcap::engine::{Engine, EngineError, EngineOptions};
 use freqcap::model::{CampaignDef, from_json};
-use freqcap::store::{MemoryStore, SharedMemory};
-use support::engines::{commit, screen};
+use freqcap::store::SharedMemory;
+use support::engines::{Denial, Node, campaign_def, commit, denials, memory_node, screen};
 
 const SEC: u64 = 1_000_000_000;
 const HOUR: u64 = 3_600 * SEC;
 /// 2023-11-15T00:00:00Z.
 const NOV15: u64 = 1_700_006_400 * SEC;
-
-type Node = Engine<Arc<ManualClock>>;
-
-fn campaign(json: &str) -> CampaignDef {
-    from_json(json).expect("test campaign is valid")
-}
-
-fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(at));
-    let e = Engine::open(
-        Arc::new(MemoryStore::new()),
-        clock.clone(),
-        EngineOptions::default(),
-    )
-    .expect("opens");
-    (e, clock)
-}
 
 /// `adv` flies 2023-11-15 00:00 to 23:00 UTC (its end written at +01:00);
 /// `c1` under it flies from 12:00 UTC to 2023-11-20, capped at 2 per user a
@@ -41,14 +24,14 @@ fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
 fn define(e: &Node) {
     e.put_campaign(
         "adv",
-        campaign(
+        campaign_def(
             r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00+01:00"}}"#,
         ),
     )
     .expect("adv");
     e.put_campaign(
         "c1",
-        campaign(
+        campaign_def(
             r#"{"parent": "adv",
                 "flight": {"start": "2023-11-15T12:00:00Z", "end": "2023-11-20T00:00:00Z"},
                 "caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#,
@@ -57,34 +40,12 @@ fn define(e: &Node) {
     .expect("c1");
     e.put_campaign(
         "c2",
-        campaign(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d"}]}"#),
+        campaign_def(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d"}]}"#),
     )
     .expect("c2");
 }
 
-/// What denied each candidate of `s` (`None`: eligible).
-fn denials(s: &ScreenOutcome) -> Vec<Option<(String, String, Option<u128>)>> {
-    s.results
-        .iter()
-        .map(|r| {
-            r.denied_by.as_ref().map(
-                |DeniedBy {
-                     campaign,
-                     cap,
-                     retry_after,
-                 }| {
-                    (
-                        campaign.to_string(),
-                        cap.clone(),
-                        retry_after.map(u128::from),
-                    )
-                },
-            )
-        })
-        .collect()
-}
-
-fn denied(campaign: &str, retry: Option<u64>) -> Option<(String, String, Option<u128>)> {
+fn denied(campaign: &str, retry: Option<u64>) -> Denial {
     Some((campaign.into(), "flight".into(), retry.map(u128::from)))
 }
 
@@ -132,7 +93,7 @@ fn a_candidate_is_eligible_only_inside_every_flight_of_its_chain() {
 fn bad_flights_are_refused_naming_the_field_and_change_nothing() {
     let (e, _) = memory_node(NOV15);
     let good = r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z"}}"#;
-    e.put_campaign("c", campaign(good)).expect("a good flight");
+    e.put_campaign("c", campaign_def(good)).expect("a good flight");
     let cases = [
         (
             r#"{"start": "2023-11-16T00:00:00Z", "end": "2023-11-15T00:00:00Z"}"#,
@@ -161,7 +122,7 @@ fn bad_flights_are_refused_naming_the_field_and_change_nothing() {
         ),
     ];
     for (flight, field, part) in cases {
-        let def = campaign(&format!(r#"{{"flight": {flight}}}"#));
+        let def = campaign_def(&format!(r#"{{"flight": {flight}}}"#));
         match e.put_campaign("c", def) {
             Err(EngineError::InvalidArgument { field: f, message }) => {
                 assert_eq!(f, field, "{flight}: {message}");
@@ -181,7 +142,7 @@ fn bad_flights_are_refused_naming_the_field_and_change_nothing() {
     }
     // Each refusal left the definition as it was.
     let kept = e.get_campaign("c").expect("still defined");
-    assert_eq!(kept, campaign(good));
+    assert_eq!(kept, campaign_def(good));
 }
 
 #[test]
@@ -195,7 +156,7 @@ fn moving_a_flight_keeps_what_was_counted() {
     // The flight ends earlier: out of it now, the count kept.
     e.put_campaign(
         "c1",
-        campaign(
+        campaign_def(
             r#"{"parent": "adv",
                 "flight": {"start": "2023-11-15T12:00:00Z", "end": "2023-11-15T12:30:00Z"},
                 "caps": [{"kind": "window", "limit": 2, "window": "1d", "align": "calendar"}]}"#,
@@ -216,7 +177,7 @@ fn shadow_mode_answers_would_deny_outside_a_flight() {
     let (e, _) = memory_node(NOV15 - HOUR);
     e.put_campaign(
         "s",
-        campaign(
+        campaign_def(
             r#"{"mode": "shadow",
                 "flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z"}}"#,
         ),
@@ -263,7 +224,7 @@ fn two_nodes_of_a_fleet_answer_a_flight_alike() {
 fn flight_budget(e: &Node, end: &str) {
     e.put_campaign(
         "b",
-        campaign(&format!(
+        campaign_def(&format!(
             r#"{{"flight": {{"start": "2023-11-15T00:00:00Z", "end": "{end}"}},
                 "budget": {{"amount": 1000, "per": "flight", "pacing": "even", "tolerance": 0}}}}"#
         )),
@@ -351,7 +312,7 @@ fn a_budget_per_flight_is_refused_without_a_flight_or_with_what_it_cannot_pace()
         ),
     ];
     for (json, field, part) in cases {
-        match e.put_campaign("c", campaign(json)) {
+        match e.put_campaign("c", campaign_def(json)) {
             Err(EngineError::InvalidArgument { field: f, message }) => {
                 assert_eq!(f, field, "{json}: {message}");
                 assert!(message.contains(part), "{json}: {message}");
@@ -368,7 +329,7 @@ fn a_budget_per_flight_is_refused_without_a_flight_or_with_what_it_cannot_pace()
     // The definition reads back as written.
     let json = r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-25T00:00:00Z"},
                    "budget": {"amount": 10, "per": "flight"}}"#;
-    e.put_campaign("c", campaign(json)).expect("defines");
+    e.put_campaign("c", campaign_def(json)).expect("defines");
     let back = serde_json::to_value(e.get_campaign("c").expect("defined")).expect("json");
     assert_eq!(back["budget"]["per"], "flight", "{back}");
     assert_eq!(back["budget"]["kind"], "budget", "{back}");
@@ -414,7 +375,7 @@ fn a_goal_in_impressions_counts_commits_not_their_cost() {
     let (e, _) = memory_node(NOV15 + HOUR);
     e.put_campaign(
         "b",
-        campaign(
+        campaign_def(
             r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-25T00:00:00Z"},
                 "budget": {"amount": 3, "per": "flight", "pacing": "asap", "goal": "impressions"}}"#,
         ),

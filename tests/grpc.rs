@@ -190,6 +190,7 @@ async fn household_caps_over_grpc() {
         campaign: "c1".into(),
         cost: None,
         event_id: Some("imp-1".into()),
+        r#type: None,
     };
     c.events(pb::EventsRequest { events: vec![ev] })
         .await
@@ -323,6 +324,7 @@ async fn the_ad_flow() {
         campaign: "c1".into(),
         cost: None,
         event_id: Some(id.into()),
+        r#type: None,
     };
     let n1 = c
         .events(pb::EventsRequest {
@@ -570,20 +572,38 @@ async fn admin_defines_what_http_reads() {
         .put_campaign(pb::PutCampaignRequest {
             reset: false,
             id: "adv".into(),
-            campaign: Some(pb::Campaign::default()),
+            campaign: Some(pb::Campaign {
+                caps: vec![pb::Limit {
+                    name: Some("daily".into()),
+                    limit: Some(1),
+                    window: Some("1d".into()),
+                    ..limit("window")
+                }],
+                ..Default::default()
+            }),
         })
         .await
         .unwrap();
     let camp = pb::Campaign {
         parent: Some("adv".into()),
         tz: Some("Europe/Paris".into()),
-        caps: vec![pb::Limit {
-            limit: Some(3),
-            window: Some("1d".into()),
-            align: Some("calendar".into()),
-            scope: Some("user".into()),
-            ..limit("window")
-        }],
+        caps: vec![
+            pb::Limit {
+                limit: Some(3),
+                window: Some("1d".into()),
+                align: Some("calendar".into()),
+                scope: Some("user".into()),
+                ..limit("window")
+            },
+            pb::Limit {
+                name: Some("clicks".into()),
+                limit: Some(1),
+                window: Some("1d".into()),
+                event: Some("click".into()),
+                ..limit("window")
+            },
+        ],
+        ignore_caps: vec!["adv/daily".into()],
         budget: Some(pb::Limit {
             amount: Some(1000),
             pacing: Some(format!("{{\"profile\":{:?}}}", [1u32; 24])),
@@ -626,6 +646,8 @@ async fn admin_defines_what_http_reads() {
         .into_inner();
     assert_eq!(stored, again);
     assert_eq!(again.caps[0].scope.as_deref(), Some("user"));
+    assert_eq!(again.caps[1].event.as_deref(), Some("click"));
+    assert_eq!(again.ignore_caps, ["adv/daily"]);
     assert_eq!(again.max_in_flight, Some(7));
     assert_eq!(
         again.budget.as_ref().and_then(|b| b.goal.as_deref()),
@@ -687,6 +709,47 @@ async fn admin_defines_what_http_reads() {
         "{levers:?}"
     );
     assert!((0.1..=1.0).contains(&levers.bid_multiplier), "{levers:?}");
+    // A click counts on the click cap, which usage names by its event type;
+    // adv's daily cap, opted out of, is not c1's.
+    decide
+        .events(pb::EventsRequest {
+            events: vec![pb::Event {
+                user: Some("u".into()),
+                campaign: "c1".into(),
+                r#type: Some("click".into()),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap();
+    let u = decide
+        .usage(pb::UsageRequest {
+            user: "u".into(),
+            campaign: "c1".into(),
+            kind: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let caps: Vec<(&str, &str, u64)> = u
+        .caps
+        .iter()
+        .map(|c| (c.name.as_str(), c.event.as_str(), c.used))
+        .collect();
+    assert_eq!(caps, [("window-0", "impression", 0), ("clicks", "click", 1)]);
+    let bad = decide
+        .events(pb::EventsRequest {
+            events: vec![pb::Event {
+                user: Some("u".into()),
+                campaign: "c1".into(),
+                r#type: Some("Click".into()),
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    assert!(bad.message().contains("type: "), "{}", bad.message());
     // Errors name the field, as HTTP's do.
     let bad = admin
         .put_campaign(pb::PutCampaignRequest {
@@ -1069,6 +1132,7 @@ async fn a_failed_event_stream_says_how_many_events_it_applied() {
         campaign: "c".into(),
         cost: None,
         event_id: None,
+        r#type: None,
     };
 
     let mut messages = vec![event.encode_to_vec(); 600];

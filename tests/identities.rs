@@ -257,6 +257,7 @@ fn events_count_on_the_households_record_once_per_event_id() {
         campaign: "c".into(),
         cost: 1,
         event_id: id.map(str::to_owned),
+        event_type: None,
     };
     assert_eq!(e.events(&[ev("u1", Some("imp-1"))]).unwrap(), 1);
     assert_eq!(e.events(&[ev("u1", Some("imp-1"))]).unwrap(), 0);

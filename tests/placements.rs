@@ -139,6 +139,7 @@ fn events_count_once_per_id(f: &Fleet) {
         campaign: "c".into(),
         cost: 1,
         event_id: Some(id.into()),
+        event_type: None,
     };
     assert_eq!(f.node("u1").events(&[event("e1")]).expect("events"), 1);
     assert_eq!(f.node("u1").events(&[event("e1")]).expect("a repeat"), 0);

@@ -47,6 +47,7 @@ fn show(e: &E, user: &str, camp: &str) {
         campaign: camp.to_owned(),
         cost: 1,
         event_id: None,
+        event_type: None,
     }])
     .unwrap();
 }

@@ -8,10 +8,10 @@ mod support;
 use std::sync::Arc;
 
 use freqcap::ManualClock;
-use freqcap::engine::{Engine, EngineError, EngineOptions, ScreenOutcome};
+use freqcap::engine::{Engine, EngineError, EngineOptions};
 use freqcap::model::{CampaignDef, from_json};
-use freqcap::store::{MemoryStore, SharedMemory};
-use support::engines::{commit, screen};
+use freqcap::store::SharedMemory;
+use support::engines::{Denial, Node, campaign_def, commit, denials, memory_node, screen};
 
 const SEC: u64 = 1_000_000_000;
 const HOUR: u64 = 3_600 * SEC;
@@ -19,29 +19,12 @@ const DAY: u64 = 24 * HOUR;
 /// 2023-11-13T00:00:00Z, a Monday; Paris is UTC+1 then, New York UTC−5.
 const MON: u64 = 1_699_833_600 * SEC;
 
-type Node = Engine<Arc<ManualClock>>;
-
-fn campaign(json: &str) -> CampaignDef {
-    from_json(json).expect("test campaign is valid")
-}
-
-fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(at));
-    let e = Engine::open(
-        Arc::new(MemoryStore::new()),
-        clock.clone(),
-        EngineOptions::default(),
-    )
-    .expect("opens");
-    (e, clock)
-}
-
 /// `office` delivers 09:00–17:00 Paris time on weekdays; `lunch` under it
 /// 12:00–14:00 New York time (its campaign's zone) every day.
 fn define(e: &Node) {
     e.put_campaign(
         "office",
-        campaign(
+        campaign_def(
             r#"{"schedule": {"tz": "Europe/Paris", "hours": [
                 {"days": ["mon", "tue", "wed", "thu", "fri"], "from": "09:00", "until": "17:00"}]}}"#,
         ),
@@ -49,7 +32,7 @@ fn define(e: &Node) {
     .expect("office");
     e.put_campaign(
         "lunch",
-        campaign(
+        campaign_def(
             r#"{"parent": "office", "tz": "America/New_York",
                 "caps": [{"kind": "window", "limit": 5, "window": "1d"}],
                 "schedule": {"hours": [
@@ -60,27 +43,11 @@ fn define(e: &Node) {
     .expect("lunch");
 }
 
-/// What denied each candidate (campaign, cap, retry in s); `None`: eligible.
-fn denials(s: &ScreenOutcome) -> Vec<Option<(String, String, Option<u128>)>> {
-    s.results
-        .iter()
-        .map(|r| {
-            r.denied_by.as_ref().map(|d| {
-                (
-                    d.campaign.to_string(),
-                    d.cap.clone(),
-                    d.retry_after.map(|t| t / u128::from(SEC)),
-                )
-            })
-        })
-        .collect()
-}
-
-fn off(campaign: &str, retry_s: u64) -> Option<(String, String, Option<u128>)> {
+fn off(campaign: &str, retry_s: u64) -> Denial {
     Some((
         campaign.into(),
         "schedule".into(),
-        Some(u128::from(retry_s)),
+        Some(u128::from(retry_s * SEC)),
     ))
 }
 
@@ -121,7 +88,7 @@ fn an_open_schedule_counts_as_ever_and_a_reservation_commits_after_hours() {
     let (e, clock) = memory_node(MON + 16 * HOUR - SEC / 2);
     e.put_campaign(
         "c",
-        campaign(
+        campaign_def(
             r#"{"caps": [{"kind": "window", "limit": 2, "window": "1d"}],
                 "schedule": {"hours": [{"days": ["mon"], "from": "09:00", "until": "16:00"}]}}"#,
         ),
@@ -141,7 +108,7 @@ fn an_open_schedule_counts_as_ever_and_a_reservation_commits_after_hours() {
 fn bad_schedules_are_refused_naming_the_field_and_change_nothing() {
     let (e, _) = memory_node(MON);
     let good = r#"{"schedule": {"hours": [{"days": ["mon"], "from": "09:00", "until": "24:00"}]}}"#;
-    e.put_campaign("c", campaign(good))
+    e.put_campaign("c", campaign_def(good))
         .expect("a good schedule");
     let span = |from: &str, until: &str| {
         format!(
@@ -174,7 +141,7 @@ fn bad_schedules_are_refused_naming_the_field_and_change_nothing() {
         ),
     ];
     for (json, field, part) in &cases {
-        match e.put_campaign("c", campaign(json)) {
+        match e.put_campaign("c", campaign_def(json)) {
             Err(EngineError::InvalidArgument { field: f, message }) => {
                 assert_eq!(f, *field, "{json}: {message}");
                 assert!(message.contains(part), "{json}: {message}");
@@ -198,7 +165,7 @@ fn bad_schedules_are_refused_naming_the_field_and_change_nothing() {
         let err = from_json::<CampaignDef>(bad).expect_err(bad);
         assert!(err.field.starts_with(at), "{bad}: {err}");
     }
-    assert_eq!(e.get_campaign("c").expect("still defined"), campaign(good));
+    assert_eq!(e.get_campaign("c").expect("still defined"), campaign_def(good));
 }
 
 #[test]
@@ -206,7 +173,7 @@ fn shadow_mode_answers_would_deny_off_the_schedule() {
     let (e, _) = memory_node(MON);
     e.put_campaign(
         "s",
-        campaign(
+        campaign_def(
             r#"{"mode": "shadow",
                 "schedule": {"hours": [{"days": ["tue"], "from": "00:00", "until": "24:00"}]}}"#,
         ),

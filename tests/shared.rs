@@ -239,6 +239,7 @@ fn event_ids_are_deduplicated_across_nodes() {
         campaign: "c1".into(),
         cost: 1,
         event_id: Some("imp-1".into()),
+        event_type: None,
     };
     assert_eq!(a.events(std::slice::from_ref(&ev)).unwrap(), 1);
     assert_eq!(b.events(std::slice::from_ref(&ev)).unwrap(), 0);
@@ -631,6 +632,7 @@ fn a_decision_run_again_after_a_conflict_holds_campaign_state_once() {
         campaign: "b".into(),
         cost: 3,
         event_id: Some(id.into()),
+        event_type: None,
     };
     b.events(&[ev("e1")]).unwrap();
     a.events(&[ev("e2")]).unwrap();
@@ -1755,6 +1757,7 @@ fn an_idle_campaigns_spend_reaches_every_node_within_a_second() {
         campaign: "big".into(),
         cost: 7,
         event_id: Some("imp-big".into()),
+        event_type: None,
     };
     assert_eq!(a.events(std::slice::from_ref(&ev)).unwrap(), 1);
     // Three commits on a, then nothing more.

@@ -36,6 +36,11 @@ pub(crate) struct EventBody {
     /// Counted once within the dedupe horizon (default 24 h).
     #[serde(default)]
     event_id: Option<String>,
+    /// "impression" (default), "click", ...: only caps and budgets counting
+    /// this type count it (docs/semantics.md §6.9).
+    #[serde(default, rename = "type")]
+    #[schemars(regex(pattern = r"^[a-z][a-z0-9_]{0,15}$"))]
+    event_type: Option<String>,
 }
 
 /// `POST /v1/events`: one event or an array of them.
@@ -96,7 +101,7 @@ pub(crate) async fn events<C: Clock + 'static>(
                 let ids: std::collections::BTreeMap<_, _> = ids.into_iter().collect();
                 let json = serde_json::json!({
                     "user": user, "ids": ids, "campaign": e.campaign, "cost": e.cost,
-                    "event_id": e.event_id,
+                    "event_id": e.event_id, "type": e.event_type,
                 });
                 match away.iter_mut().find(|(x, _)| *x == o) {
                     Some((_, v)) => v.push(json),
@@ -109,6 +114,7 @@ pub(crate) async fn events<C: Clock + 'static>(
                 campaign: e.campaign,
                 cost: e.cost,
                 event_id: e.event_id,
+                event_type: e.event_type,
             }),
         }
     }

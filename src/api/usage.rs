@@ -69,6 +69,8 @@ pub(crate) struct CapBody {
     name: String,
     scope: crate::model::Scope,
     kind: &'static str,
+    /// The event type it counts: "impression", "click", ...
+    event: crate::model::EventType,
     limit: u64,
     used: u64,
     pending: u64,
@@ -119,6 +121,7 @@ fn cap_body(c: crate::engine::CapUsage) -> CapBody {
         name: c.name,
         scope: c.scope,
         kind: c.kind,
+        event: c.event,
         limit: c.limit,
         used: c.used,
         pending: c.pending,

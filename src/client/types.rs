@@ -326,6 +326,10 @@ pub struct Event {
     /// With an id an event is counted once: only then are events retried.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
+    /// Its type, `"impression"` if `None`: only caps and budgets counting
+    /// this type count it (`"click"`; docs/semantics.md §6.9).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
 }
 
 /// `POST /v1/events`'s answer.
@@ -342,6 +346,8 @@ pub struct CapUsage {
     pub name: String,
     pub scope: String,
     pub kind: String,
+    /// The event type the cap counts (`impression`, `click`).
+    pub event: String,
     pub limit: u64,
     pub used: u64,
     pub pending: u64,

@@ -9,7 +9,8 @@ use crate::clock::Nanos;
 use crate::limits::adaptive::Sample;
 use crate::limits::stack::Stack;
 use crate::limits::{Item, ItemState};
-use crate::model::Scope;
+use crate::model::campaign::CompiledCap;
+use crate::model::{EventType, Scope};
 
 use super::record::{PendingEntry, SubjectRecord};
 use super::registry::{CampaignEntry, Registry};
@@ -140,6 +141,41 @@ pub(crate) fn units(item: &Item, cost: u64) -> u64 {
         // `goal: impressions` counts the commit, not its cost.
         Item::Budget(b) if !b.counts_impressions() => cost,
         _ => 1,
+    }
+}
+
+/// Whether the candidates of `chain` opt out of item `i` of `e`, one of its
+/// entries (`ignore_caps`, docs/semantics.md §6.9): it then neither
+/// decides nor counts for them.
+pub(crate) fn opted_out(chain: &[Arc<CampaignEntry>], e: &CampaignEntry, i: usize) -> bool {
+    match chain.first() {
+        Some(leaf) if !leaf.ignored.is_empty() => {
+            leaf.ignored.contains(&(e.id, e.tags[i]))
+        }
+        _ => false,
+    }
+}
+
+/// Whether item `i` of `e`, an entry of `chain`, counts an event of type
+/// `ty` for `chain`'s candidates: it counts that type and they do not opt
+/// out of it (docs/semantics.md §6.9).
+pub(crate) fn counts_event(
+    chain: &[Arc<CampaignEntry>],
+    e: &CampaignEntry,
+    i: usize,
+    ty: EventType,
+) -> bool {
+    e.compiled.items[i].event == ty && !opted_out(chain, e, i)
+}
+
+/// Units a screen asks of `cap` for a candidate of `cost`: what an
+/// impression charges it, or, for an item counting another event type
+/// (clicks, say, which this impression does not charge), room for one unit
+/// (docs/semantics.md §6.9).
+pub(crate) fn probe_units(cap: &CompiledCap, cost: u64) -> u64 {
+    match cap.event.is_impression() {
+        true => units(&cap.item, cost),
+        false => 1,
     }
 }
 

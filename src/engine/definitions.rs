@@ -88,6 +88,7 @@ pub(crate) fn load_registry(
                 compiled,
                 record,
                 chain: Vec::new(),
+                ignored: Vec::new(),
                 source: d.source.map(Arc::from),
             };
             let e = Arc::new(entry);
@@ -431,8 +432,10 @@ impl<C: Clock> Engine<C> {
         if let Some(c) = reg.campaigns.get(name) {
             check_not_from_file("campaign", name, c.source.as_ref())?;
         }
-        reg.chain_from(name, def.parent.as_deref())
+        let ancestors = reg
+            .chain_from(name, def.parent.as_deref())
             .map_err(|m| invalid("parent", m))?;
+        check_opt_outs(&reg, name, &compiled, &ancestors)?;
         let mut warnings = compiled.warnings.clone();
         let current = reg.campaigns.get(name).cloned();
         if let Some(old) = current.as_ref().filter(|_| !fresh) {
@@ -476,6 +479,7 @@ impl<C: Clock> Engine<C> {
             compiled,
             record,
             chain: Vec::new(),
+            ignored: Vec::new(),
             source: None,
         });
         self.publish(reg);
@@ -534,6 +538,23 @@ impl<C: Clock> Engine<C> {
             (_, Some(_)) => campaign_state(&*self.store, id)?,
             _ => Default::default(),
         })
+    }
+}
+
+/// Checks the opt-outs (`ignore_caps`) a definition of `name` as
+/// `compiled` under `ancestors` makes, and those of its descendants it
+/// would leave naming nothing (docs/semantics.md §6.9).
+pub(crate) fn check_opt_outs(
+    reg: &Registry,
+    name: &str,
+    compiled: &CompiledCampaign,
+    ancestors: &[u32],
+) -> Result<(), EngineError> {
+    reg.check_opt_outs(compiled, ancestors)
+        .map_err(|(field, m)| invalid(&field, m))?;
+    match reg.opt_out_broken_by(name, compiled, ancestors) {
+        Some((by, entry)) => Err(EngineError::Conflict(Conflict::OptedOut { by, entry })),
+        None => Ok(()),
     }
 }
 

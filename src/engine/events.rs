@@ -1,15 +1,16 @@
-//! `POST /v1/events`: impressions that happened without a reservation,
-//! counted unchecked and deduplicated by event id within a horizon.
+//! `POST /v1/events`: impressions that happened without a reservation, and
+//! events of other types (clicks), counted unchecked and deduplicated by
+//! event id within a horizon.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::{Clock, Nanos};
 use crate::limits::{Hold, Kind};
-use crate::model::Scope;
+use crate::model::{EventType, Scope};
 use crate::store::{Op, Receipt};
 
-use super::chain::{Defs, Locking, guard_of, lock_chain, units};
+use super::chain::{Defs, Locking, counts_event, guard_of, lock_chain, units};
 use super::hot::{Halt, Reads, RecordKey, waited};
 use super::persist::{Ack, Changes};
 use super::record::SubjectRecord;
@@ -72,6 +73,14 @@ struct NewEvent<'a> {
     event: &'a Event,
     user: Option<u128>,
     id: Option<u128>,
+}
+
+/// An event's type (checked with its batch, [`Engine::check_events`]).
+fn type_of(e: &Event) -> EventType {
+    e.event_type
+        .as_deref()
+        .and_then(|t| EventType::parse(t).ok())
+        .unwrap_or_default()
 }
 
 impl<C: Clock> Engine<C> {
@@ -178,6 +187,7 @@ impl<C: Clock> Engine<C> {
             // claimed already, fleet-wide (a shared store).
             let dedupe = n.id.and_then(|h| self.event_id_write(h, expiry));
             let cost = n.event.cost;
+            let ty = type_of(n.event);
             // The other identities' records first, each in its own batch
             // that remembers the event: a retry after a crash between them
             // counts each record once (`count_identity_event`).
@@ -190,15 +200,14 @@ impl<C: Clock> Engine<C> {
             };
             for ident in idents {
                 let used = chain.iter().any(|e| {
-                    e.compiled
-                        .items
-                        .iter()
-                        .any(|c| c.scope == Scope::Id(ident.kind))
+                    e.compiled.items.iter().enumerate().any(|(i, c)| {
+                        c.scope == Scope::Id(ident.kind) && counts_event(chain, e, i, ty)
+                    })
                 });
                 if !used {
                     continue;
                 }
-                match self.count_identity_event(chain, ident, cost, now, n.id, expiry) {
+                match self.count_identity_event(chain, ident, (ty, cost), now, n.id, expiry) {
                     Ok(Some(r)) => receipts.push(r),
                     Ok(None) => {}
                     Err(err) => {
@@ -225,7 +234,7 @@ impl<C: Clock> Engine<C> {
                             &reg,
                             chain,
                             Some((k, rec)),
-                            cost,
+                            (ty, cost),
                             now,
                             dedupe.clone(),
                             sides,
@@ -234,7 +243,15 @@ impl<C: Clock> Engine<C> {
                     })
                     .map(|(r, counted)| {
                         if sides == Sides::User && counted {
-                            self.count_event(&reg, chain, None, cost, now, None, Sides::Campaign);
+                            self.count_event(
+                                &reg,
+                                chain,
+                                None,
+                                (ty, cost),
+                                now,
+                                None,
+                                Sides::Campaign,
+                            );
                         }
                         if !counted {
                             // Counted by an earlier call whose answer was
@@ -243,7 +260,15 @@ impl<C: Clock> Engine<C> {
                         }
                         r
                     }),
-                None => Ok(self.count_event(&reg, chain, None, cost, now, dedupe, Sides::Both)),
+                None => Ok(self.count_event(
+                    &reg,
+                    chain,
+                    None,
+                    (ty, cost),
+                    now,
+                    dedupe,
+                    Sides::Both,
+                )),
             };
             match counted {
                 Ok(r) => {
@@ -298,6 +323,9 @@ impl<C: Clock> Engine<C> {
             if let Some(id) = &e.event_id {
                 self.check_id(&f("event_id"), id)?;
             }
+            if let Some(t) = &e.event_type {
+                EventType::parse(t).map_err(|m| super::invalid(&f("type"), m))?;
+            }
             if !reg.campaigns.contains_key(&e.campaign) {
                 return Err(EngineError::NotFound(format!(
                     "{}: no campaign named {:?}",
@@ -309,15 +337,16 @@ impl<C: Clock> Engine<C> {
         Ok(())
     }
 
-    /// Debits one impression on every item of a chain, unchecked, and writes
-    /// the records it changed with the event's id.
+    /// Debits one event of type `ty` and `cost` on every item of a chain
+    /// that counts it, unchecked, and writes the records it changed with
+    /// the event's id.
     #[allow(clippy::too_many_arguments)]
     fn count_event(
         &self,
         reg: &Registry,
         chain: &[Arc<CampaignEntry>],
         mut user: Option<(u128, &mut SubjectRecord)>,
-        cost: u64,
+        (ty, cost): (EventType, u64),
         now: Nanos,
         dedupe: Option<Op>,
         sides: Sides,
@@ -328,6 +357,9 @@ impl<C: Clock> Engine<C> {
         };
         for e in chain {
             for (i, cap) in e.compiled.items.iter().enumerate() {
+                if !counts_event(chain, e, i, ty) {
+                    continue;
+                }
                 if (sides == Sides::User && cap.scope == Scope::Campaign)
                     || (sides == Sides::Campaign && cap.scope == Scope::User)
                 {
@@ -373,8 +405,9 @@ impl<C: Clock> Engine<C> {
         self.persist(changes, Defs::Registry(reg), now, Ack::Durable)
     }
 
-    /// Debits one impression on the caps of `chain` scoped to `ident`'s
-    /// kind, unchecked, on its record, and writes it. An event with an id is
+    /// Debits one event of type `ty` and `cost` on the caps of `chain`
+    /// scoped to `ident`'s kind that count it, unchecked, on its record,
+    /// and writes it. An event with an id is
     /// remembered there (with a shared store in the record, else beside it
     /// in the dedupe space, in the same batch), so that its retry after a
     /// crash that wrote this record and not the user's counts it once here.
@@ -382,7 +415,7 @@ impl<C: Clock> Engine<C> {
         &self,
         chain: &[Arc<CampaignEntry>],
         ident: super::identities::Ident,
-        cost: u64,
+        (ty, cost): (EventType, u64),
         now: Nanos,
         id: Option<u128>,
         expiry: Nanos,
@@ -406,7 +439,7 @@ impl<C: Clock> Engine<C> {
                 }
                 for e in chain {
                     for (i, cap) in e.compiled.items.iter().enumerate() {
-                        if cap.scope != Scope::Id(ident.kind) {
+                        if cap.scope != Scope::Id(ident.kind) || !counts_event(chain, e, i, ty) {
                             continue;
                         }
                         let t = e.tags[i];

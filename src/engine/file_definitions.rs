@@ -290,6 +290,7 @@ impl<C: Clock> Engine<C> {
                     compiled,
                     record,
                     chain: Vec::new(),
+                    ignored: Vec::new(),
                     source: Some(Arc::from(f.source.as_str())),
                 });
             }
@@ -321,6 +322,17 @@ impl<C: Clock> Engine<C> {
                     orphan.def.parent.as_deref().unwrap_or_default()
                 ),
             ));
+        }
+        // Every opt-out (`ignore_caps`) still names a cap of its chain: a
+        // file's own, and those of campaigns under a file that changed.
+        for c in reg.campaigns.values() {
+            if let Err((field, why)) = reg.check_opt_outs(&c.compiled, c.chain.get(1..).unwrap_or_default()) {
+                let e = invalid(&field, format!("campaign {:?}: {why}", c.name));
+                return Err(match &c.source {
+                    Some(src) => in_file(src, e),
+                    None => e,
+                });
+            }
         }
         Ok((reg, ops, done))
     }

@@ -22,11 +22,12 @@ use crate::clock::{Clock, Nanos};
 use crate::limits::Hold;
 use crate::limits::priority::item_for;
 use crate::model::identity::{Kind, MAX_IDS};
-use crate::model::{Scope, UnknownUser};
+use crate::model::{EventType, Scope, UnknownUser};
 use crate::store::Receipt;
 
 use super::chain::{
-    Defs, FRESH, Locking, PendingEnd, Repriced, lock_entries, settle_entries, units,
+    Defs, FRESH, Locking, PendingEnd, Repriced, counts_event, lock_entries, opted_out, probe_units,
+    settle_entries, units,
 };
 use super::holds::{Held, HeldKind};
 use super::hot::{Halt, Reads, RecordKey};
@@ -194,7 +195,9 @@ impl<C: Clock> Engine<C> {
                 let mut any = false;
                 for e in c.chain.iter() {
                     for (i, cap) in e.compiled.items.iter().enumerate() {
-                        if cap.scope != Scope::Id(ident.kind) {
+                        if cap.scope != Scope::Id(ident.kind)
+                            || !counts_event(&c.chain, e, i, EventType::IMPRESSION)
+                        {
                             continue;
                         }
                         let t = e.tags[i];
@@ -448,11 +451,11 @@ fn probe_kind(
             continue;
         }
         for (i, cap) in e.compiled.items.iter().enumerate() {
-            if cap.scope != Scope::Id(kind) {
+            if cap.scope != Scope::Id(kind) || opted_out(chain, e, i) {
                 continue;
             }
             let st = rec.state(e.id, e.tags[i]).unwrap_or(&FRESH);
-            let n = units(&cap.item, cost);
+            let n = probe_units(cap, cost);
             let seen = item_for(&cap.item, cap.classes.as_ref(), req.priority);
             let p = seen.probe(st, now, n);
             if !p.allowed {

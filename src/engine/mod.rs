@@ -293,6 +293,13 @@ pub enum Conflict {
     /// A delete of a campaign that is some campaign's parent.
     #[error("campaign {name:?} still has children; delete them first")]
     HasChildren { name: String },
+    /// A change of a campaign that would leave a descendant's opt-out
+    /// (`ignore_caps`) naming no cap of its chain.
+    #[error(
+        "campaign {by:?} opts out of {entry:?} (ignore_caps), which this change would remove \
+         from its chain; change {by:?} first"
+    )]
+    OptedOut { by: String, entry: String },
     /// A change through the API of a definition the definitions directory
     /// defines (docs/service.md, "Definitions as files").
     #[error(

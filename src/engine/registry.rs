@@ -100,6 +100,12 @@ pub struct CampaignEntry {
     pub record: Arc<Mutex<SubjectRecord>>,
     /// Ids from this campaign up to its root, itself first.
     pub chain: Vec<u32>,
+    /// The items of its ancestors its candidates opt out of, as (campaign
+    /// id, counter tag): its own `ignore_caps` and those of the campaigns
+    /// between it and them (docs/semantics.md §6.9). Empty for nearly
+    /// every campaign, so the check a decision makes per item is one
+    /// `is_empty`.
+    pub ignored: Vec<(u32, u32)>,
     /// As [`PolicyEntry::source`].
     pub source: Option<Arc<str>>,
     pub counts: Arc<CampaignCounts>,
@@ -329,7 +335,8 @@ impl Registry {
                     _ => break,
                 }
             }
-            if chain != e.chain {
+            let ignored = self.ignored_in(&chain);
+            if chain != e.chain || ignored != e.ignored {
                 let new = Arc::new(CampaignEntry {
                     id: e.id,
                     name: e.name.clone(),
@@ -338,6 +345,7 @@ impl Registry {
                     tags: e.tags.clone(),
                     record: e.record.clone(),
                     chain,
+                    ignored,
                     source: e.source.clone(),
                     counts: e.counts.clone(),
                     timeline: e.timeline.clone(),
@@ -358,6 +366,96 @@ impl Registry {
                 (name.clone(), chain)
             })
             .collect();
+    }
+
+    /// The items the candidates of chain `ids` (itself first) opt out of:
+    /// each campaign's `ignore_caps` names items of the campaigns above it.
+    /// An entry naming nothing there (refused when defined, see
+    /// [`Registry::check_opt_outs`]) opts out of nothing.
+    fn ignored_in(&self, ids: &[u32]) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        for (k, id) in ids.iter().enumerate() {
+            let Some(e) = self.campaigns_by_id.get(id) else {
+                continue;
+            };
+            for (ancestor, cap) in &e.compiled.ignore_caps {
+                let Some(a) = self
+                    .campaigns
+                    .get(ancestor)
+                    .filter(|a| ids[k + 1..].contains(&a.id))
+                else {
+                    continue;
+                };
+                if let Some(i) = a.compiled.items.iter().position(|c| c.name == *cap) {
+                    out.push((a.id, a.tags[i]));
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks the opt-outs of a campaign about to be defined as `compiled`,
+    /// its ancestors being `ancestors` (from [`Registry::chain_from`]):
+    /// each names one of them and one of its items. Returns the field and
+    /// why.
+    pub fn check_opt_outs(
+        &self,
+        compiled: &CompiledCampaign,
+        ancestors: &[u32],
+    ) -> Result<(), (String, String)> {
+        for (i, (ancestor, cap)) in compiled.ignore_caps.iter().enumerate() {
+            let field = format!("ignore_caps[{i}]");
+            let Some(a) = self
+                .campaigns
+                .get(ancestor)
+                .filter(|a| ancestors.contains(&a.id))
+            else {
+                return Err((
+                    field,
+                    format!("{ancestor:?} is not an ancestor of this campaign"),
+                ));
+            };
+            if !a.compiled.items.iter().any(|c| c.name == *cap) {
+                let names: Vec<&str> = a.compiled.items.iter().map(|c| c.name.as_str()).collect();
+                return Err((
+                    field,
+                    format!("campaign {ancestor:?} has no cap named {cap:?} (it has {names:?})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first opt-out of a descendant of `name` that redefining `name`
+    /// as `compiled` under the ancestors `ancestors` would leave naming
+    /// nothing: (the descendant, its entry as written).
+    pub fn opt_out_broken_by(
+        &self,
+        name: &str,
+        compiled: &CompiledCampaign,
+        ancestors: &[u32],
+    ) -> Option<(String, String)> {
+        let id = self.campaigns.get(name)?.id;
+        for d in self.campaigns.values() {
+            let Some(at) = d.chain.iter().skip(1).position(|&x| x == id) else {
+                continue;
+            };
+            // Those between the descendant and `name` keep their items.
+            let below = &d.chain[1..=at];
+            for (ancestor, cap) in &d.compiled.ignore_caps {
+                let ok = if ancestor == name {
+                    compiled.items.iter().any(|c| c.name == *cap)
+                } else {
+                    self.campaigns
+                        .get(ancestor)
+                        .is_some_and(|a| below.contains(&a.id) || ancestors.contains(&a.id))
+                };
+                if !ok {
+                    return Some((d.name.to_string(), format!("{ancestor}/{cap}")));
+                }
+            }
+        }
+        None
     }
 
     /// Whether any campaign names `name` as its parent.

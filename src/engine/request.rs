@@ -185,6 +185,9 @@ pub struct Event {
     pub campaign: String,
     pub cost: u64,
     pub event_id: Option<String>,
+    /// Its type as given (`"click"`); `None` is an impression
+    /// (docs/semantics.md §6.9). Checked with the batch.
+    pub event_type: Option<String>,
 }
 
 /// A request's identities other than the user: (kind, id).

@@ -9,11 +9,12 @@ use crate::clock::{Clock, Nanos};
 use crate::limits::budget::Levers;
 use crate::limits::priority::{Priority, item_for};
 use crate::limits::{Hold, Item, Probe, budget_state};
-use crate::model::Scope;
+use crate::model::{EventType, Scope};
 use crate::store::StoreError;
 
 use super::chain::{
-    Defs, FRESH, Locking, PendingEnd, guard_of, lock_chain, lock_entries, settle_entries, units,
+    Defs, FRESH, Locking, PendingEnd, counts_event, guard_of, lock_chain, lock_entries, opted_out, probe_units,
+    settle_entries, units,
 };
 use super::exclusion::Exclusions;
 use super::holds::{Held, HeldKind};
@@ -779,6 +780,9 @@ fn decide_chain(
     // Probe every item first; nothing changes unless all allow.
     for e in chain {
         for (i, cap) in e.compiled.items.iter().enumerate() {
+            if opted_out(chain, e, i) {
+                continue;
+            }
             let t = e.tags[i];
             let rec: &SubjectRecord = match cap.scope {
                 Scope::User => match user.as_deref() {
@@ -803,7 +807,7 @@ fn decide_chain(
                 },
             };
             let st = rec.state(e.id, t).unwrap_or(&FRESH);
-            let n = units(&cap.item, cost);
+            let n = probe_units(cap, cost);
             // As the request's class sees the cap (docs/semantics.md §2.5);
             // the debit below is the cap's own, whose state all share.
             let seen = item_for(&cap.item, cap.classes.as_ref(), class);
@@ -869,6 +873,9 @@ fn decide_chain(
     };
     for e in chain {
         for (i, cap) in e.compiled.items.iter().enumerate() {
+            if !counts_event(chain, e, i, EventType::IMPRESSION) {
+                continue;
+            }
             let t = e.tags[i];
             let rec: &mut SubjectRecord = match cap.scope {
                 Scope::User => match user.as_deref_mut() {

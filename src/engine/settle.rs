@@ -481,6 +481,7 @@ impl<C: Clock> Engine<C> {
             campaign: campaign.clone(),
             cost,
             event_id: Some(event_id),
+            event_type: None,
         }])?;
         Ok(PendingCommit {
             outcome: CommitOutcome {
@@ -637,9 +638,17 @@ impl<C: Clock> Engine<C> {
             };
             chain[0].counts.commits.fetch_add(1, Ordering::Relaxed);
             for (depth, e) in chain.iter().enumerate() {
-                let budget = e.compiled.items.iter().any(|cap| {
+                // A budget this commit charged: one counting impressions
+                // that the winner does not opt out of (§6.9).
+                let budget = e.compiled.items.iter().enumerate().any(|(i, cap)| {
                     cap.scope == crate::model::Scope::Campaign
                         && matches!(cap.item, crate::limits::Item::Budget(_))
+                        && super::chain::counts_event(
+                            chain,
+                            e,
+                            i,
+                            crate::model::EventType::IMPRESSION,
+                        )
                 });
                 let spend = if budget {
                     final_cost.unwrap_or(w.cost)

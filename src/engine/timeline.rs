@@ -158,7 +158,7 @@ impl<C: Clock> Engine<C> {
             .def
             .budget
             .as_ref()
-            .and_then(|b| match &b.0 {
+            .and_then(|b| match &b.limit {
                 crate::model::LimitDef::Budget(d) => d.tz.clone(),
                 _ => None,
             })

@@ -20,6 +20,8 @@ pub struct CapUsage {
     pub name: String,
     pub scope: crate::model::Scope,
     pub kind: &'static str,
+    /// The event type it counts (docs/semantics.md §6.9).
+    pub event: crate::model::EventType,
     pub limit: u64,
     /// Committed debits counted now.
     pub used: u64,
@@ -97,6 +99,10 @@ impl<C: Clock> Engine<C> {
                 if !matches!(cap.item, Item::Rate { .. } | Item::Window(_)) {
                     continue;
                 }
+                // Not the campaign's: it opts out of it (§6.9).
+                if c.ignored.contains(&(e.id, e.tags[i])) {
+                    continue;
+                }
                 let rec: &SubjectRecord = match cap.scope {
                     crate::model::Scope::Campaign => &camp,
                     s if s.kind() == Some(kind) => &id_rec,
@@ -122,6 +128,7 @@ impl<C: Clock> Engine<C> {
                     name: cap.name.clone(),
                     scope: cap.scope,
                     kind: cap.item.kind().as_str(),
+                    event: cap.event,
                     limit,
                     used,
                     pending,

@@ -130,7 +130,7 @@ pub(crate) fn pacing_of<C: Clock>(
     engine
         .get_campaign(id)
         .and_then(|c| c.budget)
-        .and_then(|b| match b.0 {
+        .and_then(|b| match b.limit {
             LimitDef::Budget(b) => b
                 .pacing
                 .map(|p| serde_json::to_value(p).unwrap_or_default()),

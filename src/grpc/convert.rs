@@ -181,6 +181,7 @@ pub fn event(e: pb::Event) -> Result<Event, FrontError> {
         campaign: e.campaign,
         cost: e.cost.unwrap_or(1),
         event_id: e.event_id,
+        event_type: e.r#type,
     })
 }
 
@@ -214,6 +215,7 @@ pub fn usage(user: String, campaign: String, kind: String, caps: Vec<CapUsage>) 
                 pending: c.pending,
                 remaining: c.remaining,
                 reset_after_ms: ms(c.reset_after),
+                event: c.event.to_string(),
             })
             .collect(),
     }
@@ -276,6 +278,7 @@ fn limit_json(field: &str, l: pb::Limit) -> Result<serde_json::Value, FrontError
     };
     put("scope", l.scope.map(Value::from));
     put("missing", l.missing.map(Value::from));
+    put("event", l.event.map(Value::from));
     put("name", l.name.map(Value::from));
     put("rate", l.rate.map(Value::from));
     put("per", l.per.map(Value::from));
@@ -363,6 +366,7 @@ fn limit_of(v: &serde_json::Value) -> pb::Limit {
         backoff: v.get("backoff").and_then(serde_json::Value::as_f64),
         scope: s("scope"),
         missing: s("missing"),
+        event: s("event"),
         goal: s("goal"),
         priorities: v
             .get("priorities")
@@ -442,6 +446,9 @@ pub fn campaign_def(c: pb::Campaign) -> Result<crate::model::CampaignDef, FrontE
         o.insert("hours".into(), hours.into());
         m.insert("schedule".into(), serde_json::Value::Object(o));
     }
+    if !c.ignore_caps.is_empty() {
+        m.insert("ignore_caps".into(), c.ignore_caps.into());
+    }
     if let Some(f) = c.flight {
         m.insert(
             "flight".into(),
@@ -491,6 +498,7 @@ pub fn campaign(c: &crate::model::CampaignDef) -> pb::Campaign {
                 })
                 .collect(),
         }),
+        ignore_caps: c.ignore_caps.clone(),
         flight: c.flight.as_ref().map(|f| pb::Flight {
             start: f.start.clone(),
             end: f.end.clone(),

@@ -14,6 +14,7 @@ use crate::limits::priority::Classes;
 use crate::limits::schedule::Schedule;
 use crate::limits::{Item, counter_tag};
 use crate::model::error::{DefinitionError, Warning};
+use crate::model::event_type::EventType;
 use crate::model::identity::Kind;
 use crate::model::limit::{LimitDef, MAX_ITEMS, check_tags, check_windows_among};
 
@@ -114,6 +115,10 @@ pub struct CapDef {
     pub scope: Option<Scope>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missing: Option<UnknownUser>,
+    /// The event type it counts (default `impression`, what a commit is;
+    /// docs/semantics.md §6.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<EventType>,
     #[serde(flatten)]
     pub limit: LimitDef,
 }
@@ -121,6 +126,18 @@ pub struct CapDef {
 impl CapDef {
     pub fn scope(&self) -> Scope {
         self.scope.unwrap_or(Scope::User)
+    }
+}
+
+/// Removes `event` from a map-shaped value, returning the event type it
+/// names; the error names the field.
+fn take_event(value: &mut serde_json::Value) -> Result<Option<EventType>, String> {
+    match take(value, "event") {
+        None => Ok(None),
+        Some(serde_json::Value::String(s)) => EventType::parse(&s)
+            .map(Some)
+            .map_err(|e| format!("event: {e}")),
+        Some(_) => Err("event: must be a string (\"impression\", \"click\")".into()),
     }
 }
 
@@ -150,10 +167,12 @@ impl<'de> Deserialize<'de> for CapDef {
                     .map_err(|_| D::Error::custom("missing: must be \"deny\" or \"allow\""))?,
             ),
         };
+        let event = take_event(&mut value).map_err(D::Error::custom)?;
         let limit = crate::model::nested_error(value, None)?;
         Ok(CapDef {
             scope,
             missing,
+            event,
             limit,
         })
     }
@@ -167,10 +186,11 @@ impl JsonSchema for CapDef {
         let limit = generator.subschema_for::<LimitDef>();
         let scope = generator.subschema_for::<Scope>();
         let missing = generator.subschema_for::<UnknownUser>();
+        let event = generator.subschema_for::<EventType>();
         schemars::json_schema!({
-            "description": "A rate, gap or window item with an optional `scope` (default \"user\") and, for a cap scoped to another identity kind, `missing`: what a request without that identity gets (default \"deny\").",
+            "description": "A rate, gap or window item with an optional `scope` (default \"user\"), `event`: the event type it counts (default \"impression\"), and, for a cap scoped to another identity kind, `missing`: what a request without that identity gets (default \"deny\").",
             "allOf": [limit],
-            "properties": {"scope": scope, "missing": missing}
+            "properties": {"scope": scope, "missing": missing, "event": event}
         })
     }
 }
@@ -178,7 +198,13 @@ impl JsonSchema for CapDef {
 /// A budget in a campaign: a budget item whose `kind` may be omitted, and
 /// which may count over the campaign's flight (`"per": "flight"`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CampaignBudget(pub LimitDef, pub BudgetPer);
+pub struct CampaignBudget {
+    pub limit: LimitDef,
+    pub per: BudgetPer,
+    /// The event type it counts (default `impression`: commits and
+    /// events without a `type`; docs/semantics.md §6.9).
+    pub event: Option<EventType>,
+}
 
 /// What a campaign's budget counts over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -193,11 +219,14 @@ pub enum BudgetPer {
 impl Serialize for CampaignBudget {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
-        let mut v = serde_json::to_value(&self.0).map_err(S::Error::custom)?;
-        if self.1 == BudgetPer::Flight
-            && let Some(m) = v.as_object_mut()
-        {
-            m.insert("per".into(), "flight".into());
+        let mut v = serde_json::to_value(&self.limit).map_err(S::Error::custom)?;
+        if let Some(m) = v.as_object_mut() {
+            if self.per == BudgetPer::Flight {
+                m.insert("per".into(), "flight".into());
+            }
+            if let Some(e) = self.event {
+                m.insert("event".into(), e.as_str().into());
+            }
         }
         v.serialize(s)
     }
@@ -208,14 +237,13 @@ impl JsonSchema for CampaignBudget {
         "CampaignBudget".into()
     }
     fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        let mut s = generator.subschema_for::<LimitDef>();
-        s.insert(
-            "description".into(),
-            "A budget in a campaign: a budget item whose `kind` may be omitted, and \
-             whose `per` may be \"flight\" when the campaign has a `flight`."
-                .into(),
-        );
-        s
+        let limit = generator.subschema_for::<LimitDef>();
+        let event = generator.subschema_for::<EventType>();
+        schemars::json_schema!({
+            "description": "A budget in a campaign: a budget item whose `kind` may be omitted, whose `per` may be \"flight\" when the campaign has a `flight`, and whose `event` is the event type it counts (default \"impression\").",
+            "allOf": [limit],
+            "properties": {"event": event}
+        })
     }
 }
 
@@ -224,6 +252,7 @@ impl<'de> Deserialize<'de> for CampaignBudget {
         use serde::de::Error;
         let mut value = serde_json::Value::deserialize(d)?;
         let mut per = BudgetPer::Calendar;
+        let event = take_event(&mut value).map_err(D::Error::custom)?;
         if let Some(m) = value.as_object_mut() {
             match m.get("kind") {
                 None => {
@@ -237,7 +266,7 @@ impl<'de> Deserialize<'de> for CampaignBudget {
                 per = BudgetPer::Flight;
             }
         }
-        crate::model::nested_error(value, None).map(|l| CampaignBudget(l, per))
+        crate::model::nested_error(value, None).map(|limit| CampaignBudget { limit, per, event })
     }
 }
 
@@ -297,6 +326,12 @@ pub struct CampaignDef {
     /// (`denied_by.cap` `"schedule"`; docs/semantics.md §6.8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<ScheduleDef>,
+    /// Ancestors' caps this campaign (and its descendants) opts out of,
+    /// each `"<ancestor>/<cap name>"`: they neither decide nor count its
+    /// impressions and events (docs/semantics.md §6.9). At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub ignore_caps: Vec<String>,
 }
 
 /// A schedule: spans of local hours per day of the week, in one zone.
@@ -550,6 +585,10 @@ pub struct CompiledCap {
     /// The reported name (`denied_by.cap`).
     pub name: String,
     pub item: Item,
+    /// The event type it counts: a commit and an event without `type` are
+    /// impressions; an item of another type is only probed by a screen
+    /// (room for one unit), never held (docs/semantics.md §6.9).
+    pub event: EventType,
     /// The item as each priority class sees it (`None`: all see `item`).
     pub classes: Option<Classes>,
     /// Its counter's tag ([`crate::limits::counter_tag`]): its name and
@@ -572,6 +611,9 @@ pub struct CompiledCampaign {
     pub flight: Option<(Nanos, Nanos)>,
     /// Its own schedule (its ancestors' are theirs).
     pub schedule: Option<Arc<Schedule>>,
+    /// `ignore_caps` read: (ancestor, cap name) pairs, whose existence the
+    /// registry checks.
+    pub ignore_caps: Vec<(String, String)>,
     pub warnings: Vec<Warning>,
 }
 
@@ -586,6 +628,62 @@ pub fn fingerprint(def: &LimitDef) -> u32 {
     };
     let text = serde_json::to_string(&*def).unwrap_or_default();
     crate::limits::fnv1a(text.bytes())
+}
+
+/// The counter tag of item `name` counting events of type `event`: an
+/// impression item's is its name's and kind's (as before event types
+/// were), another type's also hashes the type, so an edit from counting
+/// impressions to counting clicks starts the counter empty: it counts
+/// something else (docs/semantics.md §5.3).
+fn event_tag(name: &str, event: EventType, item: &Item) -> u32 {
+    match event.is_impression() {
+        true => counter_tag(name, item),
+        false => counter_tag(&format!("{name}@{event}"), item),
+    }
+}
+
+/// The most ancestors' caps one campaign may opt out of.
+pub const MAX_OPT_OUTS: usize = 16;
+
+impl CampaignDef {
+    /// `ignore_caps` read as (ancestor, cap name) pairs; errors name the
+    /// entry (`ignore_caps[1]`). Whether they exist is the registry's to
+    /// check, as a parent's is.
+    fn opt_outs(&self) -> Result<Vec<(String, String)>, DefinitionError> {
+        if self.ignore_caps.len() > MAX_OPT_OUTS {
+            return Err(DefinitionError::new(
+                "ignore_caps",
+                format!(
+                    "at most {MAX_OPT_OUTS} entries, got {}",
+                    self.ignore_caps.len()
+                ),
+            ));
+        }
+        let mut out: Vec<(String, String)> = Vec::with_capacity(self.ignore_caps.len());
+        for (i, entry) in self.ignore_caps.iter().enumerate() {
+            let field = format!("ignore_caps[{i}]");
+            let Some((campaign, cap)) = entry
+                .split_once('/')
+                .filter(|(c, n)| !c.is_empty() && !n.is_empty())
+            else {
+                return Err(DefinitionError::new(
+                    field,
+                    format!(
+                        "must be \"<ancestor>/<cap name>\" (\"advertiser/daily\"), got {entry:?}"
+                    ),
+                ));
+            };
+            let pair = (campaign.to_owned(), cap.to_owned());
+            if out.contains(&pair) {
+                return Err(DefinitionError::new(
+                    field,
+                    format!("{entry:?} is given twice"),
+                ));
+            }
+            out.push(pair);
+        }
+        Ok(out)
+    }
 }
 
 /// The field naming compiled item `i` of `def` (caps, then the budget, then
@@ -698,13 +796,15 @@ impl CampaignDef {
                 ));
             }
             let item = def.compile(&path)?;
+            let event = cap.event.unwrap_or_default();
             items.push(CompiledCap {
                 scope: cap.scope(),
                 missing: cap.missing.unwrap_or_default(),
                 classes: def.classes(&path, &item)?,
-                tag: counter_tag(&name, &item),
+                tag: event_tag(&name, event, &item),
                 name,
                 item,
+                event,
                 fingerprint: fingerprint(&def),
             });
         }
@@ -733,8 +833,14 @@ impl CampaignDef {
                 "the levers are a budget's: add a `budget`, or leave pacing_levers out",
             ));
         }
-        if let Some(CampaignBudget(b, per)) = &self.budget {
+        if let Some(CampaignBudget {
+            limit: b,
+            per,
+            event,
+        }) = &self.budget
+        {
             let def = with_tz(b, &self.tz);
+            let event = event.unwrap_or_default();
             let mut item = match def.compile("budget")? {
                 Item::Budget(b) if self.pacing_levers == Some(true) => {
                     Item::Budget(b.with_levers())
@@ -749,8 +855,9 @@ impl CampaignDef {
                 missing: UnknownUser::Deny,
                 name: "budget".into(),
                 classes: def.classes("budget", &item)?,
-                tag: counter_tag("budget", &item),
+                tag: event_tag("budget", event, &item),
                 item,
+                event,
                 fingerprint: fingerprint(&def),
             });
         }
@@ -768,6 +875,8 @@ impl CampaignDef {
                 name: "max_in_flight".into(),
                 tag: counter_tag("max_in_flight", &item),
                 item,
+                // A reservation's place: held by a screen, never by an event.
+                event: EventType::IMPRESSION,
                 classes: None,
                 // The definition is the number itself.
                 fingerprint: (max as u32) ^ ((max >> 32) as u32) ^ 0x6d69_6621,
@@ -784,6 +893,7 @@ impl CampaignDef {
             unknown_user: self.unknown_user.unwrap_or_default(),
             flight,
             schedule,
+            ignore_caps: self.opt_outs()?,
             warnings,
         })
     }

@@ -8,9 +8,11 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::word::Word;
+
 /// The longest identity kind, in bytes: kept inline (a cap's scope is
 /// `Copy` and compared on every decision), 17 bytes with its length.
-pub const MAX_KIND_LEN: usize = 16;
+pub const MAX_KIND_LEN: usize = super::word::MAX_WORD_LEN;
 
 /// The most identities one request may name (`user` included): each is a
 /// record read, and a lock or a Redis round trip, per screen.
@@ -20,55 +22,28 @@ pub const MAX_IDS: usize = 8;
 /// starting with a letter; `campaign` is not one (it is a cap's other
 /// scope). `user` is the kind a request's `user` field names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Kind {
-    len: u8,
-    bytes: [u8; MAX_KIND_LEN],
-}
+pub struct Kind(Word);
 
 impl Kind {
     /// The `user` kind.
-    pub const USER: Kind = Kind::from_static(b"user");
-
-    const fn from_static(s: &[u8]) -> Kind {
-        let mut bytes = [0; MAX_KIND_LEN];
-        let mut i = 0;
-        while i < s.len() {
-            bytes[i] = s[i];
-            i += 1;
-        }
-        Kind {
-            len: s.len() as u8,
-            bytes,
-        }
-    }
+    pub const USER: Kind = Kind(Word::from_static(b"user"));
 
     /// Reads a kind, saying what is wrong with one that is not.
     pub fn parse(s: &str) -> Result<Kind, String> {
-        let b = s.as_bytes();
-        let ok = (1..=MAX_KIND_LEN).contains(&b.len())
-            && b[0].is_ascii_lowercase()
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
-        if !ok {
+        let Some(w) = Word::parse(s) else {
             return Err(format!(
                 "an identity kind is 1 to {MAX_KIND_LEN} lowercase letters, digits or '_', \
                  starting with a letter, got {s:?}"
             ));
-        }
+        };
         if s == "campaign" {
             return Err("\"campaign\" is a cap's scope, not an identity kind".into());
         }
-        let mut bytes = [0; MAX_KIND_LEN];
-        bytes[..b.len()].copy_from_slice(b);
-        Ok(Kind {
-            len: b.len() as u8,
-            bytes,
-        })
+        Ok(Kind(w))
     }
 
     pub fn as_str(&self) -> &str {
-        // Only ASCII is ever stored (`parse`).
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+        self.0.as_str()
     }
 
     pub fn is_user(&self) -> bool {

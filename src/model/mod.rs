@@ -4,15 +4,18 @@
 pub mod campaign;
 pub mod duration;
 pub mod error;
+pub mod event_type;
 pub mod identity;
 pub mod limit;
 mod raw;
+mod word;
 
 pub use campaign::{
     CampaignDef, CompiledCampaign, Day, FlightDef, HoursDef, ScheduleDef, Scope, UnknownUser,
 };
 pub use duration::Duration;
 pub use error::{DefinitionError, Warning};
+pub use event_type::EventType;
 pub use identity::Kind;
 pub use limit::{CompiledPolicy, Goal, LimitDef, Mode, PolicyDef};
 

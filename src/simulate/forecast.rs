@@ -174,7 +174,11 @@ pub fn scaled(campaigns: &[SimCampaign], rate: f64) -> Result<Vec<SimCampaign>, 
                     _ => {}
                 }
             }
-            if let Some(CampaignBudget(LimitDef::Budget(b), _)) = &mut def.budget {
+            if let Some(CampaignBudget {
+                limit: LimitDef::Budget(b),
+                ..
+            }) = &mut def.budget
+            {
                 b.amount = scale(b.amount, rate);
             }
             def.max_in_flight = def.max_in_flight.map(|m| scale(m, rate));

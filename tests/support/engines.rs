@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use freqcap::engine::{
-    CommitRequest, Engine, EngineOptions, Fleet as Mode, ScreenCandidate, ScreenRequest,
+    CommitRequest, Engine, EngineOptions, Fleet as Mode, ScreenCandidate, ScreenOutcome,
+    ScreenRequest,
 };
 use freqcap::model::{CampaignDef, from_json};
 use freqcap::store::{Durability, MemoryStore, RocksStore, SharedMemory, Store};
@@ -231,4 +232,35 @@ pub fn commit(campaign: &str) -> CommitRequest {
         campaigns: vec![campaign.to_owned()],
         ..CommitRequest::default()
     }
+}
+
+/// Campaign `json`, which the test knows is valid.
+pub fn campaign_def(json: &str) -> CampaignDef {
+    from_json(json).expect("test campaign is valid")
+}
+
+/// One node on the in-memory store, its clock at `at`.
+pub fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(at));
+    (open(Arc::new(MemoryStore::new()), &clock, EngineOptions::default()), clock)
+}
+
+/// A candidate's denial as a test compares it: (campaign, cap, retry
+/// after in ns).
+pub type Denial = Option<(String, String, Option<u128>)>;
+
+/// What denied each candidate of `s` (`None`: eligible).
+pub fn denials(s: &ScreenOutcome) -> Vec<Denial> {
+    s.results
+        .iter()
+        .map(|r| {
+            r.denied_by.as_ref().map(|d| {
+                (
+                    d.campaign.to_string(),
+                    d.cap.clone(),
+                    d.retry_after.map(u128::from),
+                )
+            })
+        })
+        .collect()
 }
