@@ -217,3 +217,67 @@ fn two_nodes_of_a_fleet_answer_a_schedule_alike() {
         }
     }
 }
+
+/// A budget under a schedule is paced over the scheduled hours only
+/// (docs/semantics.md §6.8): its line stands still off-hours, so a day's
+/// budget is spent within the day's hours, none outside them, on every
+/// place a record can live (one node on memory or RocksDB; two nodes of a
+/// shared store in shared and in owner mode).
+#[test]
+fn a_budget_is_paced_over_the_scheduled_hours_only_on_every_placement() {
+    use freqcap::Clock;
+    use support::engines::{Fleet, KINDS, T0};
+    // T0 is Tuesday 2023-11-14 22:13:20 UTC; Wednesday starts 1:46:40 on.
+    let wed = T0 + 6_400 * SEC;
+    let mut answers = Vec::new();
+    for kind in KINDS {
+        let f = Fleet::new(kind);
+        f.campaign(
+            "day",
+            r#"{"schedule": {"hours": [{"days": ["mon", "tue", "wed", "thu", "fri"],
+                                        "from": "09:00", "until": "17:00"}]},
+                "budget": {"amount": 800, "per": "1d", "pacing": "even"}}"#,
+        );
+        f.advance(wed.saturating_sub(f.clock.now()));
+        // A screen every minute through Wednesday, cost 4 each (5 760
+        // units asked for an 800 budget), by hour of the day.
+        let mut spend = [0u64; 24];
+        let mut line = Vec::new();
+        for i in 0..1_440u64 {
+            let user = format!("u{}", i % 64);
+            let mut req = screen(&user, &["day"]);
+            req.candidates[0].cost = Some(4);
+            let (n, s) = f.screen(&user, &req);
+            if let Some(id) = s.reservation {
+                n.commit(&id, &commit("day")).expect("commits");
+                spend[(i / 60) as usize] += 4;
+            }
+            if i % 60 == 0 {
+                line.push(f.nodes[0].delivery("day").expect("delivery").cap_now);
+            }
+            f.advance(60 * SEC);
+        }
+        answers.push((kind, spend, line));
+    }
+    let (_, spend, line) = &answers[0];
+    // The cap: the line, 0 until 09:00 and 100 an hour (800 over 8 hours),
+    // plus the default tolerance of 1 % (8); 800 from 17:00.
+    assert_eq!(line[8], 8, "the cap at 08:00");
+    assert_eq!(line[9], 8, "the cap at 09:00");
+    assert_eq!(line[13], 408, "the cap at 13:00");
+    assert_eq!(line[17], 800, "the cap at 17:00");
+    assert_eq!(line[20], 800, "the cap at 20:00");
+    // Spend: none before 09:00 or from 17:00; about 100 an hour in between
+    // (commits of 4 along the line); within 2 % of the day's 800 at the
+    // close, on every placement.
+    for (kind, s, _) in &answers {
+        assert_eq!(s[..9], [0; 9], "{kind:?}: nothing before the hours");
+        assert_eq!(s[17..], [0; 7], "{kind:?}: nothing after them");
+        assert!(
+            s[9..17].iter().all(|h| (88..=112).contains(h)),
+            "{kind:?}: {s:?}"
+        );
+        let day: u64 = s.iter().sum();
+        assert!((784..=800).contains(&day), "{kind:?}: {day} of 800 ({s:?})");
+    }
+}

@@ -14,8 +14,10 @@
 //! stops deciding before the new one starts. A node whose copy is older than
 //! [`MAX_VIEW_AGE`] (it cannot reach Redis), or whose own lease ends within
 //! [`MARGIN`], owns nothing. What a paused owner decided before its pause
-//! cannot be written after its successor claimed the record: writes carry
-//! the epoch, and Redis refuses one below the record's (`fc_cas_v2`).
+//! cannot be written after its successor claimed the record: writes carry a
+//! fencing token, the latest change of owners the writer knows of
+//! ([`Owners::owner`]), and Redis refuses one below the record's
+//! (`fc_cas_v2`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -142,7 +144,8 @@ fn name_hash(name: &str) -> u64 {
 /// Who decides on a key now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owner {
-    /// This node, in its epoch.
+    /// This node; `epoch` is the fencing token its claims and writes carry
+    /// ([`Owners::owner`]).
     Me { epoch: u64 },
     /// Another member: its name and address.
     Other { node: String, addr: String },
@@ -339,6 +342,8 @@ pub struct Owners {
     drops: AtomicU64,
     /// The decisions this node made as owner since its last report.
     heat: Heat,
+    /// The highest fencing token this node has used ([`Owners::owner`]).
+    fence: AtomicU64,
 }
 
 /// Decisions counted by user, for the fleet's table of heavy users: at most
@@ -389,6 +394,7 @@ impl Owners {
             dropped: Mutex::new((0, 0)),
             drops: AtomicU64::new(0),
             heat: Heat::default(),
+            fence: AtomicU64::new(0),
         }
     }
 
@@ -472,12 +478,30 @@ impl Owners {
     }
 
     /// Who decides on key `h` at `now` (counted, if this node).
+    ///
+    /// This node's claims and writes are fenced (`fc_own_v1`, `fc_cas_v2`
+    /// refuse a token below the record's) by the latest change of owners
+    /// it knows of, in ms of cluster time, never lower than a token it used
+    /// before. A user's new owner took it at a change no earlier than its
+    /// own token, and its old owner stopped deciding a margin before that
+    /// change, with a token from changes before it: the new owner's claim
+    /// is always the higher, whichever of the two joined first. (Fencing by
+    /// the members' join epochs, as before, refused every write of a user
+    /// a table of heavy users moved from a later joiner to an earlier one:
+    /// 503 until its record expired; `tests/owner_moves.rs`.) Tokens in ms
+    /// are far above join epochs, so records fenced by an older build's
+    /// epochs are claimed as before.
     pub fn owner(&self, h: u128, now: Nanos) -> Owner {
-        let owner = self.view().owner(&self.node, h, now);
-        if let Owner::Me { .. } = owner {
-            self.heat.add(h);
+        let view = self.view();
+        match view.owner(&self.node, h, now) {
+            Owner::Me { epoch } => {
+                self.heat.add(h);
+                let change = (view.last_change(now) / MS).max(epoch);
+                let fence = self.fence.fetch_max(change, Ordering::AcqRel).max(change);
+                Owner::Me { epoch: fence }
+            }
+            other => other,
         }
-        owner
     }
 
     /// Renews this node's lease (joining if it has none) and reads the

@@ -29,6 +29,7 @@ use std::sync::{Arc, RwLock};
 use crate::clock::Nanos;
 use crate::limits::calendar::{Calendar, CalendarUnit, local_hour};
 use crate::limits::priority::{Share, WHOLE, scaled};
+use crate::limits::schedule::Schedule;
 
 pub mod levers;
 pub use levers::Levers;
@@ -82,6 +83,9 @@ pub struct Budget {
     catch_up: Option<u64>,
     /// `goal: impressions`: each commit counts 1 unit, whatever its cost.
     impressions: bool,
+    /// Its campaign's schedule: pacing spreads the period's line over the
+    /// scheduled time only (docs/semantics.md §6.8), off-hours weighing 0.
+    open: Option<Arc<Schedule>>,
     /// The profile of the most recently used period: computing one walks every
     /// local hour of the period through the time-zone database, so it is done once
     /// per period, not per decision. A lock, not per-decision work, because all
@@ -106,6 +110,7 @@ impl Clone for Budget {
             hours: self.hours.clone(),
             catch_up: self.catch_up,
             impressions: self.impressions,
+            open: self.open.clone(),
             ..Budget::new(
                 self.amount,
                 self.calendar.clone(),
@@ -128,6 +133,7 @@ impl PartialEq for Budget {
             self.catch_up,
             &self.hours,
             self.impressions,
+            &self.open,
         ) == (
             o.amount,
             &o.calendar,
@@ -138,6 +144,7 @@ impl PartialEq for Budget {
             o.catch_up,
             &o.hours,
             o.impressions,
+            &o.open,
         )
     }
 }
@@ -196,15 +203,39 @@ struct Profile {
     total: u128,
 }
 
+/// Even pacing over a schedule: every hour weighs the same.
+const EVEN_HOURS: [u64; 24] = [1; 24];
+
 impl Profile {
-    fn build(cal: &Calendar, weights: &[u64; 24], start: Nanos, end: Nanos) -> Profile {
+    /// The weighted time of `[start, end)`: each local hour's weight, or 0
+    /// where `open` (a schedule) is closed.
+    fn build(
+        cal: &Calendar,
+        weights: &[u64; 24],
+        open: Option<&Schedule>,
+        start: Nanos,
+        end: Nanos,
+    ) -> Profile {
         let hours = Calendar::new(CalendarUnit::Hour, cal.tz.clone());
+        let spans = open.map(|s| s.open_spans(start, end));
         let mut segments = Vec::new();
         let mut f = 0u128;
         let mut t = start;
         while t < end {
             let w = weights[local_hour(&cal.tz, t)];
-            let next = hours.bounds(t).1.clamp(t + 1, end);
+            let hour_end = hours.bounds(t).1.clamp(t + 1, end);
+            // Within the hour, cut where the schedule opens or closes.
+            let (w, next) = match &spans {
+                None => (w, hour_end),
+                Some(spans) => {
+                    let i = spans.partition_point(|&(_, b)| b <= t);
+                    match spans.get(i) {
+                        Some(&(a, b)) if a <= t => (w, b.min(hour_end)),
+                        Some(&(a, _)) => (0, a.min(hour_end)),
+                        None => (0, hour_end),
+                    }
+                }
+            };
             segments.push((t, f, w));
             f += u128::from(w) * u128::from(next - t);
             t = next;
@@ -243,7 +274,21 @@ impl Budget {
             levers: false,
             catch_up: None,
             impressions: false,
+            open: None,
         }
+    }
+
+    /// Whether it is paced over a schedule's open time ([`Budget::within`]).
+    pub fn within_schedule(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// This budget paced over `schedule`'s open time only: its line rises
+    /// in scheduled hours and stands still off them (docs/semantics.md
+    /// §6.8). `asap` is unchanged.
+    pub fn within(mut self, schedule: Arc<Schedule>) -> Budget {
+        self.open = Some(schedule);
+        self
     }
 
     /// This budget counting commits, 1 each, rather than their cost
@@ -298,6 +343,7 @@ impl Budget {
         b.levers = self.levers;
         b.share = self.share;
         b.impressions = self.impressions;
+        b.open = self.open;
         Ok(b)
     }
 
@@ -599,7 +645,13 @@ impl Budget {
         if let Some(p) = cached.filter(|p| p.start == start && p.end == end) {
             return p;
         }
-        let p = Arc::new(Profile::build(&self.calendar, weights, start, end));
+        let p = Arc::new(Profile::build(
+            &self.calendar,
+            weights,
+            self.open.as_deref(),
+            start,
+            end,
+        ));
         *self
             .profile_cache
             .write()
@@ -610,20 +662,26 @@ impl Budget {
     /// f(t) = num/den for `t` in `[start, end]`; `None` for asap (f = 1).
     /// A profile whose weights are all zero over this period (a DST day that
     /// skips the only weighted hour) falls back to even pacing.
+    /// A budget paced over a schedule weighs its open time only: even
+    /// pacing is then a profile of equal hours, off-hours weighing 0. A
+    /// period with no open time at all (a weekend of a weekday schedule,
+    /// when nothing is eligible anyway) paces even.
     fn progress(&self, start: Nanos, end: Nanos) -> Option<Progress> {
-        match &self.pacing {
-            Pacing::Asap => None,
+        let weights = match &self.pacing {
+            Pacing::Asap => return None,
             Pacing::Even | Pacing::Adaptive(None) | Pacing::Throttle(None) => {
-                Some(Progress::Even { start, end })
-            }
-            Pacing::Profile(w) | Pacing::Adaptive(Some(w)) | Pacing::Throttle(Some(w)) => {
-                let p = self.profile(w, start, end);
-                if p.total == 0 {
-                    Some(Progress::Even { start, end })
-                } else {
-                    Some(Progress::Profile(p))
+                if self.open.is_none() {
+                    return Some(Progress::Even { start, end });
                 }
+                &EVEN_HOURS
             }
+            Pacing::Profile(w) | Pacing::Adaptive(Some(w)) | Pacing::Throttle(Some(w)) => &**w,
+        };
+        let p = self.profile(weights, start, end);
+        if p.total == 0 {
+            Some(Progress::Even { start, end })
+        } else {
+            Some(Progress::Profile(p))
         }
     }
 
@@ -801,6 +859,44 @@ mod tests {
         assert_eq!(b.cap(day, day + 24 * H, day + 1), 25);
         assert_eq!(b.cap(day, day + 24 * H, day + 6 * H), 624);
         assert_eq!(b.cap(day, day + 24 * H, day + 24 * H), 2400);
+    }
+
+    #[test]
+    fn a_budget_within_a_schedule_paces_over_its_open_hours_only() {
+        // Day 20 000 since the epoch is a Friday: the schedule opens
+        // 09:00-17:00 on Fridays.
+        let sched = Arc::new(Schedule::new(TimeZone::UTC, &[(vec![4], 9 * 60, 17 * 60)]));
+        let day = 20_000 * 24 * H;
+        let (s, e) = (day, day + 24 * H);
+        let even = day_budget(800, Pacing::Even, 0).within(sched.clone());
+        // Nothing before the hours open; 100 an hour in them; all of it by
+        // the close, where it stays.
+        assert_eq!(even.cap(s, e, day + 9 * H), 0);
+        assert_eq!(even.cap(s, e, day + 13 * H), 400);
+        assert_eq!(even.cap(s, e, day + 17 * H), 800);
+        assert_eq!(even.cap(s, e, day + 20 * H), 800);
+        // A retry waits for the hours to open.
+        let st = BudgetState {
+            start: s,
+            end: e,
+            ..BudgetState::default()
+        };
+        assert_eq!(even.retry(&st, day + 2 * H, 1), Some(7 * H + 1));
+        // A profile weighs open hours only: 3 for the afternoon's four.
+        let mut w = [1u64; 24];
+        for h in w.iter_mut().skip(13) {
+            *h = 3;
+        }
+        let profile = day_budget(800, Pacing::Profile(Box::new(w)), 0).within(sched.clone());
+        // Open weight 4·1 + 4·3 = 16: 200 by 13:00.
+        assert_eq!(profile.cap(s, e, day + 13 * H), 200);
+        assert_eq!(profile.cap(s, e, day + 17 * H), 800);
+        // A day the schedule never opens paces even (nothing is eligible).
+        let saturday = (s + 24 * H, e + 24 * H);
+        assert_eq!(even.cap(saturday.0, saturday.1, saturday.0 + 12 * H), 400);
+        // asap is unchanged.
+        let asap = day_budget(800, Pacing::Asap, 0).within(sched);
+        assert_eq!(asap.cap(s, e, day), 800);
     }
 
     #[test]

@@ -126,6 +126,70 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// The open spans within `[start, end)`, as ordered, disjoint instants
+    /// `[from, until)`: what a budget paced over scheduled time spreads its
+    /// line over (docs/semantics.md §6.8). Local times convert as
+    /// [`Schedule::next_open`] does (a skipped one is the instant after the
+    /// gap), so a span inside a skipped hour is empty and one covering a
+    /// repeated hour holds both passes.
+    pub fn open_spans(&self, start: Nanos, end: Nanos) -> Vec<(Nanos, Nanos)> {
+        let mut out: Vec<(Nanos, Nanos)> = Vec::new();
+        let (Some((_, _, first)), Some((_, _, last))) = (self.local(start), self.local(end)) else {
+            return out;
+        };
+        let instant = |d: jiff::civil::Date, minute: u16| -> Option<Nanos> {
+            let (d, minute) = match minute {
+                1_440 => (d.tomorrow().ok()?, 0),
+                m => (d, m),
+            };
+            let at = d.at(
+                i8::try_from(minute / 60).ok()?,
+                i8::try_from(minute % 60).ok()?,
+                0,
+                0,
+            );
+            let z = at.to_zoned(self.tz.clone()).ok()?;
+            Nanos::try_from(z.timestamp().as_nanosecond()).ok()
+        };
+        let mut d = first;
+        // One local day at a time, the last included: a span of the day
+        // before `start` cannot reach past it (spans end by midnight).
+        for _ in 0..=(MAX_DAYS) {
+            let day = usize::from(d.weekday().to_monday_zero_offset().unsigned_abs());
+            for &(from, until) in &self.days[day] {
+                let (Some(a), Some(b)) = (instant(d, from), instant(d, until)) else {
+                    continue;
+                };
+                let (a, b) = (a.max(start), b.min(end));
+                if a < b {
+                    out.push((a, b));
+                }
+            }
+            if d >= last {
+                break;
+            }
+            let Ok(next) = d.tomorrow() else { break };
+            d = next;
+        }
+        out.sort_unstable();
+        // Spans of one day may overlap (written so): merged.
+        let mut merged: Vec<(Nanos, Nanos)> = Vec::with_capacity(out.len());
+        for (a, b) in out {
+            match merged.last_mut() {
+                Some(m) if a <= m.1 => m.1 = m.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        merged
+    }
+}
+
+/// The most local days [`Schedule::open_spans`] walks: a budget's longest
+/// period is a flight of 92 days (`crate::limits::budget::MAX_FLIGHT_NS`),
+/// a month is 31.
+const MAX_DAYS: usize = 100;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +246,37 @@ mod tests {
         assert!(s.open_at(sun + 7 * H));
         assert!(!s.open_at(sun + 8 * H));
         assert_eq!(s.next_open(sun), Some(sun + 7 * H));
+    }
+
+    #[test]
+    fn open_spans_are_the_instants_open_in_a_period() {
+        let s = weekdays_9_to_5("UTC");
+        let week = s.open_spans(MON, MON + 7 * 24 * H);
+        let want: Vec<(Nanos, Nanos)> = (0..5)
+            .map(|d| (MON + d * 24 * H + 9 * H, MON + d * 24 * H + 17 * H))
+            .collect();
+        assert_eq!(week, want);
+        // Clipped to the period; every instant of a span is open.
+        assert_eq!(
+            s.open_spans(MON + 12 * H, MON + 24 * H + 10 * H),
+            [(MON + 12 * H, MON + 17 * H), (MON + 33 * H, MON + 34 * H)]
+        );
+        for (a, b) in week {
+            assert!(s.open_at(a) && s.open_at(b - 1) && !s.open_at(b));
+        }
+        // Overlapping spans merge; a span to 24:00 ends at midnight.
+        let o = Schedule::new(
+            TimeZone::UTC,
+            &[(vec![0], 8 * 60, 12 * 60), (vec![0], 10 * 60, 24 * 60)],
+        );
+        assert_eq!(o.open_spans(MON, MON + 48 * H), [(MON + 8 * H, MON + 24 * H)]);
+        // Paris springs forward at 02:00 on 2024-03-31: a span 01:00-04:00
+        // local lasts two hours, 00:00-02:00 UTC.
+        let sun = 1_711_843_200_000_000_000;
+        let p = Schedule::new(
+            TimeZone::get("Europe/Paris").unwrap(),
+            &[(vec![6], 60, 4 * 60)],
+        );
+        assert_eq!(p.open_spans(sun - 24 * H, sun + 24 * H), [(sun, sun + 2 * H)]);
     }
 }

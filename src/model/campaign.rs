@@ -847,6 +847,10 @@ impl CampaignDef {
                 }
                 item => item,
             };
+            // Paced over its schedule's hours only (§6.8).
+            if let (Item::Budget(b), Some(sc)) = (&item, &schedule) {
+                item = Item::Budget(b.clone().within(sc.clone()));
+            }
             if *per == BudgetPer::Flight {
                 item = over_flight(item, flight)?;
             }

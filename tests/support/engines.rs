@@ -161,6 +161,37 @@ impl Fleet {
         }
     }
 
+    /// Screens `req` (about `user`) where it goes ([`Fleet::node`]). In
+    /// owner mode a user being handed over is refused by its old owner ("no
+    /// longer owns") and by its new one for a margin: the clock then moves
+    /// a renewal step and the owner is asked again, as a client retries.
+    /// Returns the node that answered.
+    pub fn screen(&self, user: &str, req: &ScreenRequest) -> (&Node, ScreenOutcome) {
+        for _ in 0..50 {
+            let n = self.node(user);
+            match n.screen(req) {
+                Ok(s) => return (n, s),
+                Err(freqcap::engine::EngineError::Store(e)) if self.kind == Kind::Owned => {
+                    eprintln!("{user} is between owners ({e}): retrying");
+                    self.advance(RENEW_STEP);
+                }
+                Err(e) => panic!("screens: {e}"),
+            }
+        }
+        panic!("{user} found no owner within 50 renewals");
+    }
+
+    /// The node id (`n0`, `n1`) that owns `user` now ([`Fleet::node`]).
+    pub fn owner_name(&self, user: &str) -> String {
+        let n = self.node(user);
+        let i = self
+            .nodes
+            .iter()
+            .position(|m| std::ptr::eq(m, n))
+            .unwrap_or(0);
+        format!("n{i}")
+    }
+
     /// Defines campaign `name` on every node's view (written through one).
     pub fn campaign(&self, name: &str, json: &str) {
         let def: CampaignDef = from_json(json).expect("test campaign is valid");

@@ -199,12 +199,14 @@ impl<C: Clock> Engine<C> {
                 // A throttle's cap is the whole amount; its pass
                 // probability is each node's, on the fleet's spend.
                 Pacing::Asap | Pacing::Throttle(_) => TotalRule::Fixed(b.amount),
-                Pacing::Even => TotalRule::Even {
+                // Over a schedule, even pacing weighs open time only: a
+                // profile's rule, with the segments below.
+                Pacing::Even if !b.within_schedule() => TotalRule::Even {
                     amount: b.amount,
                     allowance: b.allowance,
                     look_ms: LEASE_TTL / 1_000_000,
                 },
-                Pacing::Profile(_) => TotalRule::Weighted {
+                Pacing::Even | Pacing::Profile(_) => TotalRule::Weighted {
                     amount: b.amount,
                     allowance: b.allowance,
                     look_ms: LEASE_TTL / 1_000_000,
