@@ -536,3 +536,30 @@ fn a_budget_per_flight_delivers_over_its_flight_and_exhausts_on_its_last_day() {
         "exhausted at {exhausted}"
     );
 }
+
+/// A daypart campaign (docs/semantics.md §6.8; docs/pacing.md,
+/// "Dayparting") from a Friday to a Sunday: it spends only in its hours,
+/// its whole day's budget by their end, and a day it never opens in is not
+/// judged (before, a weekend day counted as a period delivering 0 %, and
+/// its line was judged over 24 hours).
+#[test]
+fn a_daypart_budget_spends_in_its_hours_only_and_whole_days_in_them() {
+    // 2026-01-09 is a Friday.
+    let a = args("2026-01-09", 3, "UTC", 30_000.0);
+    let c = r#"{"id": "office", "campaign": {
+        "schedule": {"hours": [{"days": ["mon", "tue", "wed", "thu", "fri"], "from": "09:00", "until": "17:00"}]},
+        "budget": {"amount": 4000, "per": "1d"}}}"#;
+    let (_, _, s) = run(&a, &[c.to_owned()]);
+    let o = by_id(&s, "office");
+    assert!(!o.spend_per_hour.is_empty());
+    for hour in o.spend_per_hour.keys() {
+        let h: u32 = hour[11..13].parse().expect("an hour");
+        assert!(hour.starts_with("2026-01-09") && (9..17).contains(&h), "{hour}");
+    }
+    let judged: Vec<_> = o.periods.iter().filter(|p| p.complete).collect();
+    assert_eq!(judged.len(), 1, "{:?}", o.periods);
+    let friday = judged[0];
+    assert_eq!(friday.delivered_pct, Some(100.0), "{friday:?}");
+    assert!(friday.pacing_rmse_pct.is_some_and(|r| r < 2.0), "{friday:?}");
+    assert!(o.periods.iter().filter(|p| !p.complete).all(|p| p.amount.is_none()));
+}

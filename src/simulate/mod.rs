@@ -67,8 +67,21 @@ pub struct BudgetInfo {
     pub calendar: Calendar,
     /// The line spend is judged against: even time, or the campaign's traffic
     /// profile when it has one, with no tolerance. asap is judged against the
-    /// even line too (that it runs ahead of it is the point).
+    /// even line too (that it runs ahead of it is the point). Under a
+    /// schedule, the line over its open hours only.
     pub target: Budget,
+    /// The campaign's schedule: a period it never opens in has nothing to
+    /// deliver (a weekend under a weekday schedule), and is not judged.
+    pub schedule: Option<std::sync::Arc<crate::limits::schedule::Schedule>>,
+}
+
+impl BudgetInfo {
+    /// Whether the period `[start, end)` has time to deliver in.
+    pub fn open_in(&self, start: crate::clock::Nanos, end: crate::clock::Nanos) -> bool {
+        self.schedule
+            .as_ref()
+            .is_none_or(|s| !s.open_spans(start, end).is_empty())
+    }
 }
 
 /// A per-user cap to draw the distribution of impressions against.
@@ -133,7 +146,12 @@ impl SimCampaign {
                 impressions: b.counts_impressions(),
                 pacing: pacing.into(),
                 calendar: b.calendar.clone(),
-                target: Budget::new(b.amount, b.calendar.clone(), target_pacing, 0),
+                target: match &compiled.schedule {
+                    Some(sc) => Budget::new(b.amount, b.calendar.clone(), target_pacing, 0)
+                        .within(sc.clone()),
+                    None => Budget::new(b.amount, b.calendar.clone(), target_pacing, 0),
+                },
+                schedule: compiled.schedule.clone(),
             }
         });
         let user_cap = def

@@ -173,7 +173,10 @@ pub fn summarize(campaigns: &[SimCampaign], stats: &RunStats) -> Summary {
         let (mut sq, mut nsq) = (0.0, 0usize);
         for (ps, pe) in periods(c, stats.start, stats.end) {
             let tally = st.periods.get(&ps).cloned().unwrap_or_default();
-            let is_complete = ps >= stats.start && pe <= stats.end;
+            // A period its schedule never opens in is not judged.
+            let open = c.budget.as_ref().is_none_or(|b| b.open_in(ps, pe));
+            let amount = amount.filter(|_| open);
+            let is_complete = ps >= stats.start && pe <= stats.end && open;
             let (s2, n2) = pacing_errors(c, st, (ps, pe), tally.delivered);
             let rmse = (amount.is_some() && n2 > 0).then(|| (s2 / n2 as f64).sqrt());
             let over_pct = amount.map(|a| pct(tally.delivered.saturating_sub(a), a));
