@@ -253,3 +253,69 @@ fn the_page_shows_the_seeded_day_in_chromium() {
     );
     eprintln!("screenshot: {}", png.display());
 }
+
+/// A campaign with a flight and a schedule (docs/semantics.md §6.7, §6.8):
+/// the timeline names the flight and the current period's off-hours (the
+/// flight, for a budget per flight), and the page shows both in its summary
+/// and shades the off-hours under the pacing line, which stands still in
+/// them.
+#[test]
+fn the_page_shows_a_flight_and_its_off_hours_in_chromium() {
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(data.path());
+    let now = jiff::Timestamp::now();
+    let day = |d: i64| {
+        let t = now.as_second() - now.as_second().rem_euclid(86_400) + d * 86_400;
+        jiff::Timestamp::from_second(t).unwrap().to_string()
+    };
+    let (start, end) = (day(-1), day(9));
+    let campaign = json!({
+        "flight": {"start": start, "end": end},
+        "schedule": {"hours": [{"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"],
+                                "from": "09:00", "until": "17:00"}]},
+        "budget": {"amount": 10000, "per": "flight"}});
+    let (st, v) = support::http(&s.addr, "PUT", "/v1/campaigns/daypart", Some(campaign));
+    assert_eq!(st, 200, "{v}");
+    let (st, t) = support::http(&s.addr, "GET", "/v1/campaigns/daypart/timeline", None);
+    assert_eq!(st, 200, "{t}");
+    // The flight is the period; closed from its start to 09:00, 17:00 to
+    // 09:00 each night, and from the last 17:00 to its end: 11 spans.
+    assert_eq!(t["flight"], json!({"start": start, "end": end}), "{t}");
+    assert_eq!((&t["period_start"], &t["period_end"]), (&t["flight"]["start"], &t["flight"]["end"]));
+    let closed = t["closed"].as_array().unwrap();
+    assert_eq!(closed.len(), 11, "{t}");
+    // The line stands still in each closed span, and rises in the open ones.
+    let line: Vec<(String, u64)> = t["pacing_line"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["t"].as_str().unwrap().to_owned(), p["cap"].as_u64().unwrap()))
+        .collect();
+    let cap_at = |at: &Value| line.iter().find(|(x, _)| x == at.as_str().unwrap()).map(|p| p.1);
+    for c in &closed[1..closed.len() - 1] {
+        assert_eq!(cap_at(&c["start"]), cap_at(&c["end"]), "{c}");
+    }
+    assert!(cap_at(&closed[2]["start"]) > cap_at(&closed[1]["end"]));
+    let url = format!("http://{}/ui?campaign=daypart", s.addr);
+    let profile = tempfile::tempdir().unwrap();
+    let user_dir = format!("--user-data-dir={}", profile.path().display());
+    let out = chromium(&[&user_dir, "--dump-dom"], &url);
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    assert!(!log.contains("Uncaught") && !log.contains("ERROR:CONSOLE"), "{log}");
+    assert_eq!(
+        text(&dom, "flight"),
+        Some(format!("{start} to {end}").as_str()),
+        "{dom}"
+    );
+    assert!(
+        text(&dom, "off-hours").is_some_and(|x| x.starts_with("11 spans, ")),
+        "{dom}"
+    );
+    assert_eq!(attr(&dom, "delivery", "data-closed-spans"), Some("11"));
+    // A flight's even pacing is named so, though re-planned daily.
+    assert!(dom.contains("pacing line (even)"), "{dom}");
+    // The delivery and hourly charts (no user cap: no third).
+    assert!(dom.matches("<canvas").count() >= 2, "{dom}");
+}

@@ -86,7 +86,33 @@
     // computed beside it).
     const drawn = data[1].filter((v) => v != null);
     fig.dataset.drawnSpend = drawn.length ? String(drawn[drawn.length - 1]) : "";
+    // Off-hours (a schedule of its chain) shaded, and the flight's start
+    // and end drawn, under the series.
+    const closed = t.closed.map((c) => [secs(c.start), secs(c.end)]);
+    const flight = t.flight ? [secs(t.flight.start), secs(t.flight.end)] : [];
+    fig.dataset.closedSpans = String(closed.length);
+    fig.dataset.flight = flight.join(",");
+    const shade = (u) => {
+      const ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
+      const [lo, hi] = [u.scales.x.min, u.scales.x.max];
+      ctx.save();
+      ctx.fillStyle = "rgba(100,116,139,0.15)";
+      for (const [a, b] of closed) {
+        if (b <= lo || a >= hi) continue;
+        const x0 = u.valToPos(Math.max(a, lo), "x", true), x1 = u.valToPos(Math.min(b, hi), "x", true);
+        ctx.fillRect(x0, top, Math.max(1, x1 - x0), h);
+      }
+      ctx.strokeStyle = "#7c3aed";
+      ctx.lineWidth = 2;
+      for (const x of flight) {
+        if (x < lo || x > hi) continue;
+        const px = u.valToPos(x, "x", true);
+        ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + h); ctx.stroke();
+      }
+      ctx.restore();
+    };
     chart("delivery-chart", {
+      hooks: { drawClear: [shade] },
       tzDate: tzDate(t.tz),
       scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max, 1)] } },
       axes: [
@@ -209,6 +235,12 @@
     $("commits").textContent = fmt(commits);
     $("open").textContent = fmt(t.reservations_open);
     $("period").textContent = t.period_start + " to " + t.period_end;
+    $("flight").textContent = t.flight ? t.flight.start + " to " + t.flight.end : "none (always)";
+    // Off-hours left in this period, as hours and minutes in all.
+    const off = t.closed.reduce((n, c) => n + secs(c.end) - secs(c.start), 0);
+    $("off-hours").textContent = t.closed.length
+      ? t.closed.length + " spans, " + Math.floor(off / 3600) + " h " + String(Math.round(off % 3600 / 60)).padStart(2, "0") + " min"
+      : "none";
     $("tz").textContent = t.tz;
   }
 

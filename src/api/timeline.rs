@@ -61,10 +61,13 @@ pub(crate) struct TimelineBody {
     now: String,
     /// Budget per period; null without a budget.
     amount: Option<u64>,
-    /// `asap`, `even`, `profile` or `adaptive`; null without a budget.
-    pacing: Option<String>,
-    /// The pacing line every 15 minutes of the current period; empty
+    /// `asap`, `even`, `profile`, `adaptive`, `adaptive+profile`, `throttle` or
+    /// `throttle+profile` (a flight's `even` or `profile` keeps its name); null
     /// without a budget.
+    pacing: Option<String>,
+    /// The pacing line every 15 minutes of the current period (or 2 000
+    /// points over a long flight), and where a schedule opens or closes;
+    /// empty without a budget.
     pacing_line: Vec<PacingPoint>,
     /// The budget's pacing levers now; null unless it keeps them
     /// (`throttle` pacing, or a campaign with `pacing_levers`).
@@ -79,6 +82,26 @@ pub(crate) struct TimelineBody {
     denied_by_cap: Vec<CapCount>,
     /// Open screen reservations holding one of its candidates now.
     reservations_open: u64,
+    /// The dates it delivers in (the tightest flight of its chain); null
+    /// without one.
+    flight: Option<SpanBody>,
+    /// Spans of the current period in which a schedule of its chain keeps
+    /// it ineligible (off-hours), ordered; empty without a schedule.
+    closed: Vec<SpanBody>,
+}
+
+#[derive(Serialize, JsonSchema)]
+/// An interval of time, `[start, end)`, RFC 3339 (UTC).
+pub(crate) struct SpanBody {
+    start: String,
+    end: String,
+}
+
+fn span((a, b): (crate::clock::Nanos, crate::clock::Nanos)) -> SpanBody {
+    SpanBody {
+        start: rfc3339(a),
+        end: rfc3339(b),
+    }
 }
 
 #[derive(Serialize, JsonSchema)]
@@ -161,5 +184,7 @@ pub(crate) async fn timeline<C: Clock + 'static>(
             .map(|(cap, scope, denied)| CapCount { cap, scope, denied })
             .collect(),
         reservations_open: t.reservations_open,
+        flight: t.flight.map(span),
+        closed: t.closed.into_iter().map(span).collect(),
     }))
 }

@@ -128,6 +128,55 @@ pub struct CampaignTimeline {
     pub denied_by_cap: Vec<(String, Option<crate::model::Scope>, u64)>,
     /// Open screen reservations holding one of its candidates.
     pub reservations_open: u64,
+    /// The dates its candidates deliver in: the tightest flight of its
+    /// chain (docs/semantics.md §6.7), if any.
+    pub flight: Option<(Nanos, Nanos)>,
+    /// The spans of the current period in which a schedule of its chain
+    /// keeps its candidates ineligible (§6.8), ordered and disjoint; at
+    /// most [`MAX_CLOSED`].
+    pub closed: Vec<(Nanos, Nanos)>,
+}
+
+/// The most closed spans a timeline names: a 92-day flight of one span a
+/// day has 93.
+const MAX_CLOSED: usize = 1_000;
+
+/// The tightest flight of `chain` (each campaign's own, intersected).
+fn chain_flight(chain: &[std::sync::Arc<CampaignEntry>]) -> Option<(Nanos, Nanos)> {
+    chain
+        .iter()
+        .filter_map(|e| e.compiled.flight)
+        .reduce(|(a, b), (c, d)| (a.max(c), b.min(d).max(a.max(c))))
+}
+
+/// The spans of `[start, end)` some schedule of `chain` is closed in.
+fn closed_spans(
+    chain: &[std::sync::Arc<CampaignEntry>],
+    (start, end): (Nanos, Nanos),
+) -> Vec<(Nanos, Nanos)> {
+    let mut closed: Vec<(Nanos, Nanos)> = Vec::new();
+    for s in chain.iter().filter_map(|e| e.compiled.schedule.as_ref()) {
+        let mut t = start;
+        for (a, b) in s.open_spans(start, end) {
+            if t < a {
+                closed.push((t, a));
+            }
+            t = b;
+        }
+        if t < end {
+            closed.push((t, end));
+        }
+    }
+    closed.sort_unstable();
+    let mut merged: Vec<(Nanos, Nanos)> = Vec::with_capacity(closed.len());
+    for (a, b) in closed {
+        match merged.last_mut() {
+            Some(m) if a <= m.1 => m.1 = m.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged.truncate(MAX_CLOSED);
+    merged
 }
 
 impl<C: Clock> Engine<C> {
@@ -165,15 +214,24 @@ impl<C: Clock> Engine<C> {
             .or_else(|| c.def.tz.clone())
             .unwrap_or_else(|| "UTC".into());
         let (period, previous_start) = periods(c, now);
+        let chain = reg.chain(campaign).map(|c| &c[..]).unwrap_or_default();
+        let closed = closed_spans(chain, period);
         let mut pacing_line = Vec::new();
         if let Some(b) = budget {
             let (start, end) = period;
-            let mut t = start;
-            while t < end && pacing_line.len() < 5_000 {
-                pacing_line.push((t, b.line(start, end, t)));
-                t += 15 * MINUTE;
-            }
-            pacing_line.push((end, b.line(start, end, end)));
+            // Every quarter hour, or 2 000 points over a long flight; and
+            // where a schedule opens or closes, where the line bends.
+            let step = (15 * MINUTE).max((end - start) / 2_000);
+            let mut times: Vec<Nanos> = (0..)
+                .map(|i| start + i * step)
+                .take_while(|t| *t < end)
+                .take(5_000)
+                .collect();
+            times.extend(closed.iter().flat_map(|&(a, b)| [a, b]));
+            times.push(end);
+            times.sort_unstable();
+            times.dedup();
+            pacing_line = times.into_iter().map(|t| (t, b.line(start, end, t))).collect();
         }
         // The levers, as a screen would answer them now.
         let levers = c
@@ -190,16 +248,7 @@ impl<C: Clock> Engine<C> {
         take_denials(c, &mut timeline, now);
         let minutes =
             self.timeline_minutes(c.id, timeline, previous_start / MINUTE, now / MINUTE)?;
-        let budget_figures = budget.map(|b| {
-            let pacing = match b.pacing {
-                crate::limits::budget::Pacing::Asap => "asap",
-                crate::limits::budget::Pacing::Even => "even",
-                crate::limits::budget::Pacing::Profile(_) => "profile",
-                crate::limits::budget::Pacing::Adaptive(_) => "adaptive",
-                crate::limits::budget::Pacing::Throttle(_) => "throttle",
-            };
-            (b.amount, pacing.to_owned())
-        });
+        let budget_figures = budget.map(|b| (b.amount, b.pacing_name().to_owned()));
         let per_user = {
             let mut cached = c
                 .counts
@@ -252,6 +301,8 @@ impl<C: Clock> Engine<C> {
             levers,
             minutes,
             per_user,
+            flight: chain_flight(chain),
+            closed,
         })
     }
 

@@ -278,6 +278,24 @@ impl Budget {
         }
     }
 
+    /// Its pacing as a definition names it: `asap`, `even`, `profile`,
+    /// `adaptive`, `adaptive+profile`, `throttle` or `throttle+profile`. A
+    /// flight's even or profile pacing, re-planned each day as adaptive
+    /// pacing is, keeps its name.
+    pub fn pacing_name(&self) -> &'static str {
+        match &self.pacing {
+            Pacing::Adaptive(None) if self.catches_up() => "even",
+            Pacing::Adaptive(Some(_)) if self.catches_up() => "profile",
+            Pacing::Asap => "asap",
+            Pacing::Even => "even",
+            Pacing::Profile(_) => "profile",
+            Pacing::Adaptive(None) => "adaptive",
+            Pacing::Adaptive(Some(_)) => "adaptive+profile",
+            Pacing::Throttle(None) => "throttle",
+            Pacing::Throttle(Some(_)) => "throttle+profile",
+        }
+    }
+
     /// Whether it is paced over a schedule's open time ([`Budget::within`]).
     pub fn within_schedule(&self) -> bool {
         self.open.is_some()

@@ -129,22 +129,10 @@ impl SimCampaign {
                 }
                 _ => Pacing::Even,
             };
-            let pacing = match &b.pacing {
-                // A flight's even or profile pacing, re-planned each day.
-                Pacing::Adaptive(None) if b.catches_up() => "even",
-                Pacing::Adaptive(Some(_)) if b.catches_up() => "profile",
-                Pacing::Asap => "asap",
-                Pacing::Even => "even",
-                Pacing::Profile(_) => "profile",
-                Pacing::Adaptive(None) => "adaptive",
-                Pacing::Adaptive(Some(_)) => "adaptive+profile",
-                Pacing::Throttle(None) => "throttle",
-                Pacing::Throttle(Some(_)) => "throttle+profile",
-            };
             BudgetInfo {
                 amount: b.amount,
                 impressions: b.counts_impressions(),
-                pacing: pacing.into(),
+                pacing: b.pacing_name().into(),
                 calendar: b.calendar.clone(),
                 target: match &compiled.schedule {
                     Some(sc) => Budget::new(b.amount, b.calendar.clone(), target_pacing, 0)
