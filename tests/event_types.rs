@@ -100,8 +100,11 @@ fn a_click_cap_counts_clicks_only_and_stops_the_campaign_once_full() {
     assert_eq!(caps_of(&denials(&s)), [denied_by("c", "clicks")]);
     assert!(s.reservation.is_none());
     // Another user is untouched; an impression event counts on views only.
-    e.events(&[event("v", "c", None, 1), event("v", "c", Some("impression"), 1)])
-        .expect("counts");
+    e.events(&[
+        event("v", "c", None, 1),
+        event("v", "c", Some("impression"), 1),
+    ])
+    .expect("counts");
     assert_eq!(
         used(&e, "v", "c"),
         [cap("views", "impression", 2), cap("clicks", "click", 0)]
@@ -122,7 +125,9 @@ fn a_budget_counting_clicks_is_charged_by_clicks_at_their_cost() {
     let (e, _clock) = memory_node(T0);
     e.put_campaign(
         "cpc",
-        campaign_def(r#"{"budget": {"amount": 100, "per": "1d", "pacing": "asap", "event": "click"}}"#),
+        campaign_def(
+            r#"{"budget": {"amount": 100, "per": "1d", "pacing": "asap", "event": "click"}}"#,
+        ),
     )
     .expect("defines");
     // Impressions are free to a budget paid per click.
@@ -138,7 +143,10 @@ fn a_budget_counting_clicks_is_charged_by_clicks_at_their_cost() {
     e.events(&[event("b", "cpc", Some("click"), 60)])
         .expect("counts");
     assert_eq!(e.delivery("cpc").expect("delivery").spent, 120);
-    assert_eq!(caps_of(&show(&e, "d", &["cpc"])), [denied_by("cpc", "budget")]);
+    assert_eq!(
+        caps_of(&show(&e, "d", &["cpc"])),
+        [denied_by("cpc", "budget")]
+    );
     // A goal in clicks: a budget counting click events, 1 each.
     e.put_campaign(
         "cpa",
@@ -148,11 +156,17 @@ fn a_budget_counting_clicks_is_charged_by_clicks_at_their_cost() {
         ),
     )
     .expect("defines");
-    e.events(&[event("a", "cpa", Some("click"), 70), event("b", "cpa", Some("click"), 5)])
-        .expect("counts");
+    e.events(&[
+        event("a", "cpa", Some("click"), 70),
+        event("b", "cpa", Some("click"), 5),
+    ])
+    .expect("counts");
     let d = e.delivery("cpa").expect("delivery");
     assert_eq!((d.amount, d.spent), (2, 2));
-    assert_eq!(caps_of(&show(&e, "d", &["cpa"])), [denied_by("cpa", "budget")]);
+    assert_eq!(
+        caps_of(&show(&e, "d", &["cpa"])),
+        [denied_by("cpa", "budget")]
+    );
 }
 
 /// `adv` caps each user at 2 a day (`daily`) and spends at most 100 a day;
@@ -252,15 +266,27 @@ fn bad_event_types_and_opt_outs_are_refused_naming_the_field_and_change_nothing(
             r#"{"caps": [{"kind": "rate", "rate": 1, "per": "1h", "event": 3}]}"#,
             "caps[0].event",
         ),
-        (r#"{"budget": {"amount": 5, "event": "two words"}}"#, "budget.event"),
-        (r#"{"parent": "adv", "ignore_caps": ["adv"]}"#, "ignore_caps[0]"),
-        (r#"{"parent": "adv", "ignore_caps": ["/daily"]}"#, "ignore_caps[0]"),
+        (
+            r#"{"budget": {"amount": 5, "event": "two words"}}"#,
+            "budget.event",
+        ),
+        (
+            r#"{"parent": "adv", "ignore_caps": ["adv"]}"#,
+            "ignore_caps[0]",
+        ),
+        (
+            r#"{"parent": "adv", "ignore_caps": ["/daily"]}"#,
+            "ignore_caps[0]",
+        ),
         (
             r#"{"parent": "adv", "ignore_caps": ["adv/daily", "adv/daily"]}"#,
             "ignore_caps[1]",
         ),
         // Not an ancestor (a sibling, and itself).
-        (r#"{"parent": "adv", "ignore_caps": ["brand/x"]}"#, "ignore_caps[0]"),
+        (
+            r#"{"parent": "adv", "ignore_caps": ["brand/x"]}"#,
+            "ignore_caps[0]",
+        ),
         (r#"{"ignore_caps": ["adv/daily"]}"#, "ignore_caps[0]"),
         // An ancestor without that cap.
         (
@@ -274,7 +300,10 @@ fn bad_event_types_and_opt_outs_are_refused_naming_the_field_and_change_nothing(
     assert!(e.get_campaign("x").is_none(), "nothing was defined");
     // A bad event type fails its batch, naming the event, with nothing
     // counted.
-    match e.events(&[event("u", "brand", None, 1), event("u", "brand", Some("Click"), 1)]) {
+    match e.events(&[
+        event("u", "brand", None, 1),
+        event("u", "brand", Some("Click"), 1),
+    ]) {
         Err(EngineError::InvalidArgument { field, .. }) => assert_eq!(field, "[1].type"),
         other => panic!("{other:?}"),
     }
@@ -292,7 +321,10 @@ fn bad_event_types_and_opt_outs_are_refused_naming_the_field_and_change_nothing(
         Ok(_) => {}
         other => panic!("promo opts out of nothing itself: {other:?}"),
     }
-    match e.put_campaign("house", campaign_def(r#"{"parent": "other", "ignore_caps": []}"#)) {
+    match e.put_campaign(
+        "house",
+        campaign_def(r#"{"parent": "other", "ignore_caps": []}"#),
+    ) {
         Ok(_) => {}
         other => panic!("house may drop its opt-out with its parent: {other:?}"),
     }
@@ -334,7 +366,10 @@ fn click_caps_and_opt_outs_answer_alike_on_every_placement() {
             r#"{"caps": [{"kind": "window", "name": "daily", "limit": 1, "window": "1d",
                           "scope": "campaign"}]}"#,
         );
-        f.campaign("house", r#"{"parent": "adv", "ignore_caps": ["adv/daily"]}"#);
+        f.campaign(
+            "house",
+            r#"{"parent": "adv", "ignore_caps": ["adv/daily"]}"#,
+        );
         f.campaign("brand", r#"{"parent": "adv"}"#);
         // Per round and user: a screen of c, a click on it, a screen of
         // brand and house.

@@ -40,7 +40,9 @@ fn define(e: &Node) {
     .expect("c1");
     e.put_campaign(
         "c2",
-        campaign_def(r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d"}]}"#),
+        campaign_def(
+            r#"{"parent": "adv", "caps": [{"kind": "window", "limit": 2, "window": "1d"}]}"#,
+        ),
     )
     .expect("c2");
 }
@@ -93,7 +95,8 @@ fn a_candidate_is_eligible_only_inside_every_flight_of_its_chain() {
 fn bad_flights_are_refused_naming_the_field_and_change_nothing() {
     let (e, _) = memory_node(NOV15);
     let good = r#"{"flight": {"start": "2023-11-15T00:00:00Z", "end": "2023-11-16T00:00:00Z"}}"#;
-    e.put_campaign("c", campaign_def(good)).expect("a good flight");
+    e.put_campaign("c", campaign_def(good))
+        .expect("a good flight");
     let cases = [
         (
             r#"{"start": "2023-11-16T00:00:00Z", "end": "2023-11-15T00:00:00Z"}"#,

@@ -736,7 +736,10 @@ async fn admin_defines_what_http_reads() {
         .iter()
         .map(|c| (c.name.as_str(), c.event.as_str(), c.used))
         .collect();
-    assert_eq!(caps, [("window-0", "impression", 0), ("clicks", "click", 1)]);
+    assert_eq!(
+        caps,
+        [("window-0", "impression", 0), ("clicks", "click", 1)]
+    );
     let bad = decide
         .events(pb::EventsRequest {
             events: vec![pb::Event {

@@ -165,7 +165,10 @@ fn bad_schedules_are_refused_naming_the_field_and_change_nothing() {
         let err = from_json::<CampaignDef>(bad).expect_err(bad);
         assert!(err.field.starts_with(at), "{bad}: {err}");
     }
-    assert_eq!(e.get_campaign("c").expect("still defined"), campaign_def(good));
+    assert_eq!(
+        e.get_campaign("c").expect("still defined"),
+        campaign_def(good)
+    );
 }
 
 #[test]

@@ -554,12 +554,23 @@ fn a_daypart_budget_spends_in_its_hours_only_and_whole_days_in_them() {
     assert!(!o.spend_per_hour.is_empty());
     for hour in o.spend_per_hour.keys() {
         let h: u32 = hour[11..13].parse().expect("an hour");
-        assert!(hour.starts_with("2026-01-09") && (9..17).contains(&h), "{hour}");
+        assert!(
+            hour.starts_with("2026-01-09") && (9..17).contains(&h),
+            "{hour}"
+        );
     }
     let judged: Vec<_> = o.periods.iter().filter(|p| p.complete).collect();
     assert_eq!(judged.len(), 1, "{:?}", o.periods);
     let friday = judged[0];
     assert_eq!(friday.delivered_pct, Some(100.0), "{friday:?}");
-    assert!(friday.pacing_rmse_pct.is_some_and(|r| r < 2.0), "{friday:?}");
-    assert!(o.periods.iter().filter(|p| !p.complete).all(|p| p.amount.is_none()));
+    assert!(
+        friday.pacing_rmse_pct.is_some_and(|r| r < 2.0),
+        "{friday:?}"
+    );
+    assert!(
+        o.periods
+            .iter()
+            .filter(|p| !p.complete)
+            .all(|p| p.amount.is_none())
+    );
 }

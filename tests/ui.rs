@@ -281,7 +281,10 @@ fn the_page_shows_a_flight_and_its_off_hours_in_chromium() {
     // The flight is the period; closed from its start to 09:00, 17:00 to
     // 09:00 each night, and from the last 17:00 to its end: 11 spans.
     assert_eq!(t["flight"], json!({"start": start, "end": end}), "{t}");
-    assert_eq!((&t["period_start"], &t["period_end"]), (&t["flight"]["start"], &t["flight"]["end"]));
+    assert_eq!(
+        (&t["period_start"], &t["period_end"]),
+        (&t["flight"]["start"], &t["flight"]["end"])
+    );
     let closed = t["closed"].as_array().unwrap();
     assert_eq!(closed.len(), 11, "{t}");
     // The line stands still in each closed span, and rises in the open ones.
@@ -289,9 +292,18 @@ fn the_page_shows_a_flight_and_its_off_hours_in_chromium() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["t"].as_str().unwrap().to_owned(), p["cap"].as_u64().unwrap()))
+        .map(|p| {
+            (
+                p["t"].as_str().unwrap().to_owned(),
+                p["cap"].as_u64().unwrap(),
+            )
+        })
         .collect();
-    let cap_at = |at: &Value| line.iter().find(|(x, _)| x == at.as_str().unwrap()).map(|p| p.1);
+    let cap_at = |at: &Value| {
+        line.iter()
+            .find(|(x, _)| x == at.as_str().unwrap())
+            .map(|p| p.1)
+    };
     for c in &closed[1..closed.len() - 1] {
         assert_eq!(cap_at(&c["start"]), cap_at(&c["end"]), "{c}");
     }
@@ -303,7 +315,10 @@ fn the_page_shows_a_flight_and_its_off_hours_in_chromium() {
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{log}");
-    assert!(!log.contains("Uncaught") && !log.contains("ERROR:CONSOLE"), "{log}");
+    assert!(
+        !log.contains("Uncaught") && !log.contains("ERROR:CONSOLE"),
+        "{log}"
+    );
     assert_eq!(
         text(&dom, "flight"),
         Some(format!("{start} to {end}").as_str()),

@@ -149,9 +149,7 @@ pub(crate) fn units(item: &Item, cost: u64) -> u64 {
 /// decides nor counts for them.
 pub(crate) fn opted_out(chain: &[Arc<CampaignEntry>], e: &CampaignEntry, i: usize) -> bool {
     match chain.first() {
-        Some(leaf) if !leaf.ignored.is_empty() => {
-            leaf.ignored.contains(&(e.id, e.tags[i]))
-        }
+        Some(leaf) if !leaf.ignored.is_empty() => leaf.ignored.contains(&(e.id, e.tags[i])),
         _ => false,
     }
 }

@@ -260,15 +260,9 @@ impl<C: Clock> Engine<C> {
                         }
                         r
                     }),
-                None => Ok(self.count_event(
-                    &reg,
-                    chain,
-                    None,
-                    (ty, cost),
-                    now,
-                    dedupe,
-                    Sides::Both,
-                )),
+                None => {
+                    Ok(self.count_event(&reg, chain, None, (ty, cost), now, dedupe, Sides::Both))
+                }
             };
             match counted {
                 Ok(r) => {

@@ -326,7 +326,9 @@ impl<C: Clock> Engine<C> {
         // Every opt-out (`ignore_caps`) still names a cap of its chain: a
         // file's own, and those of campaigns under a file that changed.
         for c in reg.campaigns.values() {
-            if let Err((field, why)) = reg.check_opt_outs(&c.compiled, c.chain.get(1..).unwrap_or_default()) {
+            if let Err((field, why)) =
+                reg.check_opt_outs(&c.compiled, c.chain.get(1..).unwrap_or_default())
+            {
                 let e = invalid(&field, format!("campaign {:?}: {why}", c.name));
                 return Err(match &c.source {
                     Some(src) => in_file(src, e),

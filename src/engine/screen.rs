@@ -13,8 +13,8 @@ use crate::model::{EventType, Scope};
 use crate::store::StoreError;
 
 use super::chain::{
-    Defs, FRESH, Locking, PendingEnd, counts_event, guard_of, lock_chain, lock_entries, opted_out, probe_units,
-    settle_entries, units,
+    Defs, FRESH, Locking, PendingEnd, counts_event, guard_of, lock_chain, lock_entries, opted_out,
+    probe_units, settle_entries, units,
 };
 use super::exclusion::Exclusions;
 use super::holds::{Held, HeldKind};

@@ -231,7 +231,10 @@ impl<C: Clock> Engine<C> {
             times.push(end);
             times.sort_unstable();
             times.dedup();
-            pacing_line = times.into_iter().map(|t| (t, b.line(start, end, t))).collect();
+            pacing_line = times
+                .into_iter()
+                .map(|t| (t, b.line(start, end, t)))
+                .collect();
         }
         // The levers, as a screen would answer them now.
         let levers = c

@@ -269,7 +269,10 @@ mod tests {
             TimeZone::UTC,
             &[(vec![0], 8 * 60, 12 * 60), (vec![0], 10 * 60, 24 * 60)],
         );
-        assert_eq!(o.open_spans(MON, MON + 48 * H), [(MON + 8 * H, MON + 24 * H)]);
+        assert_eq!(
+            o.open_spans(MON, MON + 48 * H),
+            [(MON + 8 * H, MON + 24 * H)]
+        );
         // Paris springs forward at 02:00 on 2024-03-31: a span 01:00-04:00
         // local lasts two hours, 00:00-02:00 UTC.
         let sun = 1_711_843_200_000_000_000;
@@ -277,6 +280,9 @@ mod tests {
             TimeZone::get("Europe/Paris").unwrap(),
             &[(vec![6], 60, 4 * 60)],
         );
-        assert_eq!(p.open_spans(sun - 24 * H, sun + 24 * H), [(sun, sun + 2 * H)]);
+        assert_eq!(
+            p.open_spans(sun - 24 * H, sun + 24 * H),
+            [(sun, sun + 2 * H)]
+        );
     }
 }

@@ -95,7 +95,14 @@ mod tests {
                 Ok(good.into())
             );
         }
-        for bad in ["", "Click", "2x", "_x", "click-through", "abcdefghijklmnopq"] {
+        for bad in [
+            "",
+            "Click",
+            "2x",
+            "_x",
+            "click-through",
+            "abcdefghijklmnopq",
+        ] {
             let e = EventType::parse(bad).unwrap_err();
             assert!(e.contains("event type"), "{bad:?}: {e}");
         }

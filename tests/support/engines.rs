@@ -273,7 +273,14 @@ pub fn campaign_def(json: &str) -> CampaignDef {
 /// One node on the in-memory store, its clock at `at`.
 pub fn memory_node(at: u64) -> (Node, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(at));
-    (open(Arc::new(MemoryStore::new()), &clock, EngineOptions::default()), clock)
+    (
+        open(
+            Arc::new(MemoryStore::new()),
+            &clock,
+            EngineOptions::default(),
+        ),
+        clock,
+    )
 }
 
 /// A candidate's denial as a test compares it: (campaign, cap, retry
