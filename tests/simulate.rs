@@ -574,3 +574,30 @@ fn a_daypart_budget_spends_in_its_hours_only_and_whole_days_in_them() {
             .all(|p| p.amount.is_none())
     );
 }
+
+/// Clicks in a simulation (docs/semantics.md §6.9; `ctr` in the campaigns
+/// file): a budget paid per click delivers its amount in clicks, a click
+/// cap stops users who clicked, and an impression budget beside them is
+/// unaffected; a bad `ctr` names the field.
+#[test]
+fn clicks_follow_impressions_and_count_on_click_caps_and_budgets() {
+    let a = args("2026-01-05", 2, "UTC", 30_000.0);
+    let cpc = r#"{"id": "cpc", "cost": 1, "ctr": 0.05, "click_cost": 10, "campaign": {
+        "caps": [{"kind": "window", "name": "clicked", "event": "click", "limit": 1,
+                  "window": "1d", "align": "calendar"}],
+        "budget": {"amount": 2000, "per": "1d", "event": "click"}}}"#;
+    let views = campaign("views", None, r#""even""#, 3000);
+    let (_, _, s) = run(&a, &[cpc.to_owned(), views]);
+    let c = by_id(&s, "cpc");
+    // 200 clicks of 10 a day: the budget counts clicks, not impressions.
+    assert!(c.clicks >= 400, "{c:?}");
+    assert!(c.impressions > c.clicks * 10, "{c:?}");
+    for p in c.periods.iter().filter(|p| p.complete) {
+        assert!((2_000..=2_010).contains(&p.delivered), "{p:?}");
+    }
+    assert!(c.denials.get("clicked").is_some_and(|n| *n > 0), "{c:?}");
+    assert_delivers(by_id(&s, "views"));
+    let bad = r#"{"campaigns": [{"id": "x", "ctr": 1.5, "campaign": {}}]}"#;
+    let e = simulate::parse_campaigns(bad, false).expect_err("a ctr over 1");
+    assert!(e.to_string().contains("ctr"), "{e}");
+}

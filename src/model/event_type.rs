@@ -20,6 +20,9 @@ impl EventType {
     /// What a commit counts, and an event without a `type`.
     pub const IMPRESSION: EventType = EventType(Word::from_static(b"impression"));
 
+    /// A click, as `freqcap simulate` sends them (`ctr`).
+    pub const CLICK: EventType = EventType(Word::from_static(b"click"));
+
     /// Reads an event type, saying what is wrong with one that is not.
     pub fn parse(s: &str) -> Result<EventType, String> {
         Word::parse(s).map(EventType).ok_or_else(|| {

@@ -182,7 +182,11 @@ pub fn scaled(campaigns: &[SimCampaign], rate: f64) -> Result<Vec<SimCampaign>, 
                 b.amount = scale(b.amount, rate);
             }
             def.max_in_flight = def.max_in_flight.map(|m| scale(m, rate));
-            SimCampaign::new(&c.id, c.cost, def)
+            let s = SimCampaign::new(&c.id, c.cost, def)?;
+            match c.clicks {
+                Some(k) => s.with_clicks(k.ctr, k.cost),
+                None => Ok(s),
+            }
         })
         .collect()
 }

@@ -25,6 +25,7 @@ use crate::clock::{MS, Nanos, SECOND};
 use crate::limits::Item;
 use crate::limits::budget::{Budget, Pacing};
 use crate::limits::calendar::{Calendar, CalendarUnit};
+use crate::model::EventType;
 use crate::model::campaign::{CampaignDef, Scope};
 use crate::model::limit::{Align, LimitDef};
 
@@ -45,6 +46,14 @@ struct FileCampaign {
     /// Cost of one impression, charged to budgets; default 1.
     #[serde(default)]
     cost: Option<u64>,
+    /// The share of its impressions followed by a click (a `"click"`
+    /// event, docs/semantics.md §6.9), 0 to 1; default 0.
+    #[serde(default)]
+    ctr: Option<f64>,
+    /// Cost of one click, charged to budgets counting clicks; default
+    /// `cost`.
+    #[serde(default)]
+    click_cost: Option<u64>,
     /// The definition, as `PUT /v1/campaigns/{id}` takes it.
     campaign: CampaignDef,
 }
@@ -70,6 +79,8 @@ pub struct BudgetInfo {
     /// even line too (that it runs ahead of it is the point). Under a
     /// schedule, the line over its open hours only.
     pub target: Budget,
+    /// The event type it counts (docs/semantics.md §6.9).
+    pub event: EventType,
     /// The campaign's schedule: a period it never opens in has nothing to
     /// deliver (a weekend under a weekday schedule), and is not judged.
     pub schedule: Option<std::sync::Arc<crate::limits::schedule::Schedule>>,
@@ -105,8 +116,18 @@ pub struct SimCampaign {
     pub tz: TimeZone,
     pub budget: Option<BudgetInfo>,
     pub user_cap: Option<UserCap>,
+    /// Clicks that follow its impressions, if any ([`Clicks`]).
+    pub clicks: Option<Clicks>,
     day: Calendar,
     hour: Calendar,
+}
+
+/// A campaign's clicks: each impression is followed at once by a `"click"`
+/// event with probability `ctr`, costing `cost`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clicks {
+    pub ctr: f64,
+    pub cost: u64,
 }
 
 impl SimCampaign {
@@ -140,6 +161,11 @@ impl SimCampaign {
                     None => Budget::new(b.amount, b.calendar.clone(), target_pacing, 0),
                 },
                 schedule: compiled.schedule.clone(),
+                event: def
+                    .budget
+                    .as_ref()
+                    .and_then(|b| b.event)
+                    .unwrap_or_default(),
             }
         });
         let user_cap = def
@@ -147,14 +173,18 @@ impl SimCampaign {
             .iter()
             .enumerate()
             .find_map(|(i, c)| match &c.limit {
-                LimitDef::Window(w) if c.scope() == Scope::User => Some(UserCap {
-                    name: c.limit.reported_name(i),
-                    limit: w.limit,
-                    window: w.window.to_string(),
-                    per_local_day: w.align == Some(Align::Calendar)
-                        && w.window.calendar_unit() == Some(CalendarUnit::Day)
-                        && w.tz.as_ref().is_none_or(|t| *t == tz_name),
-                }),
+                LimitDef::Window(w)
+                    if c.scope() == Scope::User && c.event.is_none_or(|e| e.is_impression()) =>
+                {
+                    Some(UserCap {
+                        name: c.limit.reported_name(i),
+                        limit: w.limit,
+                        window: w.window.to_string(),
+                        per_local_day: w.align == Some(Align::Calendar)
+                            && w.window.calendar_unit() == Some(CalendarUnit::Day)
+                            && w.tz.as_ref().is_none_or(|t| *t == tz_name),
+                    })
+                }
                 _ => None,
             });
         Ok(SimCampaign {
@@ -166,16 +196,49 @@ impl SimCampaign {
             tz,
             budget,
             user_cap,
+            clicks: None,
         })
     }
 
-    /// What one commit counts against its budget: its cost, or 1 for a
-    /// goal in impressions.
-    pub fn budget_units(&self) -> u64 {
-        match &self.budget {
-            Some(b) if b.impressions => 1,
-            _ => self.cost,
+    /// This campaign with clicks following its impressions; errors name
+    /// the field.
+    pub fn with_clicks(mut self, ctr: f64, cost: u64) -> Result<Self, SimError> {
+        if !(0.0..=1.0).contains(&ctr) {
+            return Err(SimError(format!(
+                "campaign {:?}: ctr: must be from 0 to 1, got {ctr}",
+                self.id
+            )));
         }
+        if cost == 0 || cost > crate::MAX_EXACT {
+            return Err(SimError(format!(
+                "campaign {:?}: click_cost: must be from 1 to 2^53 - 1, got {cost}",
+                self.id
+            )));
+        }
+        self.clicks = (ctr > 0.0).then_some(Clicks { ctr, cost });
+        Ok(self)
+    }
+
+    /// What an event of type `event` costing `cost` counts against its
+    /// budget: nothing if the budget counts another type, else its cost,
+    /// or 1 for a goal in impressions.
+    fn units_of(&self, event: EventType, cost: u64) -> u64 {
+        match &self.budget {
+            Some(b) if b.event != event => 0,
+            Some(b) if b.impressions => 1,
+            _ => cost,
+        }
+    }
+
+    /// What one commit (an impression) counts against its budget.
+    pub fn budget_units(&self) -> u64 {
+        self.units_of(EventType::IMPRESSION, self.cost)
+    }
+
+    /// What one click counts against its budget.
+    pub fn click_units(&self) -> u64 {
+        self.clicks
+            .map_or(0, |c| self.units_of(EventType::CLICK, c.cost))
     }
 
     /// The budget period containing `t` (the local day without a budget).
@@ -230,7 +293,8 @@ pub fn parse_campaigns(text: &str, toml: bool) -> Result<Vec<SimCampaign>, SimEr
                 "campaigns[{i}].cost: must be from 1 to 2^53 - 1, got {cost}"
             )));
         }
-        out.push(SimCampaign::new(&c.id, cost, c.campaign)?);
+        let sim = SimCampaign::new(&c.id, cost, c.campaign)?;
+        out.push(sim.with_clicks(c.ctr.unwrap_or(0.0), c.click_cost.unwrap_or(cost))?);
     }
     Ok(out)
 }

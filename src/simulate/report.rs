@@ -47,6 +47,8 @@ pub struct CampaignSummary {
     pub eligible: u64,
     pub impressions: u64,
     pub spend: u64,
+    /// Clicks sent after its impressions (`ctr` in the campaigns file).
+    pub clicks: u64,
     /// Over the periods wholly inside the simulated span.
     pub complete_periods: usize,
     pub budget_total: u64,
@@ -224,6 +226,7 @@ pub fn summarize(campaigns: &[SimCampaign], stats: &RunStats) -> Summary {
             eligible: st.eligible,
             impressions: st.wins,
             spend: st.spend,
+            clicks: st.clicks,
             complete_periods: complete,
             budget_total: total,
             delivered,
@@ -326,6 +329,9 @@ pub fn markdown(s: &Summary) -> String {
             "Candidate in {} requests, eligible {} times, won {} ({} spent at {} per impression).\n",
             c.candidacies, c.eligible, c.impressions, c.spend, c.cost
         );
+        if c.clicks > 0 {
+            let _ = writeln!(m, "Clicks after its impressions: {}.\n", c.clicks);
+        }
         let _ = writeln!(
             m,
             "| period start | hours | complete | budget | delivered | % | over % | pacing RMSE | RMSE % | 99 % at | exhausted at |"

@@ -56,6 +56,28 @@ pub struct PeriodTally {
     pub reached_100: Option<Nanos>,
 }
 
+/// Counts `units` delivered against `c`'s budget in the period of
+/// `counted_at`, at `at` (when it reaches 99 % and 100 %), and in its hour.
+fn deliver(c: &SimCampaign, st: &mut CampaignStats, units: u64, counted_at: Nanos, at: Nanos) {
+    if units == 0 {
+        return;
+    }
+    let (ps, pe) = c.period_of(counted_at);
+    let p = st.periods.entry(ps).or_default();
+    p.end = pe;
+    p.delivered += units;
+    if let Some(amount) = c.budget.as_ref().map(|b| b.amount) {
+        // 99 %: delivered·100 ≥ 99·amount, in integers.
+        if p.reached_99.is_none() && u128::from(p.delivered) * 100 >= u128::from(amount) * 99 {
+            p.reached_99 = Some(at);
+        }
+        if p.reached_100.is_none() && p.delivered >= amount {
+            p.reached_100 = Some(at);
+        }
+    }
+    *st.hourly.entry(c.hour_of(counted_at)).or_insert(0) += units;
+}
+
 /// Everything recorded about one campaign.
 #[derive(Debug, Default)]
 pub struct CampaignStats {
@@ -64,6 +86,8 @@ pub struct CampaignStats {
     pub eligible: u64,
     pub wins: u64,
     pub spend: u64,
+    /// Clicks sent after its impressions (`ctr`).
+    pub clicks: u64,
     /// Denials by the cap that denied (`budget`, a cap's name, ...; a parent's
     /// caps as `parent/cap`).
     pub denials: BTreeMap<String, u64>,
@@ -293,7 +317,7 @@ impl<'a> Runner<'a> {
             event_id: None,
             // With user, campaign and cost, a commit after the reservation
             // expired still counts, as a late commit (the impression happened).
-            user: Some(d.user_name),
+            user: Some(d.user_name.clone()),
             ids: d
                 .household
                 .iter()
@@ -319,28 +343,41 @@ impl<'a> Runner<'a> {
         let st = &mut self.stats.campaigns[usize::from(d.winner)];
         st.wins += 1;
         st.spend += c.cost;
-        let (ps, pe) = c.period_of(d.reserved_at);
-        let p = st.periods.entry(ps).or_default();
-        p.end = pe;
-        p.delivered += c.budget_units();
-        p.impressions += 1;
-        if let Some(amount) = c.budget.as_ref().map(|b| b.amount) {
-            // 99 %: delivered·100 ≥ 99·amount, in integers.
-            if p.reached_99.is_none() && u128::from(p.delivered) * 100 >= u128::from(amount) * 99 {
-                p.reached_99 = Some(d.at);
-            }
-            if p.reached_100.is_none() && p.delivered >= amount {
-                p.reached_100 = Some(d.at);
-            }
-        }
-        *st.hourly.entry(c.hour_of(d.reserved_at)).or_insert(0) += c.budget_units();
+        deliver(c, st, c.budget_units(), d.reserved_at, d.at);
+        let (ps, _) = c.period_of(d.reserved_at);
+        st.periods.entry(ps).or_default().impressions += 1;
         *st.per_user_day
             .entry((d.user, c.day_of(d.reserved_at)))
             .or_insert(0) += 1;
-        if let Some((h, _)) = d.household {
+        if let Some((h, _)) = &d.household {
             *st.per_household_day
-                .entry((h, c.day_of(d.reserved_at)))
+                .entry((*h, c.day_of(d.reserved_at)))
                 .or_insert(0) += 1;
+        }
+        // A click follows, at once, with the campaign's rate.
+        if let Some(k) = c.clicks
+            && self.rng.random::<f64>() < k.ctr
+        {
+            let click = crate::engine::Event {
+                user: Some(d.user_name.clone()),
+                ids: d
+                    .household
+                    .iter()
+                    .map(|(_, h)| ("household".to_owned(), h.clone()))
+                    .collect(),
+                campaign: c.id.clone(),
+                cost: k.cost,
+                event_id: None,
+                event_type: Some(crate::model::EventType::CLICK.to_string()),
+            };
+            match self.engine.events(&[click]) {
+                Ok(_) => {
+                    let st = &mut self.stats.campaigns[usize::from(d.winner)];
+                    st.clicks += 1;
+                    deliver(c, st, c.click_units(), d.at, d.at);
+                }
+                Err(e) => eprintln!("simulate: a click on {:?} failed: {e}", c.id),
+            }
         }
         Ok(())
     }
