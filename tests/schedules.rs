@@ -262,7 +262,7 @@ fn a_budget_is_paced_over_the_scheduled_hours_only_on_every_placement() {
         }
         answers.push((kind, spend, line));
     }
-    let (_, spend, line) = &answers[0];
+    let (_, _, line) = &answers[0];
     // The cap: the line, 0 until 09:00 and 100 an hour (800 over 8 hours),
     // plus the default tolerance of 1 % (8); 800 from 17:00.
     assert_eq!(line[8], 8, "the cap at 08:00");

@@ -318,7 +318,7 @@ impl<C: Clock> Engine<C> {
                 self.check_id(&f("event_id"), id)?;
             }
             if let Some(t) = &e.event_type {
-                EventType::parse(t).map_err(|m| super::invalid(&f("type"), m))?;
+                EventType::parse(t).map_err(|m| super::invalid(f("type"), m))?;
             }
             if !reg.campaigns.contains_key(&e.campaign) {
                 return Err(EngineError::NotFound(format!(

@@ -292,13 +292,9 @@ pub fn denials(s: &ScreenOutcome) -> Vec<Denial> {
     s.results
         .iter()
         .map(|r| {
-            r.denied_by.as_ref().map(|d| {
-                (
-                    d.campaign.to_string(),
-                    d.cap.clone(),
-                    d.retry_after.map(u128::from),
-                )
-            })
+            r.denied_by
+                .as_ref()
+                .map(|d| (d.campaign.to_string(), d.cap.clone(), d.retry_after))
         })
         .collect()
 }
