@@ -252,6 +252,8 @@ async fn household_caps_over_grpc() {
                 }],
                 ..Default::default()
             }),
+            ctr: None,
+            click_cost: None,
         }],
         traffic: Some(traffic),
         sample: None,
@@ -268,11 +270,31 @@ async fn household_caps_over_grpc() {
         h["campaigns"][0]["households"].as_u64()
     );
     assert!(f.campaigns[0].impressions <= 600, "two a household: {f:?}");
-    let mut bad = req;
+    let mut bad = req.clone();
     bad.sample = Some(2.0);
     let e = c.forecast(bad).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("sample: must be"), "{}", e.message());
+    // A click rate over 1 names its campaign's field, on both fronts.
+    let mut bad = req;
+    bad.campaigns[0].ctr = Some(1.5);
+    let e = c.forecast(bad).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("campaigns[0].ctr: "),
+        "{}",
+        e.message()
+    );
+    let body = json!({"campaigns": [{"id": "c1", "ctr": 1.5, "campaign": {}}],
+        "traffic": {"requests": 4000.0, "users": 800, "seed": 5}});
+    let (st, h) = http(&n, "POST", "/v1/forecast", Some(body));
+    assert_eq!(st, 400, "{h}");
+    assert!(
+        h["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("campaigns[0].ctr: ")),
+        "{h}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

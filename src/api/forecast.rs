@@ -42,6 +42,16 @@ pub struct ForecastCampaign {
     #[serde(default)]
     #[schemars(range(min = 1, max = crate::MAX_EXACT))]
     cost: Option<u64>,
+    /// The share of its impressions followed by a click event, 0 to 1;
+    /// default 0 (docs/forecast.md).
+    #[serde(default)]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    ctr: Option<f64>,
+    /// Cost of one click, charged to budgets counting clicks; default
+    /// `cost`.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = crate::MAX_EXACT))]
+    click_cost: Option<u64>,
     campaign: CampaignDef,
 }
 
@@ -203,6 +213,9 @@ fn prepare(b: ForecastBody) -> Result<Prepared, SimError> {
         }
         let sim = SimCampaign::new(&c.id, cost, c.campaign)
             .map_err(|e| SimError(format!("campaigns[{i}].campaign: {e}")))?;
+        let sim = sim
+            .with_clicks(c.ctr.unwrap_or(0.0), c.click_cost.unwrap_or(cost))
+            .map_err(|e| SimError(format!("campaigns[{i}].{}", e.0)))?;
         campaigns.push(sim);
     }
     let tz_name = t.tz.unwrap_or_else(|| "UTC".into());

@@ -167,14 +167,7 @@ fn closed_spans(
             closed.push((t, end));
         }
     }
-    closed.sort_unstable();
-    let mut merged: Vec<(Nanos, Nanos)> = Vec::with_capacity(closed.len());
-    for (a, b) in closed {
-        match merged.last_mut() {
-            Some(m) if a <= m.1 => m.1 = m.1.max(b),
-            _ => merged.push((a, b)),
-        }
-    }
+    let mut merged = crate::limits::schedule::merge_spans(closed);
     merged.truncate(MAX_CLOSED);
     merged
 }

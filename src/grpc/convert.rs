@@ -525,6 +525,18 @@ pub fn forecast_request(
         };
         let mut m = Map::new();
         m.insert("id".into(), c.id.into());
+        if let Some(ctr) = c.ctr {
+            let n = serde_json::Number::from_f64(ctr).ok_or_else(|| {
+                FrontError::invalid(
+                    &format!("campaigns[{i}].ctr"),
+                    format!("must be a number from 0 to 1, got {ctr}"),
+                )
+            })?;
+            m.insert("ctr".into(), Value::Number(n));
+        }
+        if let Some(cost) = c.click_cost {
+            m.insert("click_cost".into(), cost.into());
+        }
         if let Some(cost) = c.cost {
             m.insert("cost".into(), cost.into());
         }

@@ -172,17 +172,22 @@ impl Schedule {
             let Ok(next) = d.tomorrow() else { break };
             d = next;
         }
-        out.sort_unstable();
         // Spans of one day may overlap (written so): merged.
-        let mut merged: Vec<(Nanos, Nanos)> = Vec::with_capacity(out.len());
-        for (a, b) in out {
-            match merged.last_mut() {
-                Some(m) if a <= m.1 => m.1 = m.1.max(b),
-                _ => merged.push((a, b)),
-            }
-        }
-        merged
+        merge_spans(out)
     }
+}
+
+/// `spans` in order, those that overlap or touch made one.
+pub fn merge_spans(mut spans: Vec<(Nanos, Nanos)>) -> Vec<(Nanos, Nanos)> {
+    spans.sort_unstable();
+    let mut merged: Vec<(Nanos, Nanos)> = Vec::with_capacity(spans.len());
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(m) if a <= m.1 => m.1 = m.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
 }
 
 /// The most local days [`Schedule::open_spans`] walks: a budget's longest

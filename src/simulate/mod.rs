@@ -201,18 +201,14 @@ impl SimCampaign {
     }
 
     /// This campaign with clicks following its impressions; errors name
-    /// the field.
+    /// the field (`ctr`, `click_cost`).
     pub fn with_clicks(mut self, ctr: f64, cost: u64) -> Result<Self, SimError> {
         if !(0.0..=1.0).contains(&ctr) {
-            return Err(SimError(format!(
-                "campaign {:?}: ctr: must be from 0 to 1, got {ctr}",
-                self.id
-            )));
+            return Err(SimError(format!("ctr: must be from 0 to 1, got {ctr}")));
         }
         if cost == 0 || cost > crate::MAX_EXACT {
             return Err(SimError(format!(
-                "campaign {:?}: click_cost: must be from 1 to 2^53 - 1, got {cost}",
-                self.id
+                "click_cost: must be from 1 to 2^53 - 1, got {cost}"
             )));
         }
         self.clicks = (ctr > 0.0).then_some(Clicks { ctr, cost });
@@ -294,7 +290,10 @@ pub fn parse_campaigns(text: &str, toml: bool) -> Result<Vec<SimCampaign>, SimEr
             )));
         }
         let sim = SimCampaign::new(&c.id, cost, c.campaign)?;
-        out.push(sim.with_clicks(c.ctr.unwrap_or(0.0), c.click_cost.unwrap_or(cost))?);
+        let sim = sim
+            .with_clicks(c.ctr.unwrap_or(0.0), c.click_cost.unwrap_or(cost))
+            .map_err(|e| SimError(format!("campaigns[{i}].{}", e.0)))?;
+        out.push(sim);
     }
     Ok(out)
 }

@@ -56,6 +56,13 @@ pub struct PeriodTally {
     pub reached_100: Option<Nanos>,
 }
 
+/// A request's household as the engine's identities (none, or one).
+fn household_ids(h: &Option<(u32, String)>) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(_, h)| ("household".to_owned(), h.clone()))
+        .collect()
+}
+
 /// Counts `units` delivered against `c`'s budget in the period of
 /// `counted_at`, at `at` (when it reaches 99 % and 100 %), and in its hour.
 fn deliver(c: &SimCampaign, st: &mut CampaignStats, units: u64, counted_at: Nanos, at: Nanos) {
@@ -255,11 +262,7 @@ impl<'a> Runner<'a> {
         let screen = ScreenRequest {
             priority: Default::default(),
             user: Some(req.user_name.clone()),
-            ids: req
-                .household
-                .iter()
-                .map(|(_, h)| ("household".to_owned(), h.clone()))
-                .collect(),
+            ids: household_ids(&req.household),
             candidates,
             reserve: true,
             ttl_ms: Some(self.opts.ttl_ms),
@@ -318,11 +321,7 @@ impl<'a> Runner<'a> {
             // With user, campaign and cost, a commit after the reservation
             // expired still counts, as a late commit (the impression happened).
             user: Some(d.user_name.clone()),
-            ids: d
-                .household
-                .iter()
-                .map(|(_, h)| ("household".to_owned(), h.clone()))
-                .collect(),
+            ids: household_ids(&d.household),
             sample: None,
         };
         match self.engine.commit(&d.id, &req) {
@@ -360,11 +359,7 @@ impl<'a> Runner<'a> {
         {
             let click = crate::engine::Event {
                 user: Some(d.user_name.clone()),
-                ids: d
-                    .household
-                    .iter()
-                    .map(|(_, h)| ("household".to_owned(), h.clone()))
-                    .collect(),
+                ids: household_ids(&d.household),
                 campaign: c.id.clone(),
                 cost: k.cost,
                 event_id: None,
