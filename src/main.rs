@@ -111,6 +111,11 @@ struct ServeArgs {
     /// docs/rls.md), served on the gRPC listener; reloaded on SIGHUP.
     #[arg(long, env = "FREQCAP_RLS_CONFIG")]
     rls_config: Option<PathBuf>,
+    /// What an Envoy rate limit call naming a domain with no rules gets:
+    /// `error` (INVALID_ARGUMENT, the default) or `ok` (as
+    /// envoyproxy/ratelimit; docs/rls.md).
+    #[arg(long, env = "FREQCAP_RLS_UNKNOWN_DOMAIN", value_enum)]
+    rls_unknown_domain: Option<freqcap::rls::UnknownDomain>,
     /// Address of the Redis-protocol front (CL.THROTTLE, FC.CHECK; docs/resp.md); unset: off.
     #[arg(long, env = "FREQCAP_RESP_LISTEN")]
     resp_listen: Option<std::net::SocketAddr>,
@@ -285,6 +290,9 @@ impl ServeArgs {
         }
         if self.rls_config.is_some() {
             c.rls_config = self.rls_config;
+        }
+        if let Some(v) = self.rls_unknown_domain {
+            c.rls_unknown_domain = v;
         }
         if self.definitions.is_some() {
             c.definitions = self.definitions;

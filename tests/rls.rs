@@ -416,3 +416,58 @@ async fn a_class_comes_as_a_descriptor_entry_or_metadata() {
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("must be one of"), "{}", s.message());
 }
+
+/// A domain with no rules (docs/rls.md, "Errors"; issue 49 item 4): by
+/// default INVALID_ARGUMENT naming `domain` (a typo in Envoy's `domain`
+/// shows); with `--rls-unknown-domain ok`, OK with every descriptor OK as
+/// envoyproxy/ratelimit answers, nothing debited, counted in
+/// `freqcap_rls_unknown_domain_total`. A known domain is decided as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_domain_is_an_error_or_ok_by_the_setting() {
+    let strict = node(&rules_dir());
+    let e = client(&strict)
+        .await
+        .should_rate_limit(request("edgee", vec![desc(&[("wide", "w")])]))
+        .await
+        .expect_err("an unknown domain");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .contains("domain: no rules for domain \"edgee\""),
+        "{}",
+        e.message()
+    );
+    drop(strict);
+    let lenient = node_with(&rules_dir(), &["--rls-unknown-domain", "ok"]);
+    let mut c = client(&lenient).await;
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(request(
+                "edgee",
+                vec![desc(&[("wide", "w")]), desc(&[("shared", "s")])],
+            ))
+            .await
+            .expect("OK")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(r.statuses.len(), 2, "{r:?}");
+        assert!(
+            r.statuses
+                .iter()
+                .all(|s| s.code == Code::Ok as i32 && s.current_limit.is_none())
+        );
+        assert!(r.response_headers_to_add.is_empty(), "{r:?}");
+    }
+    assert_eq!(
+        support::metric(&lenient.s.addr, "freqcap_rls_unknown_domain_total"),
+        Some(3.0)
+    );
+    // The known domain still limits, with nothing taken by those calls.
+    let r = c
+        .should_rate_limit(request("internal", vec![desc(&[("wide", "w")])]))
+        .await
+        .expect("decided")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    assert_eq!(r.statuses[0].limit_remaining, 1000 - 1, "{r:?}");
+}

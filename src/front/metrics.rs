@@ -96,6 +96,9 @@ pub struct RlsCounters {
     pub error: Counter,
     /// Shadow-mode descriptors that were over their limit (answered OK).
     pub shadow_over: Counter,
+    /// Calls naming a domain with no rules, answered OK
+    /// (`rls_unknown_domain = "ok"`).
+    pub unknown_domain: Counter,
     /// Rule reloads applied, and those refused (the previous rules stay).
     pub reloads: Counter,
     pub reload_failures: Counter,
@@ -293,6 +296,7 @@ impl Metrics {
             over_limit: call("over_limit"),
             error: call("error"),
             shadow_over: Counter::default(),
+            unknown_domain: Counter::default(),
             reloads: reload("applied"),
             reload_failures: reload("refused"),
             rules: Gauge::default(),
@@ -306,6 +310,11 @@ impl Metrics {
             "freqcap_rls_shadow_over_limit",
             "Shadow-mode descriptors over their limit, answered OK",
             rls.shadow_over.clone(),
+        );
+        registry.register(
+            "freqcap_rls_unknown_domain",
+            "Envoy rate limit calls naming a domain with no rules, answered OK (rls_unknown_domain = ok)",
+            rls.unknown_domain.clone(),
         );
         registry.register(
             "freqcap_rls_config_reloads",

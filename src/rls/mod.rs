@@ -81,7 +81,35 @@ pub mod pb {
 
 /// The rules in force and where they come from: read by the gRPC service
 /// per call, swapped by the SIGHUP task.
+/// What `ShouldRateLimit` answers a domain with no rules
+/// (`rls_unknown_domain`, docs/rls.md "Errors").
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownDomain {
+    /// INVALID_ARGUMENT naming `domain`: a typo in Envoy's `domain` shows
+    /// (and, under Envoy's `failure_mode_deny`, denies).
+    #[default]
+    Error,
+    /// OK with every descriptor OK, as envoyproxy/ratelimit answers:
+    /// nothing is limited or debited; counted in
+    /// `freqcap_rls_unknown_domain_total`.
+    Ok,
+}
+
 pub struct RulesHandle {
+    /// What a call naming a domain with no rules is answered
+    /// (`rls_unknown_domain`).
+    pub unknown_domain: UnknownDomain,
     /// The `rls_config` directory. It is listed again at every reload, so a
     /// file added or removed since the start is picked up.
     dir: PathBuf,
@@ -96,10 +124,15 @@ pub struct RulesHandle {
 impl RulesHandle {
     /// Loads `dir`; an error names the file and the path inside it. Used
     /// at start, where an error stops the server (there is nothing to keep).
-    pub fn open(dir: &Path, counters: RlsCounters) -> Result<RulesHandle, ConfigError> {
+    pub fn open(
+        dir: &Path,
+        counters: RlsCounters,
+        unknown_domain: UnknownDomain,
+    ) -> Result<RulesHandle, ConfigError> {
         let rules = Rules::load_dir(dir)?;
         counters.rules.set(rules.count as i64);
         Ok(RulesHandle {
+            unknown_domain,
             dir: dir.to_owned(),
             current: RwLock::new(Arc::new(rules)),
             counters,

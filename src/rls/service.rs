@@ -26,7 +26,7 @@ use super::pb::{
     self, HeaderValue, RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit},
 };
-use super::{RulesHandle, matching};
+use super::{RulesHandle, UnknownDomain, matching};
 use crate::MAX_EXACT;
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
@@ -218,6 +218,24 @@ impl<C: Clock + 'static> Service<C> {
         // (docs/rls.md, "Errors"). It also bounds the domain, which goes
         // into every counter key, to a loaded domain's length.
         let Some(root) = rules.domains.get(&req.domain) else {
+            if self.rules.unknown_domain == UnknownDomain::Ok {
+                // As envoyproxy/ratelimit: every descriptor OK, nothing
+                // limited or debited; counted, so a typo can be seen.
+                self.rules.counters.unknown_domain.inc();
+                self.rules.counters.ok.inc();
+                return Ok(RateLimitResponse {
+                    overall_code: Code::Ok as i32,
+                    statuses: req
+                        .descriptors
+                        .iter()
+                        .map(|_| DescriptorStatus {
+                            code: Code::Ok as i32,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    response_headers_to_add: Vec::new(),
+                });
+            }
             let mut known: Vec<&str> = rules.domains.keys().map(String::as_str).collect();
             known.sort_unstable();
             return Err(Self::invalid(

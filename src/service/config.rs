@@ -45,6 +45,10 @@ pub struct ServeConfig {
     /// `envoy.service.ratelimit.v3.RateLimitService` on `grpc_listen`;
     /// unset: off. Reloaded on SIGHUP.
     pub rls_config: Option<PathBuf>,
+    /// What a `ShouldRateLimit` naming a domain with no rules gets:
+    /// `error` (INVALID_ARGUMENT naming `domain`) or `ok` (as
+    /// envoyproxy/ratelimit; docs/rls.md, "Errors").
+    pub rls_unknown_domain: crate::rls::UnknownDomain,
     /// RESP connections served at once (lowered, with `max_connections`, to
     /// fit the file-descriptor limit).
     pub resp_max_connections: usize,
@@ -172,6 +176,7 @@ impl Default for ServeConfig {
             grpc_listen: "127.0.0.1:8081".into(),
             resp_listen: None,
             rls_config: None,
+            rls_unknown_domain: Default::default(),
             definitions: None,
             resp_max_connections: 1024,
             grpc_max_connections: 1024,

@@ -289,8 +289,12 @@ fn open_rls(
                         .into(),
                 );
             }
-            let handle = crate::rls::RulesHandle::open(dir, state.metrics.rls.clone())
-                .map_err(|e| format!("rls_config: {e}"))?;
+            let handle = crate::rls::RulesHandle::open(
+                dir,
+                state.metrics.rls.clone(),
+                config.rls_unknown_domain,
+            )
+            .map_err(|e| format!("rls_config: {e}"))?;
             let handle = Arc::new(handle);
             tracing::info!(dir = %dir.display(), rules = handle.current().count, "Envoy rate limit rules loaded from {}", dir.display());
             tokio::spawn(handle.clone().reload_on_sighup());
