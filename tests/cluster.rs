@@ -419,9 +419,13 @@ fn leased_budgets_and_campaign_caps_hold_across_nodes() {
         cap <= CAMPAIGN_CAP,
         "campaign cap exceeded: {cap} > {CAMPAIGN_CAP}"
     );
+    // Short by at most what each node's grant can be left holding below the
+    // next impression's cost (costs 1 to 3: 2 units a node). Measured
+    // 197-199 of 200; a bound of 99 % (198) failed once at 197 (2026-12-06).
+    let stranded = nodes.len() as u64 * 2;
     assert!(
-        bud * 100 >= BUDGET * 99,
-        "budget under-delivered: {bud} of {BUDGET}"
+        bud >= BUDGET - stranded,
+        "budget under-delivered: {bud} of {BUDGET} (at most {stranded} may be stranded)"
     );
     assert_eq!(cap, CAMPAIGN_CAP, "campaign cap under-delivered");
     // One truth: every node answers the fleet's delivery and campaign-scope
