@@ -48,6 +48,7 @@ pub mod server;
 pub mod service;
 pub mod simulate;
 pub mod store;
+pub mod tls;
 #[cfg(feature = "tower")]
 pub mod tower;
 

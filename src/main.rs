@@ -131,9 +131,40 @@ struct ServeArgs {
     /// Keep state in memory only (`--memory=false` overrides a file's `true`).
     #[arg(long, env = "FREQCAP_MEMORY", num_args = 0..=1, default_missing_value = "true")]
     memory: Option<bool>,
-    /// rocksdb (default), memory, or redis-cluster://HOST:PORT[,HOST:PORT...].
+    /// rocksdb (default), memory, redis-cluster://[USER:PASSWORD@]HOST:PORT[,...],
+    /// rediss-cluster:// (TLS), or redis:// / rediss:// for one Redis.
     #[arg(long, env = "FREQCAP_STORE")]
     store: Option<String>,
+    /// With a rediss:// store: the CA (PEM) Redis's certificate chains to
+    /// (default: the system's roots).
+    #[arg(long, env = "FREQCAP_STORE_CA")]
+    store_ca: Option<PathBuf>,
+    /// With a rediss:// store: this node's client certificate (PEM), for a
+    /// Redis that requires one; with --store-key.
+    #[arg(long, env = "FREQCAP_STORE_CERT")]
+    store_cert: Option<PathBuf>,
+    /// The private key (PEM) of --store-cert.
+    #[arg(long, env = "FREQCAP_STORE_KEY")]
+    store_key: Option<PathBuf>,
+    /// A file whose first line is the store's password (instead of the
+    /// URL; FREQCAP_STORE_PASSWORD gives it from the environment).
+    #[arg(long, env = "FREQCAP_STORE_PASSWORD_FILE")]
+    store_password_file: Option<PathBuf>,
+    /// TLS on every listener: the certificate (PEM, then its chain); with
+    /// --tls-key. Reloaded when the file changes and on SIGHUP.
+    #[arg(long, env = "FREQCAP_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "FREQCAP_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: every client must present a certificate chaining to
+    /// these CAs (PEM).
+    #[arg(long, env = "FREQCAP_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
+    /// Owner mode over TLS: the CA (PEM) other nodes' certificates chain
+    /// to (default --tls-client-ca).
+    #[arg(long, env = "FREQCAP_TLS_PEER_CA")]
+    tls_peer_ca: Option<PathBuf>,
     /// This node's name in a cluster (default <hostname>:<listen port>).
     #[arg(long, env = "FREQCAP_NODE_ID")]
     node_id: Option<String>,
@@ -290,6 +321,27 @@ impl ServeArgs {
         }
         if self.rls_config.is_some() {
             c.rls_config = self.rls_config;
+        }
+        for (field, flag) in [
+            (&mut c.store_ca, self.store_ca),
+            (&mut c.store_cert, self.store_cert),
+            (&mut c.store_key, self.store_key),
+            (&mut c.store_password_file, self.store_password_file),
+            (&mut c.tls_cert, self.tls_cert),
+            (&mut c.tls_key, self.tls_key),
+            (&mut c.tls_client_ca, self.tls_client_ca),
+            (&mut c.tls_peer_ca, self.tls_peer_ca),
+        ] {
+            if flag.is_some() {
+                *field = flag;
+            }
+        }
+        // From the environment only: a flag would show in `ps`, a file
+        // option is store_password_file.
+        if let Ok(p) = std::env::var("FREQCAP_STORE_PASSWORD")
+            && !p.is_empty()
+        {
+            c.store_password = Some(freqcap::cluster::Secret(p));
         }
         if let Some(v) = self.rls_unknown_domain {
             c.rls_unknown_domain = v;

@@ -39,6 +39,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
+use crate::tls::Stream;
+
 /// Limits on connections (`docs/service.md`, "Connections").
 #[derive(Debug, Clone)]
 pub struct ConnLimits {
@@ -59,6 +61,9 @@ pub struct ConnLimits {
     /// Serve HTTP/2 only (the gRPC listener); else HTTP/1.1, or HTTP/2 when a
     /// connection opens with its preface.
     pub http2_only: bool,
+    /// TLS on this listener (`src/tls/`): every connection's handshake,
+    /// within `header_timeout`, comes before its first request.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 impl Default for ConnLimits {
@@ -71,6 +76,7 @@ impl Default for ConnLimits {
             drain_timeout: Duration::from_secs(10),
             first_request_timeout: None,
             http2_only: false,
+            tls: None,
         }
     }
 }
@@ -296,7 +302,7 @@ pub struct ConnCounters {
 /// On HTTP/2 it also gathers what h2 writes between two flushes into one
 /// `writev` ([`Coalesced`]).
 struct Tracked {
-    io: TcpStream,
+    io: Stream,
     state: Arc<ConnState>,
     out: Coalesced,
 }
@@ -331,11 +337,7 @@ struct Coalesced {
 
 impl Coalesced {
     /// Writes what is gathered; Ready(Ok) once all of it is out.
-    fn poll_drain(
-        &mut self,
-        io: &mut TcpStream,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_drain(&mut self, io: &mut Stream, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         while self.sent < self.buf.len() {
             match Pin::new(&mut *io).poll_write(cx, &self.buf[self.sent..]) {
                 Poll::Ready(Ok(0)) => {
@@ -355,7 +357,7 @@ impl Coalesced {
     /// past [`COALESCE_MAX`], writes them straight.
     fn poll_write(
         &mut self,
-        io: &mut TcpStream,
+        io: &mut Stream,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
@@ -683,7 +685,17 @@ fn connection(
         (limits.header_timeout, limits.idle_timeout, first)
     };
     let http2_only = limits.http2_only;
+    let tls = limits.tls.clone();
     async move {
+        let proto = if http2_only {
+            crate::tls::Proto::Grpc
+        } else {
+            crate::tls::Proto::Http
+        };
+        // The handshake has a request head's deadline.
+        let Some(stream) = crate::tls::accept(tls.as_ref(), proto, stream, header).await else {
+            return;
+        };
         let conn_ext = Conn(state.clone());
         let svc_state = state.clone();
         let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -768,7 +780,7 @@ mod tests {
         let state = Arc::new(ConnState::new(false, true));
         state.proto.store(PROTO_HTTP2, Ordering::Relaxed);
         let mut w = Tracked {
-            io: server,
+            io: Stream::Plain(server),
             state,
             out: Coalesced::default(),
         };
@@ -840,7 +852,7 @@ mod tests {
         let state = Arc::new(ConnState::new(false, false));
         state.proto.store(PROTO_HTTP1, Ordering::Relaxed);
         let mut w = Tracked {
-            io: server,
+            io: Stream::Plain(server),
             state,
             out: Coalesced::default(),
         };

@@ -208,6 +208,7 @@ fn resp_options() -> RespOptions {
         command_timeout: Duration::from_secs(10),
         drain_timeout: Duration::from_secs(1),
         max_command: 4096,
+        tls: None,
     }
 }
 

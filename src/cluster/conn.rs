@@ -10,55 +10,10 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Cmd, RedisError, RedisResult, Value};
 
-use super::{FUNCTIONS, META, time};
+use super::{FUNCTIONS, META, RedisOptions, time};
 use crate::clock::Nanos;
 use crate::store::shared::{CallStats, LATENCY_BOUNDS_US};
 use crate::store::{Cas, Durability, Op, Space, StoreError};
-
-/// How to reach and use the cluster.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// Seed nodes, `host:port`.
-    pub seeds: Vec<String>,
-    /// `Wal`: acknowledged once the primary applied a write; `Replicated`
-    /// and `Fsync`: also once a replica has it (`WAIT 1`).
-    pub durability: Durability,
-    /// Deadline of one call (a write and its `WAIT` together).
-    pub call_timeout: Duration,
-}
-
-impl RedisOptions {
-    /// Parses `redis-cluster://HOST:PORT[,HOST:PORT...]`.
-    pub fn parse(url: &str, durability: Durability) -> Result<Self, String> {
-        let rest = url.strip_prefix("redis-cluster://").ok_or_else(|| {
-            format!("store: expected redis-cluster://HOST:PORT[,...], got {url:?}")
-        })?;
-        let seeds: Vec<String> = rest
-            .split(',')
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if seeds.is_empty() {
-            return Err("store: redis-cluster:// needs at least one HOST:PORT".into());
-        }
-        for s in &seeds {
-            let ok = s
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !ok {
-                return Err(format!("store: {s:?} is not HOST:PORT"));
-            }
-        }
-        if durability == Durability::Async {
-            return Err("durability: async is not a mode of a redis-cluster store (wal, replicated or fsync)".into());
-        }
-        Ok(RedisOptions {
-            seeds,
-            durability,
-            call_timeout: Duration::from_millis(100),
-        })
-    }
-}
 
 /// A connection to a cluster, or to one Redis (development).
 #[derive(Clone)]
@@ -408,6 +363,7 @@ impl RedisStore {
 }
 
 pub(super) async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
+    // Errors name the seeds, never the URL: it may hold the password.
     let unavailable = |e: RedisError| {
         StoreError::Unavailable(format!("cannot reach Redis at {}: {e}", o.seeds.join(",")))
     };
@@ -415,8 +371,8 @@ pub(super) async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError
     // be a primary that just died).
     let mut probed = Err(StoreError::Unavailable("no seed".into()));
     for seed in &o.seeds {
-        let first = format!("redis://{seed}");
-        let probe = redis::Client::open(first.as_str()).map_err(unavailable)?;
+        let first = o.seed_url(seed);
+        let probe = single_client(o, &first).map_err(unavailable)?;
         probed = match tokio::time::timeout(
             Duration::from_secs(2),
             probe.get_multiplexed_async_connection(),
@@ -439,29 +395,68 @@ pub(super) async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError
         .query_async(&mut single)
         .await
         .map_err(unavailable)?;
-    if !info.contains("cluster_enabled:1") {
+    let clustered = info.contains("cluster_enabled:1");
+    if o.single {
+        if clustered {
+            return Err(StoreError::Unavailable(format!(
+                "{first} is a cluster node: use {}-cluster:// for a cluster",
+                if o.tls { "rediss" } else { "redis" }
+            )));
+        }
+        return Ok((Conn::Single(single), false));
+    }
+    if !clustered {
         tracing::warn!(
             "{first} is a single Redis, not a cluster: fine for development, \
-             but it is one point of failure"
+             but it is one point of failure (redis:// names one Redis)"
         );
         return Ok((Conn::Single(single), false));
     }
-    let client =
-        redis::cluster::ClusterClient::builder(o.seeds.iter().map(|s| format!("redis://{s}")))
-            // One retry, no sleeps in between (min/max wait in ms): a dead shard
-            // fails its requests within the call's deadline instead of stalling.
-            .retries(1)
-            .min_retry_wait(1)
-            .max_retry_wait(10)
-            .connection_timeout(Duration::from_millis(250))
-            .response_timeout(o.call_timeout)
-            .build()
-            .map_err(unavailable)?;
+    let mut builder = redis::cluster::ClusterClient::builder(o.seeds.iter().map(|s| o.seed_url(s)))
+        // One retry, no sleeps in between (min/max wait in ms): a dead shard
+        // fails its requests within the call's deadline instead of stalling.
+        .retries(1)
+        .min_retry_wait(1)
+        .max_retry_wait(10)
+        .connection_timeout(Duration::from_millis(250))
+        .response_timeout(o.call_timeout);
+    if let Some(user) = &o.username {
+        builder = builder.username(user);
+    }
+    if let Some(p) = &o.password {
+        builder = builder.password(&p.0);
+    }
+    if o.tls {
+        builder = builder.tls(redis::TlsMode::Secure);
+        if let Some(certs) = &o.certs {
+            builder = builder.certs(certs.clone());
+        }
+    }
+    let client = builder.build().map_err(unavailable)?;
     let conn = tokio::time::timeout(Duration::from_secs(5), client.get_async_connection())
         .await
         .map_err(|_| StoreError::Unavailable("the cluster did not answer within 5 s".into()))?
         .map_err(unavailable)?;
     Ok((Conn::Cluster(conn), true))
+}
+
+/// A client of the one Redis at `url` (no credentials in it), with the
+/// configured user, password and certificates.
+fn single_client(o: &RedisOptions, url: &str) -> RedisResult<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &o.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(p) = &o.password {
+        settings = settings.set_password(&p.0);
+    }
+    let info = info.set_redis_settings(settings);
+    match &o.certs {
+        Some(certs) if o.tls => redis::Client::build_with_tls(info, certs.clone()),
+        _ => redis::Client::open(info),
+    }
 }
 
 /// A failed call: unreachable (the caller may retry later) or a fault.
@@ -544,27 +539,6 @@ pub(super) fn unexpected(what: &str, v: &Value) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    pub(super) fn store_urls_are_parsed_or_refused_naming_the_option() {
-        let o = RedisOptions::parse(
-            "redis-cluster://127.0.0.1:7100,127.0.0.1:7101",
-            Durability::Wal,
-        )
-        .unwrap();
-        assert_eq!(o.seeds, ["127.0.0.1:7100", "127.0.0.1:7101"]);
-        for bad in [
-            "redis://x:1",
-            "redis-cluster://",
-            "redis-cluster://host",
-            "redis-cluster://h:0",
-        ] {
-            let e = RedisOptions::parse(bad, Durability::Wal).unwrap_err();
-            assert!(e.starts_with("store"), "{bad}: {e}");
-        }
-        let e = RedisOptions::parse("redis-cluster://h:1", Durability::Async).unwrap_err();
-        assert!(e.starts_with("durability"), "{e}");
-    }
 
     #[test]
     pub(super) fn keys_put_one_record_in_one_slot() {

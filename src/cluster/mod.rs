@@ -43,9 +43,11 @@ pub mod time;
 mod catalog;
 mod conn;
 mod leases;
+mod options;
 mod records;
 
-pub use conn::{RedisOptions, RedisStore, START_RETRY, START_WAIT};
+pub use conn::{RedisStore, START_RETRY, START_WAIT};
+pub use options::{RedisOptions, Secret};
 
 /// The Functions library, loaded at start with `FUNCTION LOAD REPLACE`.
 pub const FUNCTIONS: &str = include_str!("functions.lua");

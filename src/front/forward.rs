@@ -7,12 +7,14 @@
 //! (the engine's "owned by" error), which the client retries, instead of
 //! sending it back and forth.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -45,21 +47,41 @@ const KEPT: [&str; 6] = [
     "www-authenticate",
 ];
 
-/// A pooled HTTP/1.1 client to the other nodes.
+/// A pooled HTTP/1.1 client to the other nodes, over TLS when the nodes
+/// serve TLS (`tls_peer_ca`).
 pub struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    pool: Pool,
     node: HeaderValue,
 }
 
+enum Pool {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(Client<HttpsConnector<HttpConnector>, Full<Bytes>>),
+}
+
 impl Forwarder {
-    pub fn new(node: &str) -> Forwarder {
+    /// `tls`: the client configuration of TLS between nodes
+    /// (`crate::tls::peer_client`); `None`: plaintext.
+    pub fn new(node: &str, tls: Option<Arc<rustls::ClientConfig>>) -> Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(TIMEOUT));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(Duration::from_secs(30));
+        let pool = match tls {
+            None => Pool::Plain(builder.build(connector)),
+            Some(config) => {
+                connector.enforce_http(false);
+                let https = HttpsConnectorBuilder::new()
+                    .with_tls_config((*config).clone())
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(connector);
+                Pool::Tls(builder.build(https))
+            }
+        };
         Forwarder {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
+            pool,
             node: HeaderValue::from_str(node).unwrap_or(HeaderValue::from_static("node")),
         }
     }
@@ -83,6 +105,13 @@ impl Forwarder {
         Some(self.send(&node, &addr, method, path, headers, body).await)
     }
 
+    fn scheme(&self) -> &'static str {
+        match self.pool {
+            Pool::Plain(_) => "http",
+            Pool::Tls(_) => "https",
+        }
+    }
+
     async fn send(
         &self,
         node: &str,
@@ -99,7 +128,7 @@ impl Forwarder {
         };
         let mut req = Request::builder()
             .method(method)
-            .uri(format!("http://{addr}{path}"))
+            .uri(format!("{}://{addr}{path}", self.scheme()))
             .header(header::CONTENT_TYPE, "application/json")
             .header(HeaderName::from_static(FORWARDED), self.node.clone());
         // The client's `Host` too: the owner checks it as the node asked
@@ -121,11 +150,11 @@ impl Forwarder {
             .body(Full::new(body))
             .map_err(|e| FrontError::internal(format_args!("forwarded request: {e}")))?;
         let answer = tokio::time::timeout(TIMEOUT, async {
-            let res = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| gone(e.to_string()))?;
+            let res = match &self.pool {
+                Pool::Plain(c) => c.request(req).await,
+                Pool::Tls(c) => c.request(req).await,
+            }
+            .map_err(|e| gone(e.to_string()))?;
             let (parts, body) = res.into_parts();
             let bytes = Limited::new(body, MAX_ANSWER)
                 .collect()

@@ -146,6 +146,8 @@ pub struct Metrics {
     pub grpc_connections: ConnCounters,
     /// Reloads of the definitions directory.
     pub definition_reloads: DefinitionReloads,
+    /// TLS on the listeners (`src/tls/`), when configured.
+    pub tls: crate::tls::TlsCounters,
 }
 
 /// A listener's figures as `freqcap_<front>_connections_open`, `_refused`
@@ -160,7 +162,11 @@ fn register_conns(registry: &mut Registry, front: &str, c: &ConnCounters, help: 
 
 impl Metrics {
     /// A registry with the fronts' metrics and `figures` read per scrape.
-    pub fn new(figures: EngineFigures, conns: &ConnCounters) -> Self {
+    pub fn new(
+        figures: EngineFigures,
+        conns: &ConnCounters,
+        tls_counters: &crate::tls::TlsCounters,
+    ) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         // 50 µs to 5 s in 1-2.5-5 steps: decisions take microseconds, commits
@@ -326,8 +332,30 @@ impl Metrics {
             "Envoy rate limit rules loaded now",
             rls.rules.clone(),
         );
+        let tls = tls_counters.clone();
+        registry.register(
+            "freqcap_tls_reloads",
+            "TLS certificates reloaded (file change or SIGHUP)",
+            tls.reloads.clone(),
+        );
+        registry.register(
+            "freqcap_tls_reload_failures",
+            "TLS certificate reloads refused (the certificates in force stay)",
+            tls.reload_failures.clone(),
+        );
+        registry.register(
+            "freqcap_tls_handshake_failures",
+            "TLS handshakes failed: no or a bad client certificate, a protocol error, or past header_timeout_secs",
+            tls.handshake_failures.clone(),
+        );
+        registry.register(
+            "freqcap_tls_plaintext_refused",
+            "Connections that spoke plaintext to a TLS port (told so and closed)",
+            tls.plaintext_refused.clone(),
+        );
         registry.register_collector(Box::new(figures));
         Metrics {
+            tls,
             definition_reloads,
             rls,
             grpc_connections,

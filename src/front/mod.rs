@@ -96,6 +96,12 @@ pub struct FrontOptions {
     /// metrics").
     pub metrics_definitions: Vec<String>,
     pub metrics_top: usize,
+    /// Owner mode over TLS: the client side of forwarding to other nodes
+    /// (`crate::tls::peer_client`); `None`: plaintext.
+    pub peer_tls: Option<Arc<rustls::ClientConfig>>,
+    /// TLS's figures, registered in `/metrics` (the listeners' TLS counts
+    /// into them).
+    pub tls_counters: crate::tls::TlsCounters,
 }
 
 impl Default for FrontOptions {
@@ -116,6 +122,8 @@ impl Default for FrontOptions {
             connections: ConnCounters::default(),
             metrics_definitions: Vec::new(),
             metrics_top: 0,
+            peer_tls: None,
+            tls_counters: Default::default(),
         }
     }
 }
@@ -219,13 +227,14 @@ pub fn app_state<C: Clock + 'static>(
     let metrics = Metrics::new(
         figures::EngineFigures(Box::new(move || figures(&figures_of, &allow, top))),
         &options.connections,
+        &options.tls_counters,
     );
     // Room for one largest body and its head whatever was configured.
     let body_budget = body_budget::BodyBudget::new(
         options.body_memory.max(options.max_body + (128 << 10)),
         metrics.overloaded_counter("body_memory"),
     );
-    let forwarder = forward::Forwarder::new(engine.node_id());
+    let forwarder = forward::Forwarder::new(engine.node_id(), options.peer_tls.clone());
     Arc::new(AppState {
         engine,
         forwarder,

@@ -323,6 +323,7 @@ mod tests {
         let metrics = Metrics::new(
             super::super::figures::EngineFigures(Box::new(Default::default)),
             &crate::server::ConnCounters::default(),
+            &Default::default(),
         );
         let take = |class| InFlight::take(&metrics, None, 100, class);
         let held: Vec<_> = (0..50).map(|_| take(Priority::Default).unwrap()).collect();
@@ -376,6 +377,7 @@ mod tests {
         Metrics::new(
             super::super::figures::EngineFigures(Box::new(Default::default)),
             &crate::server::ConnCounters::default(),
+            &Default::default(),
         )
     }
 

@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::tls::Stream;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
@@ -65,6 +67,9 @@ pub struct RespOptions {
     pub drain_timeout: Duration,
     /// The largest command, bytes (its arguments and framing).
     pub max_command: usize,
+    /// TLS on this listener (`src/tls/`); the handshake has
+    /// `command_timeout`.
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// Bytes asked of the socket per read: a few hundred pipelined checks.
@@ -212,7 +217,7 @@ pub async fn serve<C: Clock + 'static>(
 
 /// Writes `out` within the idle timeout; `false` if the client is gone or
 /// does not read.
-async fn flush(stream: &mut TcpStream, out: &mut Vec<u8>, timeout: Duration) -> bool {
+async fn flush(stream: &mut Stream, out: &mut Vec<u8>, timeout: Duration) -> bool {
     let ok = matches!(
         tokio::time::timeout(timeout, stream.write_all(out)).await,
         Ok(Ok(()))
@@ -253,13 +258,19 @@ fn shrink(buf: &mut Vec<u8>) {
 /// replies, read again.
 async fn connection<C: Clock + 'static>(
     front: Arc<Front<C>>,
-    mut stream: TcpStream,
+    stream: TcpStream,
     conn: Conn,
     mut stop: watch::Receiver<bool>,
 ) {
+    let o = &front.options;
+    let tls = o.tls.as_ref();
+    let Some(mut stream) =
+        crate::tls::accept(tls, crate::tls::Proto::Resp, stream, o.command_timeout).await
+    else {
+        return;
+    };
     let id = front.next_id.fetch_add(1, Ordering::Relaxed);
     let mut s = Session::new(id, !front.tokens.required());
-    let o = &front.options;
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut out: Vec<u8> = Vec::with_capacity(1024);
     // When the first byte of a command still incomplete arrived.

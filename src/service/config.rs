@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::cluster::Secret;
 use crate::engine::EngineOptions;
 use crate::front::FrontOptions;
 use crate::server::ConnLimits;
@@ -64,6 +65,33 @@ pub struct ServeConfig {
     /// `memory = true`), or `redis-cluster://HOST:PORT[,HOST:PORT...]`, a
     /// Redis Cluster several nodes share (docs/cluster.md).
     pub store: String,
+    /// With a `rediss://` or `rediss-cluster://` store: the CA (PEM) Redis's
+    /// certificate must chain to; unset: the system's roots.
+    pub store_ca: Option<PathBuf>,
+    /// With a TLS store: this node's client certificate and key (PEM), for
+    /// a Redis that requires them (`tls-auth-clients yes`).
+    pub store_cert: Option<PathBuf>,
+    pub store_key: Option<PathBuf>,
+    /// A file holding the store's password (its first line), instead of the
+    /// URL; `FREQCAP_STORE_PASSWORD` gives it from the environment.
+    pub store_password_file: Option<PathBuf>,
+    /// The store's password from `FREQCAP_STORE_PASSWORD` (never from the
+    /// file, never printed).
+    #[serde(skip)]
+    pub store_password: Option<Secret>,
+    /// PEM certificate (then its chain) every listener (HTTP, gRPC, RESP)
+    /// serves TLS with, with `tls_key`; unset: plaintext (docs/service.md,
+    /// "TLS"). Reloaded when the file changes and on SIGHUP.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificates: set, every connection must present a client
+    /// certificate chaining to one of them (mutual TLS).
+    pub tls_client_ca: Option<PathBuf>,
+    /// Owner mode over TLS: the CA (PEM) other nodes' certificates chain
+    /// to, when forwarding a request to a user's owner; default
+    /// `tls_client_ca`.
+    pub tls_peer_ca: Option<PathBuf>,
     /// This node's name among the nodes of a cluster (logs, metrics);
     /// default `<hostname>:<listen port>`.
     pub node_id: Option<String>,
@@ -184,6 +212,15 @@ impl Default for ServeConfig {
             memory: false,
             store: "rocksdb".into(),
             node_id: None,
+            store_ca: None,
+            store_cert: None,
+            store_key: None,
+            store_password_file: None,
+            store_password: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_peer_ca: None,
             shadow: false,
             fail_open: false,
             redis_timeout_ms: 100,
@@ -242,10 +279,9 @@ impl ServeConfig {
         if self.reservations == FleetMode::Shared {
             return Ok(None);
         }
-        if !self.store.starts_with("redis-cluster://") {
+        if !crate::cluster::RedisOptions::is_url(&self.store) {
             return Err(
-                "reservations: owner needs a redis-cluster store (store = \"redis-cluster://...\")"
-                    .into(),
+                "reservations: owner needs a Redis store (store = \"redis-cluster://...\")".into(),
             );
         }
         let at = match &self.advertise {
@@ -271,7 +307,7 @@ impl ServeConfig {
             "rocksdb" | "memory" => {
                 if self.durability == Durability::Replicated {
                     return Err(
-                        "durability: replicated needs a redis-cluster store (store = \"redis-cluster://...\")"
+                        "durability: replicated needs a Redis store (store = \"redis-cluster://...\")"
                             .into(),
                     );
                 }
@@ -280,6 +316,7 @@ impl ServeConfig {
                 crate::cluster::RedisOptions::parse(url, self.durability)?;
             }
         }
+        self.check_tls()?;
         if self.write_behind_ms > crate::store::rocks::MAX_WRITE_BEHIND_MS {
             return Err(format!(
                 "write_behind_ms: at most {} (a crash loses that much of immediate debits), got {}",
@@ -359,6 +396,91 @@ impl ServeConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl ServeConfig {
+    /// The TLS files of the listeners, `None` for plaintext; errors name
+    /// the option missing its pair.
+    pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            })),
+            (Some(_), None) => Err("tls_key: required with tls_cert".into()),
+            (None, Some(_)) => Err("tls_cert: required with tls_key".into()),
+            (None, None) => {
+                for (name, set) in [
+                    ("tls_client_ca", self.tls_client_ca.is_some()),
+                    ("tls_peer_ca", self.tls_peer_ca.is_some()),
+                ] {
+                    if set {
+                        return Err(format!(
+                            "{name}: needs tls_cert and tls_key (TLS on the listeners)"
+                        ));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn check_tls(&self) -> Result<(), String> {
+        let tls = self.tls_files()?;
+        if tls.is_some()
+            && self.reservations == crate::cluster::owners::FleetMode::Owner
+            && self.tls_peer_ca.is_none()
+            && self.tls_client_ca.is_none()
+        {
+            return Err(
+                "tls_peer_ca: owner mode over TLS forwards requests to other nodes: give the CA their certificates chain to (or tls_client_ca)"
+                    .into(),
+            );
+        }
+        if self.store_cert.is_some() != self.store_key.is_some() {
+            let missing = if self.store_cert.is_some() {
+                "store_key"
+            } else {
+                "store_cert"
+            };
+            return Err(format!("{missing}: store_cert and store_key go together"));
+        }
+        if self.store_password.is_some() && self.store_password_file.is_some() {
+            return Err(
+                "store_password_file: the password is also given by FREQCAP_STORE_PASSWORD; give one"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The store's password from `store_password_file` or
+    /// `FREQCAP_STORE_PASSWORD`, if either is given.
+    pub fn store_password(&self) -> Result<Option<Secret>, String> {
+        if let Some(p) = &self.store_password {
+            return Ok(Some(p.clone()));
+        }
+        let Some(path) = &self.store_password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("store_password_file: cannot read {}: {e}", path.display()))?;
+        let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+        if first.is_empty() {
+            return Err(format!(
+                "store_password_file: {} has no password on its first line",
+                path.display()
+            ));
+        }
+        Ok(Some(Secret(first.to_owned())))
+    }
+
+    /// `store` as logs and answers show it: a password in the URL replaced
+    /// by `***`.
+    pub fn store_shown(&self) -> String {
+        crate::cluster::RedisOptions::redact(&self.store)
     }
 }
 

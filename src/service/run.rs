@@ -20,6 +20,7 @@ use crate::rls::RulesHandle;
 use crate::server::ConnCounters;
 use crate::server::{self, ConnLimits};
 use crate::store::{MemoryStore, RocksOptions, RocksStore, Store};
+use crate::tls::Tls;
 
 /// The engine every front and background task shares.
 type SharedEngine = Arc<Engine<SystemClock>>;
@@ -34,10 +35,15 @@ type Membership = (
 /// flight, then flushes the writer.
 pub async fn serve(config: ServeConfig) -> Result<(), String> {
     config.check()?;
+    // ring as the process's TLS provider: the Redis client's `rediss://`
+    // asks for the default one.
+    crate::tls::install_provider();
     for w in config.warnings() {
         tracing::warn!("{w}");
     }
     let node_id = node_id(&config);
+    // Before connecting anywhere: a bad certificate is said at once.
+    let tls = open_tls(&config)?;
     // Bound first: in owner mode the engine opens knowing the address other
     // nodes forward its users to, the listener's when `listen` asks for any
     // port. Nothing is accepted before the "listening" line below.
@@ -45,13 +51,13 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let store = open_store(&config, &node_id).await?;
     let engine = open_engine(&config, store, &node_id, fleet(&config, addr)?).await?;
     let definitions_seen = load_definitions(&config, &engine).await?;
-    let front = open_front(&config, &engine);
+    let front = open_front(&config, &engine, tls.as_ref())?;
     watch_definitions(&config, &engine, &front.state, definitions_seen);
     let rls = open_rls(&config, &front.state)?;
-    let limits = conn_limits(&config)?;
+    let limits = conn_limits(&config, tls)?;
     let membership = join_fleet(&engine).await?;
     let others = bind_other_fronts(&config).await?;
-    tracing::info!(%addr, node_id, store = %config.store, data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.http.max_connections, "freqcap listening on {addr}");
+    tracing::info!(%addr, node_id, store = %config.store_shown(), data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.http.max_connections, "freqcap listening on {addr}");
     let sweeper = spawn_sweeper(&engine);
     run_until_stopped(&config, front, rls, limits, listener, others).await;
     shut_down(&config, &engine, sweeper, membership).await
@@ -72,8 +78,13 @@ fn node_id(config: &ServeConfig) -> String {
 /// Opens where state is kept: a Redis Cluster (connecting off the executor,
 /// as it waits on the network), memory, or RocksDB in `data_dir`.
 async fn open_store(config: &ServeConfig, node_id: &str) -> Result<Arc<dyn Store>, String> {
-    let store: Arc<dyn Store> = if config.store.starts_with("redis-cluster://") {
-        let mut options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?;
+    let store: Arc<dyn Store> = if crate::cluster::RedisOptions::is_url(&config.store) {
+        let client = config
+            .store_cert
+            .as_deref()
+            .zip(config.store_key.as_deref());
+        let mut options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?
+            .secure(config.store_password()?, config.store_ca.as_deref(), client)?;
         options.call_timeout = Duration::from_millis(config.redis_timeout_ms);
         // Connecting waits on the network: off the executor.
         let redis =
@@ -85,7 +96,7 @@ async fn open_store(config: &ServeConfig, node_id: &str) -> Result<Arc<dyn Store
             node_id,
             clustered = redis.clustered,
             "state in Redis ({})",
-            config.store
+            config.store_shown()
         );
         Arc::new(redis)
     } else if config.memory || config.store == "memory" {
@@ -219,8 +230,24 @@ struct Front {
 /// Builds the fronts' shared state from the configuration: one set of
 /// limits and tokens, so a limit means the same whichever front a request
 /// comes in by.
-fn open_front(config: &ServeConfig, engine: &SharedEngine) -> Front {
+fn open_front(
+    config: &ServeConfig,
+    engine: &SharedEngine,
+    tls: Option<&Arc<Tls>>,
+) -> Result<Front, String> {
     let connections = ConnCounters::default();
+    let peer_tls = match tls {
+        None => None,
+        Some(tls) if engine.advertised().is_some() => {
+            let ca = config
+                .tls_peer_ca
+                .as_deref()
+                .or(config.tls_client_ca.as_deref())
+                .ok_or("tls_peer_ca: owner mode over TLS needs the CA of the other nodes' certificates")?;
+            Some(crate::tls::peer_client(tls, ca)?)
+        }
+        Some(_) => None,
+    };
     let secs = Duration::from_secs;
     let state = api::app_state(
         engine.clone(),
@@ -244,14 +271,33 @@ fn open_front(config: &ServeConfig, engine: &SharedEngine) -> Front {
             connections: connections.clone(),
             metrics_definitions: config.metrics_definitions.clone(),
             metrics_top: config.metrics_top,
+            peer_tls,
+            tls_counters: tls.map(|t| t.counters.clone()).unwrap_or_default(),
         },
     );
     let app = api::router_for(state.clone());
-    Front {
+    Ok(Front {
         state,
         app,
         connections,
-    }
+    })
+}
+
+/// Loads the listeners' TLS certificates, if configured, and starts
+/// reloading them when they change or on SIGHUP.
+fn open_tls(config: &ServeConfig) -> Result<Option<Arc<Tls>>, String> {
+    let Some(files) = config.tls_files()? else {
+        return Ok(None);
+    };
+    let tls = Arc::new(Tls::load(files, Default::default())?);
+    tracing::info!(
+        cert = %tls.files().cert.display(),
+        mutual = tls.mutual(),
+        "TLS on every listener{}",
+        if tls.mutual() { ", client certificates required" } else { "" }
+    );
+    tokio::spawn(tls.clone().reload_when_changed());
+    Ok(Some(tls))
 }
 
 /// Starts watching the definitions directory (SIGHUP, changes, taking over
@@ -314,7 +360,7 @@ struct Limits {
 
 /// The listeners' connection limits. Every front's connections take file
 /// descriptors, so HTTP's cap is lowered until all of them fit the limit.
-fn conn_limits(config: &ServeConfig) -> Result<Limits, String> {
+fn conn_limits(config: &ServeConfig, tls: Option<Arc<Tls>>) -> Result<Limits, String> {
     let secs = Duration::from_secs;
     // RESP connections take file descriptors too: HTTP's cap leaves room.
     let resp_max = if config.resp_listen.is_some() {
@@ -339,6 +385,7 @@ fn conn_limits(config: &ServeConfig) -> Result<Limits, String> {
         drain_timeout: secs(config.drain_timeout_secs),
         first_request_timeout: None,
         http2_only: false,
+        tls,
     };
     Ok(Limits {
         http: limits,
@@ -483,6 +530,7 @@ async fn run_until_stopped(
                 command_timeout: secs(config.header_timeout_secs),
                 drain_timeout: drain,
                 max_command: config.max_body,
+                tls: limits.tls.clone(),
             };
             Some(tokio::spawn(crate::resp::serve(
                 l,

@@ -4,6 +4,7 @@
 //! Each test target uses part of it.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod cluster;
 pub mod engines;
 
