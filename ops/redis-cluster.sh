@@ -23,6 +23,16 @@
 # Every node listens on 127.0.0.1 only (and its cluster bus on port+10000),
 # every wait is bounded, and processes are only ever signalled by the PIDs
 # this script recorded, after checking they are still our redis-server.
+#
+# A secured cluster, as a managed Redis is (docs/cluster.md, "A secured
+# Redis"), from the environment of start (and status):
+#   REDIS_TLS_DIR=D       TLS only (no plaintext port), the cluster bus and
+#                         replication included, with D/ca.pem, D/redis.pem
+#                         and D/redis.key; the seeds printed are then
+#                         rediss-cluster://...
+#   REDIS_TLS_AUTH_CLIENTS=yes|no|optional   client certificates (default no)
+#   REDIS_ACL_USER=U REDIS_ACL_PASSWORD=P    an ACL user with every right, the
+#                         default user off, replicas authenticating as U
 set -euo pipefail
 
 NODES=6
@@ -38,9 +48,33 @@ usage() {
   exit 2
 }
 
+# What a secured cluster adds to redis-server's and redis-cli's arguments.
+SERVER_SECURE=() CLI_SECURE=() SCHEME=redis-cluster
+if [[ -n ${REDIS_TLS_DIR:-} ]]; then
+  for f in ca.pem redis.pem redis.key; do
+    [[ -r $REDIS_TLS_DIR/$f ]] || { echo "${0##*/}: error: REDIS_TLS_DIR has no readable $f" >&2; exit 1; }
+  done
+  SERVER_SECURE+=(--tls-cert-file "$REDIS_TLS_DIR/redis.pem" --tls-key-file "$REDIS_TLS_DIR/redis.key"
+    --tls-ca-cert-file "$REDIS_TLS_DIR/ca.pem" --tls-cluster yes --tls-replication yes
+    --tls-auth-clients "${REDIS_TLS_AUTH_CLIENTS:-no}")
+  CLI_SECURE+=(--tls --cacert "$REDIS_TLS_DIR/ca.pem" --cert "$REDIS_TLS_DIR/redis.pem" --key "$REDIS_TLS_DIR/redis.key")
+  SCHEME=rediss-cluster
+fi
+if [[ -n ${REDIS_ACL_USER:-} ]]; then
+  [[ -n ${REDIS_ACL_PASSWORD:-} ]] || { echo "${0##*/}: error: REDIS_ACL_USER needs REDIS_ACL_PASSWORD" >&2; exit 1; }
+  SERVER_SECURE+=(--user default off --user "$REDIS_ACL_USER" on ">$REDIS_ACL_PASSWORD" '~*' '&*' '+@all'
+    --masteruser "$REDIS_ACL_USER" --masterauth "$REDIS_ACL_PASSWORD")
+  CLI_SECURE+=(--user "$REDIS_ACL_USER" --pass "$REDIS_ACL_PASSWORD" --no-auth-warning)
+fi
+
+# The node's port: the TLS port of a secured cluster (no plaintext one).
+port_args() {
+  if [[ -n ${REDIS_TLS_DIR:-} ]]; then echo "--port 0 --tls-port $1"; else echo "--port $1"; fi
+}
+
 # redis-cli against one local node, bounded in time. Never -c: the checks
 # below ask each node about itself.
-rcli() { local port=$1; shift; timeout "$CALL_TIMEOUT_S" redis-cli -h 127.0.0.1 -p "$port" "$@"; }
+rcli() { local port=$1; shift; timeout "$CALL_TIMEOUT_S" redis-cli -h 127.0.0.1 -p "$port" "${CLI_SECURE[@]}" "$@"; }
 
 # True when PID is alive and still the redis-server of PORT: guards against
 # signalling an unrelated process that reused the PID. Accepted:
@@ -60,7 +94,7 @@ is_our_redis() {
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
   [[ $comm == redis-server ]] || return 1
   cmdline=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null) || return 1
-  [[ "$cmdline " == *":$port "* || "$cmdline " == *"--port $port "* ]]
+  [[ "$cmdline " == *":$port "* || "$cmdline " == *"--port $port "* || "$cmdline " == *"--tls-port $port "* ]]
 }
 
 # Reads DIR/pids into the parallel arrays PORTS and PIDS.
@@ -224,7 +258,8 @@ cmd_start() {
     # --repl-diskless-sync-delay 0: a primary otherwise waits 5 s for more
     # replicas before the first full sync; with one replica each that is 5 s
     # of every start (and of every resync in failover tests) for nothing.
-    redis-server --port "$port" --bind 127.0.0.1 \
+    # shellcheck disable=SC2046 # port_args is two words or four, on purpose
+    redis-server $(port_args "$port") --bind 127.0.0.1 "${SERVER_SECURE[@]}" \
       --cluster-enabled yes --cluster-config-file "$DIR/$port/nodes.conf" \
       --cluster-node-timeout 2000 --repl-diskless-sync-delay 0 \
       --dir "$DIR/$port" --appendonly yes --appendfsync everysec --save '' \
@@ -257,7 +292,7 @@ cmd_start() {
     local addrs=()
     for port in "${PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
     # redis-cli waits for the join itself with no limit of its own: bound it.
-    timeout "$HEALTH_TIMEOUT_S" redis-cli --cluster create "${addrs[@]}" \
+    timeout "$HEALTH_TIMEOUT_S" redis-cli "${CLI_SECURE[@]}" --cluster create "${addrs[@]}" \
       --cluster-replicas 1 --cluster-yes > "$DIR/create.log" 2>&1 ||
       die "redis-cli --cluster create failed: $(tail -n 5 "$DIR/create.log" | sed "s/\x1b\[[0-9;]*m//g" | tr "\n" " ")"
   fi
@@ -278,7 +313,7 @@ cmd_start() {
   log "cluster healthy: 3 primaries, 3 replicas"
   local seeds=()
   for port in "${PORTS[@]}"; do seeds+=("127.0.0.1:$port"); done
-  (IFS=,; echo "redis-cluster://${seeds[*]}")
+  (IFS=,; echo "$SCHEME://${seeds[*]}")
 }
 
 cmd_status() {

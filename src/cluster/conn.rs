@@ -364,8 +364,19 @@ impl RedisStore {
 
 pub(super) async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError> {
     // Errors name the seeds, never the URL: it may hold the password.
+    // Refused credentials are final (waiting START_WAIT would not change
+    // them); anything else may be Redis starting or failing over.
     let unavailable = |e: RedisError| {
-        StoreError::Unavailable(format!("cannot reach Redis at {}: {e}", o.seeds.join(",")))
+        let seeds = o.seeds.join(",");
+        if refused_credentials(&e) {
+            StoreError::Io(format!(
+                "Redis at {seeds} refused this node's credentials ({e}): check the store's user \
+                 and password (the URL, store_password_file or FREQCAP_STORE_PASSWORD) and the \
+                 user's ACL rules"
+            ))
+        } else {
+            StoreError::Unavailable(format!("cannot reach Redis at {seeds}: {e}"))
+        }
     };
     // One Redis or a cluster: the first seed that answers says (a seed may
     // be a primary that just died).
@@ -438,6 +449,12 @@ pub(super) async fn connect(o: &RedisOptions) -> Result<(Conn, bool), StoreError
         .map_err(|_| StoreError::Unavailable("the cluster did not answer within 5 s".into()))?
         .map_err(unavailable)?;
     Ok((Conn::Cluster(conn), true))
+}
+
+/// Whether Redis refused the user or password, or the user lacks a right.
+fn refused_credentials(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
 }
 
 /// A client of the one Redis at `url` (no credentials in it), with the

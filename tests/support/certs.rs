@@ -165,6 +165,16 @@ pub fn request(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> Result<(u16, String), String> {
+    request_with_head(s, method, path, body).map(|(st, _, body)| (st, body))
+}
+
+/// [`request`], with the answer's head (status line and headers) too.
+pub fn request_with_head(
+    s: &mut TlsStream,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(u16, String, String), String> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
@@ -203,5 +213,5 @@ pub fn request(
         .unwrap_or(0);
     let mut body = vec![0u8; len];
     s.read_exact(&mut body).map_err(|e| format!("body: {e}"))?;
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok((status, head, String::from_utf8_lossy(&body).into_owned()))
 }

@@ -22,8 +22,15 @@ pub struct Redis {
 
 impl Redis {
     pub fn start(dir: &Path, base_port: u16) -> Redis {
+        Redis::start_env(dir, base_port, &[])
+    }
+
+    /// [`Redis::start`] with the script's environment (a secured cluster:
+    /// `REDIS_TLS_DIR`, `REDIS_ACL_USER`, ...).
+    pub fn start_env(dir: &Path, base_port: u16, env: &[(&str, &str)]) -> Redis {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/redis-cluster.sh");
         let out = Command::new("bash")
+            .envs(env.iter().copied())
             .arg(&script)
             .arg("start")
             .arg(dir)
@@ -38,7 +45,10 @@ impl Redis {
             String::from_utf8_lossy(&out.stderr)
         );
         let seeds = stdout.lines().last().unwrap_or_default().trim().to_owned();
-        assert!(seeds.starts_with("redis-cluster://"), "{seeds}");
+        assert!(
+            seeds.starts_with("redis") && seeds.contains("-cluster://"),
+            "{seeds}"
+        );
         Redis {
             dir: dir.to_owned(),
             seeds,
