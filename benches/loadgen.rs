@@ -22,6 +22,8 @@
 //! library, one HTTP/2 connection per load connection (benches/grpc.sh).
 //! With `--server-pid`, a run also reports the server's CPU, its own and
 //! other processes' over the measured seconds (a shared machine shows).
+//! With `--tls-ca FILE` the HTTP and RESP connections speak TLS (a server run
+//! with `--tls-cert`); `--fresh-conns` opens one per request (handshake cost).
 //! Open loop (`--rate R`): connection `i` of `N` sends at `t0 + (i + jN)/R`;
 //! latency counts from that intended time, so a server that falls behind is
 //! charged for the queue it causes (no coordinated omission). Closed loop
@@ -182,6 +184,15 @@ struct RunArgs {
     /// balancer hashing the user would (docs/cluster.md).
     #[arg(long, value_enum, default_value_t = Route::Spread)]
     route: Route,
+    /// HTTP and RESP over TLS, trusting this CA (PEM; the server's
+    /// certificate must name `localhost`): a server run with `--tls-cert`.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// A new connection for every request (HTTP and RESP targets): with
+    /// `--tls-ca`, every request pays a full handshake, which the server's
+    /// CPU (`--server-pid`) then shows against plaintext.
+    #[arg(long)]
+    fresh_conns: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -323,8 +334,44 @@ impl Zipf {
 
 // ---- connections: HTTP/1.1 and RESP over raw tokio TCP ----
 
+/// The client side of `--tls-ca`, set once at start (`None`: plaintext).
+static TLS: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>> = std::sync::OnceLock::new();
+
+/// Reads `--tls-ca` into [`TLS`].
+fn set_tls(ca: Option<&PathBuf>) -> Res<()> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let config = match ca {
+        None => None,
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(path)? {
+                roots.add(c?)?;
+            }
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut c = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            c.alpn_protocols = vec![b"http/1.1".to_vec()];
+            // Every handshake a full one: `--fresh-conns` measures the worst
+            // case, not a resumed session.
+            c.resumption = rustls::client::Resumption::disabled();
+            Some(Arc::new(c))
+        }
+    };
+    let _ = TLS.set(config);
+    Ok(())
+}
+
+/// A connection's socket: plaintext, driven by `try_read`/`try_write`, or
+/// TLS (`--tls-ca`).
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
 struct Conn {
-    s: TcpStream,
+    s: Io,
     buf: Vec<u8>,
     /// Bytes of `buf` read from the socket.
     end: usize,
@@ -337,8 +384,18 @@ struct Conn {
 
 impl Conn {
     async fn connect(addr: &str) -> Res<Conn> {
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let s = match TLS.get().and_then(|t| t.clone()) {
+            None => Io::Plain(tcp),
+            Some(config) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost")?;
+                let tls = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await?;
+                Io::Tls(Box::new(tls))
+            }
+        };
         Ok(Conn {
             s,
             buf: vec![0; 64 * 1024],
@@ -353,11 +410,20 @@ impl Conn {
         self.buf.copy_within(self.used..self.end, 0);
         self.end -= self.used;
         self.used = 0;
+        let s = match &mut self.s {
+            Io::Plain(s) => s,
+            Io::Tls(t) => {
+                use tokio::io::AsyncWriteExt;
+                t.write_all(data).await?;
+                t.flush().await?;
+                return Ok(());
+            }
+        };
         while !data.is_empty() {
-            match self.s.try_write(data) {
+            match s.try_write(data) {
                 Ok(n) => data = &data[n..],
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.s.writable().await?;
+                    s.writable().await?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -370,15 +436,27 @@ impl Conn {
             let n = self.buf.len() * 2;
             self.buf.resize(n, 0);
         }
+        let s = match &mut self.s {
+            Io::Plain(s) => s,
+            Io::Tls(t) => {
+                use tokio::io::AsyncReadExt;
+                let n = t.read(&mut self.buf[self.end..]).await?;
+                if n == 0 {
+                    return Err(err("connection closed"));
+                }
+                self.end += n;
+                return Ok(());
+            }
+        };
         loop {
-            match self.s.try_read(&mut self.buf[self.end..]) {
+            match s.try_read(&mut self.buf[self.end..]) {
                 Ok(0) => return Err(err("connection closed")),
                 Ok(n) => {
                     self.end += n;
                     return Ok(());
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.s.readable().await?;
+                    s.readable().await?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -795,6 +873,7 @@ struct Tally {
 }
 
 async fn run(a: RunArgs) -> Res<()> {
+    set_tls(a.tls_ca.as_ref())?;
     let zipf = matches!(a.workload, Workload::Screen | Workload::Events)
         .then(|| Zipf::new(a.users, a.zipf));
     let check = matches!(a.workload, Workload::CheckHot | Workload::Check1m);
@@ -1128,7 +1207,12 @@ async fn conn_loop(
             (None, Some(map)) => {
                 cluster_screen(sh, map, &mut primaries, &mut rng, &mut out, i, seq).await
             }
-            (None, None) => one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await,
+            (None, None) => {
+                if a.fresh_conns && j > 0 {
+                    c = Conn::connect(a.addr_of(i)).await?;
+                }
+                one_op(sh, &mut c, &mut rng, &mut out, &mut body, i, seq).await
+            }
         };
         let done = Instant::now();
         let outcome_shed = outcome.as_ref().ok().map(|o| o.shed);
