@@ -30,8 +30,9 @@ testdeps:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium; }
 
 # All tests, in the release profile (one profile for tests, benches and the binary),
-# with the client and tower features (src/client/, src/tower.rs) built and tested.
-FEATURES = --features client,tower
+# with the client, tower and otlp features (src/client/, src/tower.rs,
+# src/service/otlp.rs) built and tested.
+FEATURES = --features client,tower,otlp
 test: deps testdeps pydeps
 	cargo test --release --all-targets $(FEATURES)
 	cargo test --release --doc $(FEATURES)

@@ -165,6 +165,10 @@ struct ServeArgs {
     /// to (default --tls-client-ca).
     #[arg(long, env = "FREQCAP_TLS_PEER_CA")]
     tls_peer_ca: Option<PathBuf>,
+    /// Spans exported over OTLP/HTTP to this collector (http://HOST:4318;
+    /// builds with feature `otlp`; docs/service.md, "Tracing").
+    #[arg(long, env = "FREQCAP_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// This node's name in a cluster (default <hostname>:<listen port>).
     #[arg(long, env = "FREQCAP_NODE_ID")]
     node_id: Option<String>,
@@ -336,6 +340,9 @@ impl ServeArgs {
                 *field = flag;
             }
         }
+        if self.otlp_endpoint.is_some() {
+            c.otlp_endpoint = self.otlp_endpoint;
+        }
         // From the environment only: a flag would show in `ps`, a file
         // option is store_password_file.
         if let Ok(p) = std::env::var("FREQCAP_STORE_PASSWORD")
@@ -506,23 +513,8 @@ fn run(cli: Cli) -> Result<(), String> {
             // The configuration first: it says how to log (its own errors
             // go to stderr as `freqcap: ...`).
             let config = args.config()?;
-            let filter = || {
-                tracing_subscriber::EnvFilter::try_from_env("FREQCAP_LOG")
-                    .unwrap_or_else(|_| "info".into())
-            };
-            match config.log_format {
-                service::LogFormat::Text => tracing_subscriber::fmt()
-                    .with_writer(std::io::stderr)
-                    // Colour codes only for a person at a terminal, not in journals.
-                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                    .with_env_filter(filter())
-                    .init(),
-                service::LogFormat::Json => tracing_subscriber::fmt()
-                    .json()
-                    .with_writer(std::io::stderr)
-                    .with_env_filter(filter())
-                    .init(),
-            }
+            // Kept to the end: at exit it flushes the spans not yet sent.
+            let _logs = service::init_logs(&config)?;
             let rt = tokio::runtime::Builder::new_multi_thread()
                 // Fairness under saturation. A worker's local queue holds 256
                 // tasks; the connections woken past that wait in the global

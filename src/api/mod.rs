@@ -143,7 +143,8 @@ pub fn router_for<C: Clock + 'static>(state: Arc<AppState<C>>) -> Router {
             app = app.route(route, methods);
         }
     }
-    app.fallback(|| async { FrontError::not_found("no such endpoint") })
+    let app = app
+        .fallback(|| async { FrontError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { FrontError::method_not_allowed() })
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -152,7 +153,9 @@ pub fn router_for<C: Clock + 'static>(state: Arc<AppState<C>>) -> Router {
         // axum's own limit would answer 413 in plain text; the handlers read
         // the body themselves and answer in the error shape (see `body`).
         .layer(DefaultBodyLimit::max(max_body))
-        .with_state(state)
+        .with_state(state);
+    // Outermost: the request's span covers its guard too.
+    crate::front::trace::layer(app)
 }
 
 #[cfg(test)]

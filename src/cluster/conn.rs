@@ -235,11 +235,26 @@ impl RedisStore {
         deadline: Duration,
         fut: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
+        let span = tracing::info_span!(
+            target: crate::front::trace::TARGET,
+            "store.call",
+            otel.kind = "client",
+            db.system = "redis",
+            call = what,
+        );
+        let _in_span = span.enter();
         let started = Instant::now();
         let r = self
             .handle
             .block_on(async { tokio::time::timeout(deadline, fut).await });
         let us = started.elapsed().as_micros() as u64;
+        // The round trip as an event of the call's span.
+        tracing::info!(
+            target: crate::front::trace::TARGET,
+            latency_us = us,
+            ok = matches!(r, Ok(Ok(_))),
+            "round trip"
+        );
         let s = &self.stats;
         s.calls.fetch_add(1, Ordering::Relaxed);
         s.latency_us.fetch_add(us, Ordering::Relaxed);

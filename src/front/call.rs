@@ -11,6 +11,9 @@ use crate::clock::{Clock, ceil_ms};
 use crate::engine::{Engine, EngineError};
 use crate::model::{LimitDef, Warning};
 
+/// The target of tracing spans (`src/front/trace.rs`).
+const TRACE: &str = super::trace::TARGET;
+
 /// A path parameter over the id length limit is a 400 naming it, not a 404.
 pub(crate) fn id_param<C: Clock>(
     s: &AppState<C>,
@@ -44,8 +47,11 @@ pub(crate) async fn in_memory_or_blocking<
     here: fn(&Engine<C>, &Q) -> Option<Decided<T>>,
     there: fn(&Engine<C>, &Q) -> Decided<T>,
 ) -> Result<T, FrontError> {
-    if let Some(r) = here(&s.engine, &req) {
-        return r.map_err(FrontError::from);
+    {
+        let _decide = tracing::info_span!(target: TRACE, "decide", placement = "memory").entered();
+        if let Some(r) = here(&s.engine, &req) {
+            return r.map_err(FrontError::from);
+        }
     }
     let e = s.engine.clone();
     blocking(move || there(&e, &req)).await
@@ -91,11 +97,13 @@ pub(crate) async fn count_events<C: Clock + 'static>(
     }
 }
 
-/// Runs an engine call that may wait on disk off the async executor.
+/// Runs an engine call that may wait on disk (or on Redis) off the async
+/// executor, in a `decide` span within the request's.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
 ) -> Result<T, FrontError> {
-    match tokio::task::spawn_blocking(f).await {
+    let span = tracing::info_span!(target: TRACE, "decide", placement = "blocking");
+    match tokio::task::spawn_blocking(move || span.in_scope(f)).await {
         Ok(r) => r.map_err(FrontError::from),
         Err(e) => Err(FrontError::internal(format!("request task failed: {e}"))),
     }

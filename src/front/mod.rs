@@ -34,6 +34,7 @@ pub mod report;
 pub mod request_id;
 pub mod sample;
 pub mod shed;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;

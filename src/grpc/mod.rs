@@ -95,6 +95,7 @@ pub async fn serve<C: Clock + 'static>(
             state.clone(),
             guard::guard::<C>,
         ));
+    let router = crate::front::trace::layer(router);
     let counters = state.metrics.grpc_connections.clone();
     crate::server::serve(listener, router, limits, counters, shutdown).await;
     Ok(())

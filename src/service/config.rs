@@ -92,6 +92,9 @@ pub struct ServeConfig {
     /// to, when forwarding a request to a user's owner; default
     /// `tls_client_ca`.
     pub tls_peer_ca: Option<PathBuf>,
+    /// An OTLP/HTTP collector (`http://HOST:4318`) spans are exported to;
+    /// needs a build with feature `otlp` (docs/service.md, "Tracing").
+    pub otlp_endpoint: Option<String>,
     /// This node's name among the nodes of a cluster (logs, metrics);
     /// default `<hostname>:<listen port>`.
     pub node_id: Option<String>,
@@ -221,6 +224,7 @@ impl Default for ServeConfig {
             tls_key: None,
             tls_client_ca: None,
             tls_peer_ca: None,
+            otlp_endpoint: None,
             shadow: false,
             fail_open: false,
             redis_timeout_ms: 100,

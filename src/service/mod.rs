@@ -6,8 +6,15 @@
 //! - `run.rs`: [`serve`], the server's life as named steps in order (store,
 //!   engine, definitions, listeners, fleet, sweeper, shutdown).
 
+//! - `logs.rs`: where log lines and spans go;
+//! - `otlp.rs` (feature `otlp`): spans exported to a collector.
+
 mod config;
+mod logs;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod run;
 
 pub use config::{LogFormat, MIN_TOKEN_CHARS, ServeConfig};
+pub use logs::{LogGuard, init as init_logs};
 pub use run::serve;

@@ -493,6 +493,14 @@ fn flush_db(db: &DB, durability: Durability) -> Result<(), StoreError> {
 
 impl Store for RocksStore {
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        // A read that may reach a file (get_cached answered from memory).
+        let _call = tracing::info_span!(
+            target: crate::front::trace::TARGET,
+            "store.call",
+            db.system = "rocksdb",
+            call = "get"
+        )
+        .entered();
         self.db.get_cf(cf(&self.db, space)?, key).map_err(io)
     }
 
