@@ -165,6 +165,11 @@ struct ServeArgs {
     /// to (default --tls-client-ca).
     #[arg(long, env = "FREQCAP_TLS_PEER_CA")]
     tls_peer_ca: Option<PathBuf>,
+    /// How rate-limit header fields are named: ietf (RateLimit-Policy,
+    /// RateLimit; the default), draft03 (RateLimit-Limit, -Remaining,
+    /// -Reset) or x-ratelimit (X-RateLimit-*).
+    #[arg(long, env = "FREQCAP_HEADER_STYLE", value_enum)]
+    header_style: Option<freqcap::front::ratelimit_fields::HeaderStyle>,
     /// Spans exported over OTLP/HTTP to this collector (http://HOST:4318;
     /// builds with feature `otlp`; docs/service.md, "Tracing").
     #[arg(long, env = "FREQCAP_OTLP_ENDPOINT")]
@@ -342,6 +347,9 @@ impl ServeArgs {
         }
         if self.otlp_endpoint.is_some() {
             c.otlp_endpoint = self.otlp_endpoint;
+        }
+        if let Some(v) = self.header_style {
+            c.header_style = v;
         }
         // From the environment only: a flag would show in `ps`, a file
         // option is store_password_file.

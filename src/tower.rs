@@ -37,6 +37,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCo
 
 use crate::client::{CallOptions, Check, Client, Decision as RemoteDecision, FailMode, Report};
 use crate::engine::Priority;
+pub use crate::front::ratelimit_fields::HeaderStyle;
 use crate::front::ratelimit_fields::{self as headers, RATELIMIT, RATELIMIT_POLICY};
 use crate::limits::adaptive::{Outcome, Sample};
 use crate::limits::stack::{Decision, Pending};
@@ -139,6 +140,8 @@ struct LayerState {
     /// default; see the module documentation).
     measure: Option<Duration>,
     outcome: Option<Box<OutcomeFn>>,
+    /// How the rate-limit header fields are named (default IETF's).
+    header_style: HeaderStyle,
 }
 
 /// See the module documentation.
@@ -191,6 +194,7 @@ impl RateLimitLayer {
                 shape: None,
                 measure: None,
                 outcome: None,
+                header_style: HeaderStyle::Ietf,
             }),
         }
     }
@@ -234,6 +238,13 @@ impl RateLimitLayer {
     /// contents are not known here, so say it.
     pub fn measure(self, hold: Duration) -> Self {
         self.edit(|s| s.measure = Some(hold))
+    }
+
+    /// How the rate-limit header fields are named (default
+    /// [`HeaderStyle::Ietf`]; `X-RateLimit-*` for clients written against
+    /// Envoy or tower_governor).
+    pub fn header_style(self, style: HeaderStyle) -> Self {
+        self.edit(|s| s.header_style = style)
     }
 
     /// How a response's status reads as an outcome (default
@@ -327,9 +338,35 @@ impl Drop for Slot {
     }
 }
 
-fn remote_headers(d: &RemoteDecision) -> HeaderMap {
+fn remote_headers(d: &RemoteDecision, style: HeaderStyle) -> HeaderMap {
     let mut h = HeaderMap::new();
     let sf = headers::sf_string;
+    // The tightest item: least remaining, ties to the later reset.
+    let tightest = d
+        .limits
+        .iter()
+        .min_by_key(|i| (i.remaining, std::cmp::Reverse(i.reset_after_ms)));
+    let retry = |h: &mut HeaderMap| {
+        if !d.allowed
+            && let Some(ms) = d.retry_after_ms
+            && let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string())
+        {
+            h.insert(RETRY_AFTER, v);
+        }
+    };
+    if style != HeaderStyle::Ietf {
+        if let Some(t) = tightest {
+            let reset = t.reset_after_ms.div_ceil(1000);
+            for (name, v) in headers::legacy(style, t.limit, t.remaining, reset)
+                .into_iter()
+                .flatten()
+            {
+                h.insert(name, HeaderValue::from(headers::sf_int(v)));
+            }
+        }
+        retry(&mut h);
+        return h;
+    }
     let policy: Vec<String> = d
         .limits
         .iter()
@@ -338,11 +375,7 @@ fn remote_headers(d: &RemoteDecision) -> HeaderMap {
     if let Ok(v) = HeaderValue::from_str(&policy.join(", ")) {
         h.insert(RATELIMIT_POLICY, v);
     }
-    // The tightest item: least remaining, ties to the later reset.
-    if let Some(t) = d
-        .limits
-        .iter()
-        .min_by_key(|i| (i.remaining, std::cmp::Reverse(i.reset_after_ms)))
+    if let Some(t) = tightest
         && let Ok(v) = HeaderValue::from_str(&format!(
             "{};r={};t={}",
             sf(&t.name),
@@ -352,12 +385,7 @@ fn remote_headers(d: &RemoteDecision) -> HeaderMap {
     {
         h.insert(RATELIMIT, v);
     }
-    if !d.allowed
-        && let Some(ms) = d.retry_after_ms
-        && let Ok(v) = HeaderValue::from_str(&ms.div_ceil(1000).to_string())
-    {
-        h.insert(RETRY_AFTER, v);
-    }
+    retry(&mut h);
     h
 }
 
@@ -377,7 +405,7 @@ impl LayerState {
             None => (limiter.check_as(key, cost, class), None),
         };
         let mut h = HeaderMap::new();
-        headers::add(&mut h, limiter.stack(), &d);
+        headers::add(&mut h, limiter.stack(), &d, self.header_style);
         (d, h, pending.map(|p| Held::Local(Box::new(p))))
     }
 
@@ -435,9 +463,9 @@ impl LayerState {
                 match r {
                     Ok(d) if d.allowed => {
                         let held = d.reservation.clone().map(Held::Remote);
-                        Verdict::Go(remote_headers(&d), held)
+                        Verdict::Go(remote_headers(&d, self.header_style), held)
                     }
-                    Ok(d) => Verdict::Refuse(remote_headers(&d)),
+                    Ok(d) => Verdict::Refuse(remote_headers(&d, self.header_style)),
                     Err(_) if self.fail == FailMode::Open => Verdict::Go(HeaderMap::new(), None),
                     Err(_) => Verdict::Unavailable,
                 }

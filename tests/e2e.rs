@@ -1471,3 +1471,39 @@ fn bad_cases() -> Vec<Case> {
         unauth("campaign delete without a token", "DELETE", "/v1/campaigns/child", Auth::Missing, ""),
     ]
 }
+
+/// `header_style`: HTTP checks name their fields IETF's way by default, or
+/// as draft 03 (Kong) or `X-RateLimit-*` (Envoy, tower_governor) say.
+#[test]
+fn header_styles_name_the_fields_of_http_checks() {
+    for (style, prefix) in [("draft03", "ratelimit-"), ("x-ratelimit", "x-ratelimit-")] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let s = Server::start(dir.path(), &["--header-style", style]);
+        let p = json!({"limits": [{"name": "per_min", "kind": "rate", "rate": 2, "per": "1m"}]});
+        s.expect("PUT", "/v1/policies/p", Some(&p), 200);
+        let check = json!({"policy": "p", "key": "client-1"});
+        for (i, want) in [(1, 200), (0, 200), (0, 429)] {
+            let r = s.post("/v1/check", &check);
+            assert_eq!(r.status, want, "{style}: {}", r.text);
+            assert_eq!(
+                r.header(&format!("{prefix}limit")).as_deref(),
+                Some("2"),
+                "{style}"
+            );
+            assert_eq!(
+                r.header(&format!("{prefix}remaining")),
+                Some(i.to_string()),
+                "{style}"
+            );
+            let reset: u64 = r
+                .header(&format!("{prefix}reset"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=60).contains(&reset), "{style}: {reset}");
+            assert_eq!(r.header("ratelimit-policy"), None, "{style}");
+            assert_eq!(r.header("ratelimit"), None, "{style}");
+            assert_eq!(r.header("retry-after").is_some(), want == 429, "{style}");
+        }
+    }
+}

@@ -471,3 +471,57 @@ async fn an_unknown_domain_is_an_error_or_ok_by_the_setting() {
     assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
     assert_eq!(r.statuses[0].limit_remaining, 1000 - 1, "{r:?}");
 }
+
+/// `header_style`: the older names (integers of the tightest descriptor)
+/// instead of IETF's, and `Retry-After` when over, in the answers' headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_styles_name_the_answers_fields() {
+    support::away_from_midnight();
+    for (style, prefix) in [("draft03", "ratelimit-"), ("x-ratelimit", "x-ratelimit-")] {
+        let n = node_with(&rules_dir(), &["--header-style", style]);
+        let mut c = client(&n).await;
+        let field = |r: &pb::RateLimitResponse, name: &str| {
+            r.response_headers_to_add
+                .iter()
+                .find(|h| h.key == name)
+                .map(|h| h.value.clone())
+        };
+        let mut last = None;
+        for i in 0..31u64 {
+            let r = c
+                .should_rate_limit(request("internal", vec![desc(&[("shared", "s")])]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(
+                field(&r, &format!("{prefix}limit")).as_deref(),
+                Some("30"),
+                "{style}: {r:?}"
+            );
+            let reset: u64 = field(&r, &format!("{prefix}reset"))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(reset > 0 && reset <= 86_400, "{style}: {reset}");
+            assert!(field(&r, "ratelimit-policy").is_none() && field(&r, "ratelimit").is_none());
+            if i < 30 {
+                assert_eq!(r.overall_code, Code::Ok as i32);
+                let left = (29 - i).to_string();
+                assert_eq!(
+                    field(&r, &format!("{prefix}remaining")),
+                    Some(left),
+                    "{style}"
+                );
+                assert!(field(&r, "retry-after").is_none());
+            }
+            last = Some(r);
+        }
+        let over = last.unwrap();
+        assert_eq!(over.overall_code, Code::OverLimit as i32, "{style}");
+        assert_eq!(
+            field(&over, &format!("{prefix}remaining")).as_deref(),
+            Some("0")
+        );
+        assert!(field(&over, "retry-after").is_some(), "{style}: {over:?}");
+    }
+}

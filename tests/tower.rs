@@ -285,3 +285,31 @@ async fn the_layer_measures_and_the_adaptive_limit_follows_the_service() {
     }
     assert!(floor, "the limit never fell to 2 in 20 s");
 }
+
+/// `header_style`: the layer names its fields `X-RateLimit-*` when asked,
+/// as tower_governor's clients expect.
+#[tokio::test]
+async fn the_layer_names_its_fields_in_the_style_asked() {
+    let p =
+        policy(r#"{"limits": [{"kind": "rate", "rate": 2, "per": "1m", "name": "per-minute"}]}"#);
+    let layer = RateLimitLayer::local(&p, HeaderKey::new("x-api-key"))
+        .unwrap()
+        .header_style(freqcap::tower::HeaderStyle::XRatelimit);
+    let app = app(layer);
+    let first = call(&app, Some("a"), None).await;
+    assert_eq!(header(&first, "x-ratelimit-limit").as_deref(), Some("2"));
+    assert_eq!(
+        header(&first, "x-ratelimit-remaining").as_deref(),
+        Some("1")
+    );
+    assert_eq!(header(&first, "x-ratelimit-reset").as_deref(), Some("30"));
+    assert_eq!(header(&first, "ratelimit"), None);
+    call(&app, Some("a"), None).await;
+    let denied = call(&app, Some("a"), None).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "x-ratelimit-remaining").as_deref(),
+        Some("0")
+    );
+    assert_eq!(header(&denied, "retry-after").as_deref(), Some("30"));
+}

@@ -166,6 +166,6 @@ pub(crate) async fn check<C: Clock + 'static>(
         StatusCode::TOO_MANY_REQUESTS
     };
     let mut r = (status, Json(body)).into_response();
-    headers::add(r.headers_mut(), &out.stack, d);
+    headers::add(r.headers_mut(), &out.stack, d, s.options.header_style);
     Ok(r)
 }

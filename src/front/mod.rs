@@ -103,6 +103,9 @@ pub struct FrontOptions {
     /// TLS's figures, registered in `/metrics` (the listeners' TLS counts
     /// into them).
     pub tls_counters: crate::tls::TlsCounters,
+    /// How rate-limit header fields are named, on HTTP and in Envoy's
+    /// rate limit answers (`ratelimit_fields::HeaderStyle`).
+    pub header_style: ratelimit_fields::HeaderStyle,
 }
 
 impl Default for FrontOptions {
@@ -125,6 +128,7 @@ impl Default for FrontOptions {
             metrics_top: 0,
             peer_tls: None,
             tls_counters: Default::default(),
+            header_style: Default::default(),
         }
     }
 }

@@ -34,7 +34,7 @@ use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS, Priority};
 use crate::front::call::in_memory_or_blocking;
 use crate::front::error::status;
 use crate::front::priority;
-use crate::front::ratelimit_fields::{sf_int, sf_string, window_ns};
+use crate::front::ratelimit_fields::{HeaderStyle, legacy, sf_int, sf_string, window_ns};
 use crate::front::shed;
 use crate::front::{AppState, FrontError};
 use crate::limits::stack::Decision;
@@ -514,7 +514,7 @@ impl<C: Clock + 'static> Service<C> {
         RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
-            response_headers_to_add: headers(&fields, over),
+            response_headers_to_add: headers(&fields, over, self.state.options.header_style),
         }
     }
 }
@@ -616,9 +616,12 @@ fn duration(ns: Span) -> prost_types::Duration {
 /// the least remaining; when over, a denying one) and, when over,
 /// `Retry-After` (the longest wait of the denying ones), as HTTP answers
 /// carry them (docs/semantics.md §3.5).
-fn headers(fields: &[Field<'_>], over: bool) -> Vec<HeaderValue> {
+fn headers(fields: &[Field<'_>], over: bool, style: HeaderStyle) -> Vec<HeaderValue> {
     if fields.is_empty() {
         return Vec::new();
+    }
+    if style != HeaderStyle::Ietf {
+        return legacy_headers(fields, over, style);
     }
     // One entry per policy: two descriptors matching one rule list it once.
     let mut entries: Vec<String> = Vec::with_capacity(fields.len());
@@ -634,14 +637,7 @@ fn headers(fields: &[Field<'_>], over: bool) -> Vec<HeaderValue> {
         }
     }
     let policy = entries.join(", ");
-    // The least remaining, ties to the later reset (§3.3's tightest); when
-    // over, among the denying ones, so it explains the refusal, or of all
-    // when none has a wait (a cost that can never pass has none).
-    let tightest = fields
-        .iter()
-        .filter(|f| !over || f.retry_after.is_some())
-        .min_by_key(|f| (f.remaining, std::cmp::Reverse(f.reset)))
-        .or_else(|| fields.iter().min_by_key(|f| f.remaining));
+    let tightest = tightest(fields, over);
     let mut out = vec![HeaderValue {
         key: "ratelimit-policy".into(),
         value: policy,
@@ -657,9 +653,52 @@ fn headers(fields: &[Field<'_>], over: bool) -> Vec<HeaderValue> {
             ),
         });
     }
-    // The longest wait: the request passes only once every denying
-    // descriptor would allow it.
-    if over && let Some(r) = fields.iter().filter_map(|f| f.retry_after).max() {
+    if let Some(r) = wait(fields, over) {
+        out.push(HeaderValue {
+            key: "retry-after".into(),
+            value: r.to_string(),
+        });
+    }
+    out
+}
+
+/// The descriptor the fields report: the least remaining, ties to the
+/// later reset (§3.3's tightest); when over, among the denying ones, so it
+/// explains the refusal, or of all when none has a wait (a cost that can
+/// never pass has none).
+fn tightest<'a>(fields: &'a [Field<'a>], over: bool) -> Option<&'a Field<'a>> {
+    fields
+        .iter()
+        .filter(|f| !over || f.retry_after.is_some())
+        .min_by_key(|f| (f.remaining, std::cmp::Reverse(f.reset)))
+        .or_else(|| fields.iter().min_by_key(|f| f.remaining))
+}
+
+/// `Retry-After` when over: the longest wait, since the request passes
+/// only once every denying descriptor would allow it.
+fn wait(fields: &[Field<'_>], over: bool) -> Option<u64> {
+    if !over {
+        return None;
+    }
+    fields.iter().filter_map(|f| f.retry_after).max()
+}
+
+/// [`headers`] in an older style: the tightest descriptor's limit,
+/// remaining and reset as integers, and `Retry-After` when over.
+fn legacy_headers(fields: &[Field<'_>], over: bool, style: HeaderStyle) -> Vec<HeaderValue> {
+    let mut out = Vec::with_capacity(4);
+    if let Some(f) = tightest(fields, over) {
+        for (name, v) in legacy(style, f.limit, f.remaining, f.reset)
+            .into_iter()
+            .flatten()
+        {
+            out.push(HeaderValue {
+                key: name.as_str().to_owned(),
+                value: sf_int(v).to_string(),
+            });
+        }
+    }
+    if let Some(r) = wait(fields, over) {
         out.push(HeaderValue {
             key: "retry-after".into(),
             value: r.to_string(),

@@ -92,6 +92,10 @@ pub struct ServeConfig {
     /// to, when forwarding a request to a user's owner; default
     /// `tls_client_ca`.
     pub tls_peer_ca: Option<PathBuf>,
+    /// How rate-limit header fields are named: `ietf` (`RateLimit-Policy`,
+    /// `RateLimit`), `draft03` (`RateLimit-Limit`, `-Remaining`, `-Reset`) or
+    /// `x-ratelimit` (`X-RateLimit-*`); HTTP and Envoy's rate limit answers.
+    pub header_style: crate::front::ratelimit_fields::HeaderStyle,
     /// An OTLP/HTTP collector (`http://HOST:4318`) spans are exported to;
     /// needs a build with feature `otlp` (docs/service.md, "Tracing").
     pub otlp_endpoint: Option<String>,
@@ -225,6 +229,7 @@ impl Default for ServeConfig {
             tls_client_ca: None,
             tls_peer_ca: None,
             otlp_endpoint: None,
+            header_style: Default::default(),
             shadow: false,
             fail_open: false,
             redis_timeout_ms: 100,

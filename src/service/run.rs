@@ -273,6 +273,7 @@ fn open_front(
             metrics_top: config.metrics_top,
             peer_tls,
             tls_counters: tls.map(|t| t.counters.clone()).unwrap_or_default(),
+            header_style: config.header_style,
         },
     );
     let app = api::router_for(state.clone());
