@@ -28,8 +28,7 @@ fn image() -> (Vec<String>, u32) {
     let text = ops("Dockerfile");
     let line = |word: &str| {
         text.lines()
-            .filter(|l| l.starts_with(word))
-            .next_back()
+            .rfind(|l| l.starts_with(word))
             .unwrap_or_else(|| panic!("a {word} line"))
             .trim_start_matches(word)
             .trim()

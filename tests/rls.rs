@@ -525,3 +525,105 @@ async fn header_styles_name_the_answers_fields() {
         assert!(field(&over, "retry-after").is_some(), "{style}: {over:?}");
     }
 }
+
+/// A descriptor as a newer Envoy might send it: a field this server's
+/// proto does not have (7), which prost would drop on decoding.
+#[derive(Clone, PartialEq, prost::Message)]
+struct FutureDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<Entry>,
+    #[prost(uint64, tag = "7")]
+    future: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct FutureRequest {
+    #[prost(string, tag = "1")]
+    domain: String,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<FutureDescriptor>,
+}
+
+/// Envoy 1.38's refund (`is_negative_hits`) and any field this server does
+/// not know are refused, naming where, and debit nothing: an older proto
+/// would have dropped the flag and debited the refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_and_unknown_fields_are_refused_and_never_debited() {
+    support::away_from_midnight();
+    let n = node(&rules_dir());
+    let mut c = client(&n).await;
+    // A peek: the descriptor's own hits_addend 0 debits nothing.
+    let peek = || RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![RateLimitDescriptor {
+            hits_addend: Some(0),
+            ..desc(&[("shared", "s")])
+        }],
+        hits_addend: 0,
+    };
+    let before = c
+        .should_rate_limit(peek())
+        .await
+        .unwrap()
+        .into_inner()
+        .statuses[0]
+        .limit_remaining;
+    assert_eq!(before, 30);
+    let refund = RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![RateLimitDescriptor {
+            hits_addend: Some(5),
+            is_negative_hits: true,
+            ..desc(&[("shared", "s")])
+        }],
+        hits_addend: 0,
+    };
+    let e = c.should_rate_limit(refund).await.expect_err("a refund");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("descriptors[0].is_negative_hits"),
+        "{}",
+        e.message()
+    );
+
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = tonic::client::Grpc::new(ch);
+    raw.ready().await.unwrap();
+    let future = FutureRequest {
+        domain: "internal".into(),
+        descriptors: vec![FutureDescriptor {
+            entries: desc(&[("shared", "s")]).entries,
+            future: 5,
+        }],
+    };
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let e = raw
+        .unary::<_, pb::RateLimitResponse, _>(
+            tonic::Request::new(future),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("an unknown field");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("descriptors[0]: field 7"),
+        "{}",
+        e.message()
+    );
+
+    let after = c
+        .should_rate_limit(peek())
+        .await
+        .unwrap()
+        .into_inner()
+        .statuses[0]
+        .limit_remaining;
+    assert_eq!(after, before, "nothing debited");
+}

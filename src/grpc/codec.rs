@@ -37,7 +37,7 @@ where
 #[derive(Debug, Clone)]
 pub struct Decoder<U>(std::marker::PhantomData<U>);
 
-impl<U: prost::Message + Default> tonic::codec::Decoder for Decoder<U> {
+impl<U: prost::Message + Default + 'static> tonic::codec::Decoder for Decoder<U> {
     type Item = U;
     type Error = tonic::Status;
 
@@ -45,6 +45,22 @@ impl<U: prost::Message + Default> tonic::codec::Decoder for Decoder<U> {
         &mut self,
         buf: &mut tonic::codec::DecodeBuf<'_>,
     ) -> Result<Option<U>, tonic::Status> {
+        // Envoy's rate limit requests: a field this server does not know
+        // could change what the call means (a refund read as a debit), so
+        // it is refused before decoding drops it (src/rls/wire.rs).
+        if std::any::TypeId::of::<U>() == std::any::TypeId::of::<crate::rls::pb::RateLimitRequest>()
+        {
+            use prost::bytes::Buf;
+            let bytes = buf.chunk();
+            if bytes.len() == buf.remaining()
+                && let Some(at) = crate::rls::wire::unknown_field(bytes)
+            {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "{at}: a field this server does not know (its Envoy rate limit proto is older \
+                     than the client's); refused, so that nothing it means is debited"
+                )));
+            }
+        }
         U::decode(buf)
             .map(Some)
             .map_err(|e| tonic::Status::invalid_argument(format!("invalid_argument: {e}")))

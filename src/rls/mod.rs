@@ -25,6 +25,7 @@
 pub mod config;
 pub mod matching;
 pub mod service;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

@@ -313,6 +313,13 @@ impl<C: Clock + 'static> Service<C> {
                     }
                 }
             }
+            // Envoy 1.38's refund: not built yet, and never a debit.
+            if d.is_negative_hits {
+                return Err(Self::invalid(
+                    format!("descriptors[{i}].is_negative_hits"),
+                    "refunds are not supported yet: nothing was debited or credited".to_owned(),
+                ));
+            }
             // A cost is at most 2^53 − 1, as everywhere in the API
             // (docs/semantics.md §5.1).
             if let Some(h) = d.hits_addend
