@@ -9,12 +9,12 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::certs::{Ca, Leaf, TlsClient, request, request_with_head};
-use support::cluster::Redis;
+use support::cluster::{OneRedis, Redis};
 use support::{Stopped, http, log_text, serve_env};
 
 const USER: &str = "freqcap";
@@ -46,82 +46,51 @@ fn pki(dir: &Path) -> Pki {
     }
 }
 
-/// One redis-server, TLS only on `port`, with the ACL user; killed by its
-/// PID on drop.
-struct OneRedis(Child);
-
-impl Drop for OneRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// One redis-server, TLS only on `port`, with the ACL user.
 fn one_redis(dir: &Path, tls: &Path, port: u16) -> OneRedis {
     let t = |f: &str| tls.join(f).display().to_string();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .args([
-            "--tls-cert-file",
-            &t("redis.pem"),
-            "--tls-key-file",
-            &t("redis.key"),
-        ])
-        .args([
-            "--tls-ca-cert-file",
-            &t("ca.pem"),
-            "--tls-auth-clients",
-            "no",
-        ])
-        .args(["--user", "default", "off", "--user", USER, "on"])
-        .arg(format!(">{PASSWORD}"))
+    let port = port.to_string();
+    let args: Vec<String> = [
+        "--port",
+        "0",
+        "--tls-port",
+        &port,
+        "--tls-cert-file",
+        &t("redis.pem"),
+        "--tls-key-file",
+        &t("redis.key"),
+        "--tls-ca-cert-file",
+        &t("ca.pem"),
+        "--tls-auth-clients",
+        "no",
+        "--user",
+        "default",
+        "off",
         // Keys under fc: only: what docs/cluster.md says the user needs.
-        .args(["~fc:*", "+@all", "--save", "", "--appendonly", "no"])
-        .args(["--dir", &dir.display().to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server starts");
-    let r = OneRedis(child);
-    let started = Instant::now();
-    loop {
-        let out = Command::new("redis-cli")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "--tls",
-                "--cacert",
-                &t("ca.pem"),
-            ])
-            .args([
-                "--user",
-                USER,
-                "--pass",
-                PASSWORD,
-                "--no-auth-warning",
-                "PING",
-            ])
-            .output()
-            .expect("redis-cli runs");
-        if String::from_utf8_lossy(&out.stdout).trim() == "PONG" {
-            return r;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "redis-server did not answer"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        "--user",
+        USER,
+        "on",
+        &format!(">{PASSWORD}"),
+        "~fc:*",
+        "+@all",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let cli: Vec<String> = [
+        "-p",
+        &port,
+        "--tls",
+        "--cacert",
+        &t("ca.pem"),
+        "--user",
+        USER,
+        "--pass",
+        PASSWORD,
+        "--no-auth-warning",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    OneRedis::start(dir, &args, &cli)
 }
 
 /// What a node must never show: the password.

@@ -12,7 +12,6 @@ mod support;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -105,41 +104,11 @@ fn serve_posts(stream: std::net::TcpStream, spans: &Received) {
     }
 }
 
-struct OneRedis(Child);
-
-impl Drop for OneRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn one_redis(dir: &std::path::Path, port: u16) -> OneRedis {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-        ])
-        .args(["--appendonly", "no", "--dir", &dir.display().to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server starts");
-    let r = OneRedis(child);
-    let started = Instant::now();
-    while support::cluster::redis_cli(port, &["PING"]).trim() != "PONG" {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "redis-server did not answer"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    r
+fn one_redis(dir: &std::path::Path, port: u16) -> support::cluster::OneRedis {
+    let port = port.to_string();
+    let args = ["--port".to_owned(), port.clone()];
+    let cli = ["-p".to_owned(), port];
+    support::cluster::OneRedis::start(dir, &args, &cli)
 }
 
 fn hex(b: &[u8]) -> String {

@@ -90,6 +90,52 @@ impl Drop for Redis {
     }
 }
 
+/// One redis-server (not a cluster) started with `args` (its port, TLS,
+/// users), in `dir`, with nothing persisted; killed by its PID on drop.
+pub struct OneRedis(Child);
+
+impl OneRedis {
+    /// Starts it and waits (15 s at most) until `redis-cli <cli> PING`
+    /// answers PONG.
+    pub fn start(dir: &Path, args: &[String], cli: &[String]) -> OneRedis {
+        let child = Command::new("redis-server")
+            .args(args)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let r = OneRedis(child);
+        let started = std::time::Instant::now();
+        loop {
+            let out = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1"])
+                .args(cli)
+                .arg("PING")
+                .output()
+                .expect("redis-cli runs");
+            if String::from_utf8_lossy(&out.stdout).trim() == "PONG" {
+                return r;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "redis-server did not answer"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for OneRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub fn redis_cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .arg("-h")
