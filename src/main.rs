@@ -116,6 +116,10 @@ struct ServeArgs {
     /// envoyproxy/ratelimit; docs/rls.md).
     #[arg(long, env = "FREQCAP_RLS_UNKNOWN_DOMAIN", value_enum)]
     rls_unknown_domain: Option<freqcap::rls::UnknownDomain>,
+    /// Per-rule series of Envoy's rate limit service (hits by domain and
+    /// rule key, Envoy Gateway's names; at most 1000 keys).
+    #[arg(long, env = "FREQCAP_RLS_RULE_METRICS", num_args = 0..=1, default_missing_value = "true")]
+    rls_rule_metrics: Option<bool>,
     /// Address of the Redis-protocol front (CL.THROTTLE, FC.CHECK; docs/resp.md); unset: off.
     #[arg(long, env = "FREQCAP_RESP_LISTEN")]
     resp_listen: Option<std::net::SocketAddr>,
@@ -357,6 +361,9 @@ impl ServeArgs {
             && !p.is_empty()
         {
             c.store_password = Some(freqcap::cluster::Secret(p));
+        }
+        if let Some(v) = self.rls_rule_metrics {
+            c.rls_rule_metrics = v;
         }
         if let Some(v) = self.rls_unknown_domain {
             c.rls_unknown_domain = v;

@@ -627,3 +627,41 @@ async fn refunds_and_unknown_fields_are_refused_and_never_debited() {
         .limit_remaining;
     assert_eq!(after, before, "nothing debited");
 }
+
+/// `rls_rule_metrics`: hits by domain and rule key under Envoy Gateway's
+/// names, and each rule's limit; none of it without the option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_rule_series_count_hits_when_asked() {
+    support::away_from_midnight();
+    let series = |addr: &str, name: &str| {
+        support::metric(
+            addr,
+            &format!("{name}{{domain=\"internal\",key=\"shared\"}}"),
+        )
+    };
+    let off = node(&rules_dir());
+    let mut c = client(&off).await;
+    c.should_rate_limit(request("internal", vec![desc(&[("shared", "s")])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        series(&off.s.addr, "ratelimit_service_rate_limit_total_hits"),
+        None
+    );
+    drop(off);
+
+    let on = node_with(&rules_dir(), &["--rls-rule-metrics"]);
+    let mut c = client(&on).await;
+    for _ in 0..31 {
+        c.should_rate_limit(request("internal", vec![desc(&[("shared", "s")])]))
+            .await
+            .unwrap();
+    }
+    let get = |name: &str| series(&on.s.addr, name);
+    assert_eq!(get("ratelimit_service_rate_limit_total_hits"), Some(31.0));
+    assert_eq!(get("ratelimit_service_rate_limit_within_limit"), Some(30.0));
+    assert_eq!(get("ratelimit_service_rate_limit_over_limit"), Some(1.0));
+    // Past 80 % of 30: the 25th to the 30th allowed hits.
+    assert_eq!(get("ratelimit_service_rate_limit_near_limit"), Some(6.0));
+    assert_eq!(get("freqcap_rls_rule_limit"), Some(30.0));
+}

@@ -104,6 +104,8 @@ pub struct RlsCounters {
     pub reload_failures: Counter,
     /// Rules loaded now.
     pub rules: Gauge,
+    /// Per-rule series, when `rls_rule_metrics` is on.
+    pub series: crate::rls::series::RuleSeries,
 }
 
 /// Reloads of the definitions directory (`src/definitions_dir.rs`).
@@ -306,7 +308,9 @@ impl Metrics {
             reloads: reload("applied"),
             reload_failures: reload("refused"),
             rules: Gauge::default(),
+            series: Default::default(),
         };
+        rls.series.register(&mut registry);
         registry.register(
             "freqcap_rls_requests",
             "Envoy rate limit calls by outcome (ok, over_limit, error)",

@@ -24,6 +24,7 @@
 
 pub mod config;
 pub mod matching;
+pub mod series;
 pub mod service;
 pub mod wire;
 
@@ -129,9 +130,11 @@ impl RulesHandle {
         dir: &Path,
         counters: RlsCounters,
         unknown_domain: UnknownDomain,
+        rule_metrics: bool,
     ) -> Result<RulesHandle, ConfigError> {
         let rules = Rules::load_dir(dir)?;
         counters.rules.set(rules.count as i64);
+        counters.series.enable(rule_metrics);
         Ok(RulesHandle {
             unknown_domain,
             dir: dir.to_owned(),

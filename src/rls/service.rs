@@ -95,6 +95,8 @@ enum Outcome {
         check: usize,
         /// A plain rule's own figures (see [`Action::Limit`]).
         plain: Option<(u32, Unit)>,
+        /// Its hits, as asked (the per-rule series count them).
+        hits: u64,
     },
 }
 
@@ -372,6 +374,7 @@ impl<C: Clock + 'static> Service<C> {
                         check: checks.len(),
                         plain: *plain,
                         rule: rule.clone(),
+                        hits: cost,
                     });
                     // Shadow: debited, never denying (docs/rls.md).
                     checks.push(KeyCheck {
@@ -416,7 +419,7 @@ impl<C: Clock + 'static> Service<C> {
         };
         // The engine's clock, for the blocks' time to their unit's end.
         let now = self.state.engine.now();
-        Ok(self.answer(&outcomes, &decided, blocked, now))
+        Ok(self.answer(&req.domain, &outcomes, &decided, blocked, now))
     }
 
     /// The response: statuses, overall code and header fields, as the
@@ -424,6 +427,7 @@ impl<C: Clock + 'static> Service<C> {
     /// OVER_LIMIT, refused by Envoy whatever its `failure_mode_deny`.
     fn answer(
         &self,
+        domain: &str,
         outcomes: &[Outcome],
         decided: &AllOutcome,
         blocked: bool,
@@ -478,7 +482,12 @@ impl<C: Clock + 'static> Service<C> {
                         u128::from(until) * 1_000_000_000,
                     )
                 }
-                Outcome::Limited { rule, check, plain } => {
+                Outcome::Limited {
+                    rule,
+                    check,
+                    plain,
+                    hits,
+                } => {
                     // Not reached (`check_all` answers one decision per
                     // key); were it, this descriptor says UNKNOWN, the
                     // proto's zero, rather than the call failing.
@@ -490,6 +499,15 @@ impl<C: Clock + 'static> Service<C> {
                         self.rules.counters.shadow_over.inc();
                     }
                     let (limit, unit, window) = figures(rule, d, *plain);
+                    self.rules.counters.series.record(&crate::rls::series::Hit {
+                        domain,
+                        key: &rule.name,
+                        hits: *hits,
+                        allowed: d.allowed,
+                        shadow_over: !d.allowed && shadowed(rule),
+                        limit,
+                        remaining: d.remaining,
+                    });
                     fields.push(Field {
                         name: &rule.name,
                         limit,

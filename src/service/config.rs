@@ -50,6 +50,10 @@ pub struct ServeConfig {
     /// `error` (INVALID_ARGUMENT naming `domain`) or `ok` (as
     /// envoyproxy/ratelimit; docs/rls.md, "Errors").
     pub rls_unknown_domain: crate::rls::UnknownDomain,
+    /// Per-rule series of Envoy's rate limit service (hits by domain and
+    /// rule key, Envoy Gateway's names; docs/rls.md, "Metrics"), at most
+    /// 1000 keys.
+    pub rls_rule_metrics: bool,
     /// RESP connections served at once (lowered, with `max_connections`, to
     /// fit the file-descriptor limit).
     pub resp_max_connections: usize,
@@ -212,6 +216,7 @@ impl Default for ServeConfig {
             resp_listen: None,
             rls_config: None,
             rls_unknown_domain: Default::default(),
+            rls_rule_metrics: false,
             definitions: None,
             resp_max_connections: 1024,
             grpc_max_connections: 1024,

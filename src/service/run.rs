@@ -340,6 +340,7 @@ fn open_rls(
                 dir,
                 state.metrics.rls.clone(),
                 config.rls_unknown_domain,
+                config.rls_rule_metrics,
             )
             .map_err(|e| format!("rls_config: {e}"))?;
             let handle = Arc::new(handle);
