@@ -1989,6 +1989,75 @@ fn the_memory_store_forgets_event_ids_past_their_horizon() {
     assert_eq!(e.events(&[ev(120)]).unwrap(), 0);
 }
 
+/// Reports and refunds of `Engine::check_all` (docs/rls.md, "Reports and
+/// refunds") on every kind of item a key's limits can have: a report is
+/// debited past the limit and never denies, a refund is credited back
+/// floored at nothing used, a decided key beside a report still decides
+/// after it, and what they leave survives a restart on RocksDB.
+#[test]
+fn reports_go_past_the_limit_and_refunds_stop_at_nothing_used() {
+    use freqcap::engine::{KeyCheck, Usage, compile_inline};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let kinds = [
+        r#"{"kind": "window", "limit": 10, "window": "1h", "align": "fixed"}"#,
+        r#"{"kind": "window", "limit": 10, "window": "1h", "align": "rolling", "precision": "exact"}"#,
+        r#"{"kind": "window", "limit": 10, "window": "1h", "align": "rolling", "precision": "approximate"}"#,
+        r#"{"kind": "rate", "rate": 10, "per": "1h", "burst": 10}"#,
+        r#"{"kind": "budget", "amount": 10, "pacing": "asap"}"#,
+    ];
+    for (k, def) in kinds.iter().enumerate() {
+        let defs: Vec<freqcap::model::LimitDef> = from_json(&format!("[{def}]")).unwrap();
+        let limits = compile_inline(&defs).unwrap();
+        let key = |cost, usage| KeyCheck {
+            priority: Default::default(),
+            limits: limits.clone(),
+            key: format!("k{k}"),
+            cost,
+            enforced: true,
+            usage,
+        };
+        let left = |e: &Engine<Arc<ManualClock>>| {
+            e.check_all(&[key(0, Usage::Decide)]).unwrap().decisions[0].remaining
+        };
+        {
+            let e = rocks_engine(dir.path(), clock.clone());
+            assert!(
+                e.check_all(&[key(8, Usage::Decide)]).unwrap().allowed,
+                "{def}"
+            );
+            let o = e.check_all(&[key(5, Usage::Report)]).unwrap();
+            assert!(o.allowed && o.decisions[0].allowed, "{def}");
+            assert_eq!(left(&e), 0, "{def}");
+            // 13 − 4 = 9: one left (a report capped at the limit would
+            // have left 4).
+            let o = e.check_all(&[key(4, Usage::Refund)]).unwrap();
+            assert!(o.allowed, "{def}");
+            assert_eq!(o.decisions[0].remaining, 1, "{def}");
+            e.flush().unwrap();
+        }
+        // After a restart: what they left, then a refund past nothing used.
+        let e = rocks_engine(dir.path(), clock.clone());
+        assert_eq!(left(&e), 1, "{def}");
+        e.check_all(&[key(100, Usage::Refund)]).unwrap();
+        assert_eq!(left(&e), 10, "{def}: floored at nothing used");
+        // A report beside a decided key that denies is applied all the
+        // same; the decided key is decided after it.
+        let o = e
+            .check_all(&[key(6, Usage::Report), key(5, Usage::Decide)])
+            .unwrap();
+        assert!(!o.allowed && o.decisions[0].allowed && !o.decisions[1].allowed);
+        assert_eq!(left(&e), 4, "{def}");
+        // From memory (the server's first try) as from the store.
+        let o = e
+            .check_all_in_memory(&[key(4, Usage::Refund), key(2, Usage::Decide)])
+            .expect("in memory")
+            .unwrap();
+        assert!(o.allowed);
+        assert_eq!(left(&e), 6, "{def}");
+    }
+}
+
 /// `Engine::check_all` (Envoy's rate limit service, docs/rls.md): several
 /// keys all or nothing, a key given twice, shadow keys, a cost of 0, and
 /// counts kept across a restart on RocksDB.
@@ -2011,6 +2080,7 @@ fn check_all_is_all_or_nothing() {
         key: k.into(),
         cost,
         enforced,
+        usage: Default::default(),
     };
     let remaining = |o: &freqcap::engine::AllOutcome| -> Vec<u64> {
         o.decisions.iter().map(|d| d.remaining).collect()

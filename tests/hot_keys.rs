@@ -330,6 +330,31 @@ fn one_envoy_descriptor_decided_on_three_nodes_at_once_is_leased_exactly() {
         allowed * 100 >= LIMIT * 99,
         "{allowed} of {LIMIT} delivered"
     );
+    // Usage reported after the fact (docs/rls.md, "Reports and refunds")
+    // counts on the hot key's grants, answered OK; a refund is refused
+    // while the key is hot, changing nothing.
+    let (report, refund) = rt.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", addrs[0]))
+            .expect("an address")
+            .connect()
+            .await
+            .expect("connects");
+        let mut c = RateLimitServiceClient::new(ch);
+        let mut marked = request.clone();
+        marked.descriptors[0].entries.push(Entry {
+            key: "x-freqcap-report".into(),
+            value: "true".into(),
+        });
+        let report = c.should_rate_limit(marked).await;
+        let mut negative = request.clone();
+        negative.descriptors[0].is_negative_hits = true;
+        (report, c.should_rate_limit(negative).await)
+    });
+    let report = report.expect("a report is answered");
+    assert_eq!(report.get_ref().overall_code, Code::Ok as i32);
+    let refused = refund.expect_err("a refund on a hot key");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+    assert!(refused.message().contains("hot"), "{refused}");
 }
 
 /// One `CL.THROTTLE` key decided by three nodes at once over RESP: no call

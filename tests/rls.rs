@@ -544,11 +544,11 @@ struct FutureRequest {
     descriptors: Vec<FutureDescriptor>,
 }
 
-/// Envoy 1.38's refund (`is_negative_hits`) and any field this server does
-/// not know are refused, naming where, and debit nothing: an older proto
-/// would have dropped the flag and debited the refund.
+/// Any field this server does not know is refused, naming where, and
+/// debits nothing: an older proto would have dropped Envoy 1.38's
+/// `is_negative_hits` and debited the refund.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refunds_and_unknown_fields_are_refused_and_never_debited() {
+async fn unknown_fields_are_refused_and_never_debited() {
     support::away_from_midnight();
     let n = node(&rules_dir());
     let mut c = client(&n).await;
@@ -569,22 +569,6 @@ async fn refunds_and_unknown_fields_are_refused_and_never_debited() {
         .statuses[0]
         .limit_remaining;
     assert_eq!(before, 30);
-    let refund = RateLimitRequest {
-        domain: "internal".into(),
-        descriptors: vec![RateLimitDescriptor {
-            hits_addend: Some(5),
-            is_negative_hits: true,
-            ..desc(&[("shared", "s")])
-        }],
-        hits_addend: 0,
-    };
-    let e = c.should_rate_limit(refund).await.expect_err("a refund");
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(
-        e.message().contains("descriptors[0].is_negative_hits"),
-        "{}",
-        e.message()
-    );
 
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", n.grpc))
         .unwrap()
@@ -626,6 +610,102 @@ async fn refunds_and_unknown_fields_are_refused_and_never_debited() {
         .statuses[0]
         .limit_remaining;
     assert_eq!(after, before, "nothing debited");
+}
+
+/// Envoy's usage reported after the response (`apply_on_stream_done`,
+/// marked by an `x-freqcap-report: true` entry) is debited even past the
+/// limit and answered OK; its refunds (`is_negative_hits`) are credited
+/// back, floored at nothing used (docs/rls.md, "Reports and refunds").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_are_debited_past_the_limit_and_refunds_credited_back() {
+    support::away_from_midnight();
+    let n = node_with(&rules_dir(), &["--rls-rule-metrics"]);
+    let mut c = client(&n).await;
+    let one = |entries: &[(&str, &str)], hits: u64, refund: bool| RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![RateLimitDescriptor {
+            hits_addend: Some(hits),
+            is_negative_hits: refund,
+            ..desc(entries)
+        }],
+        hits_addend: 0,
+    };
+    let shared = [("shared", "s")];
+    let report = [("shared", "s"), ("x-freqcap-report", "true")];
+    let mut ask = async |r: RateLimitRequest| c.should_rate_limit(r).await.map(|r| r.into_inner());
+    let left = |r: &pb::RateLimitResponse| r.statuses[0].limit_remaining;
+    // 28 of 30 decided.
+    let r = ask(one(&shared, 28, false)).await.unwrap();
+    assert_eq!((r.overall_code, left(&r)), (Code::Ok as i32, 2));
+    // A report of 5: OK, and counted past the limit.
+    let r = ask(one(&report, 5, false)).await.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    assert_eq!(left(&r), 0);
+    let r = ask(one(&shared, 1, false)).await.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // 33 − 4 = 29: one left, which only a report counted past the limit
+    // leaves (capped at 30, it would leave 4).
+    let r = ask(one(&shared, 4, true)).await.unwrap();
+    assert_eq!((r.overall_code, left(&r)), (Code::Ok as i32, 1));
+    // A refund past what was used stops at nothing used.
+    let r = ask(one(&shared, 1000, true)).await.unwrap();
+    assert_eq!(left(&r), 30);
+    let r = ask(one(&shared, 31, false)).await.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // A report beside a decided descriptor that is over: the request is
+    // over, the report counted all the same.
+    let r = ask(RateLimitRequest {
+        domain: "internal".into(),
+        descriptors: vec![
+            RateLimitDescriptor {
+                hits_addend: Some(31),
+                ..desc(&shared)
+            },
+            RateLimitDescriptor {
+                hits_addend: Some(7),
+                ..desc(&[("x-freqcap-report", "true"), ("wide", "w")])
+            },
+        ],
+        hits_addend: 0,
+    })
+    .await
+    .unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    assert_eq!(r.statuses[1].limit_remaining, 993);
+    // A marker that does not say true is refused, naming it; nothing moves.
+    let e = ask(one(
+        &[("shared", "s"), ("x-freqcap-report", "yes")],
+        5,
+        false,
+    ))
+    .await
+    .expect_err("a bad marker");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("descriptors[0].entries[1].value"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(left(&ask(one(&shared, 0, false)).await.unwrap()), 30);
+    // A marker alone limits nothing; a report to a block is not denied.
+    let r = ask(one(&[("x-freqcap-report", "true")], 5, false))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let banned = RateLimitRequest {
+        domain: "edge".into(),
+        ..one(&[("banned", "b"), ("x-freqcap-report", "true")], 1, false)
+    };
+    assert_eq!(ask(banned).await.unwrap().overall_code, Code::Ok as i32);
+    // The series count reports as hits, refunds not: 28 + 5 + 1 + 31 + 31
+    // + 0, the refunds (4 and 1000) left out.
+    let hits = support::metric(
+        &n.s.addr,
+        "ratelimit_service_rate_limit_total_hits{domain=\"internal\",key=\"shared\"}",
+    );
+    assert_eq!(hits, Some(96.0));
 }
 
 /// `rls_rule_metrics`: hits by domain and rule key under Envoy Gateway's

@@ -733,6 +733,7 @@ fn check_all_is_all_or_nothing_across_nodes() {
         key: k.into(),
         cost,
         enforced,
+        usage: Default::default(),
     };
     let remaining =
         |o: &AllOutcome| -> Vec<u64> { o.decisions.iter().map(|d| d.remaining).collect() };
@@ -781,6 +782,50 @@ fn check_all_is_all_or_nothing_across_nodes() {
     assert!(o.decisions[0].allowed && !o.decisions[1].allowed);
     let o = b.check_all(&[key(&ten, "w2", 0, true)]).unwrap();
     assert_eq!(remaining(&o), [10], "nothing debited");
+}
+
+/// Reports and refunds of `Engine::check_all` (Envoy's
+/// `apply_on_stream_done` and `is_negative_hits`, docs/rls.md) on a shared
+/// store: a report on one node is debited past the limit and seen by the
+/// other; a refund there is credited back, floored at nothing used, and
+/// seen by the first. Every item kind a rule can have (window, rate).
+#[test]
+fn reports_and_refunds_are_seen_across_nodes() {
+    use freqcap::engine::{CompiledInline, KeyCheck, Usage, compile_inline};
+    let (_, a, b, _, _) = two_nodes();
+    let defs: Vec<freqcap::model::LimitDef> = from_json(
+        r#"[{"kind": "window", "limit": 10, "window": "1h", "align": "fixed"},
+            {"kind": "rate", "rate": 10, "per": "1h", "burst": 10}]"#,
+    )
+    .unwrap();
+    let ten: std::sync::Arc<CompiledInline> = compile_inline(&defs).unwrap();
+    let key = |cost, usage| KeyCheck {
+        priority: Default::default(),
+        limits: ten.clone(),
+        key: "k".into(),
+        cost,
+        enforced: true,
+        usage,
+    };
+    let left = |n: &Node| -> Vec<u64> {
+        let o = n.check_all(&[key(0, Usage::Decide)]).unwrap();
+        o.decisions[0].items.iter().map(|i| i.remaining).collect()
+    };
+    assert!(a.check_all(&[key(8, Usage::Decide)]).unwrap().allowed);
+    // 8 + 5: past the limit of 10, yet allowed and counted.
+    let o = b.check_all(&[key(5, Usage::Report)]).unwrap();
+    assert!(o.allowed && o.decisions[0].allowed);
+    assert_eq!(left(&a), [0, 0]);
+    assert!(!a.check_all(&[key(1, Usage::Decide)]).unwrap().allowed);
+    // 13 − 4 = 9 counted: 1 left on both items (a capped report would
+    // have left 4).
+    b.check_all(&[key(4, Usage::Refund)]).unwrap();
+    assert_eq!(left(&a), [1, 1]);
+    // Floored at nothing used: the limit, not more.
+    a.check_all(&[key(100, Usage::Refund)]).unwrap();
+    assert_eq!(left(&b), [10, 10]);
+    assert!(!b.check_all(&[key(11, Usage::Decide)]).unwrap().allowed);
+    assert!(b.check_all(&[key(10, Usage::Decide)]).unwrap().allowed);
 }
 
 /// A check of inline limits reserves on a shared store too (before: 400

@@ -58,6 +58,22 @@ pub struct KeyCheck {
     pub enforced: bool,
     /// The request's class (docs/semantics.md §2.5).
     pub priority: Priority,
+    /// Whether the key is decided, or its usage reported or refunded.
+    pub usage: Usage,
+}
+
+/// What a [`KeyCheck`] does with its cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Usage {
+    /// Decided with the call's other keys, all or nothing.
+    #[default]
+    Decide,
+    /// Usage that already happened (Envoy's `apply_on_stream_done`):
+    /// debited even past the limit, never denying (`super::reported`).
+    Report,
+    /// A refund (Envoy's `is_negative_hits`): credited back, floored at
+    /// nothing used, never denying.
+    Refund,
 }
 
 /// The answer of [`Engine::check_all`].
@@ -85,7 +101,7 @@ impl Default for KeyLocks {
 
 impl KeyLocks {
     /// Takes the stripes of `records`, lowest index first.
-    fn lock(&self, records: &[RecordKey]) -> Vec<MutexGuard<'_, ()>> {
+    pub(super) fn lock(&self, records: &[RecordKey]) -> Vec<MutexGuard<'_, ()>> {
         let mut idx: SmallVec<[usize; 8]> = records
             .iter()
             .map(|r| r.hot_key()[0] as usize % self.stripes.len())
@@ -160,17 +176,77 @@ impl<C: Clock> Engine<C> {
             .iter()
             .map(|c| RecordKey::PolicyKey(self.hash(NAMESPACE, stack_id(&c.limits), &c.key)))
             .collect();
-        if self.shared().is_some() {
-            return self.check_all_shared(checks, &records, now, reads);
+        if checks.iter().any(|c| c.usage != Usage::Decide) {
+            return self.with_reported(checks, &records, now, reads);
         }
-        let _held = self.key_locks.lock(&records);
+        self.decide_keys(checks, &records, now, reads)
+    }
+
+    /// A call with reports or refunds: those are applied first, one key at
+    /// a time (`super::reported`), then the other keys are decided all or
+    /// nothing on what they leave.
+    fn with_reported(
+        &self,
+        checks: &[KeyCheck],
+        records: &[RecordKey],
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<AllOutcome, Halt> {
+        if reads == Reads::MemoryOnly {
+            // Nothing may be applied by a call that then stops for a read
+            // (it runs again on a blocking thread): every record is found in
+            // memory first, and kept there for this call, as `states_of`
+            // keeps them.
+            for &r in records {
+                self.with_record(r, now, reads, |rec, now| {
+                    rec.idle_at = rec.idle_at.max(now + 1);
+                })?;
+            }
+        }
+        let mut decisions: Vec<Option<Decision>> = vec![None; checks.len()];
+        for (i, c) in checks.iter().enumerate() {
+            if c.usage != Usage::Decide {
+                decisions[i] = Some(self.apply_reported(records[i], c, now, reads)?);
+            }
+        }
+        let decided: Vec<usize> = (0..checks.len())
+            .filter(|&i| checks[i].usage == Usage::Decide)
+            .collect();
+        let mut allowed = true;
+        if !decided.is_empty() {
+            let sub: Vec<KeyCheck> = decided.iter().map(|&i| checks[i].clone()).collect();
+            let sub_records: Vec<RecordKey> = decided.iter().map(|&i| records[i]).collect();
+            let out = self.decide_keys(&sub, &sub_records, now, reads)?;
+            allowed = out.allowed;
+            for (&i, d) in decided.iter().zip(out.decisions) {
+                decisions[i] = Some(d);
+            }
+        }
+        Ok(AllOutcome {
+            allowed,
+            decisions: decisions.into_iter().flatten().collect(),
+        })
+    }
+
+    /// Decides `checks` (every one [`Usage::Decide`]) all or nothing.
+    fn decide_keys(
+        &self,
+        checks: &[KeyCheck],
+        records: &[RecordKey],
+        now: Nanos,
+        reads: Reads,
+    ) -> Result<AllOutcome, Halt> {
+        if self.shared().is_some() {
+            return self.check_all_shared(checks, records, now, reads);
+        }
+        let _held = self.key_locks.lock(records);
 
         // Pass 1: decide each key on a copy of its states. A key that comes
         // twice sees its first debit (the copies are kept by record).
         // Each copy with the record and the check it is written back for.
         let mut scratch: Vec<(RecordKey, &KeyCheck, SmallVec<[ItemState; 4]>)> = Vec::new();
         let mut decisions = Vec::with_capacity(checks.len());
-        for (c, &record) in checks.iter().zip(&records) {
+        for (c, &record) in checks.iter().zip(records) {
             let earlier = scratch.iter().position(|(r, _, _)| *r == record);
             let mut states = match earlier {
                 Some(i) => scratch[i].2.clone(),
@@ -197,7 +273,7 @@ impl<C: Clock> Engine<C> {
         if !allowed {
             // Nothing is debited: the keys that would have allowed report
             // their figures as they stand.
-            for ((c, &record), d) in checks.iter().zip(&records).zip(decisions.iter_mut()) {
+            for ((c, &record), d) in checks.iter().zip(records).zip(decisions.iter_mut()) {
                 if d.allowed {
                     // Read in pass 1 (and kept in memory since), so this
                     // waits on nothing; were one gone, a memory-only call

@@ -74,6 +74,7 @@ mod persist;
 mod placement;
 pub(crate) mod record;
 pub(crate) mod registry;
+mod reported;
 pub(crate) mod request;
 pub(crate) mod reservations;
 mod reset;
@@ -98,7 +99,7 @@ use registry::Registry;
 use reservations::Reservations;
 
 pub use crate::limits::priority::Priority;
-pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS};
+pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS, Usage};
 pub use events::PendingEvents;
 pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};
 pub use file_definitions::{FileDef, FileDefinitions, Replaced, WRITER_TTL_MS};

@@ -616,6 +616,36 @@ impl Item {
         }
     }
 
+    /// Gives back `n` units used at some earlier time, as of `now`, floored
+    /// at nothing used (a refund, docs/rls.md "Reports and refunds"): a
+    /// window's or budget's count in its current window or period goes down,
+    /// the newest debits of an exact rolling window first (they would stay
+    /// counted longest); a rate's time owed goes back, never before `now`.
+    /// Concurrency and adaptive items count nothing an immediate use left.
+    pub fn credit(&self, st: &mut ItemState, n: u64, now: Nanos) {
+        if n == 0 || matches!(st, ItemState::Fresh) {
+            return;
+        }
+        match self {
+            Item::Rate { rate, .. } => rate.credit(rate_mut(st), n, now),
+            Item::Window(w) => match &w.layout {
+                Layout::Fixed { .. } | Layout::Calendar(_) => {
+                    let s = counter_mut(st);
+                    *s = w.current_counter(s, now);
+                    s.used = s.used.saturating_sub(n);
+                }
+                Layout::Rolling { .. } => w.log_credit(log_mut(st), n, now),
+                Layout::Approximate { .. } => w.approx_credit(approx_mut(st), n, now),
+            },
+            Item::Budget(b) => {
+                let s = budget_mut(st);
+                *s = b.current(s, now);
+                s.spent = s.spent.saturating_sub(n);
+            }
+            Item::Concurrency(_) | Item::Adaptive(_) => {}
+        }
+    }
+
     /// Gives an adaptive item the sample a release or commit of `pending`
     /// carries, before that settles it (docs/adaptive.md, "In the engine");
     /// other kinds take no samples.

@@ -283,6 +283,16 @@ impl Rate {
         self.set_tat(st, tat);
     }
 
+    /// Gives back `n` units used earlier (a refund): the TAT goes back by
+    /// their time, never before `now`, so a credit is at most a full burst.
+    pub fn credit(&self, st: &mut RateState, n: u64, now: Nanos) {
+        let tat = self
+            .tat(st)
+            .saturating_sub(u128::from(n) * u128::from(self.p))
+            .max(self.scale(now));
+        self.set_tat(st, tat);
+    }
+
     /// Charges `extra` more units than were reserved (a commit with a higher final
     /// cost): the impression happened, so TAT advances from max(TAT, now) even past
     /// the burst.

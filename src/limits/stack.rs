@@ -377,6 +377,26 @@ impl Stack {
         d
     }
 
+    /// Debits `cost` on every item at `now` even past its limit: usage that
+    /// already happened and is only reported (docs/rls.md, "Reports and
+    /// refunds"), as an unchecked impression is counted. Nothing is held.
+    pub fn force(&self, states: &mut [ItemState], now: Nanos, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        for (item, st) in self.items.iter().zip(states.iter_mut()) {
+            item.apply(st, now, cost, Hold::Immediate);
+        }
+    }
+
+    /// Gives `cost` back on every item at `now`, floored at nothing used
+    /// ([`Item::credit`]).
+    pub fn credit(&self, states: &mut [ItemState], now: Nanos, cost: u64) {
+        for (item, st) in self.items.iter().zip(states.iter_mut()) {
+            item.credit(st, cost, now);
+        }
+    }
+
     /// Whether an item is `adaptive`: its callers should hold a
     /// reservation while their work runs and release it with a sample.
     pub fn has_adaptive(&self) -> bool {

@@ -273,6 +273,23 @@ impl Window {
         }
     }
 
+    /// Takes `n` units off the newest debits still in the window (a
+    /// refund), floored at none.
+    pub fn log_credit(&self, st: &mut LogState, n: u64, now: Nanos) {
+        self.prune_log(st, now);
+        let mut left = n;
+        while left > 0 {
+            let Some(d) = st.debits.back_mut() else { break };
+            let take = d.cost.min(left);
+            d.cost -= take;
+            st.sum -= take;
+            left -= take;
+            if d.cost == 0 {
+                st.debits.pop_back();
+            }
+        }
+    }
+
     // ---- approximate rolling ----
 
     /// The buckets as of `now`, shifted forward if `now` has left the current one.
@@ -373,6 +390,15 @@ impl Window {
             return;
         };
         *slot = (i128::from(*slot) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+    }
+
+    /// Takes `n` units off the current bucket, then the previous one (a
+    /// refund), floored at none.
+    pub fn approx_credit(&self, st: &mut ApproxState, n: u64, now: Nanos) {
+        *st = self.current_approx(st, now);
+        let from_cur = st.cur.min(n);
+        st.cur -= from_cur;
+        st.prev = st.prev.saturating_sub(n - from_cur);
     }
 }
 

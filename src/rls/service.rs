@@ -30,7 +30,7 @@ use super::{RulesHandle, UnknownDomain, matching};
 use crate::MAX_EXACT;
 use crate::clock::{Clock, Span, ceil_secs};
 use crate::engine::request::CompiledInline;
-use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS, Priority};
+use crate::engine::{AllOutcome, Engine, KeyCheck, MAX_KEYS, Priority, Usage};
 use crate::front::call::in_memory_or_blocking;
 use crate::front::error::status;
 use crate::front::priority;
@@ -97,6 +97,9 @@ enum Outcome {
         plain: Option<(u32, Unit)>,
         /// Its hits, as asked (the per-rule series count them).
         hits: u64,
+        /// Decided, or a report or refund (docs/rls.md, "Reports and
+        /// refunds"), which never denies.
+        usage: Usage,
     },
 }
 
@@ -192,7 +195,11 @@ impl<C: Clock + 'static> Service<C> {
     ) -> Result<RateLimitResponse, Status> {
         // The request's class, taken out of the descriptors before they are
         // matched (docs/rls.md, "Priorities").
-        let (priority, class_only) = take_priority(&mut req, header.as_deref()).map_err(status)?;
+        let (priority, mut class_only) =
+            take_priority(&mut req, header.as_deref()).map_err(status)?;
+        // Reports and refunds, marked per descriptor (docs/rls.md, "Reports
+        // and refunds").
+        let usages = take_reports(&mut req, &mut class_only).map_err(status)?;
         // Entry keys and values are bounded as the API's ids are.
         let max_id = self.state.engine.options().max_id_len;
         if req.domain.is_empty() {
@@ -315,13 +322,6 @@ impl<C: Clock + 'static> Service<C> {
                     }
                 }
             }
-            // Envoy 1.38's refund: not built yet, and never a debit.
-            if d.is_negative_hits {
-                return Err(Self::invalid(
-                    format!("descriptors[{i}].is_negative_hits"),
-                    "refunds are not supported yet: nothing was debited or credited".to_owned(),
-                ));
-            }
             // A cost is at most 2^53 − 1, as everywhere in the API
             // (docs/semantics.md §5.1).
             if let Some(h) = d.hits_addend
@@ -360,8 +360,12 @@ impl<C: Clock + 'static> Service<C> {
                 outcomes.push(Outcome::NoRule);
                 continue;
             };
+            let usage = usages.get(i).copied().unwrap_or_default();
             match &rule.action {
                 Action::Unlimited => outcomes.push(Outcome::Unlimited),
+                // A block counts nothing a report or refund could change, and
+                // neither ever denies.
+                Action::Block(_) if usage != Usage::Decide => outcomes.push(Outcome::NoRule),
                 Action::Block(unit) => {
                     let unit = *unit;
                     outcomes.push(Outcome::Block { rule, unit });
@@ -375,6 +379,7 @@ impl<C: Clock + 'static> Service<C> {
                         plain: *plain,
                         rule: rule.clone(),
                         hits: cost,
+                        usage,
                     });
                     // Shadow: debited, never denying (docs/rls.md).
                     checks.push(KeyCheck {
@@ -383,17 +388,20 @@ impl<C: Clock + 'static> Service<C> {
                         key,
                         cost,
                         enforced: !rule.shadow,
+                        usage,
                     });
                 }
             }
         }
         // An enforced block denies the request: the others are only looked
-        // at (cost 0), so nothing is debited. A shadow block zeroes nothing.
+        // at (cost 0), so nothing is debited. A shadow block zeroes nothing;
+        // nor does any block a report or refund, usage that happened or did
+        // not whatever this request is answered.
         let blocked = outcomes
             .iter()
             .any(|o| matches!(o, Outcome::Block { rule, .. } if !rule.shadow));
         if blocked {
-            for c in &mut checks {
+            for c in checks.iter_mut().filter(|c| c.usage == Usage::Decide) {
                 c.cost = 0;
             }
         }
@@ -487,6 +495,7 @@ impl<C: Clock + 'static> Service<C> {
                     check,
                     plain,
                     hits,
+                    usage,
                 } => {
                     // Not reached (`check_all` answers one decision per
                     // key); were it, this descriptor says UNKNOWN, the
@@ -499,15 +508,18 @@ impl<C: Clock + 'static> Service<C> {
                         self.rules.counters.shadow_over.inc();
                     }
                     let (limit, unit, window) = figures(rule, d, *plain);
-                    self.rules.counters.series.record(&crate::rls::series::Hit {
-                        domain,
-                        key: &rule.name,
-                        hits: *hits,
-                        allowed: d.allowed,
-                        shadow_over: !d.allowed && shadowed(rule),
-                        limit,
-                        remaining: d.remaining,
-                    });
+                    // A refund is not a hit: the series count what was used.
+                    if *usage != Usage::Refund {
+                        self.rules.counters.series.record(&crate::rls::series::Hit {
+                            domain,
+                            key: &rule.name,
+                            hits: *hits,
+                            allowed: d.allowed,
+                            shadow_over: !d.allowed && shadowed(rule),
+                            limit,
+                            remaining: d.remaining,
+                        });
+                    }
                     fields.push(Field {
                         name: &rule.name,
                         limit,
@@ -730,6 +742,47 @@ fn legacy_headers(fields: &[Field<'_>], over: bool, style: HeaderStyle) -> Vec<H
         });
     }
     out
+}
+
+/// The descriptor entry key that marks a descriptor as a report: usage
+/// known after the response (Envoy's `apply_on_stream_done`), debited even
+/// past the limit and never denied (docs/rls.md, "Reports and refunds").
+/// Envoy sends it from a `generic_key` action.
+pub const REPORT: &str = "x-freqcap-report";
+
+/// Takes the [`REPORT`] entries out of the descriptors (each must say
+/// `true`) and reads `is_negative_hits`: per descriptor, whether it is
+/// decided, reported, or refunded (a refund wins over a report: its hits
+/// are given back either way). A descriptor that held only the marker is
+/// added to `marker_only` (answered OK, limiting nothing).
+fn take_reports(
+    req: &mut RateLimitRequest,
+    marker_only: &mut Vec<usize>,
+) -> Result<Vec<Usage>, FrontError> {
+    let mut usages = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.iter_mut().enumerate() {
+        let mut usage = Usage::Decide;
+        if d.entries.iter().any(|e| e.key == REPORT) {
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key == REPORT && e.value != "true" {
+                    return Err(FrontError::invalid(
+                        &format!("descriptors[{i}].entries[{j}].value"),
+                        format!("{REPORT} must be \"true\", got {:?}", e.value),
+                    ));
+                }
+            }
+            d.entries.retain(|e| e.key != REPORT);
+            if d.entries.is_empty() && !marker_only.contains(&i) {
+                marker_only.push(i);
+            }
+            usage = Usage::Report;
+        }
+        if d.is_negative_hits {
+            usage = Usage::Refund;
+        }
+        usages.push(usage);
+    }
+    Ok(usages)
 }
 
 /// Takes the request's class out of its descriptors: every entry whose key

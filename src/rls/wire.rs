@@ -2,7 +2,8 @@
 //! know, found in its bytes before they are decoded (prost drops unknown
 //! fields silently). Envoy adds fields that change what a call means:
 //! 1.38's `is_negative_hits` turns a descriptor's hits into a refund, which
-//! a server on an older proto would have debited. A request with a field
+//! a server on an older proto would have debited (freqcap's credits it
+//! back, docs/rls.md "Reports and refunds"). A request with a field
 //! this server does not know is refused (INVALID_ARGUMENT naming where),
 //! so that no field it cannot read can ever become a debit
 //! (docs/rls.md, "Fields freqcap does not know").
