@@ -181,6 +181,16 @@ struct ServeArgs {
     /// This node's name in a cluster (default <hostname>:<listen port>).
     #[arg(long, env = "FREQCAP_NODE_ID")]
     node_id: Option<String>,
+    /// This node's region (docs/regions.md): campaigns' budgets and period
+    /// caps are leased to it by the global tier (`--global-store`).
+    #[arg(long, env = "FREQCAP_REGION")]
+    region: Option<String>,
+    /// The global tier's Redis URL, shared by every region.
+    #[arg(long, env = "FREQCAP_GLOBAL_STORE")]
+    global_store: Option<String>,
+    /// A region cut off from the global tier: keep (default), stop or share:F.
+    #[arg(long, env = "FREQCAP_REGION_SAFE")]
+    region_safe: Option<String>,
     /// Shadow mode for every policy and campaign: decided and counted,
     /// always answered allowed (`would_deny` says what enforcing would do).
     #[arg(long, env = "FREQCAP_SHADOW", num_args = 0..=1, default_missing_value = "true")]
@@ -400,6 +410,15 @@ impl ServeArgs {
         }
         if let Some(v) = self.node_id {
             c.node_id = Some(v);
+        }
+        if let Some(v) = self.region {
+            c.region = Some(v);
+        }
+        if let Some(v) = self.global_store {
+            c.global_store = Some(v);
+        }
+        if let Some(v) = self.region_safe {
+            c.region_safe = v;
         }
         if let Some(v) = self.shadow {
             c.shadow = v;

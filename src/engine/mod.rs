@@ -103,6 +103,7 @@ pub use check_all::{AllOutcome, KeyCheck, MAX_KEYS, Usage};
 pub use events::PendingEvents;
 pub use figures::{BudgetFigures, CampaignFigures, DefinitionFigures, PolicyFigures};
 pub use file_definitions::{FileDef, FileDefinitions, Replaced, WRITER_TTL_MS};
+pub use leases::{REGION_TTL, RegionFigures, SafeCapacity};
 pub use minutes::{Bucket, PerUser};
 pub use request::{
     CandidateResult, CheckOutcome, CheckRequest, CheckTarget, CommitOutcome, CommitRequest,
@@ -422,6 +423,9 @@ pub struct Engine<C: Clock> {
     reservations: Reservations,
     /// With a shared store: this node's grants of campaign-scope state.
     leases: leases::Leases,
+    /// In a region (docs/regions.md): the grants of campaigns' period
+    /// items the global tier gave this node's region.
+    regions: std::sync::OnceLock<leases::Regions>,
     /// With a shared store: the policy keys decided on leases (hot).
     hot_keys: placement::HotKeys,
     /// With a shared store: reservations past their deadline whose record
@@ -504,6 +508,7 @@ impl<C: Clock> Engine<C> {
             shared_ok_at: AtomicU64::new(started),
             reservations,
             leases: leases::Leases::default(),
+            regions: std::sync::OnceLock::new(),
             hot_keys: placement::HotKeys::default(),
             unsettled: settle::Unsettled::default(),
             dedupe: Dedupe::new(),

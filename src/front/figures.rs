@@ -67,6 +67,8 @@ pub struct Figures {
     /// (their campaign-side holds stay until it is).
     pub unsettled: u64,
     pub redis: Option<RedisFigures>,
+    /// In a region (docs/regions.md): its grants from the global tier.
+    pub region: Option<crate::engine::RegionFigures>,
     /// The chosen campaigns and policies (docs/service.md, "Per-definition
     /// metrics").
     pub definitions: crate::engine::DefinitionFigures,
@@ -261,12 +263,43 @@ impl Collector for EngineFigures {
             f.erasures,
         )?;
         definitions(&mut e, &f.definitions)?;
+        if let Some(g) = &f.region {
+            region(&mut e, g)?;
+        }
         let Some(r) = f.redis else {
             return Ok(());
         };
         shared_store(&mut e, &f, &r)?;
         redis_calls(&mut e, &r)
     }
+}
+
+/// A region's calls to the global tier (docs/regions.md).
+fn region(e: &mut DescriptorEncoder, g: &crate::engine::RegionFigures) -> fmt::Result {
+    counter(
+        e,
+        "freqcap_region_syncs",
+        "Calls to the global tier that renewed a grant of this node's region (docs/regions.md)",
+        g.syncs,
+    )?;
+    counter(
+        e,
+        "freqcap_region_sync_failures",
+        "Calls to the global tier that failed (unreachable: the region's grant, then its safe capacity, is used)",
+        g.failures,
+    )?;
+    gauge(
+        e,
+        "freqcap_region_items",
+        "Campaign items this node's region leases from the global tier",
+        g.items as u64,
+    )?;
+    gauge(
+        e,
+        "freqcap_region_reachable",
+        "1 if the global tier answered within the last 2 s, else 0",
+        u64::from(g.reachable),
+    )
 }
 
 /// Reservations, commits, releases and events: what the decisions did.

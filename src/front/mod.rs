@@ -217,6 +217,7 @@ fn figures<C: Clock + 'static>(
             latency_sum_us: get(&r.latency_us),
             buckets: std::array::from_fn(|i| get(&r.latency_buckets[i])),
         }),
+        region: engine.region_figures(),
         definitions: engine.definition_figures(allow, top),
     }
 }

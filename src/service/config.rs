@@ -106,6 +106,18 @@ pub struct ServeConfig {
     /// This node's name among the nodes of a cluster (logs, metrics);
     /// default `<hostname>:<listen port>`.
     pub node_id: Option<String>,
+    /// The region this node's fleet is (docs/regions.md); with
+    /// `global_store`, campaigns' budgets and period caps are leased to
+    /// the region by the global tier. Unset: no regions.
+    pub region: Option<String>,
+    /// The global tier's Redis (`redis://` or `redis-cluster://` URL,
+    /// `rediss` for TLS with `store_ca`), shared by every region.
+    pub global_store: Option<String>,
+    /// What a region grants itself once the global tier has been
+    /// unreachable for 80 % of a region grant's life (24 s): `keep`
+    /// (default: its last grant), `stop` (nothing more than it spent) or
+    /// `share:F` (a share F of each total, which may go over it).
+    pub region_safe: String,
     /// Every policy and campaign in shadow mode (docs/semantics.md,
     /// "Shadow mode"): decided and counted, never denying.
     pub shadow: bool,
@@ -224,6 +236,9 @@ impl Default for ServeConfig {
             memory: false,
             store: "rocksdb".into(),
             node_id: None,
+            region: None,
+            global_store: None,
+            region_safe: "keep".into(),
             store_ca: None,
             store_cert: None,
             store_key: None,
@@ -331,6 +346,7 @@ impl ServeConfig {
             }
         }
         self.check_tls()?;
+        self.check_region()?;
         if self.write_behind_ms > crate::store::rocks::MAX_WRITE_BEHIND_MS {
             return Err(format!(
                 "write_behind_ms: at most {} (a crash loses that much of immediate debits), got {}",
@@ -414,6 +430,35 @@ impl ServeConfig {
 }
 
 impl ServeConfig {
+    /// A region needs a global tier and a Redis store of its own (each
+    /// region is a fleet); each is refused naming the option.
+    fn check_region(&self) -> Result<(), String> {
+        self.region_safe
+            .parse::<crate::engine::SafeCapacity>()
+            .map_err(|e| format!("region_safe: {e}"))?;
+        match (&self.region, &self.global_store) {
+            (None, None) => Ok(()),
+            (Some(_), None) => Err("global_store: a region needs the global tier's URL".into()),
+            (None, Some(_)) => Err("region: global_store is set: name this node's region".into()),
+            (Some(name), Some(url)) => {
+                if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+                    return Err(format!(
+                        "region: must be 1 to 64 printable characters, got {name:?}"
+                    ));
+                }
+                if !crate::cluster::RedisOptions::is_url(&self.store) {
+                    return Err(
+                        "region: a region is a fleet: store must be a redis or redis-cluster URL"
+                            .into(),
+                    );
+                }
+                crate::cluster::RedisOptions::parse(url, Durability::Wal)
+                    .map(drop)
+                    .map_err(|e| format!("global_store: {e}"))
+            }
+        }
+    }
+
     /// The TLS files of the listeners, `None` for plaintext; errors name
     /// the option missing its pair.
     pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, String> {
@@ -588,6 +633,44 @@ mod tests {
             .unwrap_err();
         assert!(e.starts_with("write_behind_ms: at most 1000"), "{e}");
         assert!(parse("write_behind_ms = 20\n").unwrap().check().is_ok());
+    }
+
+    /// Region settings refused at start, each naming its option
+    /// (docs/regions.md, "Deploying").
+    #[test]
+    fn bad_region_settings_name_the_option() {
+        let check = |text: &str| parse(text).unwrap().check();
+        let cluster = "store = \"redis-cluster://127.0.0.1:7000\"\n";
+        for (text, want) in [
+            ("region = \"eu\"\n", "global_store: a region needs"),
+            (
+                "global_store = \"redis://127.0.0.1:6379\"\n",
+                "region: global_store is set",
+            ),
+            (
+                "region = \"eu\"\nglobal_store = \"redis://127.0.0.1:6379\"\n",
+                "region: a region is a fleet",
+            ),
+            (
+                &format!("{cluster}region = \"\"\nglobal_store = \"redis://h:1\"\n"),
+                "region: must be 1 to 64",
+            ),
+            (
+                &format!("{cluster}region = \"eu\"\nglobal_store = \"http://h:1\"\n"),
+                "global_store:",
+            ),
+            (
+                &format!("{cluster}region_safe = \"share:1.5\"\n"),
+                "region_safe: must be stop, keep or share:F",
+            ),
+        ] {
+            let e = check(text).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        let ok = format!(
+            "{cluster}region = \"eu\"\nglobal_store = \"rediss://:pw@h:6380\"\nregion_safe = \"share:0.2\"\n"
+        );
+        assert!(check(&ok).is_ok());
     }
 
     /// Tokens shorter than 16 characters are warned about, naming the

@@ -50,6 +50,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let (listener, addr) = bind(&config).await?;
     let store = open_store(&config, &node_id).await?;
     let engine = open_engine(&config, store, &node_id, fleet(&config, addr)?).await?;
+    join_region(&config, &engine).await?;
     let definitions_seen = load_definitions(&config, &engine).await?;
     let front = open_front(&config, &engine, tls.as_ref())?;
     watch_definitions(&config, &engine, &front.state, definitions_seen);
@@ -79,19 +80,7 @@ fn node_id(config: &ServeConfig) -> String {
 /// as it waits on the network), memory, or RocksDB in `data_dir`.
 async fn open_store(config: &ServeConfig, node_id: &str) -> Result<Arc<dyn Store>, String> {
     let store: Arc<dyn Store> = if crate::cluster::RedisOptions::is_url(&config.store) {
-        let client = config
-            .store_cert
-            .as_deref()
-            .zip(config.store_key.as_deref());
-        let mut options = crate::cluster::RedisOptions::parse(&config.store, config.durability)?
-            .secure(config.store_password()?, config.store_ca.as_deref(), client)?;
-        options.call_timeout = Duration::from_millis(config.redis_timeout_ms);
-        // Connecting waits on the network: off the executor.
-        let redis =
-            tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
+        let redis = connect_redis(config, &config.store, config.store_password()?).await?;
         tracing::info!(
             node_id,
             clustered = redis.clustered,
@@ -114,6 +103,80 @@ async fn open_store(config: &ServeConfig, node_id: &str) -> Result<Arc<dyn Store
         )
     };
     Ok(store)
+}
+
+/// Connects to the Redis of `url` with the store's CA and client
+/// certificate (a global tier's too), off the executor: it waits on the
+/// network.
+async fn connect_redis(
+    config: &ServeConfig,
+    url: &str,
+    password: Option<crate::cluster::Secret>,
+) -> Result<crate::cluster::RedisStore, String> {
+    let client = config
+        .store_cert
+        .as_deref()
+        .zip(config.store_key.as_deref());
+    let mut options = crate::cluster::RedisOptions::parse(url, config.durability)?.secure(
+        password,
+        config.store_ca.as_deref(),
+        client,
+    )?;
+    options.call_timeout = Duration::from_millis(config.redis_timeout_ms);
+    tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// With `region` set: connects to the global tier and joins the region
+/// (docs/regions.md), then renews the region's grants once a second on a
+/// blocking thread of their own, so that no WAN call is ever made on a
+/// decision's path.
+async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), String> {
+    let (Some(name), Some(url)) = (&config.region, &config.global_store) else {
+        return Ok(());
+    };
+    let safe = config
+        .region_safe
+        .parse::<crate::engine::SafeCapacity>()
+        .map_err(|e| format!("region_safe: {e}"))?;
+    // The password, if any, is in the URL (or none): the store's own
+    // password is the region's Redis's.
+    let global = connect_redis(config, url, None)
+        .await
+        .map_err(|e| format!("global_store: {e}"))?;
+    engine
+        .join_region(name, safe, Arc::new(global))
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        region = %name,
+        global = %crate::cluster::RedisOptions::redact(url),
+        "region {name}: leasing campaigns from the global tier"
+    );
+    let engine = engine.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // Warned once per failing stretch, not every second.
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            let e = engine.clone();
+            let r = tokio::task::spawn_blocking(move || e.region_tick()).await;
+            match r {
+                Ok(Err(err)) if !failing => {
+                    failing = true;
+                    tracing::warn!("region: the global tier did not answer: {err}");
+                }
+                Ok(Ok(())) if failing => {
+                    failing = false;
+                    tracing::info!("region: the global tier answers again");
+                }
+                _ => {}
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Opens the engine on `store` with the configured limits, on a blocking

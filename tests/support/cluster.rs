@@ -129,6 +129,13 @@ impl OneRedis {
     }
 }
 
+impl OneRedis {
+    /// Its process id (to stop and continue it, as a partition does).
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for OneRedis {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -174,19 +181,16 @@ impl Node {
         env: &[(&str, &str)],
         extra: &[&str],
     ) -> Node {
-        let mut args: Vec<&std::ffi::OsStr> = [
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            seeds,
-            "--durability",
-            "replicated",
-            "--node-id",
-            id,
-        ]
-        .into_iter()
-        .map(std::ffi::OsStr::new)
-        .collect();
+        let mut args: Vec<&std::ffi::OsStr> =
+            ["--listen", "127.0.0.1:0", "--store", seeds, "--node-id", id]
+                .into_iter()
+                .map(std::ffi::OsStr::new)
+                .collect();
+        if !extra.contains(&"--durability") {
+            // A 3 + 3 cluster's: each write confirmed by a replica. A Redis
+            // without replicas (a region's in tests/regions.rs) says its own.
+            args.extend(["--durability", "replicated"].map(std::ffi::OsStr::new));
+        }
         if !extra.contains(&"--redis-timeout-ms") {
             // Six Redis servers, three nodes and the test share two cores:
             // a replica's WAIT can take longer than the 100 ms default. Still

@@ -219,6 +219,12 @@ impl<C: Clock> Engine<C> {
             },
             _ => TotalRule::Given,
         };
+        // In a region (docs/regions.md), at most what the global tier
+        // granted the region: a total of the node's, as given.
+        let (total, rule) = match self.region_total(key, v, now) {
+            Some(t) => (total.min(t), TotalRule::Given),
+            None => (total, rule),
+        };
         let segments = match (item, rule) {
             (Item::Budget(b), TotalRule::Weighted { .. } | TotalRule::Planned { .. }) => {
                 self.leases.segments(key, b, v)

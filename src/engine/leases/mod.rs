@@ -40,6 +40,7 @@
 
 mod calls;
 mod keys;
+mod regions;
 mod reports;
 mod view;
 
@@ -55,6 +56,8 @@ use crate::store::Segments;
 
 use crate::engine::registry::CampaignEntry;
 
+pub(crate) use regions::Regions;
+pub use regions::{REGION_TTL, RegionFigures, SafeCapacity};
 use view::plan_total;
 pub(crate) use view::view;
 

@@ -1,0 +1,308 @@
+//! Regions (docs/regions.md): each region is a fleet of its own (its Redis,
+//! its nodes), and a global tier — a Redis the regions share, reached over
+//! the WAN — leases each campaign's period items (budgets, fixed and
+//! calendar campaign windows) to regions as a region's Redis leases them to
+//! its nodes: the same lease function, the region as the holder, its
+//! spend the sum its nodes reported (absolute, so a retry or a lost reply
+//! grants nothing twice).
+//!
+//! Nothing here is on a decision's path: [`Engine::region_tick`] runs on a
+//! thread of its own once a second, and a node's lease calls to its
+//! region's Redis use the region's cumulative grant as their total
+//! ([`Engine::region_total`]). So Σ over a region's nodes of spent plus
+//! headroom stays within the region's grant, and Σ over regions of their
+//! grants within the campaign's total: a budget is never exceeded
+//! globally while every region reaches the global tier.
+//!
+//! When it cannot be reached, the region's grant is used for 80 % of its
+//! life ([`REGION_TTL`], by this node's clock), and then what the region's
+//! safe capacity says ([`SafeCapacity`]).
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::clock::{Clock, Nanos};
+use crate::engine::{Engine, EngineError, invalid};
+use crate::store::{LeaseRequest, Store, TotalRule};
+
+use super::{GrantKey, LeaseView, Leased, lease_key};
+
+/// How long a region's grant lives (by the global tier's clock). A region
+/// renews it every second; a partition shorter than 80 % of it is not
+/// felt, and a region lost strands at most its headroom for this long.
+pub const REGION_TTL: Nanos = 30_000_000_000;
+
+/// A region asks for headroom to last this long at its recent spend rate
+/// (renewing every second, it runs short only if its demand grows 10×
+/// within a second).
+const WANT_AHEAD_SECS: u64 = 10;
+
+/// What a region's nodes may grant themselves once its grant from the
+/// global tier is past use (the tier unreachable for 80 % of
+/// [`REGION_TTL`]): Doorman's safe capacity, per region. The tier never
+/// grants again what a region it lost held: once reclaimed, a region's
+/// whole headroom counts as spent there (the region may have spent it
+/// unreported), so `keep` and `stop` never go over a total.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum SafeCapacity {
+    /// Nothing more than the region spent: it stands still until the tier
+    /// answers again.
+    Stop,
+    /// The last grant, however old (the default): a cut-off region serves
+    /// all it was granted, which no other region is granted meanwhile.
+    #[default]
+    Keep,
+    /// This share of each item's total (0 < share ≤ 1), or the last grant
+    /// if more: a cut-off region serves up to it, over the total by at most
+    /// the share beyond what the tier granted it.
+    Share(f64),
+}
+
+impl FromStr for SafeCapacity {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stop" => Ok(SafeCapacity::Stop),
+            "keep" => Ok(SafeCapacity::Keep),
+            _ => {
+                let share = s
+                    .strip_prefix("share:")
+                    .and_then(|f| f.parse::<f64>().ok())
+                    .filter(|f| *f > 0.0 && *f <= 1.0);
+                share.map(SafeCapacity::Share).ok_or_else(|| {
+                    format!("must be stop, keep or share:F with 0 < F <= 1, got {s:?}")
+                })
+            }
+        }
+    }
+}
+
+/// One item's grant to this region, as this node last heard it.
+#[derive(Debug, Default, Clone, Copy)]
+struct RegionGrant {
+    /// The region's cumulative grant in the period (0: none yet).
+    granted: u64,
+    /// Usable until (this node's clock), 80 % of the grant's life.
+    usable_until: Nanos,
+    /// The region's spend (its nodes' reports) when last read.
+    spent: u64,
+    /// The item's total when last asked (a pacing line moves).
+    total: u64,
+    /// The period's end: forgotten after it.
+    end: Nanos,
+    /// When `spent` was read: the region's spend rate.
+    read_at: Nanos,
+    /// What was last asked for.
+    want: u64,
+}
+
+/// This node's view of its region's grants.
+pub(crate) struct Regions {
+    /// The region's name: its holder name in the global tier.
+    pub name: String,
+    pub safe: SafeCapacity,
+    /// The global tier (a Redis the regions share).
+    global: Arc<dyn Store>,
+    grants: Mutex<HashMap<GrantKey, RegionGrant>>,
+    /// Calls to the global tier answered, and failed.
+    pub syncs: AtomicU64,
+    pub failures: AtomicU64,
+    /// When the global tier last answered (this node's clock).
+    pub ok_at: AtomicU64,
+}
+
+impl Regions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GrantKey, RegionGrant>> {
+        self.grants.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What one region's figures are, for metrics and `/v1/admin`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RegionFigures {
+    pub name: String,
+    /// Items whose grant this node follows.
+    pub items: usize,
+    pub syncs: u64,
+    pub failures: u64,
+    /// Whether the global tier answered within the last 2 s.
+    pub reachable: bool,
+}
+
+impl<C: Clock> Engine<C> {
+    /// Makes this node one of region `name`'s, leasing campaigns' period
+    /// items from the global tier `global` (a shared store of its own).
+    /// Needs a shared store here too: a region is a fleet.
+    pub fn join_region(
+        &self,
+        name: &str,
+        safe: SafeCapacity,
+        global: Arc<dyn Store>,
+    ) -> Result<(), EngineError> {
+        if self.shared().is_none() {
+            return Err(invalid(
+                "region",
+                "a region needs a redis or redis-cluster store: each region is a fleet",
+            ));
+        }
+        if global.shared().is_none() {
+            return Err(invalid(
+                "global_store",
+                "must be a redis or redis-cluster URL",
+            ));
+        }
+        if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+            return Err(invalid(
+                "region",
+                format!("must be 1 to 64 printable characters, got {name:?}"),
+            ));
+        }
+        let regions = Regions {
+            name: name.to_owned(),
+            safe,
+            global,
+            grants: Mutex::default(),
+            syncs: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            ok_at: AtomicU64::new(0),
+        };
+        self.regions
+            .set(regions)
+            .map_err(|_| invalid("region", "this node already joined a region"))
+    }
+
+    /// This node's region's figures; `None` outside regions.
+    pub fn region_figures(&self) -> Option<RegionFigures> {
+        let r = self.regions.get()?;
+        let now = self.now();
+        Some(RegionFigures {
+            name: r.name.clone(),
+            items: r.lock().len(),
+            syncs: r.syncs.load(Ordering::Relaxed),
+            failures: r.failures.load(Ordering::Relaxed),
+            reachable: now.saturating_sub(r.ok_at.load(Ordering::Acquire)) < 2_000_000_000,
+        })
+    }
+
+    /// The most this region's nodes may have spent plus held of a
+    /// campaign's period item `key` (viewed as `v`), in place of its total,
+    /// when this node is in a region; `None` otherwise. Notes the item, so
+    /// that [`Engine::region_tick`] asks the global tier for it.
+    pub(super) fn region_total(&self, key: GrantKey, v: &LeaseView, now: Nanos) -> Option<u64> {
+        let r = self.regions.get()?;
+        if !matches!(key.0, Leased::Campaign(_)) {
+            return None;
+        }
+        let mut grants = r.lock();
+        let g = grants.entry(key).or_default();
+        g.total = v.total;
+        g.end = v.end;
+        if now < g.usable_until {
+            return Some(g.granted.min(v.total));
+        }
+        let safe = match r.safe {
+            SafeCapacity::Stop => g.spent,
+            SafeCapacity::Keep => g.granted.max(g.spent),
+            SafeCapacity::Share(f) => g.granted.max((v.total as f64 * f) as u64),
+        };
+        Some(safe.min(v.total))
+    }
+
+    /// Renews this region's grant of every item its nodes lease from the
+    /// global tier: the region's spend (from its own Redis) reported, and
+    /// headroom for [`WANT_AHEAD_SECS`] of its recent spend asked. Called
+    /// once a second, off every decision's path (`src/service/run.rs`).
+    /// Returns the first error met; every item is tried.
+    pub fn region_tick(&self) -> Result<(), EngineError> {
+        let (Some(r), Some(shared)) = (self.regions.get(), self.shared()) else {
+            return Ok(());
+        };
+        let Some(global) = r.global.shared() else {
+            return Ok(());
+        };
+        let now = self.now();
+        let items: Vec<(GrantKey, RegionGrant)> = {
+            let mut grants = r.lock();
+            grants.retain(|_, g| g.end > now);
+            grants.iter().map(|(k, g)| (*k, *g)).collect()
+        };
+        let mut first_err = None;
+        for (key, g) in items {
+            let lkey = lease_key(key);
+            // The region's spend: every node's report, in its own Redis.
+            let spent = match shared.lease_spent(&lkey) {
+                Ok(s) => s.max(g.spent),
+                Err(e) => {
+                    first_err.get_or_insert(e.into());
+                    continue;
+                }
+            };
+            // Headroom for WANT_AHEAD_SECS at the recent rate; twice the
+            // last ask when the region used what it had (its demand is
+            // unknown past its grant); a hundredth of the total to start.
+            let rate = match g.read_at {
+                0 => 0,
+                at if now > at => {
+                    (u128::from(spent.saturating_sub(g.spent)) * 1_000_000_000
+                        / u128::from(now - at)) as u64
+                }
+                _ => 0,
+            };
+            let short = g.granted > 0 && spent >= g.granted;
+            let want = (rate.saturating_mul(WANT_AHEAD_SECS))
+                .max(if short { g.want.saturating_mul(2) } else { 0 })
+                .max(g.total / 100)
+                .max(1);
+            let ttl_ms = REGION_TTL / 1_000_000;
+            let req = LeaseRequest {
+                key: &lkey,
+                holder: &r.name,
+                spent,
+                want,
+                total: g.total,
+                ttl_ms,
+                // The region's nodes hold nothing past their own grants'
+                // life (2 s) beyond what the region's grant covers.
+                grace_ms: 1_000,
+                key_expire_ms: g.end.saturating_sub(now) / 1_000_000 + 3_600_000,
+                period_ms: (key.2 / 1_000_000, g.end.div_ceil(1_000_000)),
+                rule: TotalRule::Given,
+                segments: None,
+                // A region reports its spend a second late, and not at all
+                // while cut off: once reclaimed, its whole headroom counts
+                // as spent, so the tier never grants it to another region
+                // while this one may still spend it (2^52: all of it).
+                reports_later: Some(1 << 52),
+                foreign: 0,
+                given: 0,
+            };
+            match global.lease(&req) {
+                Ok(grant) => {
+                    r.syncs.fetch_add(1, Ordering::Relaxed);
+                    r.ok_at.fetch_max(self.now(), Ordering::AcqRel);
+                    let mut grants = r.lock();
+                    if let Some(x) = grants.get_mut(&key) {
+                        x.granted = grant.granted;
+                        x.usable_until =
+                            now.saturating_add(grant.usable_ms.saturating_mul(800_000));
+                        x.spent = spent;
+                        x.read_at = now;
+                        x.want = want;
+                    }
+                }
+                Err(e) => {
+                    r.failures.fetch_add(1, Ordering::Relaxed);
+                    // What a stopped region may still grant: its spend.
+                    if let Some(x) = r.lock().get_mut(&key) {
+                        x.spent = x.spent.max(spent);
+                    }
+                    first_err.get_or_insert(e.into());
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
