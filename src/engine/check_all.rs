@@ -192,6 +192,7 @@ impl<C: Clock> Engine<C> {
         now: Nanos,
         reads: Reads,
     ) -> Result<AllOutcome, Halt> {
+        self.refuse_hot_refunds(checks, records)?;
         if reads == Reads::MemoryOnly {
             // Nothing may be applied by a call that then stops for a read
             // (it runs again on a blocking thread): every record is found in

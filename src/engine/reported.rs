@@ -86,13 +86,32 @@ impl<C: Clock> Engine<C> {
             }
             Some(peek)
         })?;
-        decided.ok_or_else(|| {
-            EngineError::Overloaded(
-                "this key is hot: decided on leases across the fleet until its traffic drops \
-                 (docs/cluster.md, \"Hot keys\"); a refund is refused until then, retry later"
-                    .into(),
-            )
-            .into()
-        })
+        decided.ok_or_else(|| hot_refund().into())
     }
+
+    /// Refuses a call with a refund on a key known to be hot before any of
+    /// its reports is applied, so that a refused call changes nothing.
+    pub(crate) fn refuse_hot_refunds(
+        &self,
+        checks: &[KeyCheck],
+        records: &[RecordKey],
+    ) -> Result<(), EngineError> {
+        for (c, r) in checks.iter().zip(records) {
+            if let (Usage::Refund, RecordKey::PolicyKey(h)) = (c.usage, r)
+                && self.hot_keys.get(*h).is_some()
+            {
+                return Err(hot_refund());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A refund on a hot key, refused.
+fn hot_refund() -> EngineError {
+    EngineError::Overloaded(
+        "this key is hot: decided on leases across the fleet until its traffic drops \
+         (docs/cluster.md, \"Hot keys\"); a refund is refused until then, retry later"
+            .into(),
+    )
 }

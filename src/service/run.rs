@@ -80,7 +80,8 @@ fn node_id(config: &ServeConfig) -> String {
 /// as it waits on the network), memory, or RocksDB in `data_dir`.
 async fn open_store(config: &ServeConfig, node_id: &str) -> Result<Arc<dyn Store>, String> {
     let store: Arc<dyn Store> = if crate::cluster::RedisOptions::is_url(&config.store) {
-        let redis = connect_redis(config, &config.store, config.store_password()?).await?;
+        let timeout = Duration::from_millis(config.redis_timeout_ms);
+        let redis = connect_redis(config, &config.store, config.store_password()?, timeout).await?;
         tracing::info!(
             node_id,
             clustered = redis.clustered,
@@ -112,6 +113,7 @@ async fn connect_redis(
     config: &ServeConfig,
     url: &str,
     password: Option<crate::cluster::Secret>,
+    call_timeout: Duration,
 ) -> Result<crate::cluster::RedisStore, String> {
     let client = config
         .store_cert
@@ -122,12 +124,15 @@ async fn connect_redis(
         config.store_ca.as_deref(),
         client,
     )?;
-    options.call_timeout = Duration::from_millis(config.redis_timeout_ms);
+    options.call_timeout = call_timeout;
     tokio::task::spawn_blocking(move || crate::cluster::RedisStore::connect(options))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
 }
+
+/// The least deadline of a call to the global tier, ms.
+const GLOBAL_TIMEOUT_MS: u64 = 2_000;
 
 /// With `region` set: connects to the global tier and joins the region
 /// (docs/regions.md), then renews the region's grants once a second on a
@@ -143,7 +148,11 @@ async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), 
         .map_err(|e| format!("region_safe: {e}"))?;
     // The password, if any, is in the URL (or none): the store's own
     // password is the region's Redis's.
-    let global = connect_redis(config, url, None)
+    // A WAN round trip is tens of ms where a region's Redis answers in
+    // one: the tier's calls get 2 s (or redis_timeout_ms if longer), off
+    // every decision's path.
+    let timeout = Duration::from_millis(config.redis_timeout_ms.max(GLOBAL_TIMEOUT_MS));
+    let global = connect_redis(config, url, None, timeout)
         .await
         .map_err(|e| format!("global_store: {e}"))?;
     engine
@@ -157,6 +166,9 @@ async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), 
     let engine = engine.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        // A tick slower than a second (the tier timing out) is followed by
+        // the next a second later, not by a burst of the missed ones.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Warned once per failing stretch, not every second.
         let mut failing = false;
         loop {
