@@ -129,7 +129,10 @@ fn two_regions_share_a_budget_exactly_and_ride_out_a_partition() {
     let a = node(tmp.path(), "a", REGION_A);
     let b = node(tmp.path(), "b", REGION_B);
 
-    // Each region is a fleet of its own: the campaign is defined in both.
+    // Each region is a fleet of its own: the campaign is defined in both,
+    // and numbered by each (region b has one more campaign before it, so
+    // the numbers differ: the tier knows campaigns by name).
+    define(&[&b], "b-only", &json!({"caps": []}));
     const BUDGET: u64 = 60;
     const CAP: u64 = 30;
     define(

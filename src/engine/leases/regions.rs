@@ -83,6 +83,20 @@ impl FromStr for SafeCapacity {
     }
 }
 
+/// A campaign item's lease key at the global tier: by the campaign's name,
+/// as every region names it (its number is each region's own), the item's
+/// tag (the same for the same item, docs/semantics.md §5.3) and the
+/// period's start.
+fn global_key(campaign: &str, tag: u32, start: Nanos) -> Vec<u8> {
+    let mut v = Vec::with_capacity(campaign.len() + 14);
+    v.extend_from_slice(b"rg");
+    v.extend_from_slice(campaign.as_bytes());
+    v.push(0);
+    v.extend_from_slice(&tag.to_be_bytes());
+    v.extend_from_slice(&start.to_be_bytes());
+    v
+}
+
 /// One item's grant to this region, as this node last heard it.
 #[derive(Debug, Default, Clone, Copy)]
 struct RegionGrant {
@@ -227,10 +241,22 @@ impl<C: Clock> Engine<C> {
             return Ok(());
         };
         let now = self.now();
-        let items: Vec<(GrantKey, RegionGrant)> = {
+        // Each region numbers its campaigns itself: the tier knows them by
+        // name (a campaign deleted here is no longer renewed).
+        let reg = self.registry();
+        let items: Vec<(GrantKey, RegionGrant, Vec<u8>)> = {
             let mut grants = r.lock();
             grants.retain(|_, g| g.end > now);
-            grants.iter().map(|(k, g)| (*k, *g)).collect()
+            grants
+                .iter()
+                .filter_map(|(k, g)| {
+                    let Leased::Campaign(id) = k.0 else {
+                        return None;
+                    };
+                    let name = &reg.campaigns_by_id.get(&id)?.name;
+                    Some((*k, *g, global_key(name, k.1, k.2)))
+                })
+                .collect()
         };
         // One call per item, each a WAN round trip (80 ms, say): made
         // [`SYNC_WORKERS`] at a time, so a region of many campaigns renews
@@ -242,8 +268,10 @@ impl<C: Clock> Engine<C> {
                 scope.spawn(|| {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(key, g)) = items.get(i) else { break };
-                        if let Err(e) = self.sync_item(r, shared, global, key, g, now) {
+                        let Some((key, g, gkey)) = items.get(i) else {
+                            break;
+                        };
+                        if let Err(e) = self.sync_item(r, shared, global, (*key, gkey), *g, now) {
                             first_err
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
@@ -259,15 +287,16 @@ impl<C: Clock> Engine<C> {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Renews region `r`'s grant of item `key` (as last heard, `g`): its
-    /// spend read from the region's Redis (`shared`), reported to the
-    /// global tier (`global`) with what it asks for.
+    /// Renews region `r`'s grant of item `key` (as last heard, `g`; its
+    /// lease key at the tier `gkey`): its spend read from the region's
+    /// Redis (`shared`), reported to the global tier (`global`) with what
+    /// it asks for.
     fn sync_item(
         &self,
         r: &Regions,
         shared: &dyn Shared,
         global: &dyn Shared,
-        key: GrantKey,
+        (key, gkey): (GrantKey, &[u8]),
         g: RegionGrant,
         now: Nanos,
     ) -> Result<(), EngineError> {
@@ -292,7 +321,7 @@ impl<C: Clock> Engine<C> {
             .max(1);
         let ttl_ms = REGION_TTL / 1_000_000;
         let req = LeaseRequest {
-            key: &lkey,
+            key: gkey,
             holder: &r.name,
             spent,
             want,
