@@ -16,17 +16,20 @@
 #    (freqcap_region_syncs_total + _failures_total): calls made by anything
 #    else, a decision included. `max_decision_ms` is the slowest decision:
 #    one that waited on the WAN would take a round trip at least.
-# 2. A budget of BUDGET units shared by the three regions, demand in each
-#    (screen + commit, 20 a second a region) until it is spent or RUN_S
-#    passes, with region 3's WAN cut (its proxy stopped) for CUT_S seconds
-#    from the 5th: `budget_overshoot_pct`, `delivered_pct`, and each
-#    region's deliveries per second (OUT/spend.csv, plotted in
-#    OUT/spend.svg).
+# 2. A budget of BUDGET units shared by the three regions under diurnal
+#    demand (each region's peak a third of a compressed day after the
+#    last's; 60 impressions a second in all), with travelling users on a
+#    user cap of 3 a day (two new users a second, a third staying home),
+#    and region 3's WAN cut (its proxy stopped) for CUT_S seconds from the
+#    5th (benches/regions_drive.py): `budget_overshoot_pct`,
+#    `delivered_pct`, `user_cap_over_max` (the most any user got past its
+#    cap), and each region's grant and spend at the tier every second
+#    (OUT/lease.csv, plotted in OUT/lease.svg).
 #
 # Writes OUT/summary.json. On a 2-core machine every process shares both
 # cores: p99s are noisy, compared in one run. Every process is stopped by
-# its PID on exit. Users across regions are not built yet
-# (`user_cap_over_max` is null); the partition is real time, CUT_S long.
+# its PID on exit. The partition is real time, CUT_S long (600 s by
+# default: the run takes about 12 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,9 +37,9 @@ SECS=${SECS:-10}
 CONNS=${CONNS:-4}
 K=${K:-20}
 RTT_MS=${RTT_MS:-80}
-BUDGET=${BUDGET:-3000}
-CUT_S=${CUT_S:-40}
-RUN_S=${RUN_S:-120}
+CUT_S=${CUT_S:-600}
+# Spent about 10 s after the cut heals: 60 a second before it, 40 during it.
+BUDGET=${BUDGET:-$((60 * 5 + 40 * CUT_S + 600))}
 OUT=${1:-${TMPDIR:-/tmp}/freqcap-regions/$(date -u +%Y%m%dT%H%M%SZ)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/freqcap-target}
 
@@ -159,100 +162,16 @@ decide() {
 decide plain
 decide regions
 
-# 2. A shared budget through a partition of region 3.
+# 2. A shared budget and travelling users through a partition of region 3
+#    (benches/regions_drive.py).
 start_nodes regions
 for port in "${PORTS[@]}"; do
     curl -sf -X PUT "http://127.0.0.1:$port/v1/campaigns/shared" -H 'content-type: application/json' \
         -d "{\"budget\": {\"amount\": $BUDGET, \"per\": \"1d\", \"pacing\": \"asap\"}}" >/dev/null
+    curl -sf -X PUT "http://127.0.0.1:$port/v1/campaigns/freq" -H 'content-type: application/json' \
+        -d '{"caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "fixed", "scope": "user"}]}' >/dev/null
 done
-python3 - "$OUT" "$BUDGET" "$CUT_S" "$RUN_S" "${PROXY_PID[2]}" "${PORTS[@]}" <<'EOF'
-import json, os, signal, sys, threading, time, urllib.request
-out, budget, cut_s, run_s, proxy3 = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-ports = sys.argv[6:]
-start = time.time()
-acked = [0, 0, 0]
-per_s = {}
-lock = threading.Lock()
-done = threading.Event()
-
-def call(port, method, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, None
-    except OSError:
-        return 0, None
-
-def region(r):
-    i = 0
-    while not done.is_set() and time.time() - start < run_s:
-        due = start + i / 20.0
-        if due > time.time():
-            time.sleep(due - time.time())
-        i += 1
-        st, out = call(ports[r], "POST", "/v1/screen",
-                       {"user": f"r{r}-{i}", "candidates": [{"campaign": "shared", "cost": 1}], "reserve": True, "ttl_ms": 2000})
-        rid = (out or {}).get("reservation") if st == 200 else None
-        if not rid:
-            continue
-        st, _ = call(ports[r], "POST", f"/v1/reservations/{rid}/commit", {})
-        if st == 200:
-            with lock:
-                acked[r] += 1
-                sec = int(time.time() - start)
-                per_s.setdefault(sec, [0, 0, 0])[r] += 1
-                if sum(acked) >= budget:
-                    done.set()
-
-threads = [threading.Thread(target=region, args=(r,)) for r in range(3)]
-for t in threads:
-    t.start()
-time.sleep(5)
-os.kill(proxy3, signal.SIGSTOP)
-cut_at = time.time() - start
-time.sleep(cut_s)
-os.kill(proxy3, signal.SIGCONT)
-for t in threads:
-    t.join()
-elapsed = time.time() - start
-with open(f"{out}/spend.csv", "w") as f:
-    f.write("second,region1,region2,region3\n")
-    for s in range(int(elapsed) + 1):
-        v = per_s.get(s, [0, 0, 0])
-        f.write(f"{s},{v[0]},{v[1]},{v[2]}\n")
-json.dump({"acked": acked, "cut_at_s": cut_at, "cut_s": cut_s, "elapsed_s": elapsed},
-          open(f"{out}/budget.json", "w"))
-
-# The plot: each region's cumulative deliveries over time, the cut shaded.
-W, H, P = 720, 360, 40
-secs = int(elapsed) + 1
-cum = [[0] * secs for _ in range(3)]
-for r in range(3):
-    c = 0
-    for s in range(secs):
-        c += per_s.get(s, [0, 0, 0])[r]
-        cum[r][s] = c
-top = max(max(c) for c in cum) or 1
-x = lambda s: P + (W - 2 * P) * s / max(secs - 1, 1)
-y = lambda v: H - P - (H - 2 * P) * v / top
-colors = ["#1f77b4", "#ff7f0e", "#2ca02c"]
-svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-       f'<rect x="{x(cut_at):.1f}" y="{P}" width="{x(cut_at + cut_s) - x(cut_at):.1f}" height="{H - 2 * P}" fill="#eee"/>',
-       f'<text x="{x(cut_at) + 4:.1f}" y="{P + 14}">region 3 cut off</text>',
-       f'<line x1="{P}" y1="{H - P}" x2="{W - P}" y2="{H - P}" stroke="black"/>',
-       f'<line x1="{P}" y1="{P}" x2="{P}" y2="{H - P}" stroke="black"/>',
-       f'<text x="{W / 2:.0f}" y="{H - 8}">seconds</text>',
-       f'<text x="4" y="{P - 8}">units delivered (of {budget})</text>']
-for r in range(3):
-    pts = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in enumerate(cum[r]))
-    svg.append(f'<polyline fill="none" stroke="{colors[r]}" stroke-width="2" points="{pts}"/>')
-    svg.append(f'<text x="{W - P - 80}" y="{P + 16 * (r + 2)}" fill="{colors[r]}">region {r + 1}: {acked[r]}</text>')
-svg.append("</svg>")
-open(f"{out}/spend.svg", "w").write("\n".join(svg))
-EOF
+python3 benches/regions_drive.py "$OUT" "$BUDGET" "$CUT_S" "$GLOBAL" "${PROXY_PID[2]}" "${PORTS[@]}"
 stop_nodes
 
 python3 - "$OUT" "$BUDGET" "$RTT_MS" <<'EOF' | tee "$OUT/summary.json"
@@ -264,6 +183,7 @@ plain, regions = runs("plain"), runs("regions")
 p99 = lambda rs: sum(r["p99_us"] for r in rs) / len(rs) / 1000
 wan, ticks = map(int, open(f"{out}/decide-regions.wan").read().split())
 b = json.load(open(f"{out}/budget.json"))
+u = json.load(open(f"{out}/users.json"))
 delivered = sum(b["acked"])
 print(json.dumps({
     "wan_rtt_ms": rtt,
@@ -282,7 +202,12 @@ print(json.dumps({
     "delivered": b["acked"],
     "budget_overshoot_pct": round(max(delivered - budget, 0) * 100 / budget, 3),
     "delivered_pct": round(delivered * 100 / budget, 3),
-    "user_cap_over_max": None,
+    "user_cap": u["cap"],
+    "users": u["users"],
+    "travellers": u["travellers"],
+    "user_cap_over_max": u["over_max"],
+    "user_cap_over_max_stay_home": u["over_max_stay_home"],
+    "users_over_cap": u["users_over"],
     "partition_s": b["cut_s"],
     "elapsed_s": round(b["elapsed_s"], 1),
 }, indent=2))

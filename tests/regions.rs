@@ -11,6 +11,10 @@
 //!   last grant (`region_safe = keep`); nothing goes over. Healed
 //!   (SIGCONT): the rest is delivered to exactly the budget, and the tier's
 //!   counts equal what was delivered — nothing counted twice.
+//! - A user capped at 3 a day: at home, exactly 3 however fast it is
+//!   screened; travelling between the two regions, at most 3 + 1
+//!   (`regions − 1` over), and both regions' records converge on every
+//!   unit delivered in either (docs/regions.md, "Users across regions").
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -37,8 +41,14 @@ fn redis(dir: &Path, port: u16) -> OneRedis {
 
 /// A node of region `name` on its Redis at `port`.
 fn node(dir: &Path, name: &str, port: u16) -> Node {
+    node_on(dir, name, port, GLOBAL)
+}
+
+/// A node of region `name` on its Redis at `port`, the global tier at
+/// `global`.
+fn node_on(dir: &Path, name: &str, port: u16, global: u16) -> Node {
     let store = format!("redis://127.0.0.1:{port}");
-    let global = format!("redis://127.0.0.1:{GLOBAL}");
+    let global = format!("redis://127.0.0.1:{global}");
     Node::start_with(
         &dir.join(name),
         &store,
@@ -94,11 +104,14 @@ fn drive(a: &Node, b: &Node, camp: &str, tag: &str, secs: u64, until: u64) -> (u
 }
 
 /// Σ of every region's reported spend (`s:` fields) in the global tier's
-/// leases.
+/// leases (not its users' homes and counts, `fc:{rt:…}`).
 fn global_spent() -> u64 {
     let keys = redis_cli(GLOBAL, &["--scan"]);
     let mut sum = 0;
-    for k in keys.lines().filter(|k| !k.is_empty()) {
+    for k in keys
+        .lines()
+        .filter(|k| !k.is_empty() && !k.starts_with("fc:{rt"))
+    {
         let flat = redis_cli(GLOBAL, &["HGETALL", k]);
         let lines: Vec<&str> = flat.lines().collect();
         for pair in lines.chunks(2) {
@@ -218,4 +231,106 @@ fn two_regions_share_a_budget_exactly_and_ride_out_a_partition() {
         seen = global_spent();
     }
     assert_eq!(seen, all, "the global tier's counts");
+}
+
+/// One screen of `camp` for `user` through `n`, committed if eligible:
+/// whether it was delivered, and the denial's cap otherwise.
+fn serve(n: &Node, camp: &str, user: &str) -> Result<(), String> {
+    let body =
+        json!({"user": user, "candidates": [{"campaign": camp}], "reserve": true, "ttl_ms": 2000});
+    let (st, out) = n.call("POST", "/v1/screen", Some(&body));
+    assert_eq!(st, 200, "{out}");
+    let Some(id) = out["reservation"].as_str() else {
+        return Err(out["results"][0]["denied_by"]["cap"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned());
+    };
+    let (st, body) = n.call_retrying(
+        "POST",
+        &format!("/v1/reservations/{id}/commit"),
+        Some(&json!({})),
+    );
+    assert_eq!(st, 200, "{body}");
+    Ok(())
+}
+
+/// What region node `n`'s record of `user` has used of `camp`'s cap.
+fn used(n: &Node, camp: &str, user: &str) -> u64 {
+    let (st, out) = n.call("GET", &format!("/v1/users/{user}/campaigns/{camp}"), None);
+    assert_eq!(st, 200, "{out}");
+    out["caps"][0]["used"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_user_is_capped_at_home_exactly_and_across_regions_within_one() {
+    const G: u16 = 8170;
+    support::away_from_midnight();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let _g = redis(tmp.path(), G);
+    let _ra = redis(tmp.path(), G + 1);
+    let _rb = redis(tmp.path(), G + 2);
+    let a = node_on(tmp.path(), "a", G + 1, G);
+    let b = node_on(tmp.path(), "b", G + 2, G);
+    const CAP: u64 = 3;
+    define(
+        &[&a, &b],
+        "freq",
+        &json!({"caps": [{"kind": "window", "limit": CAP, "window": "1d", "align": "fixed", "scope": "user"}]}),
+    );
+
+    // At home: screened every 50 ms for 4 s, exactly the cap. Its first
+    // unit holds the next screens until the home is claimed (a tick).
+    let mut home = 0;
+    let mut held = 0;
+    for _ in 0..80 {
+        match serve(&a, "freq", "stays") {
+            Ok(()) => home += 1,
+            Err(cap) if cap == "home_region" => held += 1,
+            Err(_) => {}
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("at home: {home} delivered, {held} screens held for the home's claim");
+    assert_eq!(home, CAP, "a user who stays home");
+
+    // A traveller, first seen in region a (its home), then screened in
+    // both regions in turn every 50 ms for 15 s.
+    let mut got = [0u64; 2];
+    assert_eq!(serve(&a, "freq", "goes"), Ok(()));
+    got[0] += 1;
+    let mut held_b = 0;
+    let end = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < end {
+        for (i, n) in [&b, &a].into_iter().enumerate() {
+            match serve(n, "freq", "goes") {
+                Ok(()) => got[1 - i] += 1,
+                Err(cap) if cap == "home_region" => held_b += 1,
+                Err(_) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let total = got[0] + got[1];
+    eprintln!(
+        "traveller: a {} b {}, {held_b} screens held for the home",
+        got[0], got[1]
+    );
+    assert!(got[1] > 0, "served away from home");
+    assert!(total >= CAP, "the cap delivered");
+    assert!(total <= CAP + 1, "over by more than regions − 1: {total}");
+    // Both regions' records converge on every unit delivered (a tick or
+    // two each way).
+    let until = Instant::now() + Duration::from_secs(15);
+    while (used(&a, "freq", "goes"), used(&b, "freq", "goes")) != (total, total)
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(used(&a, "freq", "goes"), total, "home's record");
+    assert_eq!(used(&b, "freq", "goes"), total, "the other region's record");
+    // The one who stayed home is in region b's records not at all.
+    assert_eq!(used(&b, "freq", "stays"), 0);
+    assert!(a.metric("freqcap_region_applied_total").unwrap_or(0.0) >= 1.0);
+    assert!(b.metric("freqcap_region_held_total").unwrap_or(0.0) >= 1.0);
 }

@@ -45,6 +45,7 @@ mod conn;
 mod leases;
 mod options;
 mod records;
+mod travel;
 
 pub use conn::{RedisStore, START_RETRY, START_WAIT};
 pub use options::{RedisOptions, Secret};

@@ -97,7 +97,18 @@ impl<C: Clock> Engine<C> {
     /// queues their writes; the returned [`PendingEvents`] waits for them to
     /// be durable, blocking or async.
     pub fn events_deferred(&self, events: &[Event]) -> Result<PendingEvents<'_>, EngineError> {
-        waited(self.events_with(events, Reads::MayWait))
+        waited(self.events_with(events, Reads::MayWait, false))
+    }
+
+    /// Units another region counted (`super::travellers`), applied to their
+    /// users' records only: each campaign's own side (budgets, campaign
+    /// caps) was counted where they happened, and is leased across regions.
+    /// Durable before it returns; returns how many were new here.
+    pub(crate) fn foreign_events(&self, events: &[Event]) -> Result<usize, EngineError> {
+        if events.is_empty() {
+            return Ok(0);
+        }
+        waited(self.events_with(events, Reads::MayWait, true))?.wait()
     }
 
     /// [`Engine::events_deferred`] if every user's record is in memory;
@@ -114,10 +125,17 @@ impl<C: Clock> Engine<C> {
         if events.iter().any(|e| !e.ids.is_empty()) {
             return None;
         }
-        self.in_memory_if(false, || self.events_with(events, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.events_with(events, Reads::MemoryOnly, false))
     }
 
-    fn events_with(&self, events: &[Event], reads: Reads) -> Result<PendingEvents<'_>, Halt> {
+    /// Counts `events`; `foreign` ones on their users' records only, not
+    /// counted again for another region ([`Engine::foreign_events`]).
+    fn events_with(
+        &self,
+        events: &[Event],
+        reads: Reads,
+        foreign: bool,
+    ) -> Result<PendingEvents<'_>, Halt> {
         let reg = self.registry();
         self.check_events(&reg, events)?;
         let now = self.now();
@@ -173,6 +191,7 @@ impl<C: Clock> Engine<C> {
         // A decision on a shared record may run again (another node wrote
         // it meanwhile): campaign records are then counted once, after.
         let sides = match self.placement.may_decide_again() {
+            _ if foreign => Sides::User,
             true => Sides::User,
             false => Sides::Both,
         };
@@ -242,7 +261,10 @@ impl<C: Clock> Engine<C> {
                         (r, true)
                     })
                     .map(|(r, counted)| {
-                        if sides == Sides::User && counted {
+                        if counted && !foreign {
+                            self.travel_counted(n.event);
+                        }
+                        if sides == Sides::User && counted && !foreign {
                             self.count_event(
                                 &reg,
                                 chain,
@@ -282,6 +304,7 @@ impl<C: Clock> Engine<C> {
         // reports it (counters are absolute).
         let chains = new
             .iter()
+            .filter(|_| !foreign)
             .filter_map(|n| reg.chain(&n.event.campaign))
             .flat_map(|c| c.iter());
         if let Err(e) = self.report_spend(chains) {

@@ -82,6 +82,7 @@ mod screen;
 mod settle;
 mod throttle;
 mod timeline;
+mod travellers;
 mod usage;
 
 use std::hash::{BuildHasher, Hasher};

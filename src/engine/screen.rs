@@ -131,6 +131,19 @@ impl<C: Clock> Engine<C> {
             seq: c.seq,
             deadline,
         });
+        // In regions, a user away from its home waits for the home to count
+        // its last unit here (src/engine/travellers.rs).
+        if let Some(u) = &req.user
+            && !self.travel_may_serve(u, now)
+        {
+            if let Some(c) = &claim {
+                self.reservations.abandon(&c.id);
+            }
+            return Ok(ScreenOutcome {
+                reservation: None,
+                results: self.travel_held(req),
+            });
+        }
         // Leased campaign state (a shared store): grants are refreshed
         // before any lock is taken, so a decision never waits on one.
         let chains = req.candidates.iter().filter_map(|cand| {
@@ -381,6 +394,7 @@ impl<C: Clock> Engine<C> {
                 };
                 let bytes = footprint(&c.id, &answer, &reserved);
                 self.reservations.finish(&c.id, answer, reserved, bytes);
+                self.travel_screened(req, &c.id, &out.results, deadline);
                 return Ok(out);
             }
             Some(c) => {

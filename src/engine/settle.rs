@@ -331,7 +331,7 @@ impl<C: Clock> Engine<C> {
         id: &str,
         req: &CommitRequest,
     ) -> Result<PendingCommit<'_>, EngineError> {
-        waited(self.commit_with(id, req, Reads::MayWait))
+        waited(self.counted_commit(id, req, Reads::MayWait))
     }
 
     /// [`Engine::commit_deferred`] if it needs no read of the store (the
@@ -345,7 +345,22 @@ impl<C: Clock> Engine<C> {
     ) -> Option<Result<PendingCommit<'_>, EngineError>> {
         // With a shared store every commit calls the network (owner mode's
         // too: it writes what it commits): never on the executor.
-        self.in_memory_if(false, || self.commit_with(id, req, Reads::MemoryOnly))
+        self.in_memory_if(false, || self.counted_commit(id, req, Reads::MemoryOnly))
+    }
+
+    /// [`Engine::commit_with`], and a commit applied here (not a repeat)
+    /// counted for its user across regions (`super::travellers`).
+    fn counted_commit(
+        &self,
+        id: &str,
+        req: &CommitRequest,
+        reads: Reads,
+    ) -> Result<PendingCommit<'_>, Halt> {
+        let p = self.commit_with(id, req, reads)?;
+        if p.counter.is_some() && p.outcome.outcome == Outcome::Committed {
+            self.travel_committed(id, req, &p.outcome.campaigns);
+        }
+        Ok(p)
     }
 
     fn commit_with(
@@ -520,6 +535,8 @@ impl<C: Clock> Engine<C> {
         if let Some(u) = user {
             self.check_id("user", u)?;
         }
+        // Its screen no longer holds its user back (`super::travellers`).
+        self.travel_released(id);
         if let Some((shared, key)) = self.shared_record_of(id, user) {
             return match self.settle_shared(shared, key, id, Settlement::Release, sample)? {
                 InRecord::Done(how, campaigns) => {

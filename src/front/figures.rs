@@ -299,6 +299,24 @@ fn region(e: &mut DescriptorEncoder, g: &crate::engine::RegionFigures) -> fmt::R
         "freqcap_region_reachable",
         "1 if the global tier answered within the last 2 s, else 0",
         u64::from(g.reachable),
+    )?;
+    gauge(
+        e,
+        "freqcap_region_users",
+        "Users this node follows across regions (docs/regions.md, \"Users across regions\")",
+        g.users as u64,
+    )?;
+    counter(
+        e,
+        "freqcap_region_held",
+        "Screens held back until the user's home region counted this node's last unit",
+        g.held,
+    )?;
+    counter(
+        e,
+        "freqcap_region_applied",
+        "Units other regions counted for users, applied to this region's records",
+        g.applied,
     )
 }
 

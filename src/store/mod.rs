@@ -26,7 +26,7 @@ pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};
 pub use shared::{
     Cas, Catalog, DefsWrite, HeatReport, HeatTables, Hot, LeaseCalls, Membership, MinuteCounts,
-    Owned, OwnedRecords, Records, Shared,
+    Owned, OwnedRecords, Records, Shared, Travel, TravelField, TravelSync, TravelView,
 };
 pub use shared_memory::SharedMemory;
 

@@ -354,11 +354,62 @@ pub trait Catalog: Send + Sync {
     fn most_active(&self, day: u64, n: usize) -> Result<Vec<(u32, u64)>, StoreError>;
 }
 
+/// A field of a traveller's counts at the global tier: `(field, count)`.
+/// Fields are opaque to the store; `src/engine/travellers.rs` names them.
+pub type TravelField = (Vec<u8>, u64);
+
+/// One user's exchange with the global tier ([`Travel::travel_sync`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TravelSync<'a> {
+    pub user: &'a str,
+    /// The user's home region, and the caller's.
+    pub home: &'a str,
+    pub here: &'a str,
+    /// Counts this caller owns (each field has one writer), set as given.
+    pub counts: &'a [TravelField],
+    /// How far the caller's region has applied others' counts, set as given.
+    pub applied: &'a [TravelField],
+    /// How long the user's fields are kept after this call, ms.
+    pub keep_ms: u64,
+}
+
+/// What the global tier holds of one user after a sync: every region's
+/// counts and how far every region has applied them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TravelView {
+    pub counts: Vec<TravelField>,
+    pub applied: Vec<TravelField>,
+}
+
+/// Users across regions (docs/regions.md, "Users across regions"): a
+/// user's home region, and per-field counters each region owns a field of,
+/// merged by sum. A global tier implements it; nothing here is on a
+/// decision's path.
+pub trait Travel: Send + Sync {
+    /// Makes `region` the home of each of `users` that has none, kept
+    /// `keep_ms`; answers each user's home, in order.
+    fn claim_homes(
+        &self,
+        region: &str,
+        users: &[&str],
+        keep_ms: u64,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// For each user: writes the caller's counts and applied positions,
+    /// adds the user to its home's travellers when the caller is not its
+    /// home, and answers what the tier then holds of it. One round trip.
+    fn travel_sync(&self, users: &[TravelSync<'_>]) -> Result<Vec<TravelView>, StoreError>;
+
+    /// Up to `most` of the users other regions have counted whose home is
+    /// `home`.
+    fn travellers_of(&self, home: &str, most: usize) -> Result<Vec<String>, StoreError>;
+}
+
 /// What the engine needs from a shared store beyond [`Store`](super::Store): every
 /// feature of one (a store implements each; `&dyn Shared` is all of them).
-pub trait Shared: Records + OwnedRecords + LeaseCalls + Catalog {}
+pub trait Shared: Records + OwnedRecords + LeaseCalls + Catalog + Travel {}
 
-impl<T: Records + OwnedRecords + LeaseCalls + Catalog> Shared for T {}
+impl<T: Records + OwnedRecords + LeaseCalls + Catalog + Travel> Shared for T {}
 
 /// Campaigns by activity, the most active first, ties by id.
 pub(crate) fn by_activity(sums: HashMap<u32, u64>) -> Vec<(u32, u64)> {

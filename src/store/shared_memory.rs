@@ -252,6 +252,9 @@ pub struct SharedMemory {
     plans: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
     /// Weighted time by lease key (`~pf`, `~pid` in Redis).
     segments: Mutex<HashMap<Vec<u8>, Segments>>,
+    /// Users across regions, as the global tier keeps them
+    /// (src/cluster/travel.rs); nothing expires here.
+    travel: Mutex<TravelTier>,
     /// The lease functions' clock: µs since this store was made.
     started: std::sync::OnceLock<std::time::Instant>,
     /// Or, for tests, this clock (µs), as Redis's `TIME` would be.
@@ -1009,6 +1012,66 @@ impl LeaseCalls for SharedMemory {
         };
         let n = q.len().min(most);
         Ok(q.drain(..n).collect())
+    }
+}
+
+/// [`Travel`]'s keys in one process: homes, each user's counts and applied
+/// positions, and each home's travellers.
+#[derive(Default)]
+struct TravelTier {
+    homes: HashMap<String, String>,
+    counts: HashMap<String, std::collections::BTreeMap<Vec<u8>, u64>>,
+    applied: HashMap<String, std::collections::BTreeMap<Vec<u8>, u64>>,
+    travellers: HashMap<String, std::collections::BTreeSet<String>>,
+}
+
+impl Travel for SharedMemory {
+    fn claim_homes(
+        &self,
+        region: &str,
+        users: &[&str],
+        _keep_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut t = self.travel.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(users
+            .iter()
+            .map(|u| {
+                t.homes
+                    .entry((*u).to_owned())
+                    .or_insert_with(|| region.to_owned())
+                    .clone()
+            })
+            .collect())
+    }
+
+    fn travel_sync(&self, users: &[TravelSync<'_>]) -> Result<Vec<TravelView>, StoreError> {
+        let mut t = self.travel.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(users
+            .iter()
+            .map(|s| {
+                let c = t.counts.entry(s.user.to_owned()).or_default();
+                c.extend(s.counts.iter().cloned());
+                let counts = c.iter().map(|(f, n)| (f.clone(), *n)).collect();
+                let a = t.applied.entry(s.user.to_owned()).or_default();
+                a.extend(s.applied.iter().cloned());
+                let applied = a.iter().map(|(f, n)| (f.clone(), *n)).collect();
+                if s.home != s.here {
+                    t.travellers
+                        .entry(s.home.to_owned())
+                        .or_default()
+                        .insert(s.user.to_owned());
+                }
+                TravelView { counts, applied }
+            })
+            .collect())
+    }
+
+    fn travellers_of(&self, home: &str, most: usize) -> Result<Vec<String>, StoreError> {
+        let t = self.travel.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(t.travellers
+            .get(home)
+            .map(|s| s.iter().take(most).cloned().collect())
+            .unwrap_or_default())
     }
 }
 

@@ -129,6 +129,8 @@ pub(crate) struct Regions {
     pub failures: AtomicU64,
     /// When the global tier last answered (this node's clock).
     pub ok_at: AtomicU64,
+    /// Users counted in more than one region (src/engine/travellers.rs).
+    pub(crate) travel: crate::engine::travellers::Travellers,
 }
 
 impl Regions {
@@ -147,6 +149,12 @@ pub struct RegionFigures {
     pub failures: u64,
     /// Whether the global tier answered within the last 2 s.
     pub reachable: bool,
+    /// Users this node follows across regions.
+    pub users: usize,
+    /// Screens held until a user's home counted its last unit here.
+    pub held: u64,
+    /// Units other regions counted, applied to this region's records.
+    pub applied: u64,
 }
 
 impl<C: Clock> Engine<C> {
@@ -185,6 +193,11 @@ impl<C: Clock> Engine<C> {
             syncs: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             ok_at: AtomicU64::new(0),
+            travel: crate::engine::travellers::Travellers::new(
+                name,
+                &self.options.node_id,
+                self.id_nonce,
+            ),
         };
         self.regions
             .set(regions)
@@ -201,6 +214,9 @@ impl<C: Clock> Engine<C> {
             syncs: r.syncs.load(Ordering::Relaxed),
             failures: r.failures.load(Ordering::Relaxed),
             reachable: now.saturating_sub(r.ok_at.load(Ordering::Acquire)) < 2_000_000_000,
+            users: r.travel.len(),
+            held: r.travel.held.load(Ordering::Relaxed),
+            applied: r.travel.applied.load(Ordering::Relaxed),
         })
     }
 
@@ -284,7 +300,12 @@ impl<C: Clock> Engine<C> {
         let first_err = first_err
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner);
-        first_err.map_or(Ok(()), Err)
+        // Users across regions: their homes, counts and applied units.
+        let travel = self.travel_tick(global);
+        match (first_err, travel) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(()),
+        }
     }
 
     /// Renews region `r`'s grant of item `key` (as last heard, `g`; its

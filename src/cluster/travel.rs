@@ -1,0 +1,125 @@
+//! Users across regions at the global tier (docs/regions.md, "Users across
+//! regions"): plain commands, pipelined, each user's keys in one slot.
+//!
+//! - `fc:{rt:<user>}:h`, the user's home region (`SET NX GET`: the first
+//!   region to claim it).
+//! - `fc:{rt:<user>}:c`, a hash of counts: one field per counting node
+//!   process, campaign, event type and cost (its writer's alone, so a
+//!   write never loses another's increment), merged by sum.
+//! - `fc:{rt:<user>}:a`, a hash of how far each region applied each field.
+//! - `fc:{rth:<home>}`, the set of a home's users other regions counted.
+
+use redis::Value;
+
+use super::conn::{RedisStore, bytes, int, pairs, unexpected};
+use crate::store::{StoreError, Travel, TravelField, TravelSync, TravelView};
+
+fn user_key(user: &str, part: &str) -> String {
+    format!("fc:{{rt:{user}}}:{part}")
+}
+
+fn home_set(home: &str) -> String {
+    format!("fc:{{rth:{home}}}")
+}
+
+/// A hash's fields as counts; a field that is no count is skipped.
+fn fields(v: &Value) -> Result<Vec<TravelField>, StoreError> {
+    let p = pairs(v).ok_or_else(|| unexpected("HGETALL travel", v))?;
+    Ok(p.into_iter()
+        .filter_map(|(f, n)| Some((bytes(f)?, int(n)?)))
+        .collect())
+}
+
+impl Travel for RedisStore {
+    fn claim_homes(
+        &self,
+        region: &str,
+        users: &[&str],
+        keep_ms: u64,
+    ) -> Result<Vec<String>, StoreError> {
+        if users.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for u in users {
+            p.cmd("SET")
+                .arg(user_key(u, "h"))
+                .arg(region)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(keep_ms.max(1));
+        }
+        let v = self.pipe("SET travel homes", p)?;
+        let Value::Array(answers) = &v else {
+            return Err(unexpected("SET travel homes", &v));
+        };
+        // Nil: this call set it; else the home some region set first.
+        Ok(answers
+            .iter()
+            .map(|a| match bytes(a) {
+                Some(b) => String::from_utf8_lossy(&b).into_owned(),
+                None => region.to_owned(),
+            })
+            .collect())
+    }
+
+    fn travel_sync(&self, users: &[TravelSync<'_>]) -> Result<Vec<TravelView>, StoreError> {
+        if users.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for s in users {
+            let (c, a) = (user_key(s.user, "c"), user_key(s.user, "a"));
+            for (key, set) in [(&c, s.counts), (&a, s.applied)] {
+                if set.is_empty() {
+                    continue;
+                }
+                let mut h = redis::cmd("HSET");
+                h.arg(key);
+                for (f, n) in set {
+                    h.arg(f.as_slice()).arg(*n);
+                }
+                p.add_command(h).ignore();
+                p.cmd("PEXPIRE").arg(key).arg(s.keep_ms.max(1)).ignore();
+            }
+            if s.home != s.here {
+                p.cmd("SADD").arg(home_set(s.home)).arg(s.user).ignore();
+                p.cmd("PEXPIRE")
+                    .arg(home_set(s.home))
+                    .arg(s.keep_ms.max(1))
+                    .ignore();
+            }
+            p.cmd("HGETALL").arg(&c);
+            p.cmd("HGETALL").arg(&a);
+        }
+        let v = self.pipe("HGETALL travel", p)?;
+        let Value::Array(answers) = &v else {
+            return Err(unexpected("HGETALL travel", &v));
+        };
+        answers
+            .chunks(2)
+            .map(|pair| match pair {
+                [c, a] => Ok(TravelView {
+                    counts: fields(c)?,
+                    applied: fields(a)?,
+                }),
+                _ => Err(unexpected("HGETALL travel", &v)),
+            })
+            .collect()
+    }
+
+    fn travellers_of(&self, home: &str, most: usize) -> Result<Vec<String>, StoreError> {
+        let mut c = redis::cmd("SRANDMEMBER");
+        c.arg(home_set(home)).arg(most.max(1));
+        let v = self.query("SRANDMEMBER travellers", c)?;
+        let Value::Array(users) = &v else {
+            return Err(unexpected("SRANDMEMBER travellers", &v));
+        };
+        Ok(users
+            .iter()
+            .filter_map(bytes)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect())
+    }
+}
