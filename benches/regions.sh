@@ -14,8 +14,11 @@
 #    without, in this run; `wan_calls_on_decision_path` is the lease calls
 #    the WAN proxies carried less those the nodes' region ticks made
 #    (freqcap_region_syncs_total + _failures_total): calls made by anything
-#    else, a decision included. `max_decision_ms` is the slowest decision:
-#    one that waited on the WAN would take a round trip at least.
+#    else, a decision included. (The exchange of users across regions —
+#    homes, counts — is made by the same tick, src/engine/travellers.rs
+#    `travel_tick`, in plain commands the proxy does not count.)
+#    `max_decision_ms` is the slowest decision: one that waited on the WAN
+#    would take a round trip at least.
 # 2. A budget of BUDGET units shared by the three regions under diurnal
 #    demand (each region's peak a third of a compressed day after the
 #    last's; 60 impressions a second in all), with travelling users on a

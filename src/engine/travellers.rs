@@ -44,11 +44,13 @@ pub const TRAVEL_KEEP: Nanos = 8 * 86_400 * 1_000_000_000;
 
 /// Most users a node follows; the least recently counted go first. A user
 /// forgotten here is not held back and its units here are no longer
-/// published (its home's view of this node stays as it was): at 200 bytes
-/// a user, 200 000 users take ~40 MB.
+/// published (its home's view of this node stays as it was). An estimate,
+/// not a measurement: a user with one field takes ~200 bytes (its name,
+/// a map entry, a field of ~60 bytes), so 200 000 users ~40 MB.
 const MAX_USERS: usize = 200_000;
 
-/// Most open screens a node remembers to count their commits.
+/// Most open screens a node remembers to count their commits; one that
+/// ends uncommitted is forgotten at its deadline.
 const MAX_SCREENS: usize = 200_000;
 
 /// Users claimed, and synced, per call to the tier (one pipeline each).
@@ -96,6 +98,8 @@ struct Screened {
     user: String,
     /// Eligible candidates: campaign and cost.
     eligible: Vec<(Arc<str>, u64)>,
+    /// Its reservation's deadline.
+    deadline: Nanos,
 }
 
 /// This node's travellers (the region's [`super::leases::Regions`] holds it).
@@ -223,12 +227,16 @@ impl Travellers {
             }
         }
         let mut screens = self.screens();
+        if screens.len() >= MAX_SCREENS {
+            screens.retain(|_, s| s.deadline > now);
+        }
         if screens.len() < MAX_SCREENS {
             screens.insert(
                 id.to_owned(),
                 Screened {
                     user: user.to_owned(),
                     eligible,
+                    deadline,
                 },
             );
         }
@@ -377,6 +385,8 @@ impl<C: Clock> Engine<C> {
         };
         let now = self.now();
         let keep_ms = TRAVEL_KEEP / 1_000_000;
+        // Screens whose reservations ended uncommitted.
+        t.screens().retain(|_, s| s.deadline > now);
         // Homes for users counted (or screened) here whose home is unknown.
         let unclaimed: Vec<String> = {
             let mut users = t.users();
