@@ -32,7 +32,10 @@
 # Writes OUT/summary.json. On a 2-core machine every process shares both
 # cores: p99s are noisy, compared in one run. Every process is stopped by
 # its PID on exit. The partition is real time, CUT_S long (600 s by
-# default: the run takes about 12 minutes).
+# default: the run takes about 12 minutes). Run it in the foreground or
+# under `setsid`: the kernel continues (SIGCONT) a stopped process whose
+# process group is orphaned, so a run left behind by an exiting job-control
+# shell heals its partition early (it did: 18 s instead of 600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
