@@ -124,9 +124,12 @@ lease_rows = []
 
 
 def lease_key():
+    """The tier's lease of `shared`: its key holds the campaign's name in
+    hex (src/cluster/conn.rs, `redis_key`)."""
     keys = subprocess.run(["redis-cli", "-p", gport, "--scan"], capture_output=True, text=True).stdout
+    name = b"shared\0".hex()
     for k in keys.split("\n"):
-        if k and not k.startswith("fc:{rt") and "shared" in k:
+        if k and not k.startswith("fc:{rt") and name in k:
             return k
     return None
 
