@@ -2,7 +2,11 @@
 //! item 2), in one process: three regions, each a node on a shared store of
 //! its own, and a global tier, all `SharedMemory` on one manual clock. The
 //! regions' ticks are called by the test, so every interleaving it makes
-//! is the same on every run. The same with real processes and Redis:
+//! is the same on every run. A budget leased to the three regions is
+//! delivered exactly, also once spent out (a region's ask stays within the
+//! tier's range). Both run again with a Redis Cluster (3 primaries + 3
+//! replicas) as the global tier, where a user's keys and a home's set of
+//! travellers sit in different slots. With real processes and Redis:
 //! tests/regions.rs.
 
 mod support;
@@ -11,9 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use freqcap::ManualClock;
+use freqcap::cluster::{RedisOptions, RedisStore};
 use freqcap::engine::{Engine, EngineOptions, SafeCapacity};
 use freqcap::model::from_json;
-use freqcap::store::SharedMemory;
+use freqcap::store::{Durability, SharedMemory, Store};
+use support::cluster::Redis;
 use support::engines::{commit, screen};
 
 /// 2023-11-14T22:13:20Z.
@@ -23,8 +29,7 @@ const CAP: u64 = 3;
 type Node = Engine<Arc<ManualClock>>;
 
 /// Three regions (`r0`, `r1`, `r2`), a node each, on one global tier.
-fn regions(clock: &Arc<ManualClock>) -> Vec<Node> {
-    let global = Arc::new(SharedMemory::new());
+fn regions(clock: &Arc<ManualClock>, global: Arc<dyn Store>) -> Vec<Node> {
     (0..3)
         .map(|r| {
             let options = EngineOptions {
@@ -49,10 +54,15 @@ fn regions(clock: &Arc<ManualClock>) -> Vec<Node> {
 /// One screen of `freq` for `user` on `n`, committed if eligible: whether
 /// it was delivered, or the cap that denied it.
 fn serve(n: &Node, user: &str) -> Result<(), String> {
-    let out = n.screen(&screen(user, &["freq"])).expect("a screen");
+    serve_of(n, user, "freq")
+}
+
+/// [`serve`] of campaign `camp`.
+fn serve_of(n: &Node, user: &str, camp: &str) -> Result<(), String> {
+    let out = n.screen(&screen(user, &[camp])).expect("a screen");
     match out.reservation {
         Some(id) => {
-            n.commit(&id, &commit("freq")).expect("a commit");
+            n.commit(&id, &commit(camp)).expect("a commit");
             Ok(())
         }
         None => Err(out.results[0]
@@ -90,8 +100,66 @@ impl Lcg {
 
 #[test]
 fn users_who_stay_home_are_capped_exactly_and_travellers_within_regions_minus_one() {
+    users_across_regions(Arc::new(SharedMemory::new()));
+    a_budget_across_regions(Arc::new(SharedMemory::new()), T0);
+}
+
+/// The same on a Redis Cluster global tier: the tier's pipelines touch a
+/// user's slot and each home's set's slot in one tick.
+#[test]
+fn the_same_on_a_redis_cluster_global_tier() {
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    let redis = Redis::start(&tmp.path().join("redis"), 8180);
+    let options = RedisOptions::parse(&redis.seeds, Durability::Wal).expect("the cluster's URL");
+    let global: Arc<dyn Store> =
+        Arc::new(RedisStore::connect(options).expect("the cluster answers"));
+    users_across_regions(global.clone());
+    // The tier's lease clock is Redis's: the regions' clock starts at it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64;
+    a_budget_across_regions(global, now);
+}
+
+/// A budget of 30 a day leased to three regions by the tier `global`, each
+/// region screened in turn by new users: never over, all delivered.
+fn a_budget_across_regions(global: Arc<dyn Store>, t0: u64) {
+    const BUDGET: u64 = 30;
+    let clock = Arc::new(ManualClock::new(t0));
+    let nodes = regions(&clock, global);
+    for n in &nodes {
+        n.put_campaign(
+            "b",
+            from_json(r#"{"budget": {"amount": 30, "per": "1d", "pacing": "asap"}}"#)
+                .expect("a valid campaign"),
+        )
+        .expect("defined in each region");
+    }
+    let mut delivered = [0u64; 3];
+    for step in 0..900 {
+        let r = step % 3;
+        if serve_of(&nodes[r], &format!("b{step}"), "b").is_ok() {
+            delivered[r] += 1;
+        }
+        let all: u64 = delivered.iter().sum();
+        assert!(all <= BUDGET, "{delivered:?} delivered of {BUDGET}");
+        if step % 5 == 0 {
+            nodes[(step / 5) % 3]
+                .region_tick()
+                .expect("the tier answers");
+            clock.advance(100_000_000);
+        }
+    }
+    eprintln!("budget {BUDGET}: delivered {delivered:?}");
+    assert_eq!(delivered.iter().sum::<u64>(), BUDGET, "{delivered:?}");
+    assert!(delivered.iter().all(|d| *d > 0), "{delivered:?}");
+}
+
+/// 60 users screened 3000 times in random regions on global tier `global`.
+fn users_across_regions(global: Arc<dyn Store>) {
     let clock = Arc::new(ManualClock::new(T0));
-    let nodes = regions(&clock);
+    let nodes = regions(&clock, global);
     let mut rng = Lcg(50);
     // 60 users: user i's home is region i % 3 (its first unit there); a
     // third stay home, the rest are screened in any region.

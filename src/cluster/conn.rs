@@ -365,6 +365,38 @@ impl RedisStore {
         }
     }
 
+    /// Pipelines, each of commands on one slot (a cluster client pipelines
+    /// one slot's commands only), sent at once: one round trip in all,
+    /// their replies in order (each an array).
+    pub(super) fn pipes(
+        &self,
+        what: &str,
+        groups: Vec<redis::Pipeline>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let conn = self.conn.clone();
+        self.run(what, async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            let n = groups.len();
+            for (i, p) in groups.into_iter().enumerate() {
+                let conn = conn.clone();
+                tasks.spawn(async move {
+                    let v = match &conn {
+                        Conn::Cluster(c) => p.query_async::<Value>(&mut c.clone()).await,
+                        Conn::Single(c) => p.query_async::<Value>(&mut c.clone()).await,
+                    };
+                    (i, v)
+                });
+            }
+            let mut out = vec![Value::Nil; n];
+            // Dropped at the call's deadline: the rest are aborted.
+            while let Some(done) = tasks.join_next().await {
+                let (i, v) = done.map_err(|e| RedisError::from(std::io::Error::other(e)))?;
+                out[i] = v?;
+            }
+            Ok(out)
+        })
+    }
+
     /// A pipeline of commands on one slot; its replies.
     pub(super) fn pipe(&self, what: &str, p: redis::Pipeline) -> Result<Value, StoreError> {
         let conn = self.conn.clone();

@@ -1,5 +1,6 @@
 //! Users across regions at the global tier (docs/regions.md, "Users across
-//! regions"): plain commands, pipelined, each user's keys in one slot.
+//! regions"): plain commands, one pipeline per slot (each user's keys share
+//! one; a cluster client pipelines one slot at a time), all sent at once.
 //!
 //! - `fc:{rt:<user>}:h`, the user's home region (`SET NX GET`: the first
 //!   region to claim it).
@@ -40,36 +41,45 @@ impl Travel for RedisStore {
         if users.is_empty() {
             return Ok(Vec::new());
         }
-        let mut p = redis::pipe();
-        for u in users {
-            p.cmd("SET")
-                .arg(user_key(u, "h"))
-                .arg(region)
-                .arg("NX")
-                .arg("GET")
-                .arg("PX")
-                .arg(keep_ms.max(1));
-        }
-        let v = self.pipe("SET travel homes", p)?;
-        let Value::Array(answers) = &v else {
-            return Err(unexpected("SET travel homes", &v));
-        };
-        // Nil: this call set it; else the home some region set first.
-        Ok(answers
+        // One pipeline per user: each user's keys are a slot of their own.
+        let groups = users
             .iter()
-            .map(|a| match bytes(a) {
-                Some(b) => String::from_utf8_lossy(&b).into_owned(),
-                None => region.to_owned(),
+            .map(|u| {
+                let mut p = redis::pipe();
+                p.cmd("SET")
+                    .arg(user_key(u, "h"))
+                    .arg(region)
+                    .arg("NX")
+                    .arg("GET")
+                    .arg("PX")
+                    .arg(keep_ms.max(1));
+                p
             })
-            .collect())
+            .collect();
+        let answers = self.pipes("SET travel homes", groups)?;
+        // Nil: this call set it; else the home some region set first.
+        answers
+            .iter()
+            .map(|v| match v {
+                Value::Array(a) if a.len() == 1 => Ok(match bytes(&a[0]) {
+                    Some(b) => String::from_utf8_lossy(&b).into_owned(),
+                    None => region.to_owned(),
+                }),
+                _ => Err(unexpected("SET travel homes", v)),
+            })
+            .collect()
     }
 
     fn travel_sync(&self, users: &[TravelSync<'_>]) -> Result<Vec<TravelView>, StoreError> {
         if users.is_empty() {
             return Ok(Vec::new());
         }
-        let mut p = redis::pipe();
+        // One pipeline per user (its keys share a slot), and one per home
+        // whose set of travellers grows (another slot).
+        let mut groups = Vec::with_capacity(users.len() + 1);
+        let mut homes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for s in users {
+            let mut p = redis::pipe();
             let (c, a) = (user_key(s.user, "c"), user_key(s.user, "a"));
             for (key, set) in [(&c, s.counts), (&a, s.applied)] {
                 if set.is_empty() {
@@ -84,27 +94,28 @@ impl Travel for RedisStore {
                 p.cmd("PEXPIRE").arg(key).arg(s.keep_ms.max(1)).ignore();
             }
             if s.home != s.here {
-                p.cmd("SADD").arg(home_set(s.home)).arg(s.user).ignore();
-                p.cmd("PEXPIRE")
-                    .arg(home_set(s.home))
-                    .arg(s.keep_ms.max(1))
-                    .ignore();
+                homes.entry(s.home).or_default().push(s.user);
             }
             p.cmd("HGETALL").arg(&c);
             p.cmd("HGETALL").arg(&a);
+            groups.push(p);
         }
-        let v = self.pipe("HGETALL travel", p)?;
-        let Value::Array(answers) = &v else {
-            return Err(unexpected("HGETALL travel", &v));
-        };
-        answers
-            .chunks(2)
-            .map(|pair| match pair {
-                [c, a] => Ok(TravelView {
-                    counts: fields(c)?,
-                    applied: fields(a)?,
+        let keep_ms = users.iter().map(|s| s.keep_ms).max().unwrap_or(1).max(1);
+        for (home, travellers) in &homes {
+            let mut p = redis::pipe();
+            p.cmd("SADD").arg(home_set(home)).arg(travellers).ignore();
+            p.cmd("PEXPIRE").arg(home_set(home)).arg(keep_ms).ignore();
+            groups.push(p);
+        }
+        let answers = self.pipes("HGETALL travel", groups)?;
+        answers[..users.len()]
+            .iter()
+            .map(|v| match v {
+                Value::Array(pair) if pair.len() == 2 => Ok(TravelView {
+                    counts: fields(&pair[0])?,
+                    applied: fields(&pair[1])?,
                 }),
-                _ => Err(unexpected("HGETALL travel", &v)),
+                _ => Err(unexpected("HGETALL travel", v)),
             })
             .collect()
     }

@@ -755,6 +755,22 @@ impl LeaseCalls for SharedMemory {
     /// tests without a Redis: the tests of the function itself run against
     /// Redis (ops/test-functions.sh).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        // As fc_lease_v2 refuses them (its numbers are Lua doubles): a
+        // caller that passes here passes there.
+        const MAX_INT: u64 = (1 << 53) - 1;
+        for (name, n) in [
+            ("spent", req.spent),
+            ("want", req.want),
+            ("total", req.total),
+            ("foreign", req.foreign),
+            ("given", req.given),
+        ] {
+            if n > MAX_INT {
+                return Err(StoreError::Io(format!(
+                    "fc_lease_v2: {name} must be a non-negative integer <= 2^53-1"
+                )));
+            }
+        }
         let now = self.now_us() / 1000;
         // Without a clock of its own (`new`), this store has no unix time to
         // hold a period against: it trusts the caller's period and total, as

@@ -335,10 +335,15 @@ impl<C: Clock> Engine<C> {
             }
             _ => 0,
         };
+        // Never more than the total: a region short every second (its
+        // item spent out) would otherwise double its ask past 2^53 within
+        // a minute, which the tier refuses (its numbers are doubles), and
+        // fall back to its safe capacity.
         let short = g.granted > 0 && spent >= g.granted;
         let want = (rate.saturating_mul(WANT_AHEAD_SECS))
             .max(if short { g.want.saturating_mul(2) } else { 0 })
             .max(g.total / 100)
+            .min(g.total)
             .max(1);
         let ttl_ms = REGION_TTL / 1_000_000;
         let req = LeaseRequest {
