@@ -10,15 +10,19 @@
 #    daily caps and a leased budget each, then a commit) on the three
 #    nodes at once for SECS seconds, first without regions (each node its
 #    region's Redis only), then in regions (the budgets leased from the
-#    tier across the WAN). `added_p99_ms` is the mean p99 in regions less
-#    without, in this run; `wan_calls_on_decision_path` is the lease calls
-#    the WAN proxies carried less those the nodes' region ticks made
-#    (freqcap_region_syncs_total + _failures_total): calls made by anything
-#    else, a decision included. (The exchange of users across regions —
-#    homes, counts — is made by the same tick, src/engine/travellers.rs
-#    `travel_tick`, in plain commands the proxy does not count.)
-#    `max_decision_ms` is the slowest decision: one that waited on the WAN
-#    would take a round trip at least.
+#    tier across the WAN), then in regions with every region's WAN cut
+#    (the proxies stopped) once the grants are held. `added_p99_ms` is the
+#    mean p99 in regions less without, in this run;
+#    `wan_calls_on_decision_path` is the lease calls the WAN proxies
+#    carried less those the nodes' region ticks made, each node's count
+#    as it logged it once stopped (no call under way then: the two counts
+#    are of the same calls, not read at two instants): calls made by
+#    anything else, a decision included. The cut phase covers every other
+#    command too (the exchange of users across regions — homes, counts —
+#    is plain commands the proxy does not count, made by the same tick,
+#    src/engine/travellers.rs `travel_tick`): a decision that waited on
+#    the tier for anything would take the tier's 2 s call deadline, or
+#    fail (`max_decision_ms_wan_cut`, `decision_errors_wan_cut`).
 # 2. A budget of BUDGET units shared by the three regions under diurnal
 #    demand (each region's peak a third of a compressed day after the
 #    last's; 60 impressions a second in all), with travelling users on a
@@ -128,45 +132,61 @@ start_nodes() {
     done
 }
 
-metric_sum() {
-    local total=0 port v name
-    for port in "${PORTS[@]}"; do
-        for name in "$@"; do
-            v=$(curl -sf "http://127.0.0.1:$port/metrics" | awk -v n="$name" '$1 == n {print $2}')
-            total=$(python3 -c "print($total + ${v:-0})")
-        done
+wan_calls() { awk '{s += $1} END {print s + 0}' "$OUT"/wan-*.count; }
+
+# The lease calls every node made to the global tier, as each said when it
+# stopped (src/service/run.rs, `leave_region`): read once the nodes have
+# exited, so no call is under way.
+tick_calls() {
+    local total=0 f n
+    for f in "$@"; do
+        n=$(sed -n 's/.* \([0-9][0-9]*\) lease calls made to the global tier.*/\1/p' "$f" | tail -1)
+        total=$((total + ${n:-0}))
     done
     echo "$total"
 }
-wan_calls() { awk '{s += $1} END {print s + 0}' "$OUT"/wan-*.count; }
 
-# 1. Decisions, without regions and in them, in one run.
+# 1. Decisions, without regions, in them, and in them with every region's
+#    WAN cut, in one run.
 decide() {
-    local mode=$1 r pids=()
-    start_nodes "$mode"
+    local mode=$1 r pids=() node_mode=$1 w0 w1
+    [ "$mode" = cut ] && node_mode=regions
+    # The proxies carry nothing before the nodes start: their count now is
+    # this phase's baseline.
+    w0=$(wan_calls)
+    start_nodes "$node_mode"
     for r in 1 2 3; do
         # Each region defines its campaigns (definitions are per region).
         "$LOADGEN" run --target freqcap --addr "127.0.0.1:${PORTS[$((r - 1))]}" --workload screen --k "$K" \
             --conns 1 --secs 0.2 --warmup 0 >/dev/null
     done
-    local w0 s0
-    w0=$(wan_calls)
-    s0=$(metric_sum freqcap_region_syncs_total freqcap_region_sync_failures_total)
+    if [ "$mode" = cut ]; then
+        # Grants held (the region ticks had 2 s), then every region's WAN
+        # cut: a decision that waited on the tier would wait out the
+        # tier's 2 s call deadline, or fail.
+        sleep 2
+        for r in 1 2 3; do kill -STOP "${PROXY_PID[$((r - 1))]}"; done
+    fi
     for r in 1 2 3; do
         "$LOADGEN" run --target freqcap --addr "127.0.0.1:${PORTS[$((r - 1))]}" --workload screen --k "$K" \
             --users 100000 --conns "$CONNS" --secs "$SECS" --warmup 1 --json >"$OUT/decide-$mode-$r.json" &
         pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r"; done
-    sleep 0.5
-    local w1 s1
-    w1=$(wan_calls)
-    s1=$(metric_sum freqcap_region_syncs_total freqcap_region_sync_failures_total)
-    echo "$((w1 - w0)) $(python3 -c "print(int($s1 - $s0))")" >"$OUT/decide-$mode.wan"
+    if [ "$mode" = cut ]; then
+        for r in 1 2 3; do kill -CONT "${PROXY_PID[$((r - 1))]}"; done
+    fi
     stop_nodes
+    # The proxies rewrite their counts every 200 ms.
+    sleep 0.6
+    w1=$(wan_calls)
+    echo "$((w1 - w0)) $(tick_calls "$OUT"/n[123]-"$node_mode".log)" >"$OUT/decide-$mode.wan"
+    # The cut phase's nodes start afresh (their logs are rewritten).
+    mkdir -p "$OUT/logs-$mode" && cp "$OUT"/n[123]-"$node_mode".log "$OUT/logs-$mode/"
 }
 decide plain
 decide regions
+decide cut
 
 # 2. A shared budget and travelling users through a partition of region 3
 #    (benches/regions_drive.py).
@@ -185,7 +205,7 @@ import json, sys
 out, budget, rtt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 def runs(mode):
     return [json.load(open(f"{out}/decide-{mode}-{r}.json")) for r in (1, 2, 3)]
-plain, regions = runs("plain"), runs("regions")
+plain, regions, cut = runs("plain"), runs("regions"), runs("cut")
 p99 = lambda rs: sum(r["p99_us"] for r in rs) / len(rs) / 1000
 wan, ticks = map(int, open(f"{out}/decide-regions.wan").read().split())
 b = json.load(open(f"{out}/budget.json"))
@@ -194,16 +214,22 @@ delivered = sum(b["acked"])
 print(json.dumps({
     "wan_rtt_ms": rtt,
     "decisions": sum(r["ops"] for r in regions),
-    "decision_errors": sum(r["errors"] for r in plain + regions),
+    "decision_errors": sum(r["errors"] for r in plain + regions + cut),
     "p99_ms_without_regions": round(p99(plain), 3),
     "p99_ms_with_regions": round(p99(regions), 3),
     "added_p99_ms": round(p99(regions) - p99(plain), 3),
     "max_decision_ms": round(max(r["max_us"] for r in regions) / 1000, 3),
+    # Every region's WAN cut while the nodes decide: a decision that
+    # waited on the tier would take its 2 s call deadline, or fail.
+    "p99_ms_wan_cut": round(p99(cut), 3),
+    "max_decision_ms_wan_cut": round(max(r["max_us"] for r in cut) / 1000, 3),
+    "decision_errors_wan_cut": sum(r["errors"] for r in cut),
+    # The lease calls the proxies carried, and those the nodes' region
+    # ticks made (each node's count once it stopped): calls made by
+    # anything else, a decision included, are the difference.
     "wan_calls": wan,
     "wan_calls_by_region_ticks": ticks,
-    # Calls the proxies carried that no region tick made (a proxy's count
-    # is written every 200 ms, so it may trail the ticks' by a few).
-    "wan_calls_on_decision_path": max(wan - ticks, 0),
+    "wan_calls_on_decision_path": wan - ticks,
     "budget": budget,
     "delivered": b["acked"],
     "budget_overshoot_pct": round(max(delivered - budget, 0) * 100 / budget, 3),

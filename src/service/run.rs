@@ -25,6 +25,9 @@ use crate::tls::Tls;
 /// The engine every front and background task shares.
 type SharedEngine = Arc<Engine<SystemClock>>;
 
+/// The region's renewals (docs/regions.md): their stop flag and task.
+type RegionTicks = (Arc<std::sync::atomic::AtomicBool>, JoinHandle<()>);
+
 /// Owner mode's membership renewer: its stop flag and its thread.
 type Membership = (
     Arc<std::sync::atomic::AtomicBool>,
@@ -50,7 +53,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     let (listener, addr) = bind(&config).await?;
     let store = open_store(&config, &node_id).await?;
     let engine = open_engine(&config, store, &node_id, fleet(&config, addr)?).await?;
-    join_region(&config, &engine).await?;
+    let region = join_region(&config, &engine).await?;
     let definitions_seen = load_definitions(&config, &engine).await?;
     let front = open_front(&config, &engine, tls.as_ref())?;
     watch_definitions(&config, &engine, &front.state, definitions_seen);
@@ -61,6 +64,7 @@ pub async fn serve(config: ServeConfig) -> Result<(), String> {
     tracing::info!(%addr, node_id, store = %config.store_shown(), data_dir = %config.data_dir.display(), memory = config.memory, max_connections = limits.http.max_connections, "freqcap listening on {addr}");
     let sweeper = spawn_sweeper(&engine);
     run_until_stopped(&config, front, rls, limits, listener, others).await;
+    leave_region(&engine, region).await;
     shut_down(&config, &engine, sweeper, membership).await
 }
 
@@ -138,9 +142,12 @@ const GLOBAL_TIMEOUT_MS: u64 = 2_000;
 /// (docs/regions.md), then renews the region's grants once a second on a
 /// blocking thread of their own, so that no WAN call is ever made on a
 /// decision's path.
-async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), String> {
+async fn join_region(
+    config: &ServeConfig,
+    engine: &SharedEngine,
+) -> Result<Option<RegionTicks>, String> {
     let (Some(name), Some(url)) = (&config.region, &config.global_store) else {
-        return Ok(());
+        return Ok(None);
     };
     let safe = config
         .region_safe
@@ -164,7 +171,9 @@ async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), 
         "region {name}: leasing campaigns from the global tier"
     );
     let engine = engine.clone();
-    tokio::spawn(async move {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         // A tick slower than a second (the tier timing out) is followed by
         // the next a second later, not by a burst of the missed ones.
@@ -173,6 +182,9 @@ async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), 
         let mut failing = false;
         loop {
             tick.tick().await;
+            if stopped.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
             let e = engine.clone();
             let r = tokio::task::spawn_blocking(move || e.region_tick()).await;
             match r {
@@ -188,7 +200,39 @@ async fn join_region(config: &ServeConfig, engine: &SharedEngine) -> Result<(), 
             }
         }
     });
-    Ok(())
+    Ok(Some((stop, task)))
+}
+
+/// Stops renewing the region's grants, once the tick under way (if any)
+/// is done, and says how many calls this node made to the global tier:
+/// every one of them by its region tick, so a count of the calls the WAN
+/// carried can be held against it (benches/regions.sh does). The grants
+/// stay with the region until they end (other nodes of it renew them).
+async fn leave_region(engine: &SharedEngine, region: Option<RegionTicks>) {
+    let Some((stop, task)) = region else {
+        return;
+    };
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    // A tick waits at most the tier's call deadline per call (2 s), its
+    // items renewed 32 at a time: 30 s bounds it unless the tier is cut
+    // off with over a thousand items, when the count below may miss some.
+    if tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("region: the last renewal did not end within 30 s");
+    }
+    if let Some(f) = engine.region_figures() {
+        tracing::info!(
+            region = %f.name,
+            calls = f.syncs + f.failures,
+            failed = f.failures,
+            "region {}: stopped renewing; {} lease calls made to the global tier, {} failed",
+            f.name,
+            f.syncs + f.failures,
+            f.failures
+        );
+    }
 }
 
 /// Opens the engine on `store` with the configured limits, on a blocking
