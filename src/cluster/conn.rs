@@ -365,33 +365,51 @@ impl RedisStore {
         }
     }
 
-    /// Pipelines, each of commands on one slot (a cluster client pipelines
-    /// one slot's commands only), sent at once: one round trip in all,
-    /// their replies in order (each an array).
+    /// Groups of commands, each group's on one slot, and every reply by
+    /// group. One Redis takes them all in one pipeline; a cluster client
+    /// pipelines one slot's commands only, so there each group is a
+    /// pipeline of its own, all sent at once: one round trip either way.
     pub(super) fn pipes(
         &self,
         what: &str,
-        groups: Vec<redis::Pipeline>,
-    ) -> Result<Vec<Value>, StoreError> {
+        groups: Vec<Vec<Cmd>>,
+    ) -> Result<Vec<Vec<Value>>, StoreError> {
         let conn = self.conn.clone();
         self.run(what, async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            let n = groups.len();
-            for (i, p) in groups.into_iter().enumerate() {
-                let conn = conn.clone();
-                tasks.spawn(async move {
-                    let v = match &conn {
-                        Conn::Cluster(c) => p.query_async::<Value>(&mut c.clone()).await,
-                        Conn::Single(c) => p.query_async::<Value>(&mut c.clone()).await,
-                    };
-                    (i, v)
-                });
-            }
-            let mut out = vec![Value::Nil; n];
-            // Dropped at the call's deadline: the rest are aborted.
-            while let Some(done) = tasks.join_next().await {
-                let (i, v) = done.map_err(|e| RedisError::from(std::io::Error::other(e)))?;
-                out[i] = v?;
+            let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
+            let mut out = Vec::with_capacity(groups.len());
+            match &conn {
+                Conn::Single(c) => {
+                    let mut p = redis::pipe();
+                    for cmd in groups.into_iter().flatten() {
+                        p.add_command(cmd);
+                    }
+                    let replies: Vec<Value> = p.query_async(&mut c.clone()).await?;
+                    let mut replies = replies.into_iter();
+                    for n in lens {
+                        out.push(replies.by_ref().take(n).collect());
+                    }
+                }
+                Conn::Cluster(c) => {
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for (i, group) in groups.into_iter().enumerate() {
+                        let mut c = c.clone();
+                        tasks.spawn(async move {
+                            let mut p = redis::pipe();
+                            for cmd in group {
+                                p.add_command(cmd);
+                            }
+                            (i, p.query_async::<Vec<Value>>(&mut c).await)
+                        });
+                    }
+                    out.resize(lens.len(), Vec::new());
+                    // Dropped at the call's deadline: the rest are aborted.
+                    while let Some(done) = tasks.join_next().await {
+                        let (i, v) =
+                            done.map_err(|e| RedisError::from(std::io::Error::other(e)))?;
+                        out[i] = v?;
+                    }
+                }
             }
             Ok(out)
         })

@@ -1,6 +1,7 @@
 //! Users across regions at the global tier (docs/regions.md, "Users across
-//! regions"): plain commands, one pipeline per slot (each user's keys share
-//! one; a cluster client pipelines one slot at a time), all sent at once.
+//! regions"): plain commands, grouped by slot (each user's keys share one),
+//! in one pipeline to one Redis or one per slot to a cluster, all sent at
+//! once.
 //!
 //! - `fc:{rt:<user>}:h`, the user's home region (`SET NX GET`: the first
 //!   region to claim it).
@@ -41,31 +42,30 @@ impl Travel for RedisStore {
         if users.is_empty() {
             return Ok(Vec::new());
         }
-        // One pipeline per user: each user's keys are a slot of their own.
+        // One group per user: each user's keys are a slot of their own.
         let groups = users
             .iter()
             .map(|u| {
-                let mut p = redis::pipe();
-                p.cmd("SET")
-                    .arg(user_key(u, "h"))
+                let mut c = redis::cmd("SET");
+                c.arg(user_key(u, "h"))
                     .arg(region)
                     .arg("NX")
                     .arg("GET")
                     .arg("PX")
                     .arg(keep_ms.max(1));
-                p
+                vec![c]
             })
             .collect();
         let answers = self.pipes("SET travel homes", groups)?;
         // Nil: this call set it; else the home some region set first.
         answers
             .iter()
-            .map(|v| match v {
-                Value::Array(a) if a.len() == 1 => Ok(match bytes(&a[0]) {
+            .map(|group| match group.as_slice() {
+                [v] => Ok(match bytes(v) {
                     Some(b) => String::from_utf8_lossy(&b).into_owned(),
                     None => region.to_owned(),
                 }),
-                _ => Err(unexpected("SET travel homes", v)),
+                _ => Err(unexpected("SET travel homes", &Value::Array(group.clone()))),
             })
             .collect()
     }
@@ -74,12 +74,12 @@ impl Travel for RedisStore {
         if users.is_empty() {
             return Ok(Vec::new());
         }
-        // One pipeline per user (its keys share a slot), and one per home
+        // One group per user (its keys share a slot), and one per home
         // whose set of travellers grows (another slot).
         let mut groups = Vec::with_capacity(users.len() + 1);
         let mut homes: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
         for s in users {
-            let mut p = redis::pipe();
+            let mut g = Vec::with_capacity(6);
             let (c, a) = (user_key(s.user, "c"), user_key(s.user, "a"));
             for (key, set) in [(&c, s.counts), (&a, s.applied)] {
                 if set.is_empty() {
@@ -90,32 +90,39 @@ impl Travel for RedisStore {
                 for (f, n) in set {
                     h.arg(f.as_slice()).arg(*n);
                 }
-                p.add_command(h).ignore();
-                p.cmd("PEXPIRE").arg(key).arg(s.keep_ms.max(1)).ignore();
+                g.push(h);
+                let mut e = redis::cmd("PEXPIRE");
+                e.arg(key).arg(s.keep_ms.max(1));
+                g.push(e);
             }
             if s.home != s.here {
                 homes.entry(s.home).or_default().push(s.user);
             }
-            p.cmd("HGETALL").arg(&c);
-            p.cmd("HGETALL").arg(&a);
-            groups.push(p);
+            for key in [&c, &a] {
+                let mut h = redis::cmd("HGETALL");
+                h.arg(key);
+                g.push(h);
+            }
+            groups.push(g);
         }
         let keep_ms = users.iter().map(|s| s.keep_ms).max().unwrap_or(1).max(1);
         for (home, travellers) in &homes {
-            let mut p = redis::pipe();
-            p.cmd("SADD").arg(home_set(home)).arg(travellers).ignore();
-            p.cmd("PEXPIRE").arg(home_set(home)).arg(keep_ms).ignore();
-            groups.push(p);
+            let mut add = redis::cmd("SADD");
+            add.arg(home_set(home)).arg(travellers);
+            let mut e = redis::cmd("PEXPIRE");
+            e.arg(home_set(home)).arg(keep_ms);
+            groups.push(vec![add, e]);
         }
         let answers = self.pipes("HGETALL travel", groups)?;
+        // A user's group ends with its two HGETALLs.
         answers[..users.len()]
             .iter()
-            .map(|v| match v {
-                Value::Array(pair) if pair.len() == 2 => Ok(TravelView {
-                    counts: fields(&pair[0])?,
-                    applied: fields(&pair[1])?,
+            .map(|group| match group.as_slice() {
+                [.., c, a] => Ok(TravelView {
+                    counts: fields(c)?,
+                    applied: fields(a)?,
                 }),
-                _ => Err(unexpected("HGETALL travel", v)),
+                _ => Err(unexpected("HGETALL travel", &Value::Array(group.clone()))),
             })
             .collect()
     }

@@ -302,6 +302,12 @@ fn region(e: &mut DescriptorEncoder, g: &crate::engine::RegionFigures) -> fmt::R
     )?;
     gauge(
         e,
+        "freqcap_region_caller",
+        "1 if this node renews its region's grants at the global tier for the region (docs/regions.md, \"One caller per region\"), else 0",
+        u64::from(g.caller),
+    )?;
+    gauge(
+        e,
         "freqcap_region_users",
         "Users this node follows across regions (docs/regions.md, \"Users across regions\")",
         g.users as u64,

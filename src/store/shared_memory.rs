@@ -236,6 +236,8 @@ pub struct SharedMemory {
     /// Activity by day and campaign.
     activity: Mutex<HashMap<(u64, u32), u64>>,
     ids: AtomicU64,
+    /// Lease calls, for tests (a global tier's calls: docs/regions.md).
+    pub lease_calls: AtomicU64,
     /// Record reads, CAS calls and conflicts, for tests.
     pub reads: AtomicU64,
     pub cas_calls: AtomicU64,
@@ -757,6 +759,7 @@ impl LeaseCalls for SharedMemory {
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
         // As fc_lease_v2 refuses them (its numbers are Lua doubles): a
         // caller that passes here passes there.
+        self.lease_calls.fetch_add(1, Ordering::Relaxed);
         const MAX_INT: u64 = (1 << 53) - 1;
         for (name, n) in [
             ("spent", req.spent),

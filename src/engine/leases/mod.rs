@@ -40,6 +40,7 @@
 
 mod calls;
 mod keys;
+mod region_board;
 mod regions;
 mod reports;
 mod view;

@@ -27,6 +27,7 @@ use crate::clock::{Clock, Nanos};
 use crate::engine::{Engine, EngineError, invalid};
 use crate::store::{LeaseRequest, Shared, Store, TotalRule};
 
+use super::region_board::{self, Board, BoardItem, CALLER_TTL};
 use super::{GrantKey, LeaseView, Leased, lease_key};
 
 /// How long a region's grant lives (by the global tier's clock). A region
@@ -38,6 +39,13 @@ pub const REGION_TTL: Nanos = 30_000_000_000;
 /// (renewing every second, it runs short only if its demand grows 10×
 /// within a second).
 const WANT_AHEAD_SECS: u64 = 10;
+
+/// A board's grant not renewed for this long (its caller renews every
+/// second) is renewed by the node that follows it: a caller that does not
+/// know a campaign (its definitions behind) leaves no item unrenewed. Past
+/// a lapsed claim ([`CALLER_TTL`]): a caller gone is replaced before its
+/// grants are renewed by every node; and well within the 24 s they last.
+const STALE: Nanos = 2 * CALLER_TTL;
 
 /// Calls to the global tier a node makes at once in a tick.
 const SYNC_WORKERS: usize = 32;
@@ -129,6 +137,11 @@ pub(crate) struct Regions {
     pub failures: AtomicU64,
     /// When the global tier last answered (this node's clock).
     pub ok_at: AtomicU64,
+    /// This node's name on the region's board (node id and process nonce),
+    /// and whether it was the region's caller at its last tick
+    /// (src/engine/leases/region_board.rs).
+    caller_id: String,
+    pub caller: std::sync::atomic::AtomicBool,
     /// Users counted in more than one region (src/engine/travellers.rs).
     pub(crate) travel: crate::engine::travellers::Travellers,
 }
@@ -149,6 +162,9 @@ pub struct RegionFigures {
     pub failures: u64,
     /// Whether the global tier answered within the last 2 s.
     pub reachable: bool,
+    /// Whether this node renews its region's grants for the region (its
+    /// region's caller) at its last tick.
+    pub caller: bool,
     /// Users this node follows across regions.
     pub users: usize,
     /// Screens held until a user's home counted its last unit here.
@@ -193,6 +209,8 @@ impl<C: Clock> Engine<C> {
             syncs: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             ok_at: AtomicU64::new(0),
+            caller_id: format!("{}/{:x}", self.options.node_id, self.id_nonce),
+            caller: Default::default(),
             travel: crate::engine::travellers::Travellers::new(
                 name,
                 &self.options.node_id,
@@ -214,6 +232,7 @@ impl<C: Clock> Engine<C> {
             syncs: r.syncs.load(Ordering::Relaxed),
             failures: r.failures.load(Ordering::Relaxed),
             reachable: now.saturating_sub(r.ok_at.load(Ordering::Acquire)) < 2_000_000_000,
+            caller: r.caller.load(Ordering::Relaxed),
             users: r.travel.len(),
             held: r.travel.held.load(Ordering::Relaxed),
             applied: r.travel.applied.load(Ordering::Relaxed),
@@ -248,6 +267,9 @@ impl<C: Clock> Engine<C> {
     /// global tier: the region's spend (from its own Redis) reported, and
     /// headroom for [`WANT_AHEAD_SECS`] of its recent spend asked. Called
     /// once a second, off every decision's path (`src/service/run.rs`).
+    /// One node of the region makes the calls, its caller; the others
+    /// adopt what it publishes on the region's board, and call only for
+    /// items it does not renew yet (src/engine/leases/region_board.rs).
     /// Returns the first error met; every item is tried.
     pub fn region_tick(&self) -> Result<(), EngineError> {
         let (Some(r), Some(shared)) = (self.regions.get(), self.shared()) else {
@@ -257,19 +279,45 @@ impl<C: Clock> Engine<C> {
             return Ok(());
         };
         let now = self.now();
+        let mut first_err: Option<EngineError> = None;
+        // The board unread (the region's Redis not answering): this node
+        // renews what it follows itself, and publishes nothing.
+        let board = match region_board::read(shared) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                first_err = Some(e.into());
+                None
+            }
+        };
+        let calls = board
+            .as_ref()
+            .is_none_or(|(_, b)| b.calls(&r.caller_id, now));
+        r.caller.store(calls, Ordering::Relaxed);
         // Each region numbers its campaigns itself: the tier knows them by
         // name (a campaign deleted here is no longer renewed).
         let reg = self.registry();
         let items: Vec<(GrantKey, RegionGrant, Vec<u8>)> = {
             let mut grants = r.lock();
-            grants.retain(|_, g| g.end > now);
+            grants.retain(|k, g| {
+                g.end > now
+                    && campaign_of(k).is_some_and(|id| reg.campaigns_by_id.contains_key(&id))
+            });
+            if let Some((_, b)) = &board {
+                adopt(&mut grants, b, calls, now);
+            }
             grants
                 .iter()
+                .filter(|(k, _)| {
+                    // Not the caller: what the board does not renew.
+                    calls
+                        || board.as_ref().is_none_or(|(_, b)| {
+                            b.items
+                                .get(*k)
+                                .is_none_or(|i| i.read_at.saturating_add(STALE) < now)
+                        })
+                })
                 .filter_map(|(k, g)| {
-                    let Leased::Campaign(id) = k.0 else {
-                        return None;
-                    };
-                    let name = &reg.campaigns_by_id.get(&id)?.name;
+                    let name = &reg.campaigns_by_id.get(&campaign_of(k)?)?.name;
                     Some((*k, *g, global_key(name, k.1, k.2)))
                 })
                 .collect()
@@ -278,7 +326,7 @@ impl<C: Clock> Engine<C> {
         // [`SYNC_WORKERS`] at a time, so a region of many campaigns renews
         // them all within its tick (400 items a second at 80 ms).
         let next = AtomicUsize::new(0);
-        let first_err: Mutex<Option<EngineError>> = Mutex::new(None);
+        let errors: Mutex<Option<EngineError>> = Mutex::new(None);
         std::thread::scope(|scope| {
             for _ in 0..items.len().min(SYNC_WORKERS) {
                 scope.spawn(|| {
@@ -288,7 +336,7 @@ impl<C: Clock> Engine<C> {
                             break;
                         };
                         if let Err(e) = self.sync_item(r, shared, global, (*key, gkey), *g, now) {
-                            first_err
+                            errors
                                 .lock()
                                 .unwrap_or_else(PoisonError::into_inner)
                                 .get_or_insert(e);
@@ -297,15 +345,76 @@ impl<C: Clock> Engine<C> {
                 });
             }
         });
-        let first_err = first_err
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = errors.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            first_err.get_or_insert(e);
+        }
+        if let Some(read) = board {
+            let synced: Vec<GrantKey> = items.iter().map(|(k, ..)| *k).collect();
+            if let Err(e) = self.publish_board(r, shared, read, calls, &synced, now) {
+                first_err.get_or_insert(e);
+            }
+        }
         // Users across regions: their homes, counts and applied units.
         let travel = self.travel_tick(global);
         match (first_err, travel) {
             (Some(e), _) | (None, Err(e)) => Err(e),
             (None, Ok(())) => Ok(()),
         }
+    }
+
+    /// Writes what this tick renewed to the region's board: the caller its
+    /// every item (its claim renewed); another node the items it renewed
+    /// that the board did not hold, as asks for the caller.
+    fn publish_board(
+        &self,
+        r: &Regions,
+        shared: &dyn Shared,
+        read: (u64, Board),
+        calls: bool,
+        synced: &[GrantKey],
+        now: Nanos,
+    ) -> Result<(), EngineError> {
+        let mine: HashMap<GrantKey, BoardItem> = {
+            let grants = r.lock();
+            let keys: Box<dyn Iterator<Item = &GrantKey>> = if calls {
+                Box::new(grants.keys())
+            } else {
+                Box::new(synced.iter())
+            };
+            keys.filter_map(|k| Some((*k, grants.get(k)?.item())))
+                .collect()
+        };
+        if !calls && mine.is_empty() {
+            return Ok(());
+        }
+        region_board::write(shared, read, now, |current| {
+            if calls {
+                // Another node claimed the region since this tick began.
+                if current.caller != r.caller_id && current.until > now {
+                    return None;
+                }
+                let mut next = Board {
+                    caller: r.caller_id.clone(),
+                    until: now.saturating_add(CALLER_TTL),
+                    items: mine.clone(),
+                };
+                // Asks other nodes added meanwhile: renewed next tick.
+                for (k, i) in &current.items {
+                    if i.end > now {
+                        next.items.entry(*k).or_insert(*i);
+                    }
+                }
+                Some(next)
+            } else {
+                let mut next = current.clone();
+                let before = next.items.len();
+                for (k, i) in &mine {
+                    next.items.entry(*k).or_insert(*i);
+                }
+                (next.items.len() > before).then_some(next)
+            }
+        })?;
+        Ok(())
     }
 
     /// Renews region `r`'s grant of item `key` (as last heard, `g`; its
@@ -391,5 +500,63 @@ impl<C: Clock> Engine<C> {
             }
         }
         Ok(())
+    }
+}
+
+/// A grant key's campaign (the only items leased across regions).
+fn campaign_of(k: &GrantKey) -> Option<u32> {
+    match k.0 {
+        Leased::Campaign(id) => Some(id),
+        Leased::Key { .. } => None,
+    }
+}
+
+impl RegionGrant {
+    fn item(&self) -> BoardItem {
+        BoardItem {
+            granted: self.granted,
+            usable_until: self.usable_until,
+            spent: self.spent,
+            read_at: self.read_at,
+            want: self.want,
+            total: self.total,
+            end: self.end,
+        }
+    }
+}
+
+/// Takes the board's grants where they are newer than this node's; the
+/// caller (`calls`) also takes the items it did not follow (other nodes'
+/// asks, or the last caller's), to renew them.
+fn adopt(grants: &mut HashMap<GrantKey, RegionGrant>, board: &Board, calls: bool, now: Nanos) {
+    for (k, i) in &board.items {
+        if i.end <= now {
+            continue;
+        }
+        match grants.get_mut(k) {
+            Some(g) if i.read_at > g.read_at => {
+                g.granted = i.granted;
+                g.usable_until = i.usable_until;
+                g.spent = g.spent.max(i.spent);
+                g.read_at = i.read_at;
+                g.want = i.want;
+            }
+            Some(_) => {}
+            None if calls => {
+                grants.insert(
+                    *k,
+                    RegionGrant {
+                        granted: i.granted,
+                        usable_until: i.usable_until,
+                        spent: i.spent,
+                        total: i.total,
+                        end: i.end,
+                        read_at: i.read_at,
+                        want: i.want,
+                    },
+                );
+            }
+            None => {}
+        }
     }
 }
