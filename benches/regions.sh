@@ -8,11 +8,13 @@
 #
 # 1. Decisions: the load generator's `screen` workload (K candidates with
 #    daily caps and a leased budget each, then a commit) on the three
-#    nodes at once for SECS seconds, first without regions (each node its
-#    region's Redis only), then in regions (the budgets leased from the
-#    tier across the WAN), then in regions with every region's WAN cut
-#    (the proxies stopped) once the grants are held. `added_p99_ms` is the
-#    mean p99 in regions less without, in this run;
+#    nodes at once for SECS seconds, without regions (each node its
+#    region's Redis only) and in regions (the budgets leased from the tier
+#    across the WAN), in the order without, in, in, without (every Redis
+#    emptied before each: a run's drift weighs on both alike), then in
+#    regions with every region's WAN cut (the proxies stopped) once the
+#    grants are held. `added_p99_ms` is the mean p99 in regions less
+#    without, in this run (each phase's in `p99_ms_by_phase`);
 #    `wan_calls_on_decision_path` is the lease calls the WAN proxies
 #    carried less those the nodes' region ticks made, each node's count
 #    as it logged it once stopped (no call under way then: the two counts
@@ -112,15 +114,16 @@ sleep 0.5
 PORTS=()
 # nodes REGIONS?: one node per region's Redis; with "regions", in regions
 # through the WAN proxies.
+# PHASE (default MODE) names their data directories and logs.
 start_nodes() {
-    local mode=$1 r port args
+    local mode=$1 phase=${2:-$1} r port args
     PORTS=()
     for r in 1 2 3; do
         port=$(free_port)
         args=(serve --grpc-listen off --listen "127.0.0.1:$port" --store "redis://127.0.0.1:${REDIS[$((r - 1))]}"
-            --node-id "r$r" --data-dir "$OUT/n$r-$mode" --redis-timeout-ms 500)
+            --node-id "r$r" --data-dir "$OUT/n$r-$phase" --redis-timeout-ms 500)
         [ "$mode" = regions ] && args+=(--region "r$r" --global-store "redis://127.0.0.1:${PROXY[$((r - 1))]}")
-        "$FREQCAP" "${args[@]}" 2>"$OUT/n$r-$mode.log" &
+        "$FREQCAP" "${args[@]}" 2>"$OUT/n$r-$phase.log" &
         NODE_PIDS+=($!)
         PORTS+=("$port")
     done
@@ -146,15 +149,18 @@ tick_calls() {
     echo "$total"
 }
 
-# 1. Decisions, without regions, in them, and in them with every region's
-#    WAN cut, in one run.
+# 1. Decisions, without regions and in them (plain, regions, regions,
+#    plain: a drift over the run weighs on both alike), then in regions with
+#    every region's WAN cut. Every Redis is emptied before each phase, so
+#    none starts on another's records. `decide MODE TAG`.
 decide() {
-    local mode=$1 r pids=() node_mode=$1 w0 w1
+    local mode=$1 tag=$2 r pids=() node_mode=$1 w0 w1 port
     [ "$mode" = cut ] && node_mode=regions
+    for port in "$GLOBAL" "${REDIS[@]}"; do redis-cli -p "$port" FLUSHALL >/dev/null; done
     # The proxies carry nothing before the nodes start: their count now is
     # this phase's baseline.
     w0=$(wan_calls)
-    start_nodes "$node_mode"
+    start_nodes "$node_mode" "$mode-$tag"
     for r in 1 2 3; do
         # Each region defines its campaigns (definitions are per region).
         "$LOADGEN" run --target freqcap --addr "127.0.0.1:${PORTS[$((r - 1))]}" --workload screen --k "$K" \
@@ -169,7 +175,7 @@ decide() {
     fi
     for r in 1 2 3; do
         "$LOADGEN" run --target freqcap --addr "127.0.0.1:${PORTS[$((r - 1))]}" --workload screen --k "$K" \
-            --users 100000 --conns "$CONNS" --secs "$SECS" --warmup 1 --json >"$OUT/decide-$mode-$r.json" &
+            --users 100000 --conns "$CONNS" --secs "$SECS" --warmup 1 --json >"$OUT/decide-$mode-$tag-$r.json" &
         pids+=($!)
     done
     for r in "${pids[@]}"; do wait "$r"; done
@@ -180,16 +186,17 @@ decide() {
     # The proxies rewrite their counts every 200 ms.
     sleep 0.6
     w1=$(wan_calls)
-    echo "$((w1 - w0)) $(tick_calls "$OUT"/n[123]-"$node_mode".log)" >"$OUT/decide-$mode.wan"
-    # The cut phase's nodes start afresh (their logs are rewritten).
-    mkdir -p "$OUT/logs-$mode" && cp "$OUT"/n[123]-"$node_mode".log "$OUT/logs-$mode/"
+    echo "$((w1 - w0)) $(tick_calls "$OUT"/n[123]-"$mode-$tag".log)" >"$OUT/decide-$mode-$tag.wan"
 }
-decide plain
-decide regions
-decide cut
+decide plain a
+decide regions a
+decide regions b
+decide plain b
+decide cut a
 
 # 2. A shared budget and travelling users through a partition of region 3
 #    (benches/regions_drive.py).
+for port in "$GLOBAL" "${REDIS[@]}"; do redis-cli -p "$port" FLUSHALL >/dev/null; done
 start_nodes regions
 for port in "${PORTS[@]}"; do
     curl -sf -X PUT "http://127.0.0.1:$port/v1/campaigns/shared" -H 'content-type: application/json' \
@@ -203,17 +210,21 @@ stop_nodes
 python3 - "$OUT" "$BUDGET" "$RTT_MS" <<'EOF' | tee "$OUT/summary.json"
 import json, sys
 out, budget, rtt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-def runs(mode):
-    return [json.load(open(f"{out}/decide-{mode}-{r}.json")) for r in (1, 2, 3)]
-plain, regions, cut = runs("plain"), runs("regions"), runs("cut")
+def runs(mode, tags):
+    return [json.load(open(f"{out}/decide-{mode}-{t}-{r}.json")) for t in tags for r in (1, 2, 3)]
+plain, regions, cut = runs("plain", "ab"), runs("regions", "ab"), runs("cut", "a")
 p99 = lambda rs: sum(r["p99_us"] for r in rs) / len(rs) / 1000
-wan, ticks = map(int, open(f"{out}/decide-regions.wan").read().split())
+counts = [list(map(int, open(f"{out}/decide-{m}-{t}.wan").read().split())) for m, t in
+          [("regions", "a"), ("regions", "b"), ("cut", "a")]]
+wan, ticks = sum(c[0] for c in counts), sum(c[1] for c in counts)
 b = json.load(open(f"{out}/budget.json"))
 u = json.load(open(f"{out}/users.json"))
 delivered = sum(b["acked"])
 print(json.dumps({
     "wan_rtt_ms": rtt,
     "decisions": sum(r["ops"] for r in regions),
+    "p99_ms_by_phase": {f"{m}-{t}": round(p99(runs(m, t)), 3) for m, t in
+                        [("plain", "a"), ("regions", "a"), ("regions", "b"), ("plain", "b"), ("cut", "a")]},
     "decision_errors": sum(r["errors"] for r in plain + regions + cut),
     "p99_ms_without_regions": round(p99(plain), 3),
     "p99_ms_with_regions": round(p99(regions), 3),
@@ -225,8 +236,9 @@ print(json.dumps({
     "max_decision_ms_wan_cut": round(max(r["max_us"] for r in cut) / 1000, 3),
     "decision_errors_wan_cut": sum(r["errors"] for r in cut),
     # The lease calls the proxies carried, and those the nodes' region
-    # ticks made (each node's count once it stopped): calls made by
-    # anything else, a decision included, are the difference.
+    # ticks made (each node's count once it stopped), in the three phases
+    # in regions: calls made by anything else, a decision included, are
+    # the difference.
     "wan_calls": wan,
     "wan_calls_by_region_ticks": ticks,
     "wan_calls_on_decision_path": wan - ticks,
