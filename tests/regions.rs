@@ -15,6 +15,8 @@
 //!   screened; travelling between the two regions, at most 3 + 1
 //!   (`regions − 1` over), and both regions' records converge on every
 //!   unit delivered in either (docs/regions.md, "Users across regions").
+//! - A node stopped (SIGTERM) exits cleanly, its last spend reported to its
+//!   region's Redis and its calls to the tier logged.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -106,13 +108,19 @@ fn drive(a: &Node, b: &Node, camp: &str, tag: &str, secs: u64, until: u64) -> (u
 /// Σ of every region's reported spend (`s:` fields) in the global tier's
 /// leases (not its users' homes and counts, `fc:{rt:…}`).
 fn global_spent() -> u64 {
-    let keys = redis_cli(GLOBAL, &["--scan"]);
+    spent_at(GLOBAL)
+}
+
+/// Σ of the reported spend (`s:` fields) in the leases of the Redis at
+/// `port`.
+fn spent_at(port: u16) -> u64 {
+    let keys = redis_cli(port, &["--scan"]);
     let mut sum = 0;
     for k in keys
         .lines()
         .filter(|k| !k.is_empty() && !k.starts_with("fc:{rt"))
     {
-        let flat = redis_cli(GLOBAL, &["HGETALL", k]);
+        let flat = redis_cli(port, &["HGETALL", k]);
         let lines: Vec<&str> = flat.lines().collect();
         for pair in lines.chunks(2) {
             if let [f, v] = pair
@@ -333,4 +341,54 @@ fn a_user_is_capped_at_home_exactly_and_across_regions_within_one() {
     assert_eq!(used(&b, "freq", "stays"), 0);
     assert!(a.metric("freqcap_region_applied_total").unwrap_or(0.0) >= 1.0);
     assert!(b.metric("freqcap_region_held_total").unwrap_or(0.0) >= 1.0);
+}
+
+/// SIGTERM: the node stops renewing, reports what it spent and exits 0
+/// (on a Redis store its shutdown once called Redis from the runtime's
+/// own thread and panicked, its last spend unreported).
+#[test]
+fn a_node_stopped_exits_cleanly_with_its_spend_reported() {
+    const G: u16 = 8190;
+    const R: u16 = 8191;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let _global = redis(tmp.path(), G);
+    let _region = redis(tmp.path(), R);
+    let mut a = node_on(tmp.path(), "a", R, G);
+    define(
+        &[&a],
+        "bud",
+        &json!({"budget": {"amount": 1000, "per": "1d", "pacing": "asap"}}),
+    );
+    // The region's first grant comes with its first tick.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut delivered = 0;
+    let mut i = 0;
+    while delivered < 5 && Instant::now() < until {
+        if impression(&a, "bud", &format!("s{i}")) {
+            delivered += 1;
+        }
+        i += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(delivered, 5, "delivered before the stop");
+    support::signal(&a.child, libc::SIGTERM);
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = a.child.try_wait().expect("waits on the node") {
+            break st;
+        }
+        assert!(Instant::now() < until, "the node did not exit within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = a.log.lock().expect("the log").join("\n");
+    assert!(
+        status.success(),
+        "SIGTERM: a clean exit, got {status}\n{log}"
+    );
+    assert!(
+        log.contains("lease calls made to the global tier, 0 failed"),
+        "the node said what it called the tier for:\n{log}"
+    );
+    assert!(log.contains("stopped"), "{log}");
+    assert_eq!(spent_at(R), 5, "the node's spend, in its region's Redis");
 }

@@ -708,16 +708,26 @@ async fn shut_down(
     sweeper.abort();
     leave_fleet(engine, membership).await;
     tracing::info!("draining done; flushing the writer");
-    // Spend committed here and not reported yet: the fleet reads it at once
-    // (docs/cluster.md, "Spend is reported").
-    engine.report_all_spend();
-    // The campaigns' minutes (the ad-ops page) go with the last batch.
-    engine.flush_timelines(true);
-    if config.definitions.is_some() {
-        // Another node takes the definitions directory over at once.
-        engine.release_definitions_writer();
-    }
-    engine.flush().map_err(|e| e.to_string())?;
+    // Off the runtime's threads: with a Redis store each of these calls
+    // Redis through the store's own runtime, which blocks (on this thread
+    // it panicked, and the last spend went unreported).
+    let e = engine.clone();
+    let definitions = config.definitions.is_some();
+    tokio::task::spawn_blocking(move || {
+        // Spend committed here and not reported yet: the fleet reads it at
+        // once (docs/cluster.md, "Spend is reported").
+        e.report_all_spend();
+        // The campaigns' minutes (the ad-ops page) go with the last batch.
+        e.flush_timelines(true);
+        if definitions {
+            // Another node takes the definitions directory over at once.
+            e.release_definitions_writer();
+        }
+        e.flush()
+    })
+    .await
+    .map_err(|e| format!("stopping: {e}"))?
+    .map_err(|e| e.to_string())?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -364,7 +364,7 @@ impl<C: Clock> Engine<C> {
 
     /// Writes what this tick renewed to the region's board: the caller its
     /// every item (its claim renewed); another node the items it renewed
-    /// that the board did not hold, as asks for the caller.
+    /// that the board did not hold (asks for the caller) or held stale.
     fn publish_board(
         &self,
         r: &Regions,
@@ -406,12 +406,16 @@ impl<C: Clock> Engine<C> {
                 }
                 Some(next)
             } else {
+                // Items new to the board, or renewed here since it did.
                 let mut next = current.clone();
-                let before = next.items.len();
+                let mut newer = false;
                 for (k, i) in &mine {
-                    next.items.entry(*k).or_insert(*i);
+                    if next.items.get(k).is_none_or(|b| b.read_at < i.read_at) {
+                        next.items.insert(*k, *i);
+                        newer = true;
+                    }
                 }
-                (next.items.len() > before).then_some(next)
+                newer.then_some(next)
             }
         })?;
         Ok(())
