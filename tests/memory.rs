@@ -363,3 +363,88 @@ fn keyed_exact_rolling_one_debit() {
     );
     assert_accounting(label, reported, allocated);
 }
+
+/// Bytes a node in a region keeps per user it counted (src/engine/
+/// travellers.rs: a user's entry, its count field, its open screen until
+/// committed): one user's screen and commit on a node in a region, less the
+/// same on a node in no region, over 20 000 new users. Bounds what
+/// `MAX_USERS` users take.
+#[test]
+fn a_region_keeps_bytes_per_user_it_counted() {
+    use std::sync::Arc;
+
+    use freqcap::engine::{
+        CommitRequest, Engine, EngineOptions, SafeCapacity, ScreenCandidate, ScreenRequest,
+    };
+    use freqcap::model::from_json;
+    use freqcap::store::SharedMemory;
+
+    const USERS: usize = 20_000;
+    let _g = serial();
+    let per_user = |region: bool| -> f64 {
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+        let options = EngineOptions {
+            node_id: "n0".into(),
+            ..EngineOptions::default()
+        };
+        let n = Engine::open(Arc::new(SharedMemory::new()), clock, options).expect("opens");
+        if region {
+            n.join_region(
+                "a-region",
+                SafeCapacity::Keep,
+                Arc::new(SharedMemory::new()),
+            )
+            .expect("joins");
+        }
+        n.put_campaign(
+            "a-campaign",
+            from_json(
+                r#"{"caps": [{"kind": "window", "limit": 3, "window": "1d", "align": "fixed"}]}"#,
+            )
+            .expect("a campaign"),
+        )
+        .expect("defined");
+        let serve = |u: usize| {
+            let req = ScreenRequest {
+                priority: Default::default(),
+                user: Some(format!("user-{u:08}")),
+                ids: Default::default(),
+                candidates: vec![ScreenCandidate {
+                    campaign: "a-campaign".into(),
+                    cost: None,
+                }],
+                reserve: true,
+                ttl_ms: Some(1000),
+                reservation_id: None,
+                fingerprint: None,
+            };
+            let out = n.screen(&req).expect("a screen");
+            let id = out.reservation.expect("eligible: a new user");
+            let commit = CommitRequest {
+                campaigns: vec!["a-campaign".into()],
+                ..CommitRequest::default()
+            };
+            n.commit(&id, &commit).expect("a commit");
+        };
+        // Warm: the maps' first growth and the campaign's records.
+        for u in 0..1_000 {
+            serve(u);
+        }
+        let before = live();
+        for u in 1_000..1_000 + USERS {
+            serve(u);
+        }
+        (live() - before) as f64 / USERS as f64
+    };
+    let plain = per_user(false);
+    let in_region = per_user(true);
+    let travel = in_region - plain;
+    println!(
+        "bytes per user counted: {plain:.0} in no region, {in_region:.0} in a region: \
+         {travel:.0} for users across regions"
+    );
+    // 248 measured (558 with a map per user's fields): src/engine/
+    // travellers.rs MAX_USERS (200 000) users of one field each within
+    // 60 MB.
+    assert!(travel <= 300.0, "{travel:.0} B a user across regions");
+}

@@ -27,7 +27,8 @@
 //! a lookup in this node's memory. The exchange with the tier runs in the
 //! region's tick, once a second ([`Engine::travel_tick`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -44,10 +45,17 @@ pub const TRAVEL_KEEP: Nanos = 8 * 86_400 * 1_000_000_000;
 
 /// Most users a node follows; the least recently counted go first. A user
 /// forgotten here is not held back and its units here are no longer
-/// published (its home's view of this node stays as it was). An estimate,
-/// not a measurement: a user with one field takes ~200 bytes (its name,
-/// a map entry, a field of ~60 bytes), so 200 000 users ~40 MB.
+/// published (its home's view of this node stays as it was). A user
+/// counted here once takes 248 bytes more in a region than in none
+/// (tests/memory.rs, `a_region_keeps_bytes_per_user_it_counted`; 558
+/// before fields and homes were shared and kept in vectors), so 200 000
+/// users ~50 MB.
 const MAX_USERS: usize = 200_000;
+
+/// Most distinct fields and home names kept shared ([`Interner`]): a node
+/// has a few per campaign, event type and cost; past this (costs are the
+/// client's to choose) the table starts again, users keeping theirs.
+const MAX_INTERNED: usize = 65_536;
 
 /// Most open screens a node remembers to count their commits; one that
 /// ends uncommitted is forgotten at its deadline.
@@ -62,34 +70,108 @@ const MAX_TRAVELLERS: usize = 10_000;
 /// The `retry_after` of a screen held until the home has counted the last.
 const HELD_RETRY: crate::clock::Span = 1_000_000_000;
 
+/// A count field's bytes, one allocation shared by every user counted
+/// under it: 16 bytes a user.
+type Field = Arc<[u8]>;
+
+/// Counts or positions by field. A user has a few fields, so a vector
+/// (none: no allocation), not a map (a map of one takes ~150 bytes).
+#[derive(Debug, Default)]
+struct ByField(Vec<(Field, u64)>);
+
+impl ByField {
+    fn get(&self, f: &[u8]) -> u64 {
+        self.0
+            .iter()
+            .find(|(k, _)| **k == *f)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    fn contains(&self, f: &[u8]) -> bool {
+        self.0.iter().any(|(k, _)| **k == *f)
+    }
+
+    /// Raises `f`'s to `n` if below.
+    fn raise(&mut self, f: &Field, n: u64) {
+        match self.0.iter_mut().find(|(k, _)| *k == *f) {
+            Some((_, p)) => *p = (*p).max(n),
+            None => self.push(f, n),
+        }
+    }
+
+    fn add_one(&mut self, f: &Field) {
+        match self.0.iter_mut().find(|(k, _)| *k == *f) {
+            Some((_, p)) => *p += 1,
+            None => self.push(f, 1),
+        }
+    }
+
+    /// One more field, room for it alone (a push would make room for 4:
+    /// 72 bytes more a user with one).
+    fn push(&mut self, f: &Field, n: u64) {
+        self.0.reserve_exact(1);
+        self.0.push((f.clone(), n));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Field, u64)> {
+        self.0.iter().map(|(f, n)| (f, *n))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Shares equal values (fields, home names) between users: at most
+/// [`MAX_INTERNED`] of them, then it starts again.
+struct Interner<T: ?Sized>(Mutex<HashSet<Arc<T>>>);
+
+impl<T: ?Sized + Hash + Eq> Interner<T>
+where
+    for<'a> Arc<T>: From<&'a T>,
+{
+    fn new() -> Self {
+        Interner(Mutex::default())
+    }
+
+    fn get(&self, v: &T) -> Arc<T> {
+        let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(a) = set.get(v) {
+            return a.clone();
+        }
+        if set.len() >= MAX_INTERNED {
+            set.clear();
+        }
+        let a: Arc<T> = Arc::from(v);
+        set.insert(a.clone());
+        a
+    }
+}
+
 /// One user as this node knows it.
 #[derive(Debug, Default)]
 struct Traveller {
     /// Its home region; `None` until claimed.
-    home: Option<String>,
+    home: Option<Arc<str>>,
     /// Units this process counted, by field.
-    own: HashMap<Vec<u8>, u64>,
+    own: ByField,
     /// How far its home applied each of `own`.
-    acked: HashMap<Vec<u8>, u64>,
+    acked: ByField,
     /// How far this region applied each other region's field.
-    applied: HashMap<Vec<u8>, u64>,
+    applied: ByField,
     /// Until when an allowed screen's reservation is open.
     open_until: Nanos,
-    /// Whether it is exchanged with the tier (counted outside its home).
-    travels: bool,
     /// When last counted or synced.
     touched: Nanos,
+    /// Whether it is exchanged with the tier (counted outside its home).
+    travels: bool,
 }
 
 impl Traveller {
     /// Whether a unit counted here is not yet applied at its home, or a
     /// screen is open.
     fn waiting(&self, now: Nanos) -> bool {
-        self.open_until > now
-            || self
-                .own
-                .iter()
-                .any(|(f, n)| self.acked.get(f).copied().unwrap_or(0) < *n)
+        self.open_until > now || self.own.iter().any(|(f, n)| self.acked.get(f) < n)
     }
 }
 
@@ -110,6 +192,9 @@ pub(crate) struct Travellers {
     source: String,
     users: Mutex<HashMap<String, Traveller>>,
     screens: Mutex<HashMap<String, Screened>>,
+    /// Fields and home names, shared by the users that have them.
+    fields: Interner<[u8]>,
+    homes: Interner<str>,
     /// Screens held until the home counted the last unit.
     pub held: AtomicU64,
     /// Units of other regions applied here.
@@ -162,6 +247,8 @@ impl Travellers {
             source: format!("{node}/{nonce:08x}"),
             users: Mutex::default(),
             screens: Mutex::default(),
+            fields: Interner::new(),
+            homes: Interner::new(),
             held: AtomicU64::new(0),
             applied: AtomicU64::new(0),
         }
@@ -258,8 +345,10 @@ impl Travellers {
         for c in campaigns {
             let reserved = eligible.iter().find(|(n, _)| n == c).map(|(_, cost)| *cost);
             let cost = req.cost.or(reserved).unwrap_or(1);
-            let f = field(&self.here, &self.source, c, "", cost);
-            *t.own.entry(f).or_default() += 1;
+            let f = self
+                .fields
+                .get(&field(&self.here, &self.source, c, "", cost));
+            t.own.add_one(&f);
         }
     }
 
@@ -276,10 +365,16 @@ impl Travellers {
     fn counted(&self, user: &str, campaign: &str, ty: &str, cost: u64, now: Nanos) {
         let mut users = self.users();
         let t = Self::entry(&mut users, user, now);
-        let f = field(&self.here, &self.source, campaign, ty, cost);
-        *t.own.entry(f).or_default() += 1;
+        let f = self
+            .fields
+            .get(&field(&self.here, &self.source, campaign, ty, cost));
+        t.own.add_one(&f);
     }
 }
+
+/// A traveller's exchange with the tier: its name, home, this node's
+/// counts and this region's applied positions.
+type Outgoing = (String, Arc<str>, Vec<TravelField>, Vec<TravelField>);
 
 /// Units of other regions to apply here, and where each field then stands.
 struct ToApply {
@@ -405,7 +500,7 @@ impl<C: Clock> Engine<C> {
             for (user, home) in chunk.iter().zip(homes) {
                 if let Some(u) = users.get_mut(user) {
                     u.travels = home != t.here;
-                    u.home = Some(home);
+                    u.home = Some(t.homes.get(&home));
                 }
             }
         }
@@ -415,23 +510,23 @@ impl<C: Clock> Engine<C> {
             let mut users = t.users();
             for user in travellers {
                 let u = Travellers::entry(&mut users, &user, now);
-                u.home = Some(t.here.clone());
+                u.home = Some(t.homes.get(&t.here));
                 u.travels = true;
             }
         }
         // Every traveller's counts and applied positions out, the tier's in.
-        let syncs: Vec<(String, String, Vec<TravelField>, Vec<TravelField>)> = {
+        let syncs: Vec<Outgoing> = {
             let users = t.users();
             users
                 .iter()
                 .filter(|(_, u)| u.travels)
                 .filter_map(|(name, u)| {
                     let home = u.home.clone()?;
-                    let counts = u.own.iter().map(|(f, n)| (f.clone(), *n)).collect();
+                    let counts = u.own.iter().map(|(f, n)| (f.to_vec(), n)).collect();
                     let applied = u
                         .applied
                         .iter()
-                        .map(|(f, n)| (applied_field(&t.here, f), *n))
+                        .map(|(f, n)| (applied_field(&t.here, f), n))
                         .collect();
                     Some((name.clone(), home, counts, applied))
                 })
@@ -471,12 +566,10 @@ impl<C: Clock> Engine<C> {
                         if region == t.here.as_bytes() {
                             // The region's positions, as any of its nodes
                             // left them (this one, before a restart).
-                            let p = u.applied.entry(f.to_vec()).or_default();
-                            *p = (*p).max(*n);
+                            u.applied.raise(&t.fields.get(f), *n);
                         }
-                        if region == home.as_bytes() && u.own.contains_key(f) {
-                            let a = u.acked.entry(f.to_vec()).or_default();
-                            *a = (*a).max(*n);
+                        if region == home.as_bytes() && u.own.contains(f) {
+                            u.acked.raise(&t.fields.get(f), *n);
                         }
                     }
                     for (f, n) in &view.counts {
@@ -487,7 +580,7 @@ impl<C: Clock> Engine<C> {
                         if region == t.here {
                             continue;
                         }
-                        let from = u.applied.get(f).copied().unwrap_or(0);
+                        let from = u.applied.get(f);
                         if *n <= from {
                             continue;
                         }
@@ -518,8 +611,7 @@ impl<C: Clock> Engine<C> {
                     let mut users = t.users();
                     for (user, f, n) in todo.positions {
                         if let Some(u) = users.get_mut(&user) {
-                            let p = u.applied.entry(f).or_default();
-                            *p = (*p).max(n);
+                            u.applied.raise(&t.fields.get(&f), n);
                         }
                     }
                 }
