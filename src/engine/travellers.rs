@@ -57,9 +57,14 @@ const MAX_USERS: usize = 200_000;
 /// client's to choose) the table starts again, users keeping theirs.
 const MAX_INTERNED: usize = 65_536;
 
-/// Most open screens a node remembers to count their commits; one that
-/// ends uncommitted is forgotten at its deadline.
+/// Most open screens a node remembers to count their commits, and their
+/// bytes (names, ids and costs other than 1: a screen of 10 000 costed
+/// candidates would keep 240 KB); one that ends uncommitted is forgotten
+/// at its deadline. While either is reached, a screen in the region is
+/// held (`home_region`, retried in 1 s) rather than decided and then not
+/// counted: only screens open past either can reach it.
 const MAX_SCREENS: usize = 200_000;
+const MAX_SCREEN_BYTES: usize = 64 << 20;
 
 /// Users claimed, and synced, per call to the tier (one pipeline each).
 const BATCH: usize = 1_000;
@@ -178,10 +183,50 @@ impl Traveller {
 /// An open screen of a user, remembered to count its commit.
 struct Screened {
     user: String,
-    /// Eligible candidates: campaign and cost.
-    eligible: Vec<(Arc<str>, u64)>,
+    /// Eligible candidates reserved at a cost other than 1.
+    eligible: Box<[(Arc<str>, u64)]>,
     /// Its reservation's deadline.
     deadline: Nanos,
+}
+
+impl Screened {
+    /// What it keeps, with its id: an estimate for [`MAX_SCREEN_BYTES`]
+    /// (the map's own entry and allocations' rounding included).
+    fn bytes(&self, id: &str) -> usize {
+        128 + id.len() + self.user.len() + self.eligible.len() * 24
+    }
+}
+
+/// Open screens by reservation id, and their bytes.
+#[derive(Default)]
+struct Screens {
+    by_id: HashMap<String, Screened>,
+    bytes: usize,
+}
+
+impl Screens {
+    fn full(&self) -> bool {
+        self.by_id.len() >= MAX_SCREENS || self.bytes >= MAX_SCREEN_BYTES
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Screened> {
+        let s = self.by_id.remove(id)?;
+        self.bytes = self.bytes.saturating_sub(s.bytes(id));
+        Some(s)
+    }
+
+    /// Forgets the screens whose reservations ended by `now`.
+    fn forget_ended(&mut self, now: Nanos) {
+        let mut freed = 0;
+        self.by_id.retain(|id, s| {
+            let keep = s.deadline > now;
+            if !keep {
+                freed += s.bytes(id);
+            }
+            keep
+        });
+        self.bytes = self.bytes.saturating_sub(freed);
+    }
 }
 
 /// This node's travellers (the region's [`super::leases::Regions`] holds it).
@@ -191,7 +236,7 @@ pub(crate) struct Travellers {
     /// This process's name in its fields: node id and id nonce.
     source: String,
     users: Mutex<HashMap<String, Traveller>>,
-    screens: Mutex<HashMap<String, Screened>>,
+    screens: Mutex<Screens>,
     /// Fields and home names, shared by the users that have them.
     fields: Interner<[u8]>,
     homes: Interner<str>,
@@ -258,7 +303,7 @@ impl Travellers {
         self.users.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn screens(&self) -> MutexGuard<'_, HashMap<String, Screened>> {
+    fn screens(&self) -> MutexGuard<'_, Screens> {
         self.screens.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -270,6 +315,15 @@ impl Travellers {
     /// Whether a screen for `user` may be decided here now: anywhere but
     /// its home, not while a unit of this node's is unknown to the home.
     fn may_serve(&self, user: &str, now: Nanos) -> bool {
+        {
+            let mut screens = self.screens();
+            if screens.full() {
+                screens.forget_ended(now);
+                if screens.full() {
+                    return false;
+                }
+            }
+        }
         match self.users().get(user) {
             None => true,
             Some(t) if t.home.as_deref() == Some(self.here.as_str()) => true,
@@ -313,19 +367,17 @@ impl Travellers {
                 t.open_until = t.open_until.max(deadline);
             }
         }
+        let screen = Screened {
+            user: user.to_owned(),
+            eligible: eligible.into_iter().filter(|(_, c)| *c != 1).collect(),
+            deadline,
+        };
         let mut screens = self.screens();
-        if screens.len() >= MAX_SCREENS {
-            screens.retain(|_, s| s.deadline > now);
-        }
-        if screens.len() < MAX_SCREENS {
-            screens.insert(
-                id.to_owned(),
-                Screened {
-                    user: user.to_owned(),
-                    eligible,
-                    deadline,
-                },
-            );
+        // Past the bounds only by the screens decided since `may_serve`
+        // saw room (a few, each bounded by the request's size).
+        screens.bytes += screen.bytes(id);
+        if let Some(old) = screens.by_id.insert(id.to_owned(), screen) {
+            screens.bytes = screens.bytes.saturating_sub(old.bytes(id));
         }
     }
 
@@ -335,7 +387,7 @@ impl Travellers {
     fn committed(&self, id: &str, req: &CommitRequest, campaigns: &[Arc<str>], now: Nanos) {
         let screened = self.screens().remove(id);
         let (user, eligible) = match (&screened, &req.user) {
-            (Some(s), _) => (s.user.as_str(), s.eligible.as_slice()),
+            (Some(s), _) => (s.user.as_str(), &s.eligible[..]),
             (None, Some(u)) => (u.as_str(), &[][..]),
             (None, None) => return,
         };
@@ -481,7 +533,7 @@ impl<C: Clock> Engine<C> {
         let now = self.now();
         let keep_ms = TRAVEL_KEEP / 1_000_000;
         // Screens whose reservations ended uncommitted.
-        t.screens().retain(|_, s| s.deadline > now);
+        t.screens().forget_ended(now);
         // Homes for users counted (or screened) here whose home is unknown.
         let unclaimed: Vec<String> = {
             let mut users = t.users();
@@ -653,5 +705,35 @@ impl<C: Clock> Engine<C> {
             }
             r => r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Screens of 10 000 candidates at a cost of 2 (240 KB each) fill
+    /// [`MAX_SCREEN_BYTES`] after 280: then every screen is held until
+    /// they end, and memory stays within it.
+    #[test]
+    fn open_screens_past_their_bytes_hold_new_screens_until_they_end() {
+        let t = Travellers::new("r", "n", 1);
+        let costly: Vec<(Arc<str>, u64)> = (0..10_000)
+            .map(|i| (Arc::from(format!("c{i}").as_str()), 2))
+            .collect();
+        let mut n = 0;
+        while t.may_serve(&format!("u{n}"), 0) && n < 1_000 {
+            t.screened(&format!("u{n}"), &format!("r{n}"), costly.clone(), (0, 10));
+            n += 1;
+        }
+        assert_eq!(n, 280, "screens remembered before the bound");
+        assert!(t.screens().bytes < MAX_SCREEN_BYTES + 250_000);
+        assert!(!t.may_serve("someone-else", 5), "held while full");
+        assert!(t.may_serve("someone-else", 10), "room once they ended");
+        assert_eq!(t.screens().bytes, 0);
+        // Candidates at the default cost keep nothing but the screen.
+        let plain: Vec<(Arc<str>, u64)> = costly.iter().map(|(c, _)| (c.clone(), 1)).collect();
+        t.screened("u", "r", plain, (10, 20));
+        assert_eq!(t.screens().bytes, 128 + 1 + 1);
     }
 }
