@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the sixteen functions" \
-  $'fc_cas_v1\nfc_cas_v2\nfc_cas_v3\nfc_defs_v1\nfc_heat_v1\nfc_hot_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_v1\nfc_writer_v1' \
+expect "FUNCTION LIST shows the eighteen functions" \
+  $'fc_cas_v1\nfc_cas_v2\nfc_cas_v3\nfc_defs_v1\nfc_heat_v1\nfc_hot_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_cap_v1\nfc_slots_v1\nfc_slots_v2\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -381,6 +381,51 @@ expect "an expired holder's fields are dropped" '(integer) 0' "$(rc HEXISTS "$SL
 expect "fc_slots_v1 names a bad argument" \
   '(error) ERR fc_slots_v1: used must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_slots_v1 1 "$SL" a 7 x 0 4 1 1 0)"
+
+###############################################################################
+echo "== fc_slots_v2, fc_slots_cap_v1"
+SC='fc:{l:slots-cap-test}'
+# v2 answers v1's three numbers and the holder's fair share (target).
+slots2() { rc FCALL fc_slots_v2 1 "$SC" "$@" | ints; }
+cap() { rc FCALL fc_slots_cap_v1 1 "$SC" "$@" | ints; }
+r=$(slots2 n1 1 0 3 10 60000 0 0)
+expect "v2: n1 asks for 3 of 10: granted 3, target 3" '3 0 3' "$(echo "$r" | cut -d' ' -f1,2,4)"
+r=$(slots2 n2 1 0 3 10 60000 9000 0)
+expect "v2: n2 too" '3 0 3' "$(echo "$r" | cut -d' ' -f1,2,4)"
+# A region's cap of 4: from now on Σ granted <= max(Σ now, 4).
+r=$(cap 100 4 0)
+expect "cap set: held 6, demand 6, the cap 4 at seq 100" '6 6 4 100' \
+  "$(echo "$r" | cut -d' ' -f1,2,5,6)"
+hold=$(echo "$r" | cut -d' ' -f3)
+expect_true "cap read: the latest holder's life from now ($hold ms)" "hold=$hold" \
+  test "$hold" -gt 50000 -a "$hold" -le 60000
+r=$(slots2 n1 2 3 0 10 60000 0 0)
+expect "n1 holds its 3: kept, though over its share of the cap (target 1)" '3 3 1' \
+  "$(echo "$r" | cut -d' ' -f1,2,4)"
+r=$(slots2 n1 3 1 0 10 60000 0 0)
+expect "n1 down to 1: granted 1 (the cap leaves 4 - 3 held by n2)" '1 1 1' \
+  "$(echo "$r" | cut -d' ' -f1,2,4)"
+r=$(slots2 n2 2 0 0 10 60000 0 0)
+expect "n2 holds none and asks none: 0" '0 0 0' "$(echo "$r" | cut -d' ' -f1,2,4)"
+r=$(slots2 n2 3 0 5 10 60000 0 0)
+expect "n2 asks 5: the cap of 4 leaves it 3" '3 0 3' "$(echo "$r" | cut -d' ' -f1,2,4)"
+expect "an older cap is not set: the one in force stays" '4 100' \
+  "$(cap 99 10 0 | cut -d' ' -f5,6)"
+expect "a later cap is" '8 101' "$(cap 101 8 0 | cut -d' ' -f5,6)"
+slots2 n3 1 0 0 10 1 0 100000 >/dev/null
+cap 102 8 5000 >/dev/null
+pttl=$(raw PTTL "$SC")
+expect_true "a cap never shortens the life a holder gave the hash ($pttl ms)" "pttl=$pttl" \
+  test "$pttl" -gt 50000
+cap 103 8 200000 >/dev/null
+pttl=$(raw PTTL "$SC")
+expect_true "and lengthens a shorter one ($pttl ms)" "pttl=$pttl" test "$pttl" -gt 100000
+expect "fc_slots_cap_v1 names a bad argument" \
+  '(error) ERR fc_slots_cap_v1: cap must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_slots_cap_v1 1 "$SC" 1 x 0)"
+expect "fc_slots_v2 names a bad argument" \
+  '(error) ERR fc_slots_v2: used must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_slots_v2 1 "$SC" a 7 x 0 4 1 1 0)"
 
 ###############################################################################
 echo "== fc_defs_v1, fc_writer_v1"

@@ -44,6 +44,8 @@
 --                     admits more than the line's stated bound
 --   fc_plan_v1        one adaptive pacing plan per slice for the whole fleet
 --   fc_slots_v1       Σ granted slots <= max; a stale call changes nothing
+--   fc_slots_v2       the same, and the holder's fair share (its target)
+--   fc_slots_cap_v1   caps a slots lease's Σ granted, and reads it
 --   fc_lease_read_v1  read-only, deterministic field order (replicas too)
 --   fc_defs_v1        a batch of definitions all or nothing, checked before
 --                     the first write, refused on a stale version or to a
@@ -1191,29 +1193,42 @@ end
 -- The grant is the max-min fair share of `max` over the live holders'
 -- demands, never more than what the others hold leaves, and never below
 -- `used` (a holder is not told to have fewer than it holds).
+--
+-- A cap set by fc_slots_cap_v1 (field ~c: a region's grant from the global
+-- tier, docs/regions.md) lowers `max` to it.
+--
+-- fc_slots_v2: the same call, and the same arguments; its reply adds
+-- `target`, the grant before it is raised to `used`: the max-min fair share
+-- the holder would have if it held nothing (a region lowers its nodes' cap
+-- to it, so a region that holds more than its share gives slots back as
+-- its nodes' holds end).
+--
+--   Reply: [granted, used, now_ms, target]
 -------------------------------------------------------------------------------
-local function fc_slots(keys, args)
-  local F = 'fc_slots_v1'
+local function fc_slots_call(F, keys, args)
   if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+    return nil, redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
   end
   if #args ~= 8 then
-    return redis.error_reply('ERR ' .. F ..
+    return nil, redis.error_reply('ERR ' .. F ..
       ': expects 8 arguments: holder seq used want max ttl_ms hold_ms key_expire_ms')
   end
   local holder = args[1]
   if holder == '' then
-    return redis.error_reply('ERR ' .. F .. ': holder must not be empty')
+    return nil, redis.error_reply('ERR ' .. F .. ': holder must not be empty')
   end
   local v, err = uint_args(args, 2,
     {'seq', 'used', 'want', 'max', 'ttl_ms', 'hold_ms', 'key_expire_ms'}, F)
-  if not v then return err end
+  if not v then return nil, err end
   local L = keys[1]
   local now = now_ms()
   local all, names = {}, {}
   local flat = redis.call('HGETALL', L)
   for i = 1, #flat, 2 do
     local f = flat[i]
+    if f == '~c' then
+      v.max = math.min(v.max, tonumber(flat[i + 1]) or 0)
+    end
     local p = string.sub(f, 1, 2)
     if p == 'u:' or p == 'h:' or p == 'q:' or p == 'd:' or p == 'r:' then
       local name = string.sub(f, 3)
@@ -1228,7 +1243,7 @@ local function fc_slots(keys, args)
   end
   local me = all[holder]
   if me and v.seq <= me.q then
-    return {me.h, me.u, now}
+    return {me.h, me.u, now, math.min(me.h, v.max)}
   end
   if not me then
     me = {u = 0, h = 0, q = -1, d = 0, r = 0}
@@ -1250,7 +1265,8 @@ local function fc_slots(keys, args)
   end
   local share = fair_share(demands, v.max, me.d)
   local free = math.max(0, v.max - others)
-  me.h = math.max(me.u, math.min(share, free))
+  local target = math.min(share, free)
+  me.h = math.max(me.u, target)
   redis.call('HSET', L,
     'u:' .. holder, istr(me.u),
     'h:' .. holder, istr(me.h),
@@ -1260,7 +1276,88 @@ local function fc_slots(keys, args)
   if v.key_expire_ms > 0 then
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
-  return {me.h, me.u, now}
+  return {me.h, me.u, now, target}
+end
+
+local function fc_slots(keys, args)
+  local r, err = fc_slots_call('fc_slots_v1', keys, args)
+  if not r then return err end
+  return {r[1], r[2], r[3]}
+end
+
+local function fc_slots_v2(keys, args)
+  local r, err = fc_slots_call('fc_slots_v2', keys, args)
+  if not r then return err end
+  return r
+end
+
+-------------------------------------------------------------------------------
+-- fc_slots_cap_v1: caps what a slots lease's holders may be granted in sum,
+-- and reads what they hold (a region's caller, docs/regions.md).
+--
+--   FCALL fc_slots_cap_v1 1 L seq cap key_expire_ms
+--
+--   seq            the caller's number for this cap, rising ("0": the
+--                  server's time in ms); a cap older than the one set is
+--                  not set (a late write cannot raise a cap lowered since)
+--   cap            from now on fc_slots grants Σ granted <= max(Σ now, cap)
+--   key_expire_ms  PEXPIRE of the whole hash if it would live less; "0"
+--                  leaves it as it is
+--
+-- Reply: [held, demand, hold_ms, now_ms, cap, seq]: over the live holders
+-- (r: not past), Σ h (what they may hold), Σ max(d, h) (what they asked),
+-- the latest r: from now; the cap in force and its seq.
+-------------------------------------------------------------------------------
+local function fc_slots_cap(keys, args)
+  local F = 'fc_slots_cap_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 3 then
+    return redis.error_reply('ERR ' .. F .. ': expects 3 arguments: seq cap key_expire_ms')
+  end
+  local v, err = uint_args(args, 1, {'seq', 'cap', 'key_expire_ms'}, F)
+  if not v then return err end
+  local L = keys[1]
+  local now = now_ms()
+  local seq = v.seq
+  if seq == 0 then seq = now end
+  local cur = tonumber(redis.call('HGET', L, '~s')) or -1
+  if seq >= cur then
+    redis.call('HSET', L, '~c', istr(v.cap), '~s', istr(seq))
+    cur = seq
+    -- Never shortens the life the holders' calls gave the hash (a rolling
+    -- window's: its length and an hour).
+    local ttl = redis.call('PTTL', L)
+    if v.key_expire_ms > 0 and ttl < v.key_expire_ms then
+      redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+    end
+  end
+  local cap = tonumber(redis.call('HGET', L, '~c')) or 0
+  local by = {}
+  local flat = redis.call('HGETALL', L)
+  for i = 1, #flat, 2 do
+    local f = flat[i]
+    local p = string.sub(f, 1, 2)
+    if p == 'h:' or p == 'd:' or p == 'r:' then
+      local name = string.sub(f, 3)
+      local n = by[name]
+      if not n then
+        n = {h = 0, d = 0, r = 0}
+        by[name] = n
+      end
+      n[string.sub(f, 1, 1)] = tonumber(flat[i + 1]) or 0
+    end
+  end
+  local held, demand, hold = 0, 0, 0
+  for _, n in pairs(by) do
+    if n.r >= now then
+      held = held + n.h
+      demand = demand + math.max(n.d, n.h)
+      hold = math.max(hold, n.r - now)
+    end
+  end
+  return {held, demand, hold, now, cap, cur}
 end
 
 -------------------------------------------------------------------------------
@@ -1403,6 +1500,8 @@ redis.register_function{function_name = 'fc_lease_v2', callback = fc_lease_v2, f
 redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
 redis.register_function{function_name = 'fc_plan_v1', callback = fc_plan, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
+redis.register_function{function_name = 'fc_slots_v2', callback = fc_slots_v2, flags = {}}
+redis.register_function{function_name = 'fc_slots_cap_v1', callback = fc_slots_cap, flags = {}}
 redis.register_function{function_name = 'fc_lease_read_v1', callback = fc_lease_read,
                         flags = {'no-writes'}}
 redis.register_function{function_name = 'fc_defs_v1', callback = fc_defs, flags = {}}

@@ -1,4 +1,5 @@
-//! Lease calls (`fc_lease_v2`, `fc_line_v1`, `fc_plan_v1`, `fc_slots_v1`),
+//! Lease calls (`fc_lease_v2`, `fc_line_v1`, `fc_plan_v1`, `fc_slots_v2`,
+//! `fc_slots_cap_v1`),
 //! the fleet's spend of a lease, and the nodes' mailboxes.
 
 use std::sync::atomic::Ordering;
@@ -8,8 +9,8 @@ use redis::Value;
 use super::conn::{RedisStore, bytes, int, redis_key, unexpected};
 use super::mailbox_key;
 use crate::store::{
-    LeaseCalls, LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsRequest,
-    StoreError,
+    LeaseCalls, LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsCap,
+    SlotsGrant, SlotsHeld, SlotsRequest, StoreError,
 };
 
 impl LeaseCalls for RedisStore {
@@ -148,13 +149,13 @@ impl LeaseCalls for RedisStore {
         }
     }
 
-    /// `fc_slots_v1`: this node's share of a `max_in_flight`, set (not
+    /// `fc_slots_v2`: this node's share of a `max_in_flight`, set (not
     /// raised) from what it holds and wants, Σ granted ≤ max; a call older
     /// than one applied changes nothing (`seq`), so a late retry cannot
     /// give slots back twice.
-    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<SlotsGrant, StoreError> {
         let mut c = redis::cmd("FCALL");
-        c.arg("fc_slots_v1")
+        c.arg("fc_slots_v2")
             .arg(1)
             .arg(redis_key(req.key))
             .arg(req.holder)
@@ -173,10 +174,50 @@ impl LeaseCalls for RedisStore {
             ));
         }
         match &v {
-            Value::Array(a) if a.len() == 3 => {
-                int(&a[0]).ok_or_else(|| unexpected("fc_slots_v1", &v))
+            Value::Array(a) if a.len() == 4 => match (int(&a[0]), int(&a[3])) {
+                (Some(granted), Some(target)) => Ok(SlotsGrant { granted, target }),
+                _ => Err(unexpected("fc_slots_v2", &v)),
+            },
+            _ => Err(unexpected("fc_slots_v2", &v)),
+        }
+    }
+
+    /// `fc_slots_cap_v1`: the cap set (unless a later one is) and what the
+    /// live holders hold, in one call on the lease's primary.
+    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError> {
+        const WHAT: &str = "fc_slots_cap_v1";
+        let mut c = redis::cmd("FCALL");
+        c.arg(WHAT)
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.seq)
+            .arg(req.cap)
+            .arg(req.key_expire_ms);
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        // A cap lowered must survive a failover: else the region's nodes
+        // could be granted up to the old cap while the tier was told less.
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "the slots cap was not confirmed by a replica in time".into(),
+            ));
+        }
+        match &v {
+            Value::Array(a) if a.len() == 6 => {
+                let n: Option<Vec<u64>> = a.iter().map(int).collect();
+                match n.as_deref() {
+                    Some(&[held, demand, hold_ms, now_ms, cap, seq]) => Ok(SlotsHeld {
+                        held,
+                        demand,
+                        hold_ms,
+                        now_ms,
+                        cap,
+                        seq,
+                    }),
+                    _ => Err(unexpected(WHAT, &v)),
+                }
             }
-            _ => Err(unexpected("fc_slots_v1", &v)),
+            _ => Err(unexpected(WHAT, &v)),
         }
     }
 

@@ -306,3 +306,46 @@ pub struct SlotsRequest<'a> {
     pub hold_ms: u64,
     pub key_expire_ms: u64,
 }
+
+/// A slots call's answer (`fc_slots_v2`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotsGrant {
+    /// The slots the holder may hold.
+    pub granted: u64,
+    /// Its max-min fair share now, before it is raised to what it holds:
+    /// what it would be granted holding nothing (a region lowers its
+    /// nodes' cap to it: docs/regions.md).
+    pub target: u64,
+}
+
+/// A cap on what a slots lease's holders may be granted in sum
+/// (`fc_slots_cap_v1`): a region's grant from the global tier, set by its
+/// caller in the region's store.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotsCap<'a> {
+    pub key: &'a [u8],
+    /// Rising (0: the store's time in ms): an older cap is not set.
+    pub seq: u64,
+    pub cap: u64,
+    pub key_expire_ms: u64,
+}
+
+/// What the live holders of a slots lease hold in sum, and the cap in
+/// force (a region's, read by its caller for the global tier:
+/// docs/regions.md, "Slots across regions").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotsHeld {
+    /// Σ granted: slots the holders may hold.
+    pub held: u64,
+    /// Σ of each holder's demand at its last call (what it held and
+    /// wanted), at least its grant.
+    pub demand: u64,
+    /// The latest a live holder is kept (its grant's life or its longest
+    /// hold), from now.
+    pub hold_ms: u64,
+    /// The store's clock when read, ms.
+    pub now_ms: u64,
+    /// The cap in force, and its seq.
+    pub cap: u64,
+    pub seq: u64,
+}

@@ -14,7 +14,8 @@ use std::sync::atomic::AtomicU64;
 
 use super::StoreError;
 use super::lease_args::{
-    LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsRequest,
+    LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsCap, SlotsGrant, SlotsHeld,
+    SlotsRequest,
 };
 use crate::clock::Nanos;
 
@@ -277,8 +278,14 @@ pub trait LeaseCalls: Send + Sync {
     fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError>;
 
     /// A slots call: reports the slots the holder holds and returns how many
-    /// it may hold.
-    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError>;
+    /// it may hold, and its fair share.
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<SlotsGrant, StoreError>;
+
+    /// Caps what the holders of slots lease `req.key` may be granted in sum
+    /// from now on, and reads what they hold: a region's use, which its
+    /// caller reports to the global tier (docs/regions.md), never on a
+    /// decision's path.
+    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError>;
 
     /// The units every holder of lease `key` has reported spent (0 for a
     /// lease no one holds): the fleet's spend on a campaign item in a period,

@@ -222,6 +222,8 @@ pub struct SharedMemory {
     heat: Mutex<Heat>,
     leases: Mutex<HashMap<Vec<u8>, Holders>>,
     slots: Mutex<HashMap<Vec<u8>, HashMap<String, SlotHolder>>>,
+    /// Slots leases' caps and their seqs (`~c`, `~s` of `fc_slots_cap_v1`).
+    slot_caps: Mutex<HashMap<Vec<u8>, (u64, u64)>>,
     claims: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     /// Notices by node nonce ([`LeaseCalls::notify`]).
     notices: Mutex<HashMap<u32, std::collections::VecDeque<Vec<u8>>>>,
@@ -965,15 +967,28 @@ impl LeaseCalls for SharedMemory {
         Ok((req.anchor_ms, base))
     }
 
-    /// The arithmetic of `fc_slots_v1`, for tests without a Redis.
-    fn slots(&self, req: &SlotsRequest<'_>) -> Result<u64, StoreError> {
+    /// The arithmetic of `fc_slots_v2`, for tests without a Redis.
+    fn slots(&self, req: &SlotsRequest<'_>) -> Result<SlotsGrant, StoreError> {
         let now = self.now_us() / 1000;
         let mut all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        // A region's cap (`fc_slots_cap_v1`'s `~c`) lowers the max.
+        let max = match self
+            .slot_caps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(req.key)
+        {
+            Some(&(cap, _)) => req.max.min(cap),
+            None => req.max,
+        };
         let holders = all.entry(req.key.to_vec()).or_default();
         if let Some(me) = holders.get(req.holder)
             && req.seq <= me.seq
         {
-            return Ok(me.granted);
+            return Ok(SlotsGrant {
+                granted: me.granted,
+                target: me.granted.min(max),
+            });
         }
         holders.retain(|name, h| name == req.holder || h.until >= now);
         let others: u64 = holders
@@ -989,7 +1004,7 @@ impl LeaseCalls for SharedMemory {
             .chain([demand])
             .collect();
         demands.sort_unstable();
-        let (mut left, mut share) = (req.max, demand);
+        let (mut left, mut share) = (max, demand);
         for (i, d) in demands.iter().enumerate() {
             let level = left.div_ceil((demands.len() - i) as u64);
             if *d >= level {
@@ -998,7 +1013,8 @@ impl LeaseCalls for SharedMemory {
             }
             left -= d;
         }
-        let granted = req.used.max(share.min(req.max.saturating_sub(others)));
+        let target = share.min(max.saturating_sub(others));
+        let granted = req.used.max(target);
         holders.insert(
             req.holder.to_owned(),
             SlotHolder {
@@ -1008,7 +1024,38 @@ impl LeaseCalls for SharedMemory {
                 until: now + req.ttl_ms.max(req.hold_ms),
             },
         );
-        Ok(granted)
+        Ok(SlotsGrant { granted, target })
+    }
+
+    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError> {
+        let now = self.now_us() / 1000;
+        let all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut caps = self
+            .slot_caps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let seq = if req.seq == 0 { now } else { req.seq };
+        let (cap, cap_seq) = match caps.get(req.key) {
+            Some(&(c, s)) if s > seq => (c, s),
+            _ => {
+                caps.insert(req.key.to_vec(), (req.cap, seq));
+                (req.cap, seq)
+            }
+        };
+        let mut held = SlotsHeld {
+            now_ms: now,
+            cap,
+            seq: cap_seq,
+            ..SlotsHeld::default()
+        };
+        for h in all.get(req.key).into_iter().flat_map(|m| m.values()) {
+            if h.until >= now {
+                held.held += h.granted;
+                held.demand += h.demand.max(h.granted);
+                held.hold_ms = held.hold_ms.max(h.until - now);
+            }
+        }
+        Ok(held)
     }
 
     fn lease_spent(&self, key: &[u8]) -> Result<u64, StoreError> {

@@ -114,18 +114,36 @@ impl<C: Clock> Engine<C> {
         self.stats.lease_calls.fetch_add(1, Ordering::Relaxed);
         if v.slots {
             let hold_ms = v.until.saturating_sub(now).div_ceil(1_000_000) + 1_000;
-            let granted = shared.slots(&SlotsRequest {
-                key: &lease_key(key),
-                holder: &self.lease_holder(),
-                seq: self.leases.seq.fetch_add(1, Ordering::AcqRel) + 1,
-                used: v.pending,
-                want,
-                max: v.total,
-                ttl_ms,
-                hold_ms,
-                key_expire_ms: hold_ms.max(ttl_ms) + 3_600_000,
-            })?;
+            // In a region, at most the slots the global tier granted the
+            // region (docs/regions.md, "Slots across regions").
+            let max = self
+                .region_total(key, v, now)
+                .map_or(v.total, |t| t.min(v.total));
+            let granted = shared
+                .slots(&SlotsRequest {
+                    key: &lease_key(key),
+                    holder: &self.lease_holder(),
+                    seq: self.leases.seq.fetch_add(1, Ordering::AcqRel) + 1,
+                    used: v.pending,
+                    want,
+                    max,
+                    ttl_ms,
+                    hold_ms,
+                    key_expire_ms: hold_ms.max(ttl_ms) + 3_600_000,
+                })?
+                .granted;
             self.record_grant(key, v, want, granted, ttl_ms, now);
+            // A slot freed by a debit that aged out is taken again within
+            // the node's grant: in a region, only while the region's own
+            // grant is usable. Past it, the tier frees the region's slots
+            // once the holds it knew of end, and one taken since would be
+            // held twice (docs/regions.md, "Slots across regions").
+            if let Some(until) = self.region_slots_until(key) {
+                let mut grants = self.leases.lock();
+                if let Some(g) = grants.get_mut(&key) {
+                    g.usable_until = g.usable_until.min(until);
+                }
+            }
             return Ok(LeaseGrant {
                 granted,
                 spent_total: 0,

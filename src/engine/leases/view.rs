@@ -137,6 +137,20 @@ pub(crate) fn view(item: &Item, st: &ItemState, pending: u64, now: Nanos) -> Opt
     }
 }
 
+/// Whether a leasable campaign item is held as slots (`fc_slots_v1`): a
+/// rolling window (each debit a slot held for the window's length) or
+/// `max_in_flight`, as [`view`] makes them.
+pub(crate) fn held_as_slots(item: &Item) -> bool {
+    match item {
+        Item::Window(w) => matches!(
+            w.layout,
+            Layout::Rolling { .. } | Layout::Approximate { .. }
+        ),
+        Item::Concurrency(_) => true,
+        _ => false,
+    }
+}
+
 /// The total an adaptive budget may be granted now under the fleet's plan:
 /// its line a grant's life ahead, as [`view`] does for the other pacings.
 pub(super) fn plan_total(b: &Budget, v: &LeaseView, anchor: Nanos, base: u64, now: Nanos) -> u64 {
