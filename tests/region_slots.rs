@@ -157,8 +157,8 @@ fn max_in_flight_holds_across_regions_and_comes_back() {
     };
     let mut held: Vec<(usize, String)> = Vec::new();
     for round in 0..20 {
-        for i in 0..3 {
-            if let Some(id) = hold(&nodes[i].0, &format!("r{round}n{i}")) {
+        for (i, (n, _)) in nodes.iter().enumerate() {
+            if let Some(id) = hold(n, &format!("r{round}n{i}")) {
                 held.push((i, id));
             }
         }
