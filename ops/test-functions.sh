@@ -96,8 +96,8 @@ expect "FUNCTION LOAD REPLACE returns the library name" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
 expect "loading twice with REPLACE is fine" '"freqcap_v1"' \
   "$(rc -x FUNCTION LOAD REPLACE < "$LIB")"
-expect "FUNCTION LIST shows the eighteen functions" \
-  $'fc_cas_v1\nfc_cas_v2\nfc_cas_v3\nfc_defs_v1\nfc_heat_v1\nfc_hot_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_cap_v1\nfc_slots_v1\nfc_slots_v2\nfc_writer_v1' \
+expect "FUNCTION LIST shows the nineteen functions" \
+  $'fc_cas_v1\nfc_cas_v2\nfc_cas_v3\nfc_defs_v1\nfc_heat_v1\nfc_hot_v1\nfc_lease_read_v1\nfc_lease_v1\nfc_lease_v2\nfc_line_cap_v1\nfc_line_v1\nfc_member_v1\nfc_own_v1\nfc_peek_v1\nfc_plan_v1\nfc_slots_cap_v1\nfc_slots_v1\nfc_slots_v2\nfc_writer_v1' \
   "$(raw FUNCTION LIST LIBRARYNAME freqcap_v1 | grep '^fc_' | sort)"
 
 ###############################################################################
@@ -426,6 +426,30 @@ expect "fc_slots_cap_v1 names a bad argument" \
 expect "fc_slots_v2 names a bad argument" \
   '(error) ERR fc_slots_v2: used must be a non-negative integer <= 2^53-1' \
   "$(rc FCALL fc_slots_v2 1 "$SC" a 7 x 0 4 1 1 0)"
+
+###############################################################################
+echo "== fc_line_cap_v1"
+LC='fc:{l:line-cap-test}'
+# A line of burst 10, 1 unit a ms, no lookahead.
+line() { rc FCALL fc_line_v1 1 "$LC" "$@" | ints; }
+lcap() { rc FCALL fc_line_cap_v1 1 "$LC" "$@" | ints; }
+expect "n1 asks 5 of a full line: granted 5" '5' "$(line n1 0 5 10 1 1000 0 60000 1000 0 | cut -d' ' -f1)"
+r=$(lcap 0 6 0)
+expect "cap 6 set: 5 granted, n1's want of 5, the cap 6" '5 5 6' "$(echo "$r" | cut -d' ' -f1,2,4)"
+r=$(line n2 0 5 10 1 1000 0 60000 1000 0)
+expect "n2 asks 5: the cap leaves it 1" '1' "$(echo "$r" | cut -d' ' -f1)"
+retry=$(echo "$r" | cut -d' ' -f4)
+expect_true "held back by the cap: retry in 100 ms at the soonest ($retry)" "retry=$retry" \
+  test "$retry" -ge 100
+expect "cap 0 freezes the line: n2 gets nothing more" '1' \
+  "$(lcap 0 0 0 >/dev/null; line n2 0 5 10 1 1000 0 60000 1000 0 | cut -d' ' -f1)"
+expect "n1 spends 2 and gives 3 back: granted 2, the sum now 3" '2 3' \
+  "$(line n1 2 0 10 1 1000 0 60000 1000 0 | cut -d' ' -f1) $(lcap 0 0 0 | cut -d' ' -f1)"
+seq=$(lcap 0 9 0 | cut -d' ' -f5)
+expect "an older cap is not set" "9 $seq" "$(lcap 1 50 0 | cut -d' ' -f4,5)"
+expect "fc_line_cap_v1 names a bad argument" \
+  '(error) ERR fc_line_cap_v1: seq must be a non-negative integer <= 2^53-1' \
+  "$(rc FCALL fc_line_cap_v1 1 "$LC" x 1 0)"
 
 ###############################################################################
 echo "== fc_defs_v1, fc_writer_v1"

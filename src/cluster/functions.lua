@@ -45,6 +45,7 @@
 --   fc_plan_v1        one adaptive pacing plan per slice for the whole fleet
 --   fc_slots_v1       Σ granted slots <= max; a stale call changes nothing
 --   fc_slots_v2       the same, and the holder's fair share (its target)
+--   fc_line_cap_v1    caps a token line's Σ granted, and reads it
 --   fc_slots_cap_v1   caps a slots lease's Σ granted, and reads it
 --   fc_lease_read_v1  read-only, deterministic field order (replicas too)
 --   fc_defs_v1        a batch of definitions all or nothing, checked before
@@ -646,7 +647,7 @@ end
 -- fc_line_v1: a token line (a campaign-scope rate or gap) leased in units.
 --
 --   FCALL fc_line_v1 1 L node spent want burst rate per_us look_us ttl_ms
---                        grace_ms key_expire_ms [reports_later]
+--                        grace_ms key_expire_ms [reports_later [capped]]
 --
 --   node, spent, want, ttl_ms, grace_ms, key_expire_ms   as fc_lease_v1
 --                  (spent: the caller's cumulative units on this line)
@@ -657,6 +658,9 @@ end
 --   reports_later  as in fc_lease_v2: once reclaimed, up to its bound of
 --                  the holder's headroom stays taken from the line
 --                  (default 0)
+--   capped         "1": a region's line (docs/regions.md), which grants
+--                  nothing beyond what the caller held until its region's
+--                  caller sets a cap (fc_line_cap_v1)
 --
 -- The line is a token bucket over grants, at Redis time (µs):
 --   allowance(t) = burst + floor((t - t0) * rate / per_us)
@@ -680,10 +684,21 @@ end
 -- burst + rate * (d + look_us) / per_us; a holder spends a grant only within
 -- its usable life U after asking, so the fleet admits in any interval of
 -- length d at most burst + rate * (d + look_us + U) / per_us.
+--
+-- A cap set by fc_line_cap_v1 (field ~c: a region's grant from the global
+-- tier, docs/regions.md) keeps Σ granted within it; a caller it holds back
+-- is told to retry in 100 ms at the soonest.
 -------------------------------------------------------------------------------
 local function fc_line(keys, args)
   local F = 'fc_line_v1'
-  local later = 0
+  local later, capped_line = 0, false
+  if #args == 12 then
+    if args[12] ~= '1' then
+      return redis.error_reply('ERR ' .. F .. ': capped must be 1')
+    end
+    capped_line = true
+    args = {unpack(args, 1, 11)}
+  end
   if #args == 11 then
     local err
     later, err = uint_arg(args[11], F, 'reports_later')
@@ -712,6 +727,8 @@ local function fc_line(keys, args)
     names[#names + 1] = node
   end
   me.s = math.max(me.s, v.spent)
+  -- What the caller held: a cap lets it keep that much.
+  local held = math.max(me.g, me.s) - me.s
   -- The caller's headroom goes back to the line; it is granted afresh below.
   me.g = me.s
 
@@ -747,6 +764,13 @@ local function fc_line(keys, args)
   end
 
   local avail = math.max(0, allowance(now_u + v.look_us) - granted)
+  -- A region's cap (fc_line_cap_v1): Σ granted <= max(Σ now, ~c), the
+  -- caller's headroom counted as it was before it went back.
+  local cap = tonumber(redis.call('HGET', L, '~c'))
+  if cap == nil and capped_line then cap = 0 end
+  if cap ~= nil then cap = math.max(cap, granted + held) end
+  local capped = cap ~= nil and cap - granted < avail
+  if capped then avail = math.max(0, cap - granted) end
   local share = fair_share(live, avail, v.want)
   local new = math.min(share, avail)
   me.g = me.s + new
@@ -757,6 +781,8 @@ local function fc_line(keys, args)
   local at = t0 + math.ceil(need * v.per_us / v.rate) - v.look_us
   local retry_ms = 0
   if need > 0 and at > now_u then retry_ms = math.ceil((at - now_u) / 1000) end
+  -- Held by the cap: the region's caller raises it once a second.
+  if capped and new < v.want then retry_ms = math.max(retry_ms, 100) end
 
   redis.call('HSET', L,
     's:' .. node, istr(me.s),
@@ -771,6 +797,58 @@ local function fc_line(keys, args)
     redis.call('PEXPIRE', L, istr(v.key_expire_ms))
   end
   return {me.g, me.s, spent, retry_ms, now}
+end
+
+-------------------------------------------------------------------------------
+-- fc_line_cap_v1: caps what a token line grants in sum, and reads what it
+-- granted (a region's caller, docs/regions.md).
+--
+--   FCALL fc_line_cap_v1 1 L seq cap key_expire_ms
+--
+--   seq            the caller's number for this cap, rising ("0": the
+--                  server's time in ms); a cap older than the one set is
+--                  not set
+--   cap            from now on fc_line grants Σ granted <= max(Σ now, cap)
+--                  (Σ over holders of the more of granted and spent, and
+--                  the folded holders' spent: absolute, as the line counts)
+--   key_expire_ms  PEXPIRE of the whole hash if it would live less; "0"
+--                  leaves it as it is
+--
+-- Reply: [granted, wants, now_ms, cap, seq]: Σ granted as above, Σ of the
+-- live holders' wants at their last call; the cap in force and its seq.
+-------------------------------------------------------------------------------
+local function fc_line_cap(keys, args)
+  local F = 'fc_line_cap_v1'
+  if #keys ~= 1 then
+    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 3 then
+    return redis.error_reply('ERR ' .. F .. ': expects 3 arguments: seq cap key_expire_ms')
+  end
+  local v, err = uint_args(args, 1, {'seq', 'cap', 'key_expire_ms'}, F)
+  if not v then return err end
+  local L = keys[1]
+  local now = now_ms()
+  local seq = v.seq
+  if seq == 0 then seq = now end
+  local cur = tonumber(redis.call('HGET', L, '~s')) or -1
+  if seq >= cur then
+    redis.call('HSET', L, '~c', istr(v.cap), '~s', istr(seq))
+    cur = seq
+    local ttl = redis.call('PTTL', L)
+    if v.key_expire_ms > 0 and ttl < v.key_expire_ms then
+      redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+    end
+  end
+  local cap = tonumber(redis.call('HGET', L, '~c')) or 0
+  local nodes, names, folded = load_lease(L)
+  local granted, wants = folded, 0
+  for _, name in ipairs(names) do
+    local n = nodes[name]
+    granted = granted + math.max(n.g, n.s)
+    if reclaim_at(n) >= now then wants = wants + n.w end
+  end
+  return {granted, wants, now, cap, cur}
 end
 
 -------------------------------------------------------------------------------
@@ -1498,6 +1576,7 @@ redis.register_function{function_name = 'fc_peek_v1', callback = fc_peek,
 redis.register_function{function_name = 'fc_lease_v1', callback = fc_lease, flags = {}}
 redis.register_function{function_name = 'fc_lease_v2', callback = fc_lease_v2, flags = {}}
 redis.register_function{function_name = 'fc_line_v1', callback = fc_line, flags = {}}
+redis.register_function{function_name = 'fc_line_cap_v1', callback = fc_line_cap, flags = {}}
 redis.register_function{function_name = 'fc_plan_v1', callback = fc_plan, flags = {}}
 redis.register_function{function_name = 'fc_slots_v1', callback = fc_slots, flags = {}}
 redis.register_function{function_name = 'fc_slots_v2', callback = fc_slots_v2, flags = {}}

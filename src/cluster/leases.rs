@@ -9,7 +9,7 @@ use redis::Value;
 use super::conn::{RedisStore, bytes, int, redis_key, unexpected};
 use super::mailbox_key;
 use crate::store::{
-    LeaseCalls, LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsCap,
+    LeaseCalls, LeaseCap, LeaseGrant, LeaseRequest, LineGrant, LineHeld, LineRequest, PlanRequest,
     SlotsGrant, SlotsHeld, SlotsRequest, StoreError,
 };
 
@@ -97,6 +97,9 @@ impl LeaseCalls for RedisStore {
             .arg(req.grace_ms)
             .arg(req.key_expire_ms)
             .arg(crate::store::reports_later_arg(req.reports_later));
+        if req.capped {
+            c.arg(1);
+        }
         // As lease calls: confirmed by a replica, so a failover does not
         // hand out a unit twice.
         let (v, replicas) = self.fcall(&c, self.waits())?;
@@ -107,15 +110,41 @@ impl LeaseCalls for RedisStore {
             ));
         }
         match &v {
-            Value::Array(a) if a.len() == 5 => match (int(&a[0]), int(&a[2]), int(&a[3])) {
-                (Some(granted), Some(spent_total), Some(retry_ms)) => Ok(LineGrant {
-                    granted,
-                    spent_total,
-                    retry_ms,
-                }),
-                _ => Err(unexpected("fc_line_v1", &v)),
-            },
+            Value::Array(a) if a.len() == 5 => {
+                match (int(&a[0]), int(&a[1]), int(&a[2]), int(&a[3])) {
+                    (Some(granted), Some(spent), Some(spent_total), Some(retry_ms)) => {
+                        Ok(LineGrant {
+                            granted,
+                            spent,
+                            spent_total,
+                            retry_ms,
+                        })
+                    }
+                    _ => Err(unexpected("fc_line_v1", &v)),
+                }
+            }
             _ => Err(unexpected("fc_line_v1", &v)),
+        }
+    }
+
+    /// `fc_line_cap_v1`: the cap set (unless a later one is) and what the
+    /// line granted, in one call on its primary.
+    fn line_cap(&self, req: &LeaseCap<'_>) -> Result<LineHeld, StoreError> {
+        const WHAT: &str = "fc_line_cap_v1";
+        let v = self.cap_call(WHAT, req)?;
+        let n: Option<Vec<u64>> = match &v {
+            Value::Array(a) => a.iter().map(int).collect(),
+            _ => None,
+        };
+        match n.as_deref() {
+            Some(&[granted, wants, now_ms, cap, seq]) => Ok(LineHeld {
+                granted,
+                wants,
+                now_ms,
+                cap,
+                seq,
+            }),
+            _ => Err(unexpected(WHAT, &v)),
         }
     }
 
@@ -184,39 +213,22 @@ impl LeaseCalls for RedisStore {
 
     /// `fc_slots_cap_v1`: the cap set (unless a later one is) and what the
     /// live holders hold, in one call on the lease's primary.
-    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError> {
+    fn slots_cap(&self, req: &LeaseCap<'_>) -> Result<SlotsHeld, StoreError> {
         const WHAT: &str = "fc_slots_cap_v1";
-        let mut c = redis::cmd("FCALL");
-        c.arg(WHAT)
-            .arg(1)
-            .arg(redis_key(req.key))
-            .arg(req.seq)
-            .arg(req.cap)
-            .arg(req.key_expire_ms);
-        let (v, replicas) = self.fcall(&c, self.waits())?;
-        // A cap lowered must survive a failover: else the region's nodes
-        // could be granted up to the old cap while the tier was told less.
-        if replicas < 1 {
-            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Unavailable(
-                "the slots cap was not confirmed by a replica in time".into(),
-            ));
-        }
-        match &v {
-            Value::Array(a) if a.len() == 6 => {
-                let n: Option<Vec<u64>> = a.iter().map(int).collect();
-                match n.as_deref() {
-                    Some(&[held, demand, hold_ms, now_ms, cap, seq]) => Ok(SlotsHeld {
-                        held,
-                        demand,
-                        hold_ms,
-                        now_ms,
-                        cap,
-                        seq,
-                    }),
-                    _ => Err(unexpected(WHAT, &v)),
-                }
-            }
+        let v = self.cap_call(WHAT, req)?;
+        let n: Option<Vec<u64>> = match &v {
+            Value::Array(a) => a.iter().map(int).collect(),
+            _ => None,
+        };
+        match n.as_deref() {
+            Some(&[held, demand, hold_ms, now_ms, cap, seq]) => Ok(SlotsHeld {
+                held,
+                demand,
+                hold_ms,
+                now_ms,
+                cap,
+                seq,
+            }),
             _ => Err(unexpected(WHAT, &v)),
         }
     }
@@ -274,5 +286,29 @@ impl LeaseCalls for RedisStore {
             Value::Array(items) => Ok(items.iter().filter_map(bytes).collect()),
             other => Err(unexpected("LPOP notices", &other)),
         }
+    }
+}
+
+impl RedisStore {
+    /// A cap function's call (`fc_slots_cap_v1`, `fc_line_cap_v1`: the
+    /// same arguments), confirmed by a replica: a cap lowered must survive
+    /// a failover, else the region's nodes could be granted up to the old
+    /// cap while the tier was told less.
+    fn cap_call(&self, what: &str, req: &LeaseCap<'_>) -> Result<Value, StoreError> {
+        let mut c = redis::cmd("FCALL");
+        c.arg(what)
+            .arg(1)
+            .arg(redis_key(req.key))
+            .arg(req.seq)
+            .arg(req.cap)
+            .arg(req.key_expire_ms);
+        let (v, replicas) = self.fcall(&c, self.waits())?;
+        if replicas < 1 {
+            self.stats.unreplicated.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(format!(
+                "{what} was not confirmed by a replica in time"
+            )));
+        }
+        Ok(v)
     }
 }

@@ -258,6 +258,9 @@ pub struct LineRequest<'a> {
     pub key_expire_ms: u64,
     /// As [`LeaseRequest::reports_later`].
     pub reports_later: Option<u64>,
+    /// The line is a region's, capped by its caller (`fc_line_cap_v1`):
+    /// until a cap is set, it grants nothing (docs/regions.md).
+    pub capped: bool,
 }
 
 /// A token line's answer.
@@ -265,6 +268,8 @@ pub struct LineRequest<'a> {
 pub struct LineGrant {
     /// The holder's cumulative grant on the line.
     pub granted: u64,
+    /// The holder's spent, as the line counts it (the most it reported).
+    pub spent: u64,
     /// Spent by every holder (reported).
     pub spent_total: u64,
     /// How long until the line has one more unit to grant (0: now).
@@ -319,10 +324,10 @@ pub struct SlotsGrant {
 }
 
 /// A cap on what a slots lease's holders may be granted in sum
-/// (`fc_slots_cap_v1`): a region's grant from the global tier, set by its
-/// caller in the region's store.
+/// (`fc_slots_cap_v1`), or a token line's (`fc_line_cap_v1`): a region's
+/// grant from the global tier, set by its caller in the region's store.
 #[derive(Debug, Clone, Copy)]
-pub struct SlotsCap<'a> {
+pub struct LeaseCap<'a> {
     pub key: &'a [u8],
     /// Rising (0: the store's time in ms): an older cap is not set.
     pub seq: u64,
@@ -343,6 +348,22 @@ pub struct SlotsHeld {
     /// The latest a live holder is kept (its grant's life or its longest
     /// hold), from now.
     pub hold_ms: u64,
+    /// The store's clock when read, ms.
+    pub now_ms: u64,
+    /// The cap in force, and its seq.
+    pub cap: u64,
+    pub seq: u64,
+}
+
+/// What a token line granted in sum, and the cap in force (a region's,
+/// read by its caller for the global tier: docs/regions.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineHeld {
+    /// Σ over holders of the more of granted and spent, and the folded
+    /// holders' spent: absolute, as the line counts.
+    pub granted: u64,
+    /// Σ of the live holders' wants at their last call.
+    pub wants: u64,
     /// The store's clock when read, ms.
     pub now_ms: u64,
     /// The cap in force, and its seq.

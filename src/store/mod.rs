@@ -19,8 +19,8 @@ mod shared_memory;
 use std::path::PathBuf;
 
 pub use lease_args::{
-    LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, Segments, SlotsCap, SlotsGrant,
-    SlotsHeld, SlotsRequest, TotalRule, reports_later_arg,
+    LeaseCap, LeaseGrant, LeaseRequest, LineGrant, LineHeld, LineRequest, PlanRequest, Segments,
+    SlotsGrant, SlotsHeld, SlotsRequest, TotalRule, reports_later_arg,
 };
 pub use memory::MemoryStore;
 pub use rocks::{RocksOptions, RocksStore};

@@ -14,8 +14,8 @@ use std::sync::atomic::AtomicU64;
 
 use super::StoreError;
 use super::lease_args::{
-    LeaseGrant, LeaseRequest, LineGrant, LineRequest, PlanRequest, SlotsCap, SlotsGrant, SlotsHeld,
-    SlotsRequest,
+    LeaseCap, LeaseGrant, LeaseRequest, LineGrant, LineHeld, LineRequest, PlanRequest, SlotsGrant,
+    SlotsHeld, SlotsRequest,
 };
 use crate::clock::Nanos;
 
@@ -273,6 +273,11 @@ pub trait LeaseCalls: Send + Sync {
     /// its grant.
     fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError>;
 
+    /// Caps what token line `req.key` may grant in sum from now on, and
+    /// reads what it granted: a region's use of a campaign's rate, which
+    /// its caller reports to the global tier (docs/regions.md).
+    fn line_cap(&self, req: &LeaseCap<'_>) -> Result<LineHeld, StoreError>;
+
     /// A plan call: the (anchor ms, base) of the adaptive plan every node of
     /// the fleet paces by in the slice.
     fn plan(&self, req: &PlanRequest<'_>) -> Result<(u64, u64), StoreError>;
@@ -285,7 +290,7 @@ pub trait LeaseCalls: Send + Sync {
     /// from now on, and reads what they hold: a region's use, which its
     /// caller reports to the global tier (docs/regions.md), never on a
     /// decision's path.
-    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError>;
+    fn slots_cap(&self, req: &LeaseCap<'_>) -> Result<SlotsHeld, StoreError>;
 
     /// The units every holder of lease `key` has reported spent (0 for a
     /// lease no one holds): the fleet's spend on a campaign item in a period,

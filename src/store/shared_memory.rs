@@ -107,6 +107,8 @@ struct LineState {
     /// The line's origin, µs of the store's clock (`None`: a new line).
     t0: Option<f64>,
     holders: Holders,
+    /// A region's cap and its seq (`~c`, `~s` of `fc_line_cap_v1`).
+    cap: Option<(u64, u64)>,
 }
 
 /// One record, as the Redis hash of src/cluster/functions.lua holds it.
@@ -247,6 +249,9 @@ pub struct SharedMemory {
     /// While set, every record read fails, as a store that does not answer
     /// (a primary failing over): for tests.
     pub fail_reads: std::sync::atomic::AtomicBool,
+    /// While set, every lease, line and slots call fails, as a global
+    /// tier out of reach (docs/regions.md): for tests.
+    pub fail_leases: std::sync::atomic::AtomicBool,
     /// While above 0, a compare-and-set that writes is applied and then
     /// answered as a primary whose replica did not confirm it in time
     /// (`StoreError::Unavailable`), and this is lowered by one: for tests.
@@ -277,6 +282,16 @@ impl SharedMemory {
             clock: Some(Box::new(clock)),
             ..Self::default()
         }
+    }
+
+    /// An error while [`SharedMemory::fail_leases`] is set.
+    fn leases_reachable(&self) -> Result<(), StoreError> {
+        if self.fail_leases.load(Ordering::Acquire) {
+            return Err(StoreError::Unavailable(
+                "lease refused: fail_leases is set".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The bytes of every record the store holds: for tests.
@@ -759,6 +774,7 @@ impl LeaseCalls for SharedMemory {
     /// tests without a Redis: the tests of the function itself run against
     /// Redis (ops/test-functions.sh).
     fn lease(&self, req: &LeaseRequest<'_>) -> Result<LeaseGrant, StoreError> {
+        self.leases_reachable()?;
         // As fc_lease_v2 refuses them (its numbers are Lua doubles): a
         // caller that passes here passes there.
         self.lease_calls.fetch_add(1, Ordering::Relaxed);
@@ -878,6 +894,7 @@ impl LeaseCalls for SharedMemory {
     /// The arithmetic of `fc_line_v1` (src/cluster/functions.lua), step for
     /// step, in the same doubles.
     fn line(&self, req: &LineRequest<'_>) -> Result<LineGrant, StoreError> {
+        self.leases_reachable()?;
         if req.rate == 0 || req.per_us == 0 {
             return Err(StoreError::Io(
                 "fc_line_v1: rate and per_us must be at least 1".into(),
@@ -894,6 +911,8 @@ impl LeaseCalls for SharedMemory {
             .entry(req.holder.to_owned())
             .or_default();
         me.spent = me.spent.max(req.spent);
+        // What the caller held: a cap lets it keep that much.
+        let held = me.granted.saturating_sub(me.spent);
         // The caller's headroom goes back to the line.
         me.granted = me.spent;
         me.want = req.want;
@@ -924,7 +943,20 @@ impl LeaseCalls for SharedMemory {
             Some(t0) if allowance(t0, now_u as f64) <= (granted + req.burst) as f64 => t0,
             _ => full(granted),
         };
-        let avail = (allowance(t0, (now_u + req.look_us) as f64) - granted as f64).max(0.0) as u64;
+        let mut avail =
+            (allowance(t0, (now_u + req.look_us) as f64) - granted as f64).max(0.0) as u64;
+        // A region's cap: Σ granted <= max(Σ now, cap).
+        // A region's line with no cap yet grants nothing (but what the
+        // caller held).
+        let cap = match line.cap {
+            Some((c, _)) => Some(c),
+            None => req.capped.then_some(0),
+        }
+        .map(|c| c.max(granted + held));
+        let capped = cap.is_some_and(|c| c.saturating_sub(granted) < avail);
+        if let Some(c) = cap.filter(|_| capped) {
+            avail = c.saturating_sub(granted);
+        }
         let new = fair_share(&mut wants, avail, req.want).min(avail);
         let me = line
             .holders
@@ -935,16 +967,51 @@ impl LeaseCalls for SharedMemory {
         let granted = granted + new;
         let need = (granted + 1).saturating_sub(req.burst);
         let at = t0 + (need as f64 * per / rate).ceil() - req.look_us as f64;
-        let retry_ms = if need > 0 && at > now_u as f64 {
+        let mut retry_ms = if need > 0 && at > now_u as f64 {
             ((at - now_u as f64) / 1000.0).ceil() as u64
         } else {
             0
         };
+        if capped && new < req.want {
+            retry_ms = retry_ms.max(100);
+        }
         line.t0 = Some(t0);
         Ok(LineGrant {
+            spent: me.spent,
             granted: me.granted,
             spent_total: spent,
             retry_ms,
+        })
+    }
+
+    fn line_cap(&self, req: &LeaseCap<'_>) -> Result<LineHeld, StoreError> {
+        let now = self.now_us() / 1000;
+        let mut all = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let line = all.entry(req.key.to_vec()).or_default();
+        let seq = if req.seq == 0 { now } else { req.seq };
+        let (cap, cap_seq) = match line.cap {
+            Some((c, s)) if s > seq => (c, s),
+            _ => {
+                line.cap = Some((req.cap, seq));
+                (req.cap, seq)
+            }
+        };
+        let h = &line.holders;
+        Ok(LineHeld {
+            granted: h.folded
+                + h.by_name
+                    .values()
+                    .map(|n| n.granted.max(n.spent))
+                    .sum::<u64>(),
+            wants: h
+                .by_name
+                .values()
+                .filter(|n| !n.reclaimable(now))
+                .map(|n| n.want)
+                .sum(),
+            now_ms: now,
+            cap,
+            seq: cap_seq,
         })
     }
 
@@ -969,6 +1036,7 @@ impl LeaseCalls for SharedMemory {
 
     /// The arithmetic of `fc_slots_v2`, for tests without a Redis.
     fn slots(&self, req: &SlotsRequest<'_>) -> Result<SlotsGrant, StoreError> {
+        self.leases_reachable()?;
         let now = self.now_us() / 1000;
         let mut all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         // A region's cap (`fc_slots_cap_v1`'s `~c`) lowers the max.
@@ -1027,7 +1095,7 @@ impl LeaseCalls for SharedMemory {
         Ok(SlotsGrant { granted, target })
     }
 
-    fn slots_cap(&self, req: &SlotsCap<'_>) -> Result<SlotsHeld, StoreError> {
+    fn slots_cap(&self, req: &LeaseCap<'_>) -> Result<SlotsHeld, StoreError> {
         let now = self.now_us() / 1000;
         let all = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let mut caps = self

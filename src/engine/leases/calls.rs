@@ -167,6 +167,9 @@ impl<C: Clock> Engine<C> {
             SpendReports::Commit => None,
         };
         if let Some(line) = v.line {
+            // In a region, what the line grants is capped in the region's
+            // store by the region's grant (docs/regions.md).
+            let capped = self.region_line(key, v);
             let grant = shared.line(&LineRequest {
                 key: &lease_key(key),
                 holder: &holder,
@@ -182,6 +185,7 @@ impl<C: Clock> Engine<C> {
                 // may go then (and an hour more, as period leases).
                 key_expire_ms: line.refill_ms.saturating_add(3_600_000),
                 reports_later,
+                capped,
             })?;
             let retry_at = now.saturating_add(grant.retry_ms.saturating_mul(1_000_000));
             self.leases.lock().entry(key).or_default().retry_at = retry_at;

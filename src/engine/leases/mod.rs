@@ -41,6 +41,7 @@
 mod calls;
 mod keys;
 mod region_board;
+mod region_caps;
 mod regions;
 mod reports;
 mod view;

@@ -25,9 +25,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::clock::{Clock, Nanos};
 use crate::engine::{Engine, EngineError, invalid};
-use crate::store::{LeaseRequest, Shared, SlotsCap, SlotsRequest, Store, TotalRule};
+use crate::store::{LeaseRequest, Shared, Store, TotalRule};
 
 use super::region_board::{self, Board, BoardItem, CALLER_TTL};
+use super::region_caps::region_safe_slots;
 use super::{GrantKey, LeaseView, Leased, lease_key};
 
 /// How long a region's grant lives (by the global tier's clock). A region
@@ -107,25 +108,56 @@ fn global_key(campaign: &str, tag: u32, start: Nanos) -> Vec<u8> {
 
 /// One item's grant to this region, as this node last heard it.
 #[derive(Debug, Default, Clone, Copy)]
-struct RegionGrant {
+pub(super) struct RegionGrant {
     /// The region's cumulative grant in the period (0: none yet).
-    granted: u64,
+    pub granted: u64,
     /// Usable until (this node's clock), 80 % of the grant's life.
-    usable_until: Nanos,
+    pub usable_until: Nanos,
     /// The region's spend (its nodes' reports) when last read.
-    spent: u64,
+    pub spent: u64,
     /// The item's total when last asked (a pacing line moves).
-    total: u64,
+    pub total: u64,
     /// The period's end: forgotten after it.
-    end: Nanos,
+    pub end: Nanos,
     /// When `spent` was read: the region's spend rate.
-    read_at: Nanos,
+    pub read_at: Nanos,
     /// What was last asked for.
-    want: u64,
-    /// Slots (a rolling window or `max_in_flight`): `granted` is the
-    /// slots the region may hold now, set at each call, and `spent` what
-    /// its nodes held when last read.
-    slots: bool,
+    pub want: u64,
+    /// How the item is held (src/engine/leases/region_caps.rs for slots
+    /// and token lines).
+    pub held: Held,
+    /// A token line: the units a share safe capacity let the region's
+    /// line grant while the tier was out of reach (not reported to it).
+    pub forgiven: u64,
+}
+
+/// How a campaign item is held across regions.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    /// Units of a period (a budget, a fixed or calendar window).
+    #[default]
+    Units,
+    /// Slots (a rolling window, `max_in_flight`): `granted` is the slots
+    /// the region may hold now, set at each call; `spent` what its nodes
+    /// held when last read.
+    Slots,
+    /// A token line (a rate or gap): `granted` is the cap on what the
+    /// region's line grants in sum; `spent` what it had granted when last
+    /// read.
+    Line(super::Line),
+}
+
+impl Held {
+    /// How a leasable campaign item is held.
+    fn of(item: &crate::limits::Item) -> Held {
+        if super::view::held_as_slots(item) {
+            return Held::Slots;
+        }
+        match super::view(item, &crate::engine::chain::FRESH, 0, 0).and_then(|v| v.line) {
+            Some(line) => Held::Line(line),
+            None => Held::Units,
+        }
+    }
 }
 
 /// This node's view of its region's grants.
@@ -151,7 +183,7 @@ pub(crate) struct Regions {
 }
 
 impl Regions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GrantKey, RegionGrant>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GrantKey, RegionGrant>> {
         self.grants.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -256,7 +288,9 @@ impl<C: Clock> Engine<C> {
         let g = grants.entry(key).or_default();
         g.total = v.total;
         g.end = v.end;
-        g.slots = v.slots;
+        if v.slots {
+            g.held = Held::Slots;
+        }
         if now < g.usable_until {
             return Some(g.granted.min(v.total));
         }
@@ -265,7 +299,7 @@ impl<C: Clock> Engine<C> {
         // taken now would be held past that: no new slot (its nodes keep
         // those they hold), or a fixed share (docs/regions.md).
         if v.slots {
-            return Some(self.region_safe_slots(r, g));
+            return Some(region_safe_slots(r, g));
         }
         let safe = match r.safe {
             SafeCapacity::Stop => g.spent,
@@ -273,6 +307,26 @@ impl<C: Clock> Engine<C> {
             SafeCapacity::Share(f) => g.granted.max((v.total as f64 * f) as u64),
         };
         Some(safe.min(v.total))
+    }
+
+    /// Notes token line `key` (a campaign's rate or gap, viewed as `v`) as
+    /// one this node leases in a region, so that [`Engine::region_tick`]
+    /// asks the global tier for it: what the line grants in the region is
+    /// capped in the region's store (src/engine/leases/region_caps.rs).
+    /// Whether the line is capped so (in a region, a campaign's).
+    pub(super) fn region_line(&self, key: GrantKey, v: &LeaseView) -> bool {
+        let (Some(r), Some(line)) = (self.regions.get(), v.line) else {
+            return false;
+        };
+        if !matches!(key.0, Leased::Campaign(_)) {
+            return false;
+        }
+        let mut grants = r.lock();
+        let g = grants.entry(key).or_default();
+        g.total = v.total;
+        g.end = v.end;
+        g.held = Held::Line(line);
+        true
     }
 
     /// Until when this node may take slots of a slots item `key` (a
@@ -347,7 +401,7 @@ impl<C: Clock> Engine<C> {
                     // kind it is, from the campaign's definition.
                     let i = e.tags.iter().position(|t| *t == k.1)?;
                     let g = RegionGrant {
-                        slots: super::view::held_as_slots(&e.compiled.items[i].item),
+                        held: Held::of(&e.compiled.items[i].item),
                         ..*g
                     };
                     Some((*k, g, global_key(&e.name, k.1, k.2)))
@@ -466,8 +520,12 @@ impl<C: Clock> Engine<C> {
         g: RegionGrant,
         now: Nanos,
     ) -> Result<(), EngineError> {
-        if g.slots {
-            return self.sync_slots(r, shared, global, (key, gkey), g, now);
+        match g.held {
+            Held::Slots => return self.sync_slots(r, shared, global, (key, gkey), g, now),
+            Held::Line(line) => {
+                return self.sync_line(r, shared, global, (key, gkey), g, line, now);
+            }
+            Held::Units => {}
         }
         let lkey = lease_key(key);
         // The region's spend: every node's report, in its own Redis.
@@ -542,120 +600,6 @@ impl<C: Clock> Engine<C> {
     }
 }
 
-impl<C: Clock> Engine<C> {
-    /// Renews region `r`'s slots of item `key` (a rolling window or
-    /// `max_in_flight`; its key at the tier `gkey`) as a node renews its
-    /// own (`fc_slots_v2`), in three steps, each safe whatever happens
-    /// between them (docs/regions.md, "Slots across regions"):
-    ///
-    /// 1. the cap on the region's nodes (`fc_slots_cap_v1`, in the
-    ///    region's store) set to what the region may use now — its last
-    ///    grant while usable, else its safe capacity — and what the nodes
-    ///    hold read in the same call. From then on they may hold at most
-    ///    the more of what they hold and the cap: the region's use.
-    /// 2. that use reported to the tier, with the nodes' asks: the tier
-    ///    grants the region at least that use, and says its fair share.
-    /// 3. the cap set to the fair share, at most the grant and what the
-    ///    nodes need: raising it to
-    ///    what the tier granted is safe at once, and lowering it is always
-    ///    safe (the nodes give slots back as their holds end, and the
-    ///    region's next report is less).
-    fn sync_slots(
-        &self,
-        r: &Regions,
-        shared: &dyn Shared,
-        global: &dyn Shared,
-        (key, gkey): (GrantKey, &[u8]),
-        g: RegionGrant,
-        now: Nanos,
-    ) -> Result<(), EngineError> {
-        let lkey = lease_key(key);
-        let ttl_ms = REGION_TTL / 1_000_000;
-        let cap = SlotsCap {
-            key: &lkey,
-            // The region's store's clock: it rises for every node of the
-            // region, so a cap an earlier caller set late changes nothing.
-            seq: 0,
-            cap: if now < g.usable_until {
-                g.granted.min(g.total)
-            } else {
-                self.region_safe_slots(r, &g)
-            },
-            key_expire_ms: ttl_ms.saturating_add(3_600_000),
-        };
-        let nodes = shared.slots_cap(&cap)?;
-        if nodes.seq != nodes.now_ms {
-            // Another node of the region set a later cap: it renews this.
-            return Ok(());
-        }
-        let used = nodes.held.max(nodes.cap);
-        // What the nodes asked, and while they use any a tenth more (at
-        // least one): a node short of a slot then seldom waits a tick for
-        // the region's grant to grow. Nothing for a region whose nodes
-        // hold and ask none (its slots go back to the other regions).
-        // Never more than the cap.
-        let spare = match nodes.demand {
-            0 => 0,
-            d => (d / 10).max(1),
-        };
-        let need = nodes.demand.saturating_add(spare).min(g.total);
-        let want = need.saturating_sub(used);
-        // Held for the region at the tier until its nodes' holds end (a
-        // rolling window's debit: the window's length), plus its grant's
-        // life: a slot its nodes take while the grant is usable (80 % of
-        // that life, by their clock) ends before the tier frees it.
-        let hold_ms = nodes.hold_ms.saturating_add(ttl_ms);
-        let req = SlotsRequest {
-            key: gkey,
-            holder: &r.name,
-            seq: nodes.seq,
-            used,
-            want,
-            max: g.total,
-            ttl_ms,
-            hold_ms,
-            key_expire_ms: hold_ms.saturating_add(3_600_000),
-        };
-        let grant = match global.slots(&req) {
-            Ok(grant) => grant,
-            Err(e) => {
-                r.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(e.into());
-            }
-        };
-        r.syncs.fetch_add(1, Ordering::Relaxed);
-        r.ok_at.fetch_max(self.now(), Ordering::AcqRel);
-        // Never more than the nodes need: a cap above it would count as
-        // the region's use at its next report, and an idle region would
-        // keep its slots from the others for good.
-        let granted = grant.granted.min(grant.target).min(need);
-        shared.slots_cap(&SlotsCap {
-            cap: granted,
-            seq: nodes.seq,
-            ..cap
-        })?;
-        if let Some(x) = r.lock().get_mut(&key) {
-            x.granted = granted;
-            x.usable_until = now.saturating_add(REGION_TTL / 10 * 8);
-            x.spent = nodes.held;
-            x.read_at = now;
-            x.want = want;
-        }
-        Ok(())
-    }
-
-    /// What region `r`'s nodes may hold of slots item `g` past its grant's
-    /// life: a slot taken then would be held past the time the tier frees
-    /// the region's (the holds it knew of, and a grant's life), so none
-    /// beyond those they hold, or a fixed share.
-    fn region_safe_slots(&self, r: &Regions, g: &RegionGrant) -> u64 {
-        match r.safe {
-            SafeCapacity::Share(f) => (g.total as f64 * f) as u64,
-            SafeCapacity::Stop | SafeCapacity::Keep => 0,
-        }
-    }
-}
-
 /// A grant key's campaign (the only items leased across regions).
 fn campaign_of(k: &GrantKey) -> Option<u32> {
     match k.0 {
@@ -707,7 +651,8 @@ fn adopt(grants: &mut HashMap<GrantKey, RegionGrant>, board: &Board, calls: bool
                         read_at: i.read_at,
                         want: i.want,
                         // Known from the campaign at the tick.
-                        slots: false,
+                        held: Held::Units,
+                        forgiven: 0,
                     },
                 );
             }
