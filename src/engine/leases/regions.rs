@@ -56,7 +56,10 @@ const SYNC_WORKERS: usize = 32;
 /// [`REGION_TTL`]): Doorman's safe capacity, per region. The tier never
 /// grants again what a region it lost held: once reclaimed, a region's
 /// whole headroom counts as spent there (the region may have spent it
-/// unreported), so `keep` and `stop` never go over a total.
+/// unreported), so `keep` and `stop` never go over a total. Slots and
+/// token lines differ (src/engine/leases/region_caps.rs): `keep` is `stop`
+/// for them (a slot taken late, or a rate's refill, would be held or
+/// spent twice), and a share is of the limit or of the rate.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum SafeCapacity {
     /// Nothing more than the region spent: it stands still until the tier
