@@ -799,6 +799,36 @@ local function fc_line(keys, args)
   return {me.g, me.s, spent, retry_ms, now}
 end
 
+-- The cap of fc_slots_cap_v1 and fc_line_cap_v1 (the same arguments: seq
+-- cap key_expire_ms): set in L's ~c (its seq in ~s) unless a later one is.
+-- Returns L, now_ms, the cap in force and its seq; or nil and an error.
+local function set_cap(F, keys, args)
+  if #keys ~= 1 then
+    return nil, redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
+  end
+  if #args ~= 3 then
+    return nil, redis.error_reply('ERR ' .. F .. ': expects 3 arguments: seq cap key_expire_ms')
+  end
+  local v, err = uint_args(args, 1, {'seq', 'cap', 'key_expire_ms'}, F)
+  if not v then return nil, err end
+  local L = keys[1]
+  local now = now_ms()
+  local seq = v.seq
+  if seq == 0 then seq = now end
+  local cur = tonumber(redis.call('HGET', L, '~s')) or -1
+  if seq >= cur then
+    redis.call('HSET', L, '~c', istr(v.cap), '~s', istr(seq))
+    cur = seq
+    -- Never shortens the life the holders' calls gave the hash (a rolling
+    -- window's: its length and an hour).
+    local ttl = redis.call('PTTL', L)
+    if v.key_expire_ms > 0 and ttl < v.key_expire_ms then
+      redis.call('PEXPIRE', L, istr(v.key_expire_ms))
+    end
+  end
+  return L, now, tonumber(redis.call('HGET', L, '~c')) or 0, cur
+end
+
 -------------------------------------------------------------------------------
 -- fc_line_cap_v1: caps what a token line grants in sum, and reads what it
 -- granted (a region's caller, docs/regions.md).
@@ -818,29 +848,8 @@ end
 -- live holders' wants at their last call; the cap in force and its seq.
 -------------------------------------------------------------------------------
 local function fc_line_cap(keys, args)
-  local F = 'fc_line_cap_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 3 then
-    return redis.error_reply('ERR ' .. F .. ': expects 3 arguments: seq cap key_expire_ms')
-  end
-  local v, err = uint_args(args, 1, {'seq', 'cap', 'key_expire_ms'}, F)
-  if not v then return err end
-  local L = keys[1]
-  local now = now_ms()
-  local seq = v.seq
-  if seq == 0 then seq = now end
-  local cur = tonumber(redis.call('HGET', L, '~s')) or -1
-  if seq >= cur then
-    redis.call('HSET', L, '~c', istr(v.cap), '~s', istr(seq))
-    cur = seq
-    local ttl = redis.call('PTTL', L)
-    if v.key_expire_ms > 0 and ttl < v.key_expire_ms then
-      redis.call('PEXPIRE', L, istr(v.key_expire_ms))
-    end
-  end
-  local cap = tonumber(redis.call('HGET', L, '~c')) or 0
+  local L, now, cap, cur = set_cap('fc_line_cap_v1', keys, args)
+  if not L then return now end
   local nodes, names, folded = load_lease(L)
   local granted, wants = folded, 0
   for _, name in ipairs(names) do
@@ -1387,31 +1396,8 @@ end
 -- the latest r: from now; the cap in force and its seq.
 -------------------------------------------------------------------------------
 local function fc_slots_cap(keys, args)
-  local F = 'fc_slots_cap_v1'
-  if #keys ~= 1 then
-    return redis.error_reply('ERR ' .. F .. ': expects exactly 1 key')
-  end
-  if #args ~= 3 then
-    return redis.error_reply('ERR ' .. F .. ': expects 3 arguments: seq cap key_expire_ms')
-  end
-  local v, err = uint_args(args, 1, {'seq', 'cap', 'key_expire_ms'}, F)
-  if not v then return err end
-  local L = keys[1]
-  local now = now_ms()
-  local seq = v.seq
-  if seq == 0 then seq = now end
-  local cur = tonumber(redis.call('HGET', L, '~s')) or -1
-  if seq >= cur then
-    redis.call('HSET', L, '~c', istr(v.cap), '~s', istr(seq))
-    cur = seq
-    -- Never shortens the life the holders' calls gave the hash (a rolling
-    -- window's: its length and an hour).
-    local ttl = redis.call('PTTL', L)
-    if v.key_expire_ms > 0 and ttl < v.key_expire_ms then
-      redis.call('PEXPIRE', L, istr(v.key_expire_ms))
-    end
-  end
-  local cap = tonumber(redis.call('HGET', L, '~c')) or 0
+  local L, now, cap, cur = set_cap('fc_slots_cap_v1', keys, args)
+  if not L then return now end
   local by = {}
   local flat = redis.call('HGETALL', L)
   for i = 1, #flat, 2 do

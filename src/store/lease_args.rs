@@ -337,7 +337,7 @@ pub struct LeaseCap<'a> {
 
 /// What the live holders of a slots lease hold in sum, and the cap in
 /// force (a region's, read by its caller for the global tier:
-/// docs/regions.md, "Slots across regions").
+/// docs/regions.md, "Caps across regions").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SlotsHeld {
     /// Σ granted: slots the holders may hold.

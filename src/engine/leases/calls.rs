@@ -115,7 +115,7 @@ impl<C: Clock> Engine<C> {
         if v.slots {
             let hold_ms = v.until.saturating_sub(now).div_ceil(1_000_000) + 1_000;
             // In a region, at most the slots the global tier granted the
-            // region (docs/regions.md, "Slots across regions").
+            // region (docs/regions.md, "Caps across regions").
             let max = self
                 .region_total(key, v, now)
                 .map_or(v.total, |t| t.min(v.total));
@@ -137,7 +137,7 @@ impl<C: Clock> Engine<C> {
             // the node's grant: in a region, only while the region's own
             // grant is usable. Past it, the tier frees the region's slots
             // once the holds it knew of end, and one taken since would be
-            // held twice (docs/regions.md, "Slots across regions").
+            // held twice (docs/regions.md, "Caps across regions").
             if let Some(until) = self.region_slots_until(key) {
                 let mut grants = self.leases.lock();
                 if let Some(g) = grants.get_mut(&key) {

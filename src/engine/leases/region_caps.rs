@@ -48,10 +48,9 @@ impl<C: Clock> Engine<C> {
     /// 2. that use reported to the tier, with the nodes' asks: the tier
     ///    grants the region at least that use, and says its fair share.
     /// 3. the cap set to the fair share, at most the grant and what the
-    ///    nodes need: raising it to
-    ///    what the tier granted is safe at once, and lowering it is always
-    ///    safe (the nodes give slots back as their holds end, and the
-    ///    region's next report is less).
+    ///    nodes need: raising it to what the tier granted is safe at once,
+    ///    and lowering it is always safe (the nodes give slots back as
+    ///    their holds end, and the region's next report is less).
     pub(super) fn sync_slots(
         &self,
         r: &Regions,
@@ -121,13 +120,7 @@ impl<C: Clock> Engine<C> {
             seq: nodes.seq,
             ..cap
         })?;
-        if let Some(x) = r.lock().get_mut(&key) {
-            x.granted = granted;
-            x.usable_until = now.saturating_add(REGION_TTL / 10 * 8);
-            x.spent = nodes.held;
-            x.read_at = now;
-            x.want = want;
-        }
+        noted(r, key, (granted, nodes.held, want), now);
         Ok(())
     }
 
@@ -234,15 +227,21 @@ impl<C: Clock> Engine<C> {
                 seq: frozen.seq,
                 ..cap
             })?;
-            if let Some(x) = r.lock().get_mut(&key) {
-                x.granted = c;
-                x.usable_until = now.saturating_add(REGION_TTL / 10 * 8);
-                x.spent = frozen.granted;
-                x.read_at = now;
-                x.want = want;
-            }
+            noted(r, key, (c, frozen.granted, want), now);
         }
         result
+    }
+}
+
+/// Notes region `r`'s new cap of item `key` with what its nodes held (or
+/// its line granted) and what it asked: usable for 80 % of a grant's life.
+fn noted(r: &Regions, key: GrantKey, (cap, spent, want): (u64, u64, u64), now: Nanos) {
+    if let Some(x) = r.lock().get_mut(&key) {
+        x.granted = cap;
+        x.usable_until = now.saturating_add(REGION_TTL / 10 * 8);
+        x.spent = spent;
+        x.read_at = now;
+        x.want = want;
     }
 }
 

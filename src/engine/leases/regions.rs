@@ -316,7 +316,9 @@ impl<C: Clock> Engine<C> {
     /// one this node leases in a region, so that [`Engine::region_tick`]
     /// asks the global tier for it: what the line grants in the region is
     /// capped in the region's store (src/engine/leases/region_caps.rs).
-    /// Whether the line is capped so (in a region, a campaign's).
+    ///
+    /// Whether it is such a line (a campaign's, in a region): its lease
+    /// calls then ask the store to grant nothing until a cap is set.
     pub(super) fn region_line(&self, key: GrantKey, v: &LeaseView) -> bool {
         let (Some(r), Some(line)) = (self.regions.get(), v.line) else {
             return false;
