@@ -183,12 +183,17 @@ fn rolling_windows_rates_and_holds_in_flight_hold_across_regions() {
     );
     assert!(qa + qb >= 10, "the rate is served: {}", qa + qb);
 
-    // Holds of a minute, screened in both regions in turn for 8 s: at most
-    // 3 open at once in all, and 3 once both regions asked a while.
+    // Holds of a minute, screened in both regions in turn: 3 once both
+    // regions asked a while (within 20 s), and no more for 3 s after.
     let mut held = [0u64; 2];
-    let end = Instant::now() + Duration::from_secs(8);
+    let mut end = Instant::now() + Duration::from_secs(20);
     let mut i = 0;
+    let mut full = false;
     while Instant::now() < end {
+        if !full && held[0] + held[1] >= 3 {
+            full = true;
+            end = Instant::now() + Duration::from_secs(3);
+        }
         for (r, n) in [&a, &b].into_iter().enumerate() {
             let body = json!({"user": format!("f{r}-{i}"), "candidates": [{"campaign": "flight"}], "reserve": true, "ttl_ms": 60_000});
             let (st, out) = n.call("POST", "/v1/screen", Some(&body));
