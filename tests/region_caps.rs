@@ -21,6 +21,25 @@ const SEC: u64 = 1_000_000_000;
 
 type Node = Engine<Arc<ManualClock>>;
 
+/// A campaign's rate of 1 a second, with a burst of 5.
+const RATE: &str =
+    r#"{"caps": [{"kind": "rate", "rate": 60, "per": "1m", "burst": 5, "scope": "campaign"}]}"#;
+
+/// A clock at [`T0`], a tier on it, and [`regions`] with `def` and `safe`.
+fn fleet(
+    def: &str,
+    safe: SafeCapacity,
+) -> (
+    Arc<ManualClock>,
+    Arc<SharedMemory>,
+    Vec<(Node, &'static str)>,
+) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let tier = tier(&clock);
+    let nodes = regions(&clock, &tier, def, safe);
+    (clock, tier, nodes)
+}
+
 /// The global tier, on the test's clock as Redis's would move.
 fn tier(clock: &Arc<ManualClock>) -> Arc<SharedMemory> {
     let c = clock.clone();
@@ -101,10 +120,10 @@ fn serve(n: &Node, tries: usize, next: &mut usize) -> u64 {
 /// what one region took is not the other's until it ages out of the hour.
 #[test]
 fn a_rolling_campaign_cap_holds_across_regions() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let tier = tier(&clock);
-    let def = r#"{"caps": [{"kind": "window", "limit": 6, "window": "1h", "scope": "campaign"}]}"#;
-    let nodes = regions(&clock, &tier, def, SafeCapacity::Keep);
+    let (clock, _tier, nodes) = fleet(
+        r#"{"caps": [{"kind": "window", "limit": 6, "window": "1h", "scope": "campaign"}]}"#,
+        SafeCapacity::Keep,
+    );
     let all = [true; 3];
     let mut next = 0;
     let mut served = [0u64; 3];
@@ -151,9 +170,7 @@ fn a_rolling_campaign_cap_holds_across_regions() {
 /// regions; released in one, the other may take them.
 #[test]
 fn max_in_flight_holds_across_regions_and_comes_back() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let tier = tier(&clock);
-    let nodes = regions(&clock, &tier, r#"{"max_in_flight": 4}"#, SafeCapacity::Keep);
+    let (clock, _tier, nodes) = fleet(r#"{"max_in_flight": 4}"#, SafeCapacity::Keep);
     let all = [true; 3];
     let hold = |n: &Node, user: &str| {
         let mut req = screen(user, &["camp"]);
@@ -190,10 +207,10 @@ fn max_in_flight_holds_across_regions_and_comes_back() {
 /// healed, the cap is whole again across both.
 #[test]
 fn a_region_cut_off_takes_no_slot_the_tier_may_grant_again() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let tier = tier(&clock);
-    let def = r#"{"caps": [{"kind": "window", "limit": 6, "window": "2m", "scope": "campaign"}]}"#;
-    let nodes = regions(&clock, &tier, def, SafeCapacity::Keep);
+    let (clock, _tier, nodes) = fleet(
+        r#"{"caps": [{"kind": "window", "limit": 6, "window": "2m", "scope": "campaign"}]}"#,
+        SafeCapacity::Keep,
+    );
     let all = [true; 3];
     // b is cut off: it does not reach the tier (its region ticks are not
     // made; its nodes still reach their region's Redis).
@@ -278,11 +295,7 @@ fn most_in(by_sec: &[[u64; 3]], len: usize) -> u64 {
 /// each region: the regions share one rate, within the line's bound.
 #[test]
 fn a_campaign_rate_holds_across_regions() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let tier = tier(&clock);
-    let def =
-        r#"{"caps": [{"kind": "rate", "rate": 60, "per": "1m", "burst": 5, "scope": "campaign"}]}"#;
-    let nodes = regions(&clock, &tier, def, SafeCapacity::Keep);
+    let (clock, _tier, nodes) = fleet(RATE, SafeCapacity::Keep);
     let mut next = 0;
     let by_sec = run(&clock, &nodes, 120, 3, &mut next, |_| [true; 3]);
     let total: u64 = by_sec.iter().flatten().sum();
@@ -310,10 +323,10 @@ fn a_campaign_rate_holds_across_regions() {
 /// not one per gap in each region.
 #[test]
 fn a_campaign_gap_holds_across_regions() {
-    let clock = Arc::new(ManualClock::new(T0));
-    let tier = tier(&clock);
-    let def = r#"{"caps": [{"kind": "gap", "min": "5s", "scope": "campaign"}]}"#;
-    let nodes = regions(&clock, &tier, def, SafeCapacity::Keep);
+    let (clock, _tier, nodes) = fleet(
+        r#"{"caps": [{"kind": "gap", "min": "5s", "scope": "campaign"}]}"#,
+        SafeCapacity::Keep,
+    );
     let mut next = 0;
     let by_sec = run(&clock, &nodes, 120, 2, &mut next, |_| [true; 3]);
     let total: u64 = by_sec.iter().flatten().sum();
@@ -332,10 +345,7 @@ fn a_campaign_gap_holds_across_regions() {
 #[test]
 fn a_rate_while_the_tier_is_out_of_reach() {
     for (safe, most) in [(SafeCapacity::Keep, 0), (SafeCapacity::Share(0.5), 65)] {
-        let clock = Arc::new(ManualClock::new(T0));
-        let tier = tier(&clock);
-        let def = r#"{"caps": [{"kind": "rate", "rate": 60, "per": "1m", "burst": 5, "scope": "campaign"}]}"#;
-        let nodes = regions(&clock, &tier, def, safe);
+        let (clock, tier, nodes) = fleet(RATE, safe);
         let mut next = 0;
         run(&clock, &nodes, 30, 3, &mut next, |_| [true; 3]);
         tier.fail_leases.store(true, Ordering::Release);
